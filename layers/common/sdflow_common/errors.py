@@ -1,0 +1,42 @@
+"""Named errors. Their class names are the `Error` values Step Functions' Retry/Catch match on,
+and the names users see in failure notifications, so renaming one is a breaking change."""
+
+
+class SdflowError(Exception):
+    """Base class; never raised itself."""
+
+
+class InvalidRunDocument(SdflowError):
+    """The run document (manifest or execution input) failed validation."""
+
+
+class DatasetNotFound(SdflowError):
+    """The dataset prefix or a listed parquet object does not exist or is not readable."""
+
+
+class NoUsableShards(SdflowError):
+    """Every shard failed, or more failed than the run tolerates."""
+
+
+class TokenConflict(SdflowError):
+    """A resource name is already bound to a different task token (another run holds it)."""
+
+
+class EndpointBusy(SdflowError):
+    """The endpoint is being created or updated by someone else; retry later."""
+
+
+class DownloadJobFailed(SdflowError):
+    """A SageMaker processing job (one shard download) ended Failed or Stopped."""
+
+
+class TrainingJobFailed(SdflowError):
+    """The SageMaker training job ended Failed or Stopped."""
+
+
+class EndpointDeployFailed(SdflowError):
+    """The endpoint create/update ended Failed, or the update was rolled back."""
+
+
+class SageMakerThrottled(SdflowError):
+    """SageMaker answered ThrottlingException / 'Rate exceeded' / capacity errors; safe to retry."""

@@ -1,0 +1,226 @@
+"""The run document: what a user asks sdflow to do, as one pydantic model.
+
+The same document is a manifest uploaded to `manifests/` and the input of a direct
+StartExecution. `schemas/run-document.schema.json` is generated from this model
+(`python -m sdflow_common.run_document > schemas/run-document.schema.json`)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from sdflow_common.errors import InvalidRunDocument
+
+S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])/(?P<key>.*)$")
+ENDPOINT_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+# SageMaker's maximum for MaxRuntimeInSeconds is 28 days.
+MAX_RUNTIME_LIMIT = 28 * 24 * 3600
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    """`s3://bucket/key` → (bucket, key); ValueError naming the expected form otherwise."""
+    match = S3_URI.match(uri)
+    if not match:
+        raise ValueError(f"'{uri}' is not an S3 URI; write it as s3://<bucket>/<key>")
+    return match["bucket"], match["key"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Dataset(_Strict):
+    """Exactly one of `parquet_uris` or `prefix`."""
+
+    parquet_uris: list[str] | None = Field(
+        default=None, description="Parquet objects, one download job each (s3://bucket/key.parquet)."
+    )
+    prefix: str | None = Field(
+        default=None, description="An S3 prefix; every *.parquet object below it is one shard."
+    )
+    url_column: str = Field(default="URL", min_length=1, description="Column holding the image URL.")
+    caption_column: str = Field(default="TEXT", min_length=1, description="Column holding the caption.")
+
+    @field_validator("parquet_uris")
+    @classmethod
+    def _uris_are_parquet_objects(cls, uris: list[str] | None) -> list[str] | None:
+        if uris is None:
+            return None
+        if not uris:
+            raise ValueError("is empty; list at least one s3://…/*.parquet object, or give `prefix`")
+        for uri in uris:
+            _bucket, key = parse_s3_uri(uri)
+            if not key or key.endswith("/"):
+                raise ValueError(f"'{uri}' names a folder; list objects here or use `prefix`")
+        if len(set(uris)) != len(uris):
+            raise ValueError("lists the same object twice; each parquet file is one shard")
+        return uris
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix_is_s3(cls, prefix: str | None) -> str | None:
+        if prefix is not None:
+            parse_s3_uri(prefix)
+        return prefix
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> Dataset:
+        if (self.parquet_uris is None) == (self.prefix is None):
+            raise ValueError("give exactly one of `parquet_uris` (a list) or `prefix` (an s3:// prefix)")
+        return self
+
+
+class DownloadOptions(_Strict):
+    image_size: int = Field(default=256, ge=32, le=2048, description="Images are resized to this size.")
+    resize_mode: Literal["center_crop", "border", "keep_ratio", "no"] = Field(
+        default="center_crop", description="img2dataset resize mode."
+    )
+    samples_per_shard: int = Field(default=1000, ge=10, le=100_000, description="Samples per webdataset tar.")
+    instance_type: str = Field(default="ml.c5.xlarge", pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
+    processes: int = Field(default=4, ge=1, le=96, description="img2dataset processes (≈ vCPUs).")
+    threads: int = Field(default=16, ge=1, le=256, description="Download threads per process.")
+    url_timeout_seconds: int = Field(default=10, ge=1, le=300, description="Per-URL timeout.")
+    max_runtime_seconds: int = Field(default=3600, ge=60, le=MAX_RUNTIME_LIMIT)
+    max_concurrency: int = Field(
+        default=10, ge=1, le=1000, description="Download jobs running at once (SageMaker quota!)."
+    )
+    tolerated_failure_percent: float = Field(
+        default=10.0, ge=0, le=100, description="Share of shards that may fail before the run fails."
+    )
+
+
+class TrainingOptions(_Strict):
+    instance_type: str = Field(default="ml.g5.12xlarge", pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
+    instance_count: int = Field(default=1, ge=1, le=64)
+    volume_size_gb: int = Field(default=200, ge=1, le=16384)
+    max_runtime_seconds: int = Field(default=24 * 3600, ge=60, le=MAX_RUNTIME_LIMIT)
+    use_spot: bool = Field(default=False, description="Managed spot training; needs max_wait_seconds.")
+    max_wait_seconds: int | None = Field(
+        default=None, ge=60, le=MAX_RUNTIME_LIMIT, description="Spot: runtime + waiting, ≥ max_runtime."
+    )
+    keep_alive_seconds: int = Field(default=0, ge=0, le=3600, description="Warm pool after the job.")
+    max_retry_attempts: int = Field(default=2, ge=1, le=30, description="SageMaker RetryStrategy.")
+    plugin: Literal["torch_ddp", "low_level_zero", "gemini"] = "gemini"
+    mixed_precision: Literal["no", "fp16", "bf16"] = "fp16"
+    resolution: int = Field(default=256, ge=32, le=2048)
+    train_batch_size: int = Field(default=8, ge=1, le=1024)
+    gradient_accumulation_steps: int = Field(default=1, ge=1, le=1024)
+    gradient_checkpointing: bool = True
+    learning_rate: float = Field(default=1e-5, gt=0, le=1)
+    max_train_steps: int = Field(default=1000, ge=1, le=10_000_000)
+    checkpointing_steps: int = Field(default=500, ge=1)
+    use_ema: bool = False
+    seed: int = Field(default=42, ge=0)
+    dataloader_num_workers: int = Field(default=4, ge=0, le=64)
+    shuffle_buffer: int = Field(default=1000, ge=1, le=1_000_000)
+    validation_prompts: list[Annotated[str, Field(min_length=1, max_length=300)]] = Field(
+        default_factory=lambda: ["a photo of a cat"], max_length=16
+    )
+
+    @model_validator(mode="after")
+    def _spot_needs_wait(self) -> TrainingOptions:
+        if self.use_spot:
+            if self.max_wait_seconds is None:
+                raise ValueError("use_spot is true: set max_wait_seconds (≥ max_runtime_seconds)")
+            if self.max_wait_seconds < self.max_runtime_seconds:
+                raise ValueError("max_wait_seconds must be ≥ max_runtime_seconds")
+        elif self.max_wait_seconds is not None:
+            raise ValueError("max_wait_seconds is only for spot training; set use_spot: true or drop it")
+        return self
+
+    def hyperparameters(self) -> dict[str, str]:
+        """The training container's hyperparameters, as the strings SageMaker delivers."""
+        values: dict[str, Any] = {
+            "plugin": self.plugin,
+            "mixed_precision": self.mixed_precision,
+            "resolution": self.resolution,
+            "train_batch_size": self.train_batch_size,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+            "gradient_checkpointing": self.gradient_checkpointing,
+            "learning_rate": self.learning_rate,
+            "max_train_steps": self.max_train_steps,
+            "checkpointing_steps": self.checkpointing_steps,
+            "use_ema": self.use_ema,
+            "seed": self.seed,
+            "dataloader_num_workers": self.dataloader_num_workers,
+            "shuffle_buffer": self.shuffle_buffer,
+            "validation_prompts": json.dumps(list(self.validation_prompts)),
+        }
+        return {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in values.items()}
+
+
+class EndpointOptions(_Strict):
+    name: str = Field(
+        default="sdflow", pattern=ENDPOINT_NAME.pattern, max_length=48,
+        description="Endpoint to create, or to update blue/green when it exists.",
+    )
+    instance_type: str = Field(default="ml.g5.xlarge", pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
+    initial_instance_count: int = Field(default=1, ge=1, le=100)
+    max_wait_seconds: int = Field(default=3600, ge=300, le=4 * 3600)
+
+
+class RunDocument(_Strict):
+    """A training run: dataset and base model are required, everything else has defaults."""
+
+    schema_version: Literal[1] = 1
+    run_name: str | None = Field(
+        default=None, pattern=r"^[a-zA-Z0-9\-_]{1,40}$", description="Readable name, part of the run id."
+    )
+    dataset: Dataset
+    base_model_uri: str = Field(description="S3 prefix of a diffusers-format Stable Diffusion model.")
+    download: DownloadOptions = Field(default_factory=DownloadOptions)
+    training: TrainingOptions = Field(default_factory=TrainingOptions)
+    endpoint: EndpointOptions = Field(default_factory=EndpointOptions)
+    notify_email_subject_prefix: str = Field(default="[sdflow]", max_length=40)
+
+    @field_validator("base_model_uri")
+    @classmethod
+    def _base_model_is_s3(cls, uri: str) -> str:
+        parse_s3_uri(uri)
+        return uri
+
+
+def format_errors(error: ValidationError) -> list[dict[str, str]]:
+    """pydantic's errors as `{"field": "training.instance_count", "message": …}`, one per problem."""
+    out = []
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "(document)"
+        message = item["msg"]
+        if item["type"] == "extra_forbidden":
+            message = "unknown field; remove it or check its spelling (see docs/run-document.md)"
+        elif item["type"] == "missing":
+            message = "is required"
+        out.append({"field": field, "message": message})
+    return out
+
+
+def parse_run_document(raw: Any, *, max_shards: int | None = None) -> RunDocument:
+    """Validate a decoded document; InvalidRunDocument carries a readable list of problems."""
+    if not isinstance(raw, dict):
+        raise InvalidRunDocument(json.dumps([{"field": "(document)", "message": "must be a JSON object"}]))
+    try:
+        document = RunDocument.model_validate(raw)
+    except ValidationError as exc:
+        raise InvalidRunDocument(json.dumps(format_errors(exc))) from exc
+    uris = document.dataset.parquet_uris
+    if max_shards is not None and uris is not None and len(uris) > max_shards:
+        problem = {
+            "field": "dataset.parquet_uris",
+            "message": f"lists {len(uris)} files; this stack allows at most {max_shards} (MaxShards parameter)",
+        }
+        raise InvalidRunDocument(json.dumps([problem]))
+    return document
+
+
+def json_schema() -> dict[str, Any]:
+    schema = RunDocument.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = "https://github.com/sdflow/sdflow/schemas/run-document.schema.json"
+    return schema
+
+
+if __name__ == "__main__":
+    print(json.dumps(json_schema(), indent=2, sort_keys=True))

@@ -1,0 +1,33 @@
+"""Fixtures shared by every test layer."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_function_module(purpose: str) -> ModuleType:
+    """Import functions/<purpose>/app.py under a unique module name.
+
+    Every function's module is called `app`, as SAM expects, so a plain import would let
+    the first one shadow the others."""
+    path = REPO_ROOT / "functions" / purpose / "app.py"
+    name = f"sdflow_fn_{purpose}"
+    sys.modules.pop(name, None)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT

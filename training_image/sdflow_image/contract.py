@@ -1,0 +1,84 @@
+"""The SageMaker container contract: where a job finds its inputs and leaves its outputs.
+
+Every path hangs off one root, `$SDFLOW_OPT_ML` (default `/opt/ml`), so that the local
+runtime can give each job, and each emulated host, a folder of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+FAILURE_REASON_LIMIT = 1024  # SageMaker keeps the first 1,024 characters as FailureReason
+
+
+def opt_ml() -> Path:
+    return Path(os.environ.get("SDFLOW_OPT_ML", "/opt/ml"))
+
+
+def input_config_dir() -> Path:
+    return opt_ml() / "input" / "config"
+
+
+def channel_dir(name: str) -> Path:
+    return opt_ml() / "input" / "data" / name
+
+
+def model_dir() -> Path:
+    return opt_ml() / "model"
+
+
+def checkpoints_dir() -> Path:
+    return opt_ml() / "checkpoints"
+
+
+def output_dir() -> Path:
+    return opt_ml() / "output"
+
+
+def failure_file() -> Path:
+    return output_dir() / "failure"
+
+
+def _read_json(path: Path, default: Any) -> Any:
+    if not path.exists():
+        return default
+    return json.loads(path.read_text())
+
+
+def read_hyperparameters() -> dict[str, str]:
+    """hyperparameters.json: every value is a string, as SageMaker writes it."""
+    raw = _read_json(input_config_dir() / "hyperparameters.json", {})
+    return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()}
+
+
+def read_resource_config() -> dict[str, Any]:
+    """resourceconfig.json; a single local host when the file is absent (plain `python -m`)."""
+    return _read_json(
+        input_config_dir() / "resourceconfig.json",
+        {"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "lo"},
+    )
+
+
+def read_input_data_config() -> dict[str, Any]:
+    return _read_json(input_config_dir() / "inputdataconfig.json", {})
+
+
+def write_failure(message: str) -> None:
+    """Leave the reason where SageMaker looks for it; never raises (it runs while failing)."""
+    try:
+        failure_file().parent.mkdir(parents=True, exist_ok=True)
+        failure_file().write_text(message[:FAILURE_REASON_LIMIT])
+    except OSError:
+        print(f"could not write {failure_file()}: {message}", file=sys.stderr)
+
+
+def fail(exc: BaseException) -> int:
+    """Report an exception the SageMaker way; return the exit status to use."""
+    reason = f"{type(exc).__name__}: {exc}"
+    traceback.print_exception(exc)
+    write_failure(reason)
+    return 1

@@ -1,13 +1,17 @@
 """The run document: what a user asks sdflow to do, as one pydantic model.
 
 The same document is a manifest uploaded to `manifests/` and the input of a direct
-StartExecution. `schemas/run-document.schema.json` is generated from this model
-(`python -m sdflow_common.run_document > schemas/run-document.schema.json`)."""
+StartExecution. `schemas/run-document.schema.json` is generated from this model:
+`PYTHONPATH=layers/common python -m sdflow_common.run_document --write schemas/run-document.schema.json`
+(`--check PATH` exits non-zero when the committed file is stale)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
+import sys
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -18,6 +22,10 @@ S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])/(?P<ke
 ENDPOINT_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 # SageMaker's maximum for MaxRuntimeInSeconds is 28 days.
 MAX_RUNTIME_LIMIT = 28 * 24 * 3600
+# Step Functions state data is capped at 256 KB, and the run document travels twice in it (the
+# execution input and `$.config.run`), so a document must stay well under half of that. Large
+# datasets use `dataset.prefix`, which costs a few bytes whatever the number of shards.
+MAX_DOCUMENT_BYTES = 96 * 1024
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
@@ -154,7 +162,9 @@ class TrainingOptions(_Strict):
 
 class EndpointOptions(_Strict):
     name: str = Field(
-        default="sdflow", pattern=ENDPOINT_NAME.pattern, max_length=48,
+        default="sdflow",
+        pattern=ENDPOINT_NAME.pattern,
+        max_length=48,
         description="Endpoint to create, or to update blue/green when it exists.",
     )
     instance_type: str = Field(default="ml.g5.xlarge", pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
@@ -193,6 +203,9 @@ def format_errors(error: ValidationError) -> list[dict[str, str]]:
             message = "unknown field; remove it or check its spelling (see docs/run-document.md)"
         elif item["type"] == "missing":
             message = "is required"
+        elif item["type"] == "value_error":
+            # pydantic prefixes our own validators' messages with "Value error, "; users need only ours.
+            message = message.removeprefix("Value error, ")
         out.append({"field": field, "message": message})
     return out
 
@@ -209,7 +222,17 @@ def parse_run_document(raw: Any, *, max_shards: int | None = None) -> RunDocumen
     if max_shards is not None and uris is not None and len(uris) > max_shards:
         problem = {
             "field": "dataset.parquet_uris",
-            "message": f"lists {len(uris)} files; this stack allows at most {max_shards} (MaxShards parameter)",
+            "message": f"lists {len(uris)} files; this stack allows at most {max_shards} "
+            "(the stack's MaxShards parameter); split the dataset into several runs",
+        }
+        raise InvalidRunDocument(json.dumps([problem]))
+    size = len(json.dumps(raw, separators=(",", ":")).encode())
+    if size > MAX_DOCUMENT_BYTES:
+        field = "dataset.parquet_uris" if uris is not None else "(document)"
+        problem = {
+            "field": field,
+            "message": f"the document is {size} bytes; at most {MAX_DOCUMENT_BYTES} fit in the pipeline's "
+            "state; put the parquet files under one S3 folder and give `dataset.prefix` instead",
         }
         raise InvalidRunDocument(json.dumps([problem]))
     return document
@@ -222,5 +245,30 @@ def json_schema() -> dict[str, Any]:
     return schema
 
 
+def schema_text() -> str:
+    """The committed file's exact content (stable key order, trailing newline)."""
+    return json.dumps(json_schema(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Print, write or check the run document's JSON Schema.")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--write", type=Path, metavar="PATH", help="write the schema to PATH")
+    group.add_argument("--check", type=Path, metavar="PATH", help="exit 1 when PATH differs from the model")
+    args = parser.parse_args(argv)
+    text = schema_text()
+    if args.write:
+        args.write.parent.mkdir(parents=True, exist_ok=True)
+        args.write.write_text(text, encoding="utf-8")
+    elif args.check:
+        current = args.check.read_text(encoding="utf-8") if args.check.exists() else ""
+        if current != text:
+            print(f"{args.check} is stale; regenerate it with --write {args.check}", file=sys.stderr)
+            return 1
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 if __name__ == "__main__":
-    print(json.dumps(json_schema(), indent=2, sort_keys=True))
+    raise SystemExit(main())

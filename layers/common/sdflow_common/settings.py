@@ -39,8 +39,15 @@ class Settings:
             training_image_uri=os.environ.get("TRAINING_IMAGE_URI", ""),
             idempotency_table=os.environ.get("IDEMPOTENCY_TABLE", ""),
             max_shards=int(os.environ.get("MAX_SHARDS", "10000")),
-            token_ttl_seconds=int(os.environ.get("TOKEN_TTL_SECONDS", str(14 * 24 * 3600))),
-            reconcile_after_seconds=int(os.environ.get("RECONCILE_AFTER_SECONDS", "1800")),
+            # The template speaks in days and minutes (CloudFormation cannot multiply);
+            # the *_SECONDS forms win so tests and the local runtime can use short values.
+            token_ttl_seconds=int(
+                os.environ.get("TOKEN_TTL_SECONDS") or int(os.environ.get("TOKEN_TTL_DAYS", "30")) * 86400
+            ),
+            reconcile_after_seconds=int(
+                os.environ.get("RECONCILE_AFTER_SECONDS")
+                or int(os.environ.get("RECONCILE_AFTER_MINUTES", "30")) * 60
+            ),
         )
 
     def require(self, *names: str) -> None:

@@ -152,6 +152,16 @@ def _limits_from(info: ValidationInfo) -> SizeLimits:
     return limits if isinstance(limits, SizeLimits) else SizeLimits()
 
 
+_JSON_TYPE_NAMES = {
+    list: "array",
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "boolean",
+    type(None): "null",
+}
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
@@ -172,7 +182,7 @@ def parse_request(body: bytes, content_type: str | None, limits: SizeLimits) -> 
     if not isinstance(data, dict):
         raise BadRequestError(
             f"body must be a JSON object with the fields {', '.join(REQUEST_FIELDS)}; "
-            f"got a JSON {type(data).__name__}",
+            f"got a JSON {_JSON_TYPE_NAMES.get(type(data), type(data).__name__)}",
             field="body",
         )
     try:
@@ -197,7 +207,7 @@ def _describe_error(err: Any) -> dict[str, str]:
         shown = repr(err.get("input"))
         if len(shown) > 60:
             shown = shown[:57] + "..."
-        message = f"{name} {_lower_first(err['msg'])} (got {shown})"
+        message = f"{name}: {_lower_first(err['msg'])} (got {shown})"
     return {"field": name, "message": message}
 
 
@@ -398,8 +408,10 @@ def _to_png(image: Any) -> bytes:
 # ---------------------------------------------------------------------------------------
 
 
-def _error(status: int, message: str, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
-    return JSONResponse({"error": message, **extra}, status_code=status, headers=headers)
+def _error(
+    http_status: int, message: str, headers: dict[str, str] | None = None, **extra: Any
+) -> JSONResponse:
+    return JSONResponse({"error": message, **extra}, status_code=http_status, headers=headers)
 
 
 def _bad_request(exc: BadRequestError) -> JSONResponse:

@@ -1,0 +1,351 @@
+"""SageMaker API requests built from the run document: pure functions, no AWS calls.
+
+Also the timeouts the state machine's callback tasks need (derived from the jobs' own limits)
+and the classification of SageMaker errors the starters and the reconciler act on."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from sdflow_common.errors import InvalidRunDocument
+from sdflow_common.run_document import DownloadOptions, EndpointOptions, RunDocument, TrainingOptions
+
+# Container paths of the download job (docs/contracts.md "The download job").
+PROCESSING_INPUT_DIR = "/opt/ml/processing/input/parquet"
+PROCESSING_OUTPUT_DIR = "/opt/ml/processing/output"
+CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
+DOWNLOAD_ENTRYPOINT = ["download"]
+# img2dataset writes a shard's tars next to each other before upload; 1,000 images at 256 px
+# are ~50 MB, so 30 GB leaves room for large parquet files and larger image sizes.
+DOWNLOAD_VOLUME_GB = 30
+LOSS_METRIC = {"Name": "train:loss", "Regex": "loss=([0-9.eE+-]+)"}
+VARIANT_NAME = "AllTraffic"
+TAG_EXECUTION = "sdflow:execution"
+TAG_SHARD = "sdflow:shard"
+
+# Callback-task margins on top of the job's own limit: instance provisioning, image pull and
+# the upload of outputs happen outside MaxRuntimeInSeconds.
+DOWNLOAD_TASK_MARGIN_SECONDS = 900
+TRAINING_TASK_MARGIN_SECONDS = 1800
+DEPLOY_TASK_MARGIN_SECONDS = 900
+# Blue/green: how long the old fleet stays up after traffic moved, ready for a rollback.
+BLUE_GREEN_TERMINATION_WAIT_SECONDS = 300
+# SageMaker's bounds for BlueGreenUpdatePolicy.MaximumExecutionTimeoutInSeconds.
+BLUE_GREEN_MIN_TIMEOUT, BLUE_GREEN_MAX_TIMEOUT = 600, 28800
+
+THROTTLING_CODES = frozenset(
+    {
+        "ThrottlingException",
+        "Throttling",
+        "ThrottledException",
+        "RequestLimitExceeded",
+        "TooManyRequestsException",
+        "ResourceLimitExceeded",
+        "ProvisionedThroughputExceededException",
+        "CapacityError",
+        "InsufficientCapacityError",
+    }
+)
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+def error_code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def error_message(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Message", ""))
+
+
+def is_throttling(exc: ClientError) -> bool:
+    """Rate limits, quotas and capacity: worth retrying later, with a new attempt."""
+    message = error_message(exc).lower()
+    return (
+        error_code(exc) in THROTTLING_CODES
+        or "rate exceeded" in message
+        or "insufficient capacity" in message
+    )
+
+
+def is_already_exists(exc: ClientError) -> bool:
+    """SageMaker says 'already exists' / 'already existing' (ResourceInUse or ValidationException)."""
+    return error_code(exc) == "ResourceInUse" or "already exist" in error_message(exc).lower()
+
+
+def is_not_found(exc: ClientError) -> bool:
+    """Describe* of a missing resource: ValidationException 'Could not find …' (or ResourceNotFound)."""
+    message = error_message(exc).lower()
+    return error_code(exc) == "ResourceNotFound" or "could not find" in message or "not found" in message
+
+
+# ---------------------------------------------------------------------------- requests
+
+
+def _tags(run_id: str, **extra: str) -> list[dict[str, str]]:
+    tags = [{"Key": TAG_EXECUTION, "Value": run_id}]
+    tags.extend({"Key": f"sdflow:{key}", "Value": value} for key, value in extra.items())
+    return tags
+
+
+def download_deadline_seconds(max_runtime_seconds: int) -> int:
+    """The container's own hard stop: before MaxRuntime, so it can still write `_SUCCESS` and
+    exit cleanly instead of being killed (img2dataset URLs can hang for ever, img2dataset#437)."""
+    reserve = min(300, max_runtime_seconds // 5)
+    return max(30, max_runtime_seconds - reserve)
+
+
+def download_container_arguments(options: DownloadOptions, url_column: str, caption_column: str) -> list[str]:
+    """`ContainerArguments` of docs/contracts.md "The download job", in that order."""
+    return [
+        "--input", PROCESSING_INPUT_DIR,
+        "--output", PROCESSING_OUTPUT_DIR,
+        "--url-col", url_column,
+        "--caption-col", caption_column,
+        "--image-size", str(options.image_size),
+        "--resize-mode", options.resize_mode,
+        "--samples-per-shard", str(options.samples_per_shard),
+        "--processes", str(options.processes),
+        "--threads", str(options.threads),
+        "--url-timeout", str(options.url_timeout_seconds),
+        "--deadline-seconds", str(download_deadline_seconds(options.max_runtime_seconds)),
+    ]  # fmt: skip
+
+
+def processing_job_request(
+    *,
+    job_name: str,
+    run_id: str,
+    shard_id: str,
+    parquet_uri: str,
+    output_uri: str,
+    options: DownloadOptions,
+    url_column: str,
+    caption_column: str,
+    image_uri: str,
+    role_arn: str,
+) -> dict[str, Any]:
+    """CreateProcessingJob for one shard. No network isolation: it downloads from the internet."""
+    return {
+        "ProcessingJobName": job_name,
+        "ProcessingInputs": [
+            {
+                "InputName": "parquet",
+                "S3Input": {
+                    "S3Uri": parquet_uri,
+                    "LocalPath": PROCESSING_INPUT_DIR,
+                    "S3DataType": "S3Prefix",
+                    "S3InputMode": "File",
+                    "S3DataDistributionType": "FullyReplicated",
+                },
+            }
+        ],
+        "ProcessingOutputConfig": {
+            "Outputs": [
+                {
+                    "OutputName": "shard",
+                    "S3Output": {
+                        "S3Uri": output_uri,
+                        "LocalPath": PROCESSING_OUTPUT_DIR,
+                        "S3UploadMode": "EndOfJob",
+                    },
+                }
+            ]
+        },
+        "ProcessingResources": {
+            "ClusterConfig": {
+                "InstanceCount": 1,
+                "InstanceType": options.instance_type,
+                "VolumeSizeInGB": DOWNLOAD_VOLUME_GB,
+            }
+        },
+        "StoppingCondition": {"MaxRuntimeInSeconds": options.max_runtime_seconds},
+        "AppSpecification": {
+            "ImageUri": image_uri,
+            "ContainerEntrypoint": list(DOWNLOAD_ENTRYPOINT),
+            "ContainerArguments": download_container_arguments(options, url_column, caption_column),
+        },
+        "NetworkConfig": {"EnableNetworkIsolation": False},
+        "RoleArn": role_arn,
+        "Tags": _tags(run_id, shard=shard_id),
+    }
+
+
+def check_training_options(options: TrainingOptions) -> None:
+    """Combinations SageMaker refuses that the run-document model does not catch (yet)."""
+    if options.use_spot and options.keep_alive_seconds > 0:
+        problem = {
+            "field": "training.keep_alive_seconds",
+            "message": "warm pools do not work with managed spot training; "
+            "set keep_alive_seconds: 0 or use_spot: false",
+        }
+        raise InvalidRunDocument(json.dumps([problem]))
+
+
+def training_job_request(
+    *,
+    job_name: str,
+    run_id: str,
+    bucket: str,
+    dataset_prefix_uri: str,
+    run: RunDocument,
+    image_uri: str,
+    role_arn: str,
+) -> dict[str, Any]:
+    """CreateTrainingJob: `docker run IMAGE train` with the dataset and base_model channels."""
+    options = run.training
+    check_training_options(options)
+    resources: dict[str, Any] = {
+        "InstanceType": options.instance_type,
+        "InstanceCount": options.instance_count,
+        "VolumeSizeInGB": options.volume_size_gb,
+    }
+    if options.keep_alive_seconds > 0:
+        resources["KeepAlivePeriodInSeconds"] = options.keep_alive_seconds
+    stopping: dict[str, int] = {"MaxRuntimeInSeconds": options.max_runtime_seconds}
+    if options.use_spot and options.max_wait_seconds is not None:
+        stopping["MaxWaitTimeInSeconds"] = options.max_wait_seconds
+
+    def channel(name: str, uri: str) -> dict[str, Any]:
+        # FullyReplicated: every node gets the whole index; the container picks its own shards.
+        return {
+            "ChannelName": name,
+            "DataSource": {
+                "S3DataSource": {
+                    "S3DataType": "S3Prefix",
+                    "S3Uri": uri,
+                    "S3DataDistributionType": "FullyReplicated",
+                }
+            },
+            "InputMode": "File",
+        }
+
+    return {
+        "TrainingJobName": job_name,
+        "AlgorithmSpecification": {
+            "TrainingImage": image_uri,
+            "TrainingInputMode": "File",
+            "MetricDefinitions": [dict(LOSS_METRIC)],
+        },
+        "RoleArn": role_arn,
+        "HyperParameters": options.hyperparameters(),
+        "InputDataConfig": [
+            channel("dataset", dataset_prefix_uri),
+            channel("base_model", run.base_model_uri),
+        ],
+        "OutputDataConfig": {"S3OutputPath": f"s3://{bucket}/runs/{run_id}/training/"},
+        "ResourceConfig": resources,
+        "StoppingCondition": stopping,
+        "EnableManagedSpotTraining": options.use_spot,
+        "CheckpointConfig": {
+            "S3Uri": f"s3://{bucket}/runs/{run_id}/checkpoints/",
+            "LocalPath": CHECKPOINT_LOCAL_PATH,
+        },
+        "RetryStrategy": {"MaximumRetryAttempts": options.max_retry_attempts},
+        # The training job reads only S3 channels and writes only /opt/ml: no internet needed.
+        "EnableNetworkIsolation": True,
+        "EnableInterContainerTrafficEncryption": True,
+        "Tags": _tags(run_id),
+    }
+
+
+def model_request(
+    *, model_name: str, run_id: str, image_uri: str, model_data_url: str, role_arn: str
+) -> dict[str, Any]:
+    """CreateModel: the training image serves the artifact (`docker run IMAGE serve`)."""
+    return {
+        "ModelName": model_name,
+        "PrimaryContainer": {"Image": image_uri, "ModelDataUrl": model_data_url},
+        "ExecutionRoleArn": role_arn,
+        "EnableNetworkIsolation": True,
+        "Tags": _tags(run_id),
+    }
+
+
+def endpoint_config_request(
+    *, config_name: str, model_name: str, run_id: str, options: EndpointOptions
+) -> dict[str, Any]:
+    return {
+        "EndpointConfigName": config_name,
+        "ProductionVariants": [
+            {
+                "VariantName": VARIANT_NAME,
+                "ModelName": model_name,
+                "InstanceType": options.instance_type,
+                "InitialInstanceCount": options.initial_instance_count,
+            }
+        ],
+        "Tags": _tags(run_id),
+    }
+
+
+def create_endpoint_request(*, endpoint_name: str, config_name: str, run_id: str) -> dict[str, Any]:
+    return {"EndpointName": endpoint_name, "EndpointConfigName": config_name, "Tags": _tags(run_id)}
+
+
+def blue_green_timeout_seconds(options: EndpointOptions) -> int:
+    return max(BLUE_GREEN_MIN_TIMEOUT, min(BLUE_GREEN_MAX_TIMEOUT, options.max_wait_seconds))
+
+
+def update_endpoint_request(
+    *,
+    endpoint_name: str,
+    config_name: str,
+    options: EndpointOptions,
+    rollback_alarm_names: Sequence[str] = (),
+) -> dict[str, Any]:
+    """UpdateEndpoint, blue/green, all traffic at once.
+
+    SageMaker rolls back by itself when the new fleet fails to come up; CloudWatch alarms add
+    rollback on bad metrics during the bake time (TerminationWaitInSeconds), so they are
+    passed only when the stack configures some (AutoRollbackConfiguration needs ≥ 1)."""
+    deployment: dict[str, Any] = {
+        "BlueGreenUpdatePolicy": {
+            "TrafficRoutingConfiguration": {"Type": "ALL_AT_ONCE", "WaitIntervalInSeconds": 0},
+            "TerminationWaitInSeconds": BLUE_GREEN_TERMINATION_WAIT_SECONDS,
+            "MaximumExecutionTimeoutInSeconds": blue_green_timeout_seconds(options),
+        }
+    }
+    alarms = [name for name in rollback_alarm_names if name][:10]
+    if alarms:
+        deployment["AutoRollbackConfiguration"] = {"Alarms": [{"AlarmName": name} for name in alarms]}
+    return {
+        "EndpointName": endpoint_name,
+        "EndpointConfigName": config_name,
+        "DeploymentConfig": deployment,
+    }
+
+
+# ---------------------------------------------------------------------------- timeouts
+
+
+def download_task_timeout_seconds(options: DownloadOptions) -> int:
+    return options.max_runtime_seconds + DOWNLOAD_TASK_MARGIN_SECONDS
+
+
+def training_task_timeout_seconds(options: TrainingOptions) -> int:
+    """MaxRuntime covers the whole job including RetryStrategy attempts; spot adds waiting."""
+    limit = options.max_runtime_seconds
+    if options.use_spot and options.max_wait_seconds is not None:
+        limit = max(limit, options.max_wait_seconds)
+    return limit + TRAINING_TASK_MARGIN_SECONDS
+
+
+def deploy_task_timeout_seconds(options: EndpointOptions) -> int:
+    """Covers both a create (max_wait_seconds) and a blue/green update with its bake time."""
+    update = blue_green_timeout_seconds(options) + BLUE_GREEN_TERMINATION_WAIT_SECONDS
+    return max(options.max_wait_seconds, update) + DEPLOY_TASK_MARGIN_SECONDS
+
+
+def task_timeouts(run: RunDocument) -> dict[str, int]:
+    """TimeoutSeconds of the three callback tasks, for `$.config.timeouts` (TimeoutSecondsPath)."""
+    return {
+        "download": download_task_timeout_seconds(run.download),
+        "training": training_task_timeout_seconds(run.training),
+        "deploy": deploy_task_timeout_seconds(run.endpoint),
+    }

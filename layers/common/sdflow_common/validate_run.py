@@ -1,0 +1,239 @@
+"""The "Validate run" task: check the run document against the stack, resolve the dataset, write
+the shard list the Distributed Map reads, and return the small `$.config` every later state uses.
+
+Errors are named (InvalidRunDocument, DatasetNotFound) so the state machine's Catch can turn them
+into a failure notification that tells the user what to fix."""
+
+from __future__ import annotations
+
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from botocore.exceptions import ClientError
+from pydantic import BaseModel, ConfigDict, Field
+
+from sdflow_common import aws
+from sdflow_common.errors import DatasetNotFound, InvalidRunDocument
+from sdflow_common.run_document import RunDocument, parse_run_document, parse_s3_uri
+
+log = logging.getLogger(__name__)
+
+# Enough parallel HEAD requests to check a few thousand objects within a Lambda's time, few
+# enough to stay far below S3's per-prefix request rate.
+HEAD_WORKERS = 16
+# Prefixes holding the pipeline's own outputs: img2dataset writes NNNNN.parquet files under runs/,
+# so a dataset prefix there would feed one run's outputs into the next as input.
+RESERVED_PREFIXES = ("runs/", "rejected/", "manifests/")
+MODEL_INDEX = "model_index.json"
+
+
+class ValidateRunRequest(BaseModel):
+    """The task's payload: the execution input plus the execution's identity from the context object."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run: Any = Field(description="The execution input (a run document, not yet validated).")
+    execution_name: str = Field(min_length=1, max_length=80)
+    execution_arn: str = Field(min_length=1)
+    start_time: str = Field(min_length=1)
+
+
+class RunConfig(BaseModel):
+    """`$.config`: what every later state needs to know about the run, without the shard list.
+
+    Later functions parse it with this model; extra keys are ignored so the state machine may grow it."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    run_id: str
+    execution_arn: str
+    started_at: str
+    bucket: str
+    shard_list_key: str
+    shard_count: int = Field(ge=1)
+    dataset_prefix_uri: str
+    run: RunDocument
+
+    @property
+    def run_prefix(self) -> str:
+        return f"runs/{self.run_id}/"
+
+
+def run_prefix(execution_name: str) -> str:
+    return f"runs/{execution_name}/"
+
+
+def shard_items(parquet_uris: list[str], bucket: str, execution_name: str) -> list[dict[str, str]]:
+    """Shard items per docs/contracts.md: sorted by URI, `shard_id` = 5-digit position."""
+    dataset_root = f"s3://{bucket}/{run_prefix(execution_name)}dataset/shards/"
+    items = []
+    for position, uri in enumerate(sorted(parquet_uris)):
+        shard_id = f"{position:05d}"
+        items.append({"shard_id": shard_id, "parquet_uri": uri, "output_uri": f"{dataset_root}{shard_id}/"})
+    return items
+
+
+def _invalid(problems: list[dict[str, str]]) -> InvalidRunDocument:
+    return InvalidRunDocument(json.dumps(problems))
+
+
+def _outside_bucket(field: str, uri: str, data_bucket: str, folder: str) -> dict[str, str]:
+    return {
+        "field": field,
+        "message": f"'{uri}' is outside this stack's bucket; the pipeline may read only "
+        f"s3://{data_bucket}/ (least privilege): copy it under s3://{data_bucket}/{folder}/ and use that URI",
+    }
+
+
+def check_locations(document: RunDocument, data_bucket: str) -> None:
+    """Every input must live in the stack's bucket, and a dataset prefix not among the pipeline's outputs."""
+    problems: list[dict[str, str]] = []
+    bucket, _key = parse_s3_uri(document.base_model_uri)
+    if bucket != data_bucket:
+        problems.append(_outside_bucket("base_model_uri", document.base_model_uri, data_bucket, "models"))
+    dataset = document.dataset
+    for position, uri in enumerate(dataset.parquet_uris or []):
+        bucket, _key = parse_s3_uri(uri)
+        if bucket != data_bucket:
+            field = f"dataset.parquet_uris.{position}"
+            problems.append(_outside_bucket(field, uri, data_bucket, "datasets"))
+    if dataset.prefix is not None:
+        bucket, key = parse_s3_uri(dataset.prefix)
+        if bucket != data_bucket:
+            problems.append(_outside_bucket("dataset.prefix", dataset.prefix, data_bucket, "datasets"))
+        elif not key or key.startswith(RESERVED_PREFIXES):
+            problems.append(
+                {
+                    "field": "dataset.prefix",
+                    "message": f"'{dataset.prefix}' would include the pipeline's own files; give the folder "
+                    f"that holds only your parquet files, e.g. s3://{data_bucket}/datasets/<name>/",
+                }
+            )
+    if problems:
+        raise _invalid(problems)
+
+
+def _missing_or_unreadable(exc: ClientError) -> bool:
+    # Without s3:ListBucket, S3 answers 403 for a missing key; either way the object cannot be used.
+    code = str(exc.response.get("Error", {}).get("Code", ""))
+    return code in ("404", "NoSuchKey", "NotFound", "403", "AccessDenied", "Forbidden")
+
+
+def _exists(uri: str) -> bool:
+    bucket, key = parse_s3_uri(uri)
+    try:
+        aws.client("s3").head_object(Bucket=bucket, Key=key)
+    except ClientError as exc:
+        if _missing_or_unreadable(exc):
+            return False
+        raise
+    return True
+
+
+def check_base_model(base_model_uri: str) -> None:
+    bucket, key = parse_s3_uri(base_model_uri)
+    folder = key if not key or key.endswith("/") else f"{key}/"
+    index_uri = f"s3://{bucket}/{folder}{MODEL_INDEX}"
+    if not _exists(index_uri):
+        raise DatasetNotFound(
+            f"base_model_uri: {index_uri} does not exist or is not readable; base_model_uri must be the "
+            f"folder of a diffusers-format model (the folder holding {MODEL_INDEX}, unet/, vae/, "
+            "text_encoder/, tokenizer/, scheduler/), e.g. saved with pipeline.save_pretrained() and "
+            "copied with `aws s3 sync`"
+        )
+
+
+def check_objects_exist(parquet_uris: list[str]) -> None:
+    aws.client("s3")  # create the cached client before the threads share it (clients are thread-safe)
+    with ThreadPoolExecutor(max_workers=HEAD_WORKERS) as pool:
+        found = list(pool.map(_exists, parquet_uris))
+    missing = [uri for uri, ok in zip(parquet_uris, found, strict=True) if not ok]
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise DatasetNotFound(
+            f"dataset.parquet_uris: {len(missing)} of {len(parquet_uris)} objects do not exist or are not "
+            f"readable: {shown}; upload them or remove them from the list"
+        )
+
+
+def list_parquet(prefix_uri: str, max_shards: int) -> list[str]:
+    """Every *.parquet object below the prefix (a folder: a trailing "/" is implied)."""
+    bucket, key = parse_s3_uri(prefix_uri)
+    folder = key if key.endswith("/") else f"{key}/"
+    paginator = aws.client("s3").get_paginator("list_objects_v2")
+    uris: list[str] = []
+    for page in paginator.paginate(Bucket=bucket, Prefix=folder):
+        for obj in page.get("Contents", []):
+            if obj["Key"].lower().endswith(".parquet"):
+                uris.append(f"s3://{bucket}/{obj['Key']}")
+        if len(uris) > max_shards:
+            raise _invalid(
+                [
+                    {
+                        "field": "dataset.prefix",
+                        "message": f"holds more than {max_shards} parquet files, this stack's maximum "
+                        "(MaxShards parameter); point it at a smaller folder or split the dataset",
+                    }
+                ]
+            )
+    if not uris:
+        raise DatasetNotFound(
+            f"dataset.prefix: no *.parquet objects below s3://{bucket}/{folder}; upload the parquet files "
+            "there or fix the prefix"
+        )
+    return uris
+
+
+def resolve_dataset(document: RunDocument, max_shards: int) -> list[str]:
+    dataset = document.dataset
+    if dataset.parquet_uris is not None:
+        check_objects_exist(list(dataset.parquet_uris))
+        return list(dataset.parquet_uris)
+    assert dataset.prefix is not None  # the model guarantees exactly one source
+    return list_parquet(dataset.prefix, max_shards)
+
+
+def validate_run(request: ValidateRunRequest, *, data_bucket: str, max_shards: int) -> dict[str, Any]:
+    """Validate, resolve, write run.json and shards.json; return `$.config` (docs/contracts.md)."""
+    document = parse_run_document(request.run, max_shards=max_shards)
+    check_locations(document, data_bucket)
+    check_base_model(document.base_model_uri)
+    parquet_uris = resolve_dataset(document, max_shards)
+    shards = shard_items(parquet_uris, data_bucket, request.execution_name)
+
+    prefix = run_prefix(request.execution_name)
+    run_json = document.model_dump(mode="json")
+    s3 = aws.client("s3")
+    s3.put_object(
+        Bucket=data_bucket,
+        Key=f"{prefix}run.json",
+        Body=json.dumps(run_json, indent=2).encode(),
+        ContentType="application/json",
+    )
+    shard_list_key = f"{prefix}shards.json"
+    s3.put_object(
+        Bucket=data_bucket,
+        Key=shard_list_key,
+        Body=json.dumps(shards).encode(),
+        ContentType="application/json",
+    )
+    log.info(
+        "run %s: %d shards listed at s3://%s/%s",
+        request.execution_name,
+        len(shards),
+        data_bucket,
+        shard_list_key,
+    )
+    config = RunConfig(
+        run_id=request.execution_name,
+        execution_arn=request.execution_arn,
+        started_at=request.start_time,
+        bucket=data_bucket,
+        shard_list_key=shard_list_key,
+        shard_count=len(shards),
+        dataset_prefix_uri=f"s3://{data_bucket}/{prefix}dataset/",
+        run=document,
+    )
+    return config.model_dump(mode="json")

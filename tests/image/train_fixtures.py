@@ -1,0 +1,102 @@
+"""Helpers for the train tests and bench: a dataset channel of webdataset shards, built in code."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from PIL import Image, ImageDraw
+
+COLOURS = {
+    "red": (220, 30, 30),
+    "green": (30, 200, 60),
+    "blue": (30, 60, 220),
+    "yellow": (230, 220, 40),
+    "white": (250, 250, 250),
+    "black": (10, 10, 10),
+}
+
+
+def synthetic_pair(rng: random.Random, size: int) -> tuple[Image.Image, str]:
+    """A coloured square or circle on a coloured background, and its caption."""
+    fg, bg = rng.sample(list(COLOURS), 2)
+    shape = rng.choice(["square", "circle"])
+    # Not square on purpose: the loader must resize and center-crop.
+    image = Image.new("RGB", (size + size // 4, size), COLOURS[bg])
+    draw = ImageDraw.Draw(image)
+    a, b = rng.randint(4, size // 3), rng.randint(2 * size // 3, size - 4)
+    (draw.rectangle if shape == "square" else draw.ellipse)([a, a, b, b], fill=COLOURS[fg])
+    return image, f"a {fg} {shape} on a {bg} background"
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def write_dataset_channel(
+    root: str | Path, shards: int = 2, samples_per_shard: int = 8, image_size: int = 64, seed: int = 0
+) -> Path:
+    """Write `root/shards/<id>/00000.tar` like img2dataset, plus `root/index.json` like build_index."""
+    root = Path(root)
+    rng = random.Random(seed)
+    entries: list[dict[str, Any]] = []
+    for shard in range(shards):
+        shard_id = f"{shard:05d}"
+        folder = root / "shards" / shard_id
+        folder.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(folder / "00000.tar", "w") as tar:
+            for i in range(samples_per_shard):
+                key = f"{shard:05d}{i:04d}"
+                image, caption = synthetic_pair(rng, image_size)
+                buf = io.BytesIO()
+                image.save(buf, format="JPEG", quality=95)
+                _add(tar, f"{key}.jpg", buf.getvalue())
+                _add(tar, f"{key}.txt", caption.encode())
+                _add(tar, f"{key}.json", json.dumps({"key": key, "caption": caption, "status": "success"}).encode())
+        entries.append(
+            {"shard_id": shard_id, "tar_files": [f"shards/{shard_id}/00000.tar"], "samples": samples_per_shard}
+        )
+    index = {
+        "version": 1,
+        "run_id": "test-run",
+        "total_samples": shards * samples_per_shard,
+        "shards": entries,
+        "failed_shards": [],
+        "image_size": image_size,
+    }
+    (root / "index.json").write_text(json.dumps(index))
+    return root
+
+
+def write_job_config(
+    opt_ml: str | Path,
+    hyperparameters: dict[str, str],
+    *,
+    dataset_dir: Path,
+    base_model_dir: Path,
+    hosts: list[str] | None = None,
+    current_host: str = "algo-1",
+) -> Path:
+    """Lay out one host's /opt/ml: config files and the two channels (symlinked, read-only use)."""
+    opt_ml = Path(opt_ml)
+    config = opt_ml / "input" / "config"
+    config.mkdir(parents=True, exist_ok=True)
+    (config / "hyperparameters.json").write_text(json.dumps(hyperparameters))
+    (config / "resourceconfig.json").write_text(
+        json.dumps(
+            {"current_host": current_host, "hosts": hosts or [current_host], "network_interface_name": "lo"}
+        )
+    )
+    data = opt_ml / "input" / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    for name, target in (("dataset", dataset_dir), ("base_model", base_model_dir)):
+        link = data / name
+        if not link.exists():
+            link.symlink_to(target, target_is_directory=True)
+    return opt_ml

@@ -1,0 +1,297 @@
+"""The run document: every manifest error names its field; defaults; the committed schema is current."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from sdflow_common.errors import InvalidRunDocument
+from sdflow_common.run_document import (
+    MAX_DOCUMENT_BYTES,
+    RunDocument,
+    json_schema,
+    main,
+    parse_run_document,
+    parse_s3_uri,
+    schema_text,
+)
+
+from tests.unit.conftest import load_event
+
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "run-document.schema.json"
+BUCKET = "sdflow-data-test"
+
+
+def minimal() -> dict[str, Any]:
+    return {
+        "dataset": {"parquet_uris": [f"s3://{BUCKET}/datasets/a.parquet"]},
+        "base_model_uri": f"s3://{BUCKET}/models/sd/",
+    }
+
+
+def errors_of(raw: Any, **kwargs: Any) -> list[dict[str, str]]:
+    with pytest.raises(InvalidRunDocument) as caught:
+        parse_run_document(raw, **kwargs)
+    errors = json.loads(str(caught.value))
+    assert errors, "InvalidRunDocument must carry at least one problem"
+    return errors
+
+
+def fields_of(raw: Any, **kwargs: Any) -> set[str]:
+    return {error["field"] for error in errors_of(raw, **kwargs)}
+
+
+def test_parse_minimal_document_fills_every_default() -> None:
+    document = parse_run_document(minimal())
+    assert document.schema_version == 1
+    assert document.run_name is None
+    assert document.dataset.url_column == "URL"
+    assert document.dataset.caption_column == "TEXT"
+    assert document.download.image_size == 256
+    assert document.download.tolerated_failure_percent == 10.0
+    assert document.download.max_concurrency == 10
+    assert document.training.instance_count == 1
+    assert document.training.use_spot is False
+    assert document.training.max_wait_seconds is None
+    assert document.training.plugin == "gemini"
+    assert document.training.validation_prompts == ["a photo of a cat"]
+    assert document.endpoint.name == "sdflow"
+
+
+def test_parse_defaults_round_trip_through_json_unchanged() -> None:
+    document = parse_run_document(minimal())
+    dumped = document.model_dump(mode="json")
+    assert RunDocument.model_validate(json.loads(json.dumps(dumped))) == document
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [
+        ({"colour": "blue"}, "colour"),
+        (
+            {"dataset": {"parquet_uris": [f"s3://{BUCKET}/a.parquet"], "prefixx": "s3://b/x/"}},
+            "dataset.prefixx",
+        ),
+        ({"training": {"epochs": 3}}, "training.epochs"),
+        ({"download": {"image_sise": 256}}, "download.image_sise"),
+        ({"endpoint": {"instance": "ml.g5.xlarge"}}, "endpoint.instance"),
+    ],
+)
+def test_parse_unknown_field_is_named(patch: dict[str, Any], field: str) -> None:
+    raw = {**minimal(), **patch}
+    errors = errors_of(raw)
+    assert field in {e["field"] for e in errors}
+    message = next(e["message"] for e in errors if e["field"] == field)
+    assert "unknown field" in message
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [
+        ({"base_model_uri": "https://huggingface.co/runwayml/sd"}, "base_model_uri"),
+        ({"base_model_uri": "gs://bucket/models/sd/"}, "base_model_uri"),
+        ({"dataset": {"parquet_uris": ["http://example.com/a.parquet"]}}, "dataset.parquet_uris"),
+        ({"dataset": {"parquet_uris": ["/local/a.parquet"]}}, "dataset.parquet_uris"),
+        ({"dataset": {"prefix": "file:///data/"}}, "dataset.prefix"),
+    ],
+)
+def test_parse_wrong_uri_scheme_names_field_and_expected_form(patch: dict[str, Any], field: str) -> None:
+    errors = errors_of({**minimal(), **patch})
+    assert [e["field"] for e in errors] == [field]
+    assert "s3://<bucket>/<key>" in errors[0]["message"]
+    assert not errors[0]["message"].startswith("Value error")
+
+
+def test_parse_empty_parquet_list_is_rejected() -> None:
+    errors = errors_of({**minimal(), "dataset": {"parquet_uris": []}})
+    assert errors[0]["field"] == "dataset.parquet_uris"
+    assert "empty" in errors[0]["message"]
+
+
+def test_parse_parquet_uri_naming_a_folder_is_rejected() -> None:
+    errors = errors_of({**minimal(), "dataset": {"parquet_uris": [f"s3://{BUCKET}/datasets/"]}})
+    assert errors[0]["field"] == "dataset.parquet_uris"
+    assert "folder" in errors[0]["message"]
+
+
+def test_parse_duplicate_parquet_uri_is_rejected() -> None:
+    uri = f"s3://{BUCKET}/datasets/a.parquet"
+    assert fields_of({**minimal(), "dataset": {"parquet_uris": [uri, uri]}}) == {"dataset.parquet_uris"}
+
+
+def test_parse_more_shards_than_max_is_rejected_with_both_counts() -> None:
+    uris = [f"s3://{BUCKET}/datasets/part-{i:05d}.parquet" for i in range(6)]
+    errors = errors_of({**minimal(), "dataset": {"parquet_uris": uris}}, max_shards=5)
+    assert errors[0]["field"] == "dataset.parquet_uris"
+    assert "6" in errors[0]["message"]
+    assert "5" in errors[0]["message"]
+
+
+def test_parse_exactly_max_shards_is_accepted() -> None:
+    uris = [f"s3://{BUCKET}/datasets/part-{i:05d}.parquet" for i in range(5)]
+    document = parse_run_document({**minimal(), "dataset": {"parquet_uris": uris}}, max_shards=5)
+    assert document.dataset.parquet_uris == uris
+
+
+def test_parse_document_too_large_for_state_suggests_prefix() -> None:
+    uris = [
+        f"s3://{BUCKET}/datasets/{'x' * 60}-{i:06d}.parquet" for i in range(MAX_DOCUMENT_BYTES // 80 + 10)
+    ]
+    errors = errors_of({**minimal(), "dataset": {"parquet_uris": uris}}, max_shards=100_000)
+    assert errors[0]["field"] == "dataset.parquet_uris"
+    assert "dataset.prefix" in errors[0]["message"]
+
+
+@pytest.mark.parametrize(
+    ("section", "values", "field"),
+    [
+        ("download", {"image_size": 16}, "download.image_size"),
+        ("download", {"image_size": 4096}, "download.image_size"),
+        ("download", {"tolerated_failure_percent": -1}, "download.tolerated_failure_percent"),
+        ("download", {"tolerated_failure_percent": 100.5}, "download.tolerated_failure_percent"),
+        ("download", {"max_concurrency": 0}, "download.max_concurrency"),
+        ("download", {"resize_mode": "stretch"}, "download.resize_mode"),
+        ("training", {"instance_count": 0}, "training.instance_count"),
+        ("training", {"instance_count": 65}, "training.instance_count"),
+        ("training", {"learning_rate": 0}, "training.learning_rate"),
+        ("training", {"max_runtime_seconds": 10}, "training.max_runtime_seconds"),
+        ("training", {"plugin": "deepspeed"}, "training.plugin"),
+        ("training", {"instance_type": "g5.xlarge"}, "training.instance_type"),
+        ("training", {"validation_prompts": [""]}, "training.validation_prompts.0"),
+        ("endpoint", {"initial_instance_count": 0}, "endpoint.initial_instance_count"),
+        ("endpoint", {"name": "-bad name"}, "endpoint.name"),
+    ],
+)
+def test_parse_out_of_range_value_names_field(section: str, values: dict[str, Any], field: str) -> None:
+    assert fields_of({**minimal(), section: values}) == {field}
+
+
+def test_parse_several_problems_are_all_reported() -> None:
+    raw = {**minimal(), "download": {"image_size": 1}, "training": {"seed": -1}, "extra": 1}
+    assert fields_of(raw) == {"download.image_size", "training.seed", "extra"}
+
+
+def test_parse_spot_without_max_wait_is_rejected() -> None:
+    errors = errors_of({**minimal(), "training": {"use_spot": True}})
+    assert errors[0]["field"] == "training"
+    assert "max_wait_seconds" in errors[0]["message"]
+
+
+def test_parse_spot_wait_shorter_than_runtime_is_rejected() -> None:
+    training = {"use_spot": True, "max_runtime_seconds": 7200, "max_wait_seconds": 3600}
+    errors = errors_of({**minimal(), "training": training})
+    assert "max_wait_seconds" in errors[0]["message"]
+
+
+def test_parse_max_wait_without_spot_is_rejected() -> None:
+    errors = errors_of({**minimal(), "training": {"max_wait_seconds": 7200}})
+    assert "use_spot" in errors[0]["message"]
+
+
+def test_parse_spot_with_enough_wait_is_accepted() -> None:
+    training = {"use_spot": True, "max_runtime_seconds": 3600, "max_wait_seconds": 7200}
+    assert parse_run_document({**minimal(), "training": training}).training.max_wait_seconds == 7200
+
+
+@pytest.mark.parametrize(
+    "dataset",
+    [
+        {"parquet_uris": [f"s3://{BUCKET}/d/a.parquet"], "prefix": f"s3://{BUCKET}/d/"},
+        {"url_column": "URL"},
+    ],
+    ids=["both", "neither"],
+)
+def test_parse_dataset_needs_exactly_one_source(dataset: dict[str, Any]) -> None:
+    errors = errors_of({**minimal(), "dataset": dataset})
+    assert errors[0]["field"] == "dataset"
+    assert "exactly one" in errors[0]["message"]
+
+
+def test_parse_missing_required_fields_are_named() -> None:
+    assert fields_of({}) == {"dataset", "base_model_uri"}
+
+
+@pytest.mark.parametrize("raw", [[], "text", None, 3])
+def test_parse_non_object_document_is_rejected(raw: Any) -> None:
+    assert fields_of(raw) == {"(document)"}
+
+
+def test_parse_unknown_schema_version_is_rejected() -> None:
+    assert fields_of({**minimal(), "schema_version": 2}) == {"schema_version"}
+
+
+def test_hyperparameters_are_all_strings_parsed_back_to_their_values() -> None:
+    training = parse_run_document(
+        {
+            **minimal(),
+            "training": {"use_ema": True, "learning_rate": 2e-4, "validation_prompts": ["a", "b c"]},
+        }
+    ).training
+    hyper = training.hyperparameters()
+    assert all(isinstance(value, str) for value in hyper.values())
+    assert hyper["use_ema"] == "true"
+    assert hyper["gradient_checkpointing"] == "true"
+    assert float(hyper["learning_rate"]) == pytest.approx(2e-4)
+    assert int(hyper["max_train_steps"]) == training.max_train_steps
+    assert json.loads(hyper["validation_prompts"]) == ["a", "b c"]
+    assert set(hyper) >= {"plugin", "mixed_precision", "resolution", "seed", "shuffle_buffer"}
+
+
+def test_parse_s3_uri_splits_bucket_and_key() -> None:
+    assert parse_s3_uri("s3://my-bucket/a/b.parquet") == ("my-bucket", "a/b.parquet")
+    with pytest.raises(ValueError, match="s3://<bucket>/<key>"):
+        parse_s3_uri("s3:/my-bucket/a")
+
+
+def test_committed_schema_is_current() -> None:
+    assert SCHEMA_PATH.read_text(encoding="utf-8") == schema_text(), (
+        "schemas/run-document.schema.json is stale; regenerate it: PYTHONPATH=layers/common "
+        ".venv/bin/python -m sdflow_common.run_document --write schemas/run-document.schema.json"
+    )
+    assert json.loads(SCHEMA_PATH.read_text()) == json_schema()
+
+
+def test_schema_cli_check_detects_stale_file(tmp_path: Path) -> None:
+    target = tmp_path / "schema.json"
+    assert main(["--write", str(target)]) == 0
+    assert main(["--check", str(target)]) == 0
+    target.write_text("{}\n")
+    assert main(["--check", str(target)]) == 1
+
+
+def test_schema_accepts_examples_and_rejects_invalid_one() -> None:
+    validator = jsonschema.Draft202012Validator(json_schema())
+    for name in ("run_document_minimal.json", "run_document_full.json"):
+        assert list(validator.iter_errors(load_event(name))) == [], name
+    assert list(validator.iter_errors(load_event("run_document_invalid.json")))
+
+
+@pytest.mark.parametrize("name", ["run_document_minimal.json", "run_document_full.json"])
+def test_example_documents_are_valid(name: str) -> None:
+    document = parse_run_document(load_event(name), max_shards=50)
+    assert document.base_model_uri.startswith(f"s3://{BUCKET}/")
+
+
+def test_example_full_document_sets_every_section() -> None:
+    raw = load_event("run_document_full.json")
+    document = parse_run_document(raw)
+    assert document.model_dump(mode="json", exclude_unset=True).keys() == raw.keys()
+    defaults = parse_run_document(minimal())
+    for section in ("download", "training", "endpoint"):
+        assert getattr(document, section) != getattr(defaults, section), section
+
+
+def test_example_invalid_document_reports_each_problem() -> None:
+    raw = load_event("run_document_invalid.json")
+    fields = fields_of(copy.deepcopy(raw))
+    assert {
+        "base_model_uri",
+        "dataset.parquet_uris",
+        "download.image_size",
+        "training.epochs",
+        "colour",
+    } <= fields

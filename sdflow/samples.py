@@ -169,6 +169,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # The default backlog of 5 drops the SYNs of a downloader opening dozens of connections
+    # at once; the retransmit after 1 s then reads as a timeout on a perfectly good URL.
+    request_queue_size = 1024
     app: ImageServer
 
 

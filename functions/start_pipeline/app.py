@@ -21,7 +21,9 @@ _METRIC_BY_STATUS = {
     "started": "RunsStarted",
     "rejected": "ManifestsRejected",
     "duplicate": "DuplicateManifestEvents",
+    # ignored / superseded / gone: events that needed no run (a wrong key, an object already replaced)
 }
+_SKIPPED_METRIC = "ManifestEventsSkipped"
 
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.EVENT_BRIDGE)
@@ -44,8 +46,7 @@ def lambda_handler(event: S3EventNotificationEventBridgeModel, context: LambdaCo
         topic_arn=settings.topic_arn,
         max_shards=settings.max_shards,
     )
-    metric = _METRIC_BY_STATUS.get(outcome.status)
-    if metric:
-        metrics.add_metric(name=metric, unit=MetricUnit.Count, value=1)
+    metric = _METRIC_BY_STATUS.get(outcome.status, _SKIPPED_METRIC)
+    metrics.add_metric(name=metric, unit=MetricUnit.Count, value=1)
     logger.info("manifest handled", extra={"manifest": ref.uri, **outcome.as_dict()})
     return outcome.as_dict()

@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
@@ -264,17 +264,22 @@ def _import_img2dataset() -> Any:
     return img2dataset
 
 
-def _downloader_child(options: dict[str, Any], error_file: str) -> None:
+def _run_img2dataset(options: dict[str, Any]) -> None:
+    _import_img2dataset().download(**options)
+
+
+def _child_entry(target: Callable[..., None], args: tuple[Any, ...], error_file: str) -> None:
     # A session of its own makes this process the leader of a group that holds every worker
     # img2dataset spawns, so the parent can kill them all at once.
     os.setsid()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
-        _import_img2dataset().download(**options)
+        target(*args)
     except BaseException as exc:
         traceback.print_exc()
         Path(error_file).write_text(f"{type(exc).__name__}: {exc}")
         sys.stdout.flush()
+        sys.stderr.flush()
         os._exit(1)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -291,13 +296,15 @@ def _kill_group(process: multiprocessing.process.BaseProcess) -> None:
     process.join(timeout=10)
 
 
-def run_with_deadline(options: dict[str, Any], deadline: float, error_file: Path) -> None:
-    """Run img2dataset.download(**options) in a child process group; kill the group when the
-    monotonic clock passes `deadline`. Raises DeadlineExceeded or DownloaderFailed."""
-    _import_img2dataset()  # once here, so the forked child starts with it loaded
+def run_with_deadline(
+    target: Callable[..., None], args: tuple[Any, ...], deadline: float, error_file: Path
+) -> None:
+    """Run target(*args) in a forked child that leads its own process group; kill the whole
+    group when the monotonic clock passes `deadline` (or this process is interrupted).
+    Raises DeadlineExceeded, or DownloaderFailed when the child fails."""
     # fork, not spawn: a spawned child would pay img2dataset's multi-second import again.
     process = multiprocessing.get_context("fork").Process(
-        target=_downloader_child, args=(options, str(error_file)), name="img2dataset", daemon=False
+        target=_child_entry, args=(target, args, str(error_file)), name="sdflow-download", daemon=False
     )
     error_file.unlink(missing_ok=True)
     process.start()
@@ -394,8 +401,11 @@ def download(args: argparse.Namespace) -> dict[str, Any] | None:
     work = output / WORK_DIR
     _prepare_work_dir(work, options)
     shards_dir = work / "img2dataset"
+    _import_img2dataset()  # here, so that the forked child starts with it loaded
     try:
-        run_with_deadline(img2dataset_options(args, parquet, shards_dir), deadline, work / "error.txt")
+        run_with_deadline(
+            _run_img2dataset, (img2dataset_options(args, parquet, shards_dir),), deadline, work / "error.txt"
+        )
     except DeadlineExceeded:
         raise DeadlineExceeded(
             f"the download did not finish within --deadline-seconds {args.deadline_seconds:g} s and was "

@@ -276,14 +276,17 @@ def load_pipeline(settings: ServeSettings) -> Any:
         )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from diffusers import StableDiffusionPipeline
+    from diffusers.utils import logging as diffusers_logging
 
+    # Progress bars are noise in a server's log (CloudWatch keeps every redraw).
+    diffusers_logging.disable_progress_bar()
     device, dtype = _torch_placement(settings)
     pipe = StableDiffusionPipeline.from_pretrained(
         str(model_dir),
         local_files_only=True,
         safety_checker=None,
         requires_safety_checker=False,
-        torch_dtype=dtype,
+        dtype=dtype,
     )
     pipe = pipe.to(device)
     pipe.set_progress_bar_config(disable=True)

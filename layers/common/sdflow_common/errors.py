@@ -40,3 +40,7 @@ class EndpointDeployFailed(SdflowError):
 
 class SageMakerThrottled(SdflowError):
     """SageMaker answered ThrottlingException / 'Rate exceeded' / capacity errors; safe to retry."""
+
+
+class ReconcileIncomplete(SdflowError):
+    """The reconciler could not check or resolve some task-token claims (details in the message)."""

@@ -347,5 +347,5 @@ def task_timeouts(run: RunDocument) -> dict[str, int]:
     return {
         "download": download_task_timeout_seconds(run.download),
         "training": training_task_timeout_seconds(run.training),
-        "deploy": deploy_task_timeout_seconds(run.endpoint),
+        "endpoint": deploy_task_timeout_seconds(run.endpoint),
     }

@@ -27,6 +27,7 @@ HEAD_WORKERS = 16
 # so a dataset prefix there would feed one run's outputs into the next as input.
 RESERVED_PREFIXES = ("runs/", "rejected/", "manifests/")
 MODEL_INDEX = "model_index.json"
+LIST_PAGE_SIZE = 1000  # S3's maximum; tests lower it to exercise pagination
 
 
 class ValidateRunRequest(BaseModel):
@@ -164,7 +165,8 @@ def list_parquet(prefix_uri: str, max_shards: int) -> list[str]:
     folder = key if key.endswith("/") else f"{key}/"
     paginator = aws.client("s3").get_paginator("list_objects_v2")
     uris: list[str] = []
-    for page in paginator.paginate(Bucket=bucket, Prefix=folder):
+    pages = paginator.paginate(Bucket=bucket, Prefix=folder, PaginationConfig={"PageSize": LIST_PAGE_SIZE})
+    for page in pages:
         for obj in page.get("Contents", []):
             if obj["Key"].lower().endswith(".parquet"):
                 uris.append(f"s3://{bucket}/{obj['Key']}")

@@ -1,0 +1,350 @@
+"""start_pipeline: a manifest upload starts exactly one execution, or is rejected with a report."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+# The X-Ray SDK opens its UDP emitter's socket on first import (Tracer() triggers it); import it
+# here, at collection, before the unit fixtures block sockets.
+import aws_xray_sdk.core  # noqa: F401
+import boto3
+import pytest
+from aws_lambda_powertools.utilities.parser.models import S3EventNotificationEventBridgeModel
+from sdflow_common.start_pipeline import (
+    EXECUTION_NAME_MAX,
+    ManifestRef,
+    execution_name,
+    handle_manifest,
+    rejected_key,
+)
+
+from tests.conftest import load_function_module
+from tests.unit.conftest import (
+    ACCOUNT,
+    DATA_BUCKET,
+    REGION,
+    STATE_MACHINE_ARN,
+    STATE_MACHINE_NAME,
+    AwsWorld,
+    load_event,
+)
+
+NAME_RE = re.compile(r"^[0-9A-Za-z_-]{1,80}$")
+PASS_DEFINITION = json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Pass", "End": True}}})
+
+
+@dataclass
+class FakeContext:
+    function_name: str = "sdflow-start-pipeline-test"
+    memory_limit_in_mb: int = 256
+    invoked_function_arn: str = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:sdflow-start-pipeline-test"
+    aws_request_id: str = "7f1c2a9e-0000-4000-8000-000000000001"
+
+
+@pytest.fixture
+def world(mocked_aws: AwsWorld) -> AwsWorld:
+    mocked_aws.sfn.create_state_machine(
+        name=STATE_MACHINE_NAME,
+        definition=PASS_DEFINITION,
+        roleArn=f"arn:aws:iam::{ACCOUNT}:role/sdflow-states-test",
+    )
+    return mocked_aws
+
+
+@pytest.fixture
+def app(world: AwsWorld) -> Any:
+    return load_function_module("start_pipeline")
+
+
+@pytest.fixture
+def sns_inbox(world: AwsWorld) -> Any:
+    """An SQS queue subscribed to the topic; returns a reader of the SNS envelopes it received."""
+    sqs = boto3.client("sqs", region_name=REGION)
+    url = sqs.create_queue(QueueName="sdflow-inbox")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    world.sns.subscribe(TopicArn=world.topic_arn, Protocol="sqs", Endpoint=arn)
+
+    def read() -> list[dict[str, Any]]:
+        messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", [])
+        return [json.loads(m["Body"]) for m in messages]
+
+    return read
+
+
+def manifest() -> dict[str, Any]:
+    return load_event("run_document_minimal.json")
+
+
+def s3_event(key: str, put: dict[str, Any]) -> dict[str, Any]:
+    """The sample EventBridge event, pointing at the object `put` created."""
+    event = copy.deepcopy(load_event("eventbridge_s3_manifest_created.json"))
+    obj = event["detail"]["object"]
+    obj["key"] = key
+    obj["etag"] = put["ETag"].strip('"')
+    if put.get("VersionId"):
+        obj["version-id"] = put["VersionId"]
+    else:
+        obj.pop("version-id")
+    return event
+
+
+def upload(world: AwsWorld, key: str, body: Any) -> dict[str, Any]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return world.s3.put_object(Bucket=DATA_BUCKET, Key=key, Body=data)
+
+
+def executions(world: AwsWorld) -> list[dict[str, Any]]:
+    return world.sfn.list_executions(stateMachineArn=STATE_MACHINE_ARN)["executions"]
+
+
+def emitted_metrics(captured: str) -> dict[str, float]:
+    """Metric name → value from the Embedded Metric Format lines Powertools printed."""
+    values: dict[str, float] = {}
+    for line in captured.splitlines():
+        if line.startswith("{") and '"_aws"' in line:
+            blob = json.loads(line)
+            for directive in blob["_aws"]["CloudWatchMetrics"]:
+                for metric in directive["Metrics"]:
+                    value = blob[metric["Name"]]
+                    values[metric["Name"]] = sum(value) if isinstance(value, list) else value
+    return values
+
+
+def test_sample_event_parses_as_real_s3_eventbridge_shape() -> None:
+
+    event = S3EventNotificationEventBridgeModel.model_validate(
+        load_event("eventbridge_s3_manifest_created.json")
+    )
+    assert event.detail_type == "Object Created"
+    assert event.detail.bucket.name == DATA_BUCKET
+    assert event.detail.object.key == "manifests/demo.json"
+    assert event.detail.object.version_id
+    assert event.detail.object.etag
+
+
+def test_handler_valid_manifest_starts_one_execution_with_manifest_input(
+    world: AwsWorld, app: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    put = upload(world, "manifests/demo.json", manifest())
+    result = app.lambda_handler(s3_event("manifests/demo.json", put), FakeContext())
+
+    assert result["status"] == "started"
+    runs = executions(world)
+    assert len(runs) == 1
+    name = runs[0]["name"]
+    assert name == result["execution_name"]
+    assert NAME_RE.match(name)
+    assert len(name) <= EXECUTION_NAME_MAX
+    assert name.startswith("demo-")
+    described = world.sfn.describe_execution(executionArn=runs[0]["executionArn"])
+    assert json.loads(described["input"]) == manifest()
+    assert emitted_metrics(capsys.readouterr().out).get("RunsStarted") == 1.0
+
+
+def test_execution_name_is_deterministic_and_uses_run_name() -> None:
+    ref = ManifestRef(DATA_BUCKET, "manifests/demo.json", "v1", "etag1")
+    assert execution_name(ref) == execution_name(
+        ManifestRef(DATA_BUCKET, "manifests/demo.json", "v1", "etag1")
+    )
+    assert execution_name(ref) != execution_name(
+        ManifestRef(DATA_BUCKET, "manifests/demo.json", "v2", "etag1")
+    )
+    assert execution_name(ref) != execution_name(
+        ManifestRef("other-bucket", "manifests/demo.json", "v1", "e")
+    )
+    assert execution_name(ref, "pokemon-v2").startswith("pokemon-v2-")
+    # Unversioned buckets: the ETag tells two uploads of different content apart.
+    unversioned = ManifestRef(DATA_BUCKET, "manifests/demo.json", None, "aaa")
+    assert execution_name(unversioned) != execution_name(
+        ManifestRef(DATA_BUCKET, "manifests/demo.json", None, "b")
+    )
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "manifests/" + "very-long-run-name-" * 60 + ".json",
+        "manifests/sub/dir/" + "ü" * 300 + ".json",
+        "manifests/a b:c*d?e|f.json",
+        "manifests/---.json",
+    ],
+)
+def test_execution_name_of_any_key_is_valid_and_at_most_80_chars(key: str) -> None:
+    name = execution_name(ManifestRef(DATA_BUCKET, key, "3HL4kqtJlcpXroDTDmJ.rmSpXd3dIbrHY", "0f34"))
+    assert NAME_RE.match(name), name
+    assert len(name) <= EXECUTION_NAME_MAX
+
+
+def test_handler_very_long_key_starts_execution_with_valid_name(world: AwsWorld, app: Any) -> None:
+    key = "manifests/" + "x" * 900 + ".json"
+    put = upload(world, key, manifest())
+    result = app.lambda_handler(s3_event(key, put), FakeContext())
+    assert result["status"] == "started"
+    (run,) = executions(world)
+    assert len(run["name"]) <= EXECUTION_NAME_MAX
+    assert NAME_RE.match(run["name"])
+
+
+def test_handler_same_event_twice_starts_one_execution(
+    world: AwsWorld, app: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    put = upload(world, "manifests/demo.json", manifest())
+    event = s3_event("manifests/demo.json", put)
+    first = app.lambda_handler(event, FakeContext())
+    capsys.readouterr()
+    second = app.lambda_handler(copy.deepcopy(event), FakeContext())
+
+    assert first["status"] == "started"
+    assert second["status"] == "duplicate"
+    assert second["execution_name"] == first["execution_name"]
+    assert len(executions(world)) == 1
+    assert emitted_metrics(capsys.readouterr().out).get("DuplicateManifestEvents") == 1.0
+
+
+def test_handle_manifest_racing_duplicate_is_not_an_error(
+    world: AwsWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two deliveries passing the existence check together: the second meets ExecutionAlreadyExists."""
+    from sdflow_common import start_pipeline
+
+    put = upload(world, "manifests/demo.json", manifest())
+    ref = ManifestRef(DATA_BUCKET, "manifests/demo.json", None, put["ETag"].strip('"'))
+    kwargs = {"state_machine_arn": STATE_MACHINE_ARN, "topic_arn": world.topic_arn, "max_shards": 50}
+    first = handle_manifest(ref, **kwargs)
+    # A closed execution makes StartExecution raise ExecutionAlreadyExists even for the same input.
+    world.sfn.stop_execution(executionArn=first.execution_arn)
+    monkeypatch.setattr(start_pipeline, "_already_started", lambda arn: False)
+
+    second = handle_manifest(ref, **kwargs)
+    assert second.status == "duplicate"
+    assert len(executions(world)) == 1
+
+
+def test_handler_reupload_to_versioned_bucket_starts_a_second_run(world: AwsWorld, app: Any) -> None:
+    world.s3.put_bucket_versioning(Bucket=DATA_BUCKET, VersioningConfiguration={"Status": "Enabled"})
+    first_put = upload(world, "manifests/demo.json", manifest())
+    second_put = upload(world, "manifests/demo.json", manifest())
+    assert first_put["VersionId"] != second_put["VersionId"]
+
+    first = app.lambda_handler(s3_event("manifests/demo.json", first_put), FakeContext())
+    second = app.lambda_handler(s3_event("manifests/demo.json", second_put), FakeContext())
+    assert first["status"] == second["status"] == "started"
+    assert first["execution_name"] != second["execution_name"]
+    assert len(executions(world)) == 2
+
+
+def _too_many_shards() -> dict[str, Any]:
+    uris = [f"s3://{DATA_BUCKET}/datasets/part-{i:05d}.parquet" for i in range(51)]  # MAX_SHARDS is 50
+    return {**manifest(), "dataset": {"parquet_uris": uris}}
+
+
+INVALID_MANIFESTS = {
+    "invalid-example": (lambda: load_event("run_document_invalid.json"), "training.epochs"),
+    "unknown-field": (lambda: {**manifest(), "dataset_uri": "s3://x/y"}, "dataset_uri"),
+    "nested-unknown": (lambda: {**manifest(), "training": {"epoch": 1}}, "training.epoch"),
+    "wrong-scheme": (lambda: {**manifest(), "base_model_uri": "https://hf.co/sd"}, "base_model_uri"),
+    "empty-list": (lambda: {**manifest(), "dataset": {"parquet_uris": []}}, "dataset.parquet_uris"),
+    "too-many-shards": (_too_many_shards, "dataset.parquet_uris"),
+    "out-of-range": (lambda: {**manifest(), "download": {"image_size": 8}}, "download.image_size"),
+    "spot-without-wait": (lambda: {**manifest(), "training": {"use_spot": True}}, "training"),
+    "no-dataset-source": (lambda: {**manifest(), "dataset": {}}, "dataset"),
+    "bad-json": (lambda: b'{"dataset": {"parquet_uris": ["s3://b/a.parquet"]},,}', "(document)"),
+    "not-utf8": (lambda: b'{"run_name": "\xff\xfe"}', "(document)"),
+    "empty-file": (lambda: b"  \n", "(document)"),
+    "json-array": (lambda: [manifest()], "(document)"),
+}
+
+
+@pytest.mark.parametrize("case", list(INVALID_MANIFESTS), ids=list(INVALID_MANIFESTS))
+def test_handler_invalid_manifest_writes_report_notifies_and_starts_nothing(
+    world: AwsWorld, app: Any, sns_inbox: Any, case: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make, field = INVALID_MANIFESTS[case]
+    key = f"manifests/{case}.json"
+    put = upload(world, key, make())
+    capsys.readouterr()
+
+    result = app.lambda_handler(s3_event(key, put), FakeContext())
+
+    assert result["status"] == "rejected"
+    assert executions(world) == []
+    report = world.get_json(rejected_key(key))
+    assert report["manifest"] == f"s3://{DATA_BUCKET}/{key}"
+    assert field in {error["field"] for error in report["errors"]}
+    assert all(error["message"] for error in report["errors"])
+    assert report["rejected_at"].endswith("+00:00")
+    assert result["report_key"] == f"rejected/manifests/{case}.json.errors.json"
+
+    (notification,) = sns_inbox()
+    assert notification["MessageAttributes"]["outcome"]["Value"] == "rejected"
+    assert f"{case}.json" in notification["Subject"]
+    assert len(notification["Subject"]) <= 100
+    assert f"s3://{DATA_BUCKET}/{key}" in notification["Message"]
+    for error in report["errors"]:
+        assert f"{error['field']}: {error['message']}" in notification["Message"]
+    assert "How to fix" in notification["Message"]
+    assert emitted_metrics(capsys.readouterr().out).get("ManifestsRejected") == 1.0
+
+
+def test_rejection_report_lands_outside_manifests_so_it_never_triggers_a_run() -> None:
+    assert rejected_key("manifests/demo.json") == "rejected/manifests/demo.json.errors.json"
+    assert not rejected_key("manifests/demo.json").startswith("manifests/")
+
+
+def test_handler_key_outside_manifests_is_ignored(world: AwsWorld, app: Any) -> None:
+    put = upload(world, "datasets/demo.json", manifest())
+    assert app.lambda_handler(s3_event("datasets/demo.json", put), FakeContext())["status"] == "ignored"
+    assert executions(world) == []
+
+
+def test_handler_url_encoded_key_reads_the_real_object(world: AwsWorld, app: Any) -> None:
+    put = upload(world, "manifests/my run.json", manifest())
+    result = app.lambda_handler(s3_event("manifests/my+run.json", put), FakeContext())
+    assert result["status"] == "started"
+    assert result["execution_name"].startswith("my-run-")
+
+
+def test_handler_object_overwritten_before_read_starts_nothing(world: AwsWorld, app: Any) -> None:
+    old = upload(world, "manifests/demo.json", manifest())
+    upload(world, "manifests/demo.json", {**manifest(), "run_name": "newer"})
+    result = app.lambda_handler(s3_event("manifests/demo.json", old), FakeContext())
+    assert result["status"] == "superseded"
+    assert executions(world) == []
+
+
+def test_handler_object_deleted_before_read_starts_nothing(world: AwsWorld, app: Any) -> None:
+    put = upload(world, "manifests/demo.json", manifest())
+    world.s3.delete_object(Bucket=DATA_BUCKET, Key="manifests/demo.json")
+    result = app.lambda_handler(s3_event("manifests/demo.json", put), FakeContext())
+    assert result["status"] == "gone"
+    assert executions(world) == []
+
+
+def test_handler_event_emitted_by_moto_s3_starts_a_run(world: AwsWorld, app: Any) -> None:
+    """The event S3 itself sends through EventBridge (moto's shape, as the local runtime delivers it)."""
+    sqs = boto3.client("sqs", region_name=REGION)
+    events = boto3.client("events", region_name=REGION)
+    queue_url = sqs.create_queue(QueueName="s3-events")["QueueUrl"]
+    queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    pattern = {
+        "source": ["aws.s3"],
+        "detail-type": ["Object Created"],
+        "detail": {"bucket": {"name": [DATA_BUCKET]}},
+    }
+    events.put_rule(Name="manifests", EventPattern=json.dumps(pattern))
+    events.put_targets(Rule="manifests", Targets=[{"Id": "q", "Arn": queue_arn}])
+    world.s3.put_bucket_notification_configuration(
+        Bucket=DATA_BUCKET, NotificationConfiguration={"EventBridgeConfiguration": {}}
+    )
+    upload(world, "manifests/demo.json", manifest())
+    (message,) = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10)["Messages"]
+
+    result = app.lambda_handler(json.loads(message["Body"]), FakeContext())
+    assert result["status"] == "started"
+    assert len(executions(world)) == 1

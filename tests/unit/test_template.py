@@ -1,0 +1,254 @@
+"""template.yaml and statemachines/pipeline.asl.json checked together, and by the linters."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = ROOT / "template.yaml"
+ASL = ROOT / "statemachines" / "pipeline.asl.json"
+TOOLS = ROOT / ".tools"
+# Actions that AWS offers on "*" only; everything else must name its resources.
+STAR_ONLY_ACTIONS = {
+    "ecr:GetAuthorizationToken",
+    "cloudwatch:PutMetricData",
+    "logs:CreateLogDelivery",
+    "logs:GetLogDelivery",
+    "logs:UpdateLogDelivery",
+    "logs:DeleteLogDelivery",
+    "logs:ListLogDeliveries",
+    "logs:PutResourcePolicy",
+    "logs:DescribeResourcePolicies",
+    "logs:DescribeLogGroups",
+}
+READ_ONLY_PREFIXES = ("Describe", "Get", "List")
+
+
+class _CfnLoader(yaml.SafeLoader):
+    """Reads CloudFormation short-form tags (!Ref, !Sub, …) as {"Fn::…": value}."""
+
+
+def _construct_tag(loader: _CfnLoader, suffix: str, node: yaml.Node) -> Any:
+    if isinstance(node, yaml.ScalarNode):
+        value: Any = loader.construct_scalar(node)
+    elif isinstance(node, yaml.SequenceNode):
+        value = loader.construct_sequence(node, deep=True)
+    else:
+        value = loader.construct_mapping(node, deep=True)  # type: ignore[arg-type]
+    name = "Ref" if suffix == "Ref" else f"Fn::{suffix}"
+    if suffix == "GetAtt" and isinstance(value, str):
+        value = value.split(".", 1)
+    return {name: value}
+
+
+_CfnLoader.add_multi_constructor("!", _construct_tag)
+
+
+@pytest.fixture(scope="module")
+def template() -> dict[str, Any]:
+    return yaml.load(TEMPLATE.read_text(), Loader=_CfnLoader)  # noqa: S506 - SafeLoader subclass
+
+
+@pytest.fixture(scope="module")
+def definition() -> dict[str, Any]:
+    return json.loads(ASL.read_text())
+
+
+def _resources(template: dict[str, Any], kind: str) -> dict[str, Any]:
+    return {name: r for name, r in template["Resources"].items() if r["Type"] == kind}
+
+
+def _all_states(states: dict[str, Any]) -> dict[str, Any]:
+    found = dict(states)
+    for state in states.values():
+        if "ItemProcessor" in state:
+            found |= _all_states(state["ItemProcessor"]["States"])
+    return found
+
+
+def _statements(template: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    found = []
+    for name, resource in template["Resources"].items():
+        props = resource.get("Properties", {})
+        for policy in props.get("Policies", []) or []:
+            if isinstance(policy, dict) and "Statement" in policy:
+                found += [(name, s) for s in policy["Statement"]]
+            elif isinstance(policy, dict) and "PolicyDocument" in policy:
+                found += [(name, s) for s in policy["PolicyDocument"]["Statement"]]
+    return found
+
+
+def test_template_definition_substitutions_cover_every_placeholder(
+    template: dict[str, Any], definition: dict[str, Any]
+) -> None:
+    [machine] = _resources(template, "AWS::Serverless::StateMachine").values()
+    substitutions = set(machine["Properties"]["DefinitionSubstitutions"])
+    placeholders = set(re.findall(r"\$\{(\w+)\}", ASL.read_text()))
+    assert placeholders == substitutions
+    for key in substitutions:
+        assert re.fullmatch(r"[A-Z][A-Za-z]+(Arn|Name)", key), key
+
+
+def test_template_definition_hard_codes_no_arn_and_avoids_sync_and_jsonata(definition: dict[str, Any]) -> None:
+    text = ASL.read_text()
+    assert not re.search(r"arn:aws:(lambda|sagemaker|sns|s3):", text)
+    assert ".sync" not in text
+    assert definition.get("QueryLanguage", "JSONPath") == "JSONPath"
+
+
+def test_template_callback_tasks_time_out_and_catch(definition: dict[str, Any]) -> None:
+    states = _all_states(definition["States"])
+    callbacks = {n: s for n, s in states.items() if str(s.get("Resource", "")).endswith(".waitForTaskToken")}
+    assert set(callbacks) == {"Download shard", "Train model", "Deploy endpoint"}
+    for name, state in callbacks.items():
+        assert "TimeoutSecondsPath" in state or "TimeoutSeconds" in state, name
+        assert state["Catch"][0]["ErrorEquals"] == ["States.ALL"], name
+        assert state["Parameters"]["Payload"]["token.$"] == "$$.Task.Token", name
+        assert state["Parameters"]["Payload"]["attempt.$"] == "$$.State.RetryCount", name
+
+
+def test_template_every_failure_reaches_notify_failure(definition: dict[str, Any]) -> None:
+    for name, state in definition["States"].items():
+        if state["Type"] in {"Task", "Map"} and not name.startswith("Notify"):
+            targets = {c["Next"] for c in state.get("Catch", []) if "States.ALL" in c["ErrorEquals"]}
+            assert targets == {"Notify failure"}, name
+    assert definition["States"]["Notify failure"]["Next"] == "Fail run"
+
+
+def test_template_distributed_map_reads_shards_from_s3_and_discards_results(definition: dict[str, Any]) -> None:
+    download = definition["States"]["Download shards"]
+    assert download["ItemProcessor"]["ProcessorConfig"]["Mode"] == "DISTRIBUTED"
+    assert download["ItemReader"]["Resource"] == "arn:aws:states:::s3:getObject"
+    assert download["ResultPath"] is None
+    assert download["MaxConcurrencyPath"] == "$.config.run.download.max_concurrency"
+
+
+def test_template_functions_have_code_and_thin_handlers(template: dict[str, Any]) -> None:
+    functions = _resources(template, "AWS::Serverless::Function")
+    assert len(functions) == 9
+    for name, function in functions.items():
+        code = ROOT / function["Properties"]["CodeUri"]
+        handler = code / "app.py"
+        assert handler.exists(), f"{name}: {handler} is missing"
+        assert (code / "requirements.txt").exists(), name
+        body = [line for line in handler.read_text().splitlines() if line.strip()]
+        assert len(body) < 80, f"{name}: keep the handler thin, logic belongs in the layer"
+        assert "POWERTOOLS_SERVICE_NAME" in function["Properties"]["Environment"]["Variables"], name
+
+
+def test_template_state_machine_logs_and_traces(template: dict[str, Any]) -> None:
+    [machine] = _resources(template, "AWS::Serverless::StateMachine").values()
+    props = machine["Properties"]
+    assert props["Tracing"]["Enabled"] is True
+    assert props["Logging"]["Level"] == "ALL"
+
+
+def test_template_bucket_is_private_encrypted_versioned_and_emits_events(template: dict[str, Any]) -> None:
+    bucket = template["Resources"]["DataBucket"]["Properties"]
+    assert bucket["NotificationConfiguration"]["EventBridgeConfiguration"]["EventBridgeEnabled"] is True
+    assert all(bucket["PublicAccessBlockConfiguration"].values())
+    assert bucket["VersioningConfiguration"]["Status"] == "Enabled"
+    assert bucket["BucketEncryption"]["ServerSideEncryptionConfiguration"]
+    [deny] = template["Resources"]["DataBucketPolicy"]["Properties"]["PolicyDocument"]["Statement"]
+    assert deny["Effect"] == "Deny"
+    assert deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+
+
+def test_template_manifest_rule_matches_only_json_under_manifests(template: dict[str, Any]) -> None:
+    event = template["Resources"]["StartPipelineFunction"]["Properties"]["Events"]["ManifestUploaded"]
+    pattern = event["Properties"]["Pattern"]
+    assert pattern["detail-type"] == ["Object Created"]
+    assert pattern["detail"]["object"]["key"] == [{"wildcard": "manifests/*.json"}]
+
+
+def test_template_pass_role_only_for_sagemaker_role_to_sagemaker(template: dict[str, Any]) -> None:
+    pass_role = [(n, s) for n, s in _statements(template) if "iam:PassRole" in json.dumps(s.get("Action"))]
+    assert {n for n, _ in pass_role} == {"StartDownloadFunction", "StartTrainingFunction", "DeployEndpointFunction"}
+    for name, statement in pass_role:
+        assert statement["Resource"] == {"Fn::GetAtt": ["SageMakerExecutionRole", "Arn"]}, name
+        assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
+
+
+def test_template_no_mutating_action_on_star_resource(template: dict[str, Any]) -> None:
+    for name, statement in _statements(template):
+        if statement.get("Effect") != "Allow" or statement.get("Resource") != "*":
+            continue
+        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        for action in actions:
+            verb = action.split(":", 1)[1]
+            assert action in STAR_ONLY_ACTIONS or verb.startswith(READ_ONLY_PREFIXES), f"{name}: {action} on *"
+
+
+# ------------------------------------------------------------------ external linters
+def _tool(venv: str, binary: str) -> Path:
+    path = TOOLS / venv / "bin" / binary
+    assert path.exists(), f"{path} is missing: run `make setup` (it installs requirements/tools-{venv}.txt)"
+    return path
+
+
+def _offline_env(tmp_path: Path) -> dict[str, str]:
+    """The SAM CLI phones home for telemetry and version checks; only 127.0.0.1 may be reached."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "SAM_CLI_TELEMETRY": "0",
+            "__SAM_CLI_APP_DIR": str(tmp_path / "samhome"),
+            "HTTPS_PROXY": "http://127.0.0.1:9",
+            "HTTP_PROXY": "http://127.0.0.1:9",
+            "NO_PROXY": "127.0.0.1,localhost",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_CONFIG_FILE": str(tmp_path / "none.cfg"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none.creds"),
+            "BC_SKIP_MAPPING": "TRUE",
+            "CHECKOV_RUN_SCA_PACKAGE_SCAN_V2": "false",
+        }
+    )
+    return env
+
+
+@pytest.mark.lint
+def test_template_cfn_lint_reports_nothing() -> None:
+    result = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "cfn-lint"), str(TEMPLATE)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.lint
+@pytest.mark.slow
+def test_template_sam_validate_lint_passes(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [str(_tool("sam", "sam")), "validate", "--lint", "-t", str(TEMPLATE)],
+        capture_output=True, text=True, env=_offline_env(tmp_path), cwd=ROOT, check=False, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "is a valid SAM Template" in result.stdout + result.stderr
+
+
+@pytest.mark.lint
+@pytest.mark.slow
+def test_template_checkov_fails_only_baselined_checks(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [str(_tool("checkov", "checkov")), "-f", str(TEMPLATE), "--framework", "cloudformation", "-o", "json",
+         "--quiet", "--skip-download"],
+        capture_output=True, text=True, env=_offline_env(tmp_path), cwd=ROOT, check=False, timeout=600,
+    )
+    report = json.loads(result.stdout)
+    failed = {(f["check_id"], f["resource"]) for f in report["results"]["failed_checks"]}
+    baseline = json.loads((ROOT / "security" / "checkov-baseline.json").read_text())["accepted"]
+    accepted = {(entry["check"], resource) for entry in baseline for resource in entry["resources"]}
+    for entry in baseline:
+        assert len(entry["reason"]) > 30, f"{entry['check']} needs a real reason"
+    assert failed - accepted == set(), "new checkov failures: fix them or baseline them with a reason"
+    assert accepted - failed == set(), "baselined checks that pass now: remove them from the baseline"
+    assert report["summary"]["passed"] > 0

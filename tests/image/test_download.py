@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from sdflow_image import download
 
 from sdflow.samples import ImageServer, LaionSample, SampleRow, make_laion_parquet, write_parquet
-from sdflow_image import download
 
 pytestmark = pytest.mark.image
 
@@ -242,11 +242,16 @@ def test_download_folder_with_two_parquets_fails(tmp_path: Path, opt_ml: Path) -
 
 def test_download_bin_entrypoint_bad_argument_writes_failure(tmp_path: Path) -> None:
     env = {**os.environ, "SDFLOW_OPT_ML": str(tmp_path / "opt_ml")}
+    entrypoint = REPO_ROOT / "training_image" / "bin" / "download"
+    argv = ["--input", str(tmp_path), "--output", str(tmp_path / "out"), "--processes", "0"]
     result = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "training_image" / "bin" / "download"), "--input", str(tmp_path), "--output",
-         str(tmp_path / "out"), "--processes", "0"],
-        env=env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [sys.executable, str(entrypoint), *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 1, result.stderr
     failure = (tmp_path / "opt_ml" / "output" / "failure").read_text()
     assert failure.startswith("InvalidArguments")

@@ -483,9 +483,12 @@ class Trainer:
         _barrier()
         if self.local_rank == 0 and partial.exists():
             with contextlib.suppress(FileNotFoundError):  # a shared folder: another host renamed it
-                if final.exists():
-                    shutil.rmtree(final)
-                os.replace(partial, final)
+                if not any(partial.iterdir()):
+                    partial.rmdir()  # a host that wrote nothing (replicated plugins: rank 0 writes)
+                else:
+                    if final.exists():
+                        shutil.rmtree(final)
+                    os.replace(partial, final)
             for _old_step, old in list_checkpoints(root)[: -self.args.checkpoints_total_limit]:
                 shutil.rmtree(old, ignore_errors=True)
         _barrier()

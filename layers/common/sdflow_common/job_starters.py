@@ -29,9 +29,10 @@ from sdflow_common.errors import (
     SdflowError,
     TrainingJobFailed,
 )
-from sdflow_common.run_document import DownloadOptions, RunDocument
+from sdflow_common.run_document import DownloadOptions
 from sdflow_common.settings import Settings
 from sdflow_common.token_store import Kind, TokenStore
+from sdflow_common.validate_run import RunConfig
 
 logger = Logger(child=True)
 
@@ -78,18 +79,8 @@ class DownloadTask(CallbackTask):
     dataset: DatasetColumns = Field(default_factory=DatasetColumns)
 
 
-class PipelineConfig(_Payload):
-    """`$.config` as written by Validate run; `run` re-parsed with the run-document model."""
-
-    run_id: str = Field(min_length=1)
-    execution_arn: str = ""
-    bucket: str = Field(min_length=3)
-    dataset_prefix_uri: str = Field(min_length=6)
-    run: RunDocument
-
-
 class TrainingTask(CallbackTask):
-    config: PipelineConfig
+    config: RunConfig
     dataset: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -102,7 +93,7 @@ class TrainingResult(_Payload):
 
 
 class DeployTask(CallbackTask):
-    config: PipelineConfig
+    config: RunConfig
     training: TrainingResult
 
 

@@ -1,0 +1,234 @@
+"""build_index: the dataset index from each shard's _SUCCESS, and the run's failure tolerance."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+# The X-Ray SDK opens its UDP emitter's socket on first import (Tracer() triggers it); import it
+# here, at collection, before the unit fixtures block sockets.
+import aws_xray_sdk.core  # noqa: F401
+import pytest
+from sdflow_common.build_index import FAILED_SHARDS_IN_SUMMARY, BuildIndexRequest, build_index
+from sdflow_common.errors import NoUsableShards
+from sdflow_common.run_document import parse_run_document
+from sdflow_common.validate_run import RunConfig, ValidateRunRequest, shard_items, validate_run
+
+from tests.conftest import load_function_module
+from tests.unit.conftest import ACCOUNT, DATA_BUCKET, REGION, AwsWorld
+
+RUN_ID = "demo-0123456789abcdef"
+CONTRACT_SUMMARY_KEYS = {"index_uri", "total_samples", "shards_ok", "shards_failed", "failed_shards"}
+
+
+@dataclass
+class FakeContext:
+    function_name: str = "sdflow-build-index-test"
+    memory_limit_in_mb: int = 512
+    invoked_function_arn: str = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:sdflow-build-index-test"
+    aws_request_id: str = "7f1c2a9e-0000-4000-8000-000000000003"
+
+
+def make_config(world: AwsWorld, shard_count: int, tolerated: float = 10.0) -> RunConfig:
+    """A run whose shards.json lists `shard_count` shards (as validate_run writes it)."""
+    uris = [f"s3://{DATA_BUCKET}/datasets/part-{i:05d}.parquet" for i in range(shard_count)]
+    document = parse_run_document(
+        {
+            "dataset": {"prefix": f"s3://{DATA_BUCKET}/datasets/"},
+            "base_model_uri": f"s3://{DATA_BUCKET}/models/sd/",
+            "download": {"tolerated_failure_percent": tolerated, "image_size": 64},
+        }
+    )
+    shard_list_key = f"runs/{RUN_ID}/shards.json"
+    world.put_json(shard_list_key, shard_items(uris, DATA_BUCKET, RUN_ID))
+    return RunConfig(
+        run_id=RUN_ID,
+        execution_arn=f"arn:aws:states:{REGION}:{ACCOUNT}:execution:sm:{RUN_ID}",
+        started_at="2025-06-02T09:15:43Z",
+        bucket=DATA_BUCKET,
+        shard_list_key=shard_list_key,
+        shard_count=shard_count,
+        dataset_prefix_uri=f"s3://{DATA_BUCKET}/runs/{RUN_ID}/dataset/",
+        run=document,
+    )
+
+
+def finish_shard(
+    world: AwsWorld, shard_id: str, samples: int = 10, tars: int = 1, with_id: bool = True
+) -> None:
+    success: dict[str, Any] = {
+        "samples": samples,
+        "failed": 2,
+        "tar_files": [f"{i:05d}.tar" for i in range(tars)],
+        "url_col": "URL",
+        "caption_col": "TEXT",
+        "image_size": 64,
+        "duration_s": 1.5,
+    }
+    if with_id:
+        success["shard_id"] = shard_id
+    world.put_json(f"runs/{RUN_ID}/dataset/shards/{shard_id}/_SUCCESS", success)
+
+
+def index_of(world: AwsWorld) -> dict[str, Any]:
+    return world.get_json(f"runs/{RUN_ID}/dataset/index.json")
+
+
+def test_build_index_all_shards_ok_writes_contract_index(mocked_aws: AwsWorld) -> None:
+    config = make_config(mocked_aws, 3)
+    finish_shard(mocked_aws, "00000", samples=10, tars=2)
+    finish_shard(mocked_aws, "00001", samples=7, with_id=False)
+    finish_shard(mocked_aws, "00002", samples=5)
+
+    summary = build_index(BuildIndexRequest(config=config))
+
+    assert set(summary) == CONTRACT_SUMMARY_KEYS
+    assert summary == {
+        "index_uri": f"s3://{DATA_BUCKET}/runs/{RUN_ID}/dataset/index.json",
+        "total_samples": 22,
+        "shards_ok": 3,
+        "shards_failed": 0,
+        "failed_shards": [],
+    }
+    index = index_of(mocked_aws)
+    assert index["version"] == 1
+    assert index["run_id"] == RUN_ID
+    assert index["total_samples"] == 22
+    assert index["image_size"] == 64
+    assert index["failed_shards"] == []
+    assert index["shards"][0] == {
+        "shard_id": "00000",
+        "tar_files": ["shards/00000/00000.tar", "shards/00000/00001.tar"],
+        "samples": 10,
+    }
+    assert [s["shard_id"] for s in index["shards"]] == ["00000", "00001", "00002"]
+
+
+def test_build_index_failures_within_tolerance_train_on_the_rest(mocked_aws: AwsWorld) -> None:
+    config = make_config(mocked_aws, 10, tolerated=10)
+    for i in range(10):
+        if i != 4:
+            finish_shard(mocked_aws, f"{i:05d}")
+
+    summary = build_index(BuildIndexRequest(config=config))
+
+    assert summary["shards_ok"] == 9
+    assert summary["shards_failed"] == 1
+    assert summary["total_samples"] == 90
+    assert summary["failed_shards"] == [
+        {"shard_id": "00004", "parquet_uri": f"s3://{DATA_BUCKET}/datasets/part-00004.parquet"}
+    ]
+    index = index_of(mocked_aws)
+    assert [f["shard_id"] for f in index["failed_shards"]] == ["00004"]
+    assert "00004" not in {s["shard_id"] for s in index["shards"]}
+
+
+def test_build_index_failures_beyond_tolerance_raise_with_counts_and_ids(mocked_aws: AwsWorld) -> None:
+    config = make_config(mocked_aws, 10, tolerated=10)
+    for i in range(10):
+        if i not in (3, 7):
+            finish_shard(mocked_aws, f"{i:05d}")
+
+    with pytest.raises(NoUsableShards) as caught:
+        build_index(BuildIndexRequest(config=config))
+
+    message = str(caught.value)
+    assert "2 of 10 shards failed (20.0%)" in message
+    assert "tolerated_failure_percent=10" in message
+    assert "00003, 00007" in message
+    # The index is still written, so the failed shards can be inspected.
+    assert [f["shard_id"] for f in index_of(mocked_aws)["failed_shards"]] == ["00003", "00007"]
+
+
+def test_build_index_all_shards_failed_raise_even_at_full_tolerance(mocked_aws: AwsWorld) -> None:
+    config = make_config(mocked_aws, 4, tolerated=100)
+    with pytest.raises(NoUsableShards, match="all 4 shards failed"):
+        build_index(BuildIndexRequest(config=config))
+
+
+def test_build_index_zero_samples_raise(mocked_aws: AwsWorld) -> None:
+    config = make_config(mocked_aws, 2)
+    finish_shard(mocked_aws, "00000", samples=0, tars=0)
+    finish_shard(mocked_aws, "00001", samples=0)
+    with pytest.raises(NoUsableShards, match="0 samples"):
+        build_index(BuildIndexRequest(config=config))
+
+
+def test_build_index_corrupt_success_marker_counts_as_failed(mocked_aws: AwsWorld) -> None:
+    config = make_config(mocked_aws, 2, tolerated=50)
+    finish_shard(mocked_aws, "00000")
+    mocked_aws.s3.put_object(
+        Bucket=DATA_BUCKET, Key=f"runs/{RUN_ID}/dataset/shards/00001/_SUCCESS", Body=b"{nope"
+    )
+
+    summary = build_index(BuildIndexRequest(config=config))
+
+    assert summary["shards_failed"] == 1
+    assert "corrupt" in index_of(mocked_aws)["failed_shards"][0]["reason"]
+
+
+def test_build_index_unreadable_output_bucket_is_raised_not_counted(mocked_aws: AwsWorld) -> None:
+    """Only a missing _SUCCESS means a failed shard; other S3 errors must reach the task's Retry."""
+    config = make_config(mocked_aws, 1)
+    items = [
+        {"shard_id": "00000", "parquet_uri": "s3://x/a.parquet", "output_uri": "s3://no-such-bucket/s/00000/"}
+    ]
+    mocked_aws.put_json(config.shard_list_key, items)
+    with pytest.raises(Exception, match="NoSuchBucket"):
+        build_index(BuildIndexRequest(config=config))
+
+
+def test_build_index_thousand_shards_summary_stays_small(mocked_aws: AwsWorld) -> None:
+    config = make_config(mocked_aws, 1000, tolerated=50)
+    failed = {i for i in range(1000) if i % 3 == 0}  # 334 failed, 33.4%
+    for i in range(1000):
+        if i not in failed:
+            finish_shard(mocked_aws, f"{i:05d}", samples=5)
+
+    summary = build_index(BuildIndexRequest(config=config))
+
+    assert summary["shards_ok"] == 666
+    assert summary["shards_failed"] == 334
+    assert summary["total_samples"] == 666 * 5
+    assert len(summary["failed_shards"]) == FAILED_SHARDS_IN_SUMMARY
+    assert len(json.dumps(summary).encode()) < 4096
+    assert len(index_of(mocked_aws)["failed_shards"]) == 334
+
+
+def test_build_index_thousand_failed_shards_error_message_stays_small(mocked_aws: AwsWorld) -> None:
+    config = make_config(mocked_aws, 1000, tolerated=10)
+    with pytest.raises(NoUsableShards) as caught:
+        build_index(BuildIndexRequest(config=config))
+    assert len(str(caught.value)) < 1024
+
+
+def test_handler_indexes_what_validate_run_listed(mocked_aws: AwsWorld) -> None:
+    """validate_run's `$.config` is build_index's input, unchanged (the state machine's data flow)."""
+    mocked_aws.put_json("models/sd/model_index.json", {})
+    for i in range(3):
+        mocked_aws.s3.put_object(Bucket=DATA_BUCKET, Key=f"datasets/laion/part-{i}.parquet", Body=b"PAR1")
+    config = validate_run(
+        ValidateRunRequest(
+            run={
+                "dataset": {"prefix": f"s3://{DATA_BUCKET}/datasets/laion/"},
+                "base_model_uri": f"s3://{DATA_BUCKET}/models/sd/",
+            },
+            execution_name=RUN_ID,
+            execution_arn=f"arn:aws:states:{REGION}:{ACCOUNT}:execution:sm:{RUN_ID}",
+            start_time="2025-06-02T09:15:43Z",
+        ),
+        data_bucket=DATA_BUCKET,
+        max_shards=50,
+    )
+    for shard in ("00000", "00002"):
+        finish_shard(mocked_aws, shard, samples=4)
+    app = load_function_module("build_index")
+
+    with pytest.raises(NoUsableShards, match="1 of 3"):  # default tolerance is 10%
+        app.lambda_handler({"config": config}, FakeContext())
+
+    finish_shard(mocked_aws, "00001", samples=4)
+    summary = app.lambda_handler({"config": config}, FakeContext())
+    assert summary["total_samples"] == 12
+    assert summary["index_uri"] == f"{config['dataset_prefix_uri']}index.json"

@@ -1,0 +1,246 @@
+"""validate_run: the document checked against the stack, the dataset resolved, `$.config` returned."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+# The X-Ray SDK opens its UDP emitter's socket on first import (Tracer() triggers it); import it
+# here, at collection, before the unit fixtures block sockets.
+import aws_xray_sdk.core  # noqa: F401
+import pytest
+from sdflow_common import validate_run as validate_module
+from sdflow_common.errors import DatasetNotFound, InvalidRunDocument
+from sdflow_common.run_document import RunDocument
+from sdflow_common.validate_run import RunConfig, ValidateRunRequest, validate_run
+
+from tests.conftest import load_function_module
+from tests.unit.conftest import ACCOUNT, DATA_BUCKET, REGION, STATE_MACHINE_NAME, AwsWorld
+
+EXECUTION = "demo-0123456789abcdef"
+EXECUTION_ARN = f"arn:aws:states:{REGION}:{ACCOUNT}:execution:{STATE_MACHINE_NAME}:{EXECUTION}"
+MODEL_URI = f"s3://{DATA_BUCKET}/models/tiny-sd/"
+CONTRACT_CONFIG_KEYS = {
+    "run_id",
+    "execution_arn",
+    "started_at",
+    "bucket",
+    "shard_list_key",
+    "shard_count",
+    "dataset_prefix_uri",
+    "run",
+}
+
+
+@dataclass
+class FakeContext:
+    function_name: str = "sdflow-validate-run-test"
+    memory_limit_in_mb: int = 512
+    invoked_function_arn: str = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:sdflow-validate-run-test"
+    aws_request_id: str = "7f1c2a9e-0000-4000-8000-000000000002"
+
+
+@pytest.fixture
+def world(mocked_aws: AwsWorld) -> AwsWorld:
+    mocked_aws.put_json("models/tiny-sd/model_index.json", {"_class_name": "StableDiffusionPipeline"})
+    return mocked_aws
+
+
+def put_parquet(world: AwsWorld, *keys: str, bucket: str = DATA_BUCKET) -> list[str]:
+    for key in keys:
+        world.s3.put_object(Bucket=bucket, Key=key, Body=b"PAR1")
+    return [f"s3://{bucket}/{key}" for key in keys]
+
+
+def request(run: Any) -> ValidateRunRequest:
+    return ValidateRunRequest(
+        run=run, execution_name=EXECUTION, execution_arn=EXECUTION_ARN, start_time="2025-06-02T09:15:43.512Z"
+    )
+
+
+def document(**dataset: Any) -> dict[str, Any]:
+    return {"dataset": dataset, "base_model_uri": MODEL_URI, "download": {"max_concurrency": 3}}
+
+
+def run(raw: Any, max_shards: int = 50) -> dict[str, Any]:
+    return validate_run(request(raw), data_bucket=DATA_BUCKET, max_shards=max_shards)
+
+
+def problems(exc: pytest.ExceptionInfo[InvalidRunDocument]) -> dict[str, str]:
+    return {p["field"]: p["message"] for p in json.loads(str(exc.value))}
+
+
+def test_validate_parquet_list_writes_sorted_shards_and_returns_contract_config(world: AwsWorld) -> None:
+    uris = put_parquet(
+        world, "datasets/laion/b.parquet", "datasets/laion/a.parquet", "datasets/other/c.parquet"
+    )
+
+    config = run(document(parquet_uris=uris))
+
+    assert set(config) == CONTRACT_CONFIG_KEYS
+    assert config["run_id"] == EXECUTION
+    assert config["execution_arn"] == EXECUTION_ARN
+    assert config["started_at"] == "2025-06-02T09:15:43.512Z"
+    assert config["bucket"] == DATA_BUCKET
+    assert config["shard_list_key"] == f"runs/{EXECUTION}/shards.json"
+    assert config["shard_count"] == 3
+    assert config["dataset_prefix_uri"] == f"s3://{DATA_BUCKET}/runs/{EXECUTION}/dataset/"
+    assert RunDocument.model_validate(config["run"]).download.max_concurrency == 3
+    shards = world.get_json(config["shard_list_key"])
+    assert [s["parquet_uri"] for s in shards] == sorted(uris)
+    assert [s["shard_id"] for s in shards] == ["00000", "00001", "00002"]
+    assert shards[1] == {
+        "shard_id": "00001",
+        "parquet_uri": f"s3://{DATA_BUCKET}/datasets/laion/b.parquet",
+        "output_uri": f"s3://{DATA_BUCKET}/runs/{EXECUTION}/dataset/shards/00001/",
+    }
+
+
+def test_validate_writes_normalized_run_document_with_defaults(world: AwsWorld) -> None:
+    uris = put_parquet(world, "datasets/a.parquet")
+    config = run(document(parquet_uris=uris))
+    stored = world.get_json(f"runs/{EXECUTION}/run.json")
+    assert stored == config["run"]
+    assert stored["training"]["plugin"] == "gemini"  # defaults filled in
+    assert stored["dataset"]["url_column"] == "URL"
+
+
+def test_validate_config_is_parsed_back_by_run_config(world: AwsWorld) -> None:
+    uris = put_parquet(world, "datasets/a.parquet")
+    config = RunConfig.model_validate(run(document(parquet_uris=uris)))
+    assert config.run.dataset.parquet_uris == uris
+    assert config.run_prefix == f"runs/{EXECUTION}/"
+
+
+def test_validate_prefix_lists_every_parquet_below_it_across_pages(
+    world: AwsWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(validate_module, "LIST_PAGE_SIZE", 2)
+    wanted = put_parquet(
+        world, *(f"datasets/laion/part-{i:02d}.parquet" for i in range(5)), "datasets/laion/x/y.PARQUET"
+    )
+    put_parquet(
+        world, "datasets/laion/_SUCCESS", "datasets/laion/readme.json", "datasets/laion-other/z.parquet"
+    )
+
+    config = run(document(prefix=f"s3://{DATA_BUCKET}/datasets/laion"))
+
+    shards = world.get_json(config["shard_list_key"])
+    assert [s["parquet_uri"] for s in shards] == sorted(wanted)
+    assert config["shard_count"] == 6
+
+
+def test_validate_prefix_without_parquet_is_dataset_not_found(world: AwsWorld) -> None:
+    put_parquet(world, "datasets/empty/readme.txt")
+    with pytest.raises(DatasetNotFound, match=r"dataset\.prefix: no \*\.parquet objects below"):
+        run(document(prefix=f"s3://{DATA_BUCKET}/datasets/empty/"))
+
+
+def test_validate_prefix_with_more_files_than_max_shards_is_invalid(
+    world: AwsWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(validate_module, "LIST_PAGE_SIZE", 2)
+    put_parquet(world, *(f"datasets/big/p{i}.parquet" for i in range(6)))
+    with pytest.raises(InvalidRunDocument) as caught:
+        run(document(prefix=f"s3://{DATA_BUCKET}/datasets/big/"), max_shards=5)
+    assert "more than 5" in problems(caught)["dataset.prefix"]
+
+
+@pytest.mark.parametrize("prefix", [f"s3://{DATA_BUCKET}/", f"s3://{DATA_BUCKET}/runs/old-run/dataset/"])
+def test_validate_prefix_over_pipeline_outputs_is_invalid(world: AwsWorld, prefix: str) -> None:
+    with pytest.raises(InvalidRunDocument) as caught:
+        run(document(prefix=prefix))
+    assert "datasets/<name>/" in problems(caught)["dataset.prefix"]
+
+
+def test_validate_missing_parquet_object_is_dataset_not_found_naming_it(world: AwsWorld) -> None:
+    uris = put_parquet(world, "datasets/a.parquet")
+    missing = f"s3://{DATA_BUCKET}/datasets/missing.parquet"
+    with pytest.raises(DatasetNotFound) as caught:
+        run(document(parquet_uris=[*uris, missing]))
+    assert missing in str(caught.value)
+    assert "1 of 2" in str(caught.value)
+    assert not world.s3.list_objects_v2(Bucket=DATA_BUCKET, Prefix="runs/").get("Contents")
+
+
+def test_validate_dataset_outside_stack_bucket_is_invalid_with_copy_hint(world: AwsWorld) -> None:
+    world.s3.create_bucket(Bucket="someone-elses-bucket")
+    outside = put_parquet(world, "laion/a.parquet", bucket="someone-elses-bucket")
+    inside = put_parquet(world, "datasets/a.parquet")
+    with pytest.raises(InvalidRunDocument) as caught:
+        run(document(parquet_uris=[*inside, *outside]))
+    found = problems(caught)
+    assert set(found) == {"dataset.parquet_uris.1"}
+    assert f"s3://{DATA_BUCKET}/datasets/" in found["dataset.parquet_uris.1"]
+
+
+def test_validate_prefix_outside_stack_bucket_is_invalid(world: AwsWorld) -> None:
+    with pytest.raises(InvalidRunDocument) as caught:
+        run(document(prefix="s3://someone-elses-bucket/laion/"))
+    assert "outside this stack's bucket" in problems(caught)["dataset.prefix"]
+
+
+def test_validate_base_model_outside_stack_bucket_is_invalid_with_copy_hint(world: AwsWorld) -> None:
+    uris = put_parquet(world, "datasets/a.parquet")
+    raw = {**document(parquet_uris=uris), "base_model_uri": "s3://public-models/sd15/"}
+    with pytest.raises(InvalidRunDocument) as caught:
+        run(raw)
+    assert f"s3://{DATA_BUCKET}/models/" in problems(caught)["base_model_uri"]
+
+
+@pytest.mark.parametrize(
+    "model_uri", [f"s3://{DATA_BUCKET}/models/nothing/", f"s3://{DATA_BUCKET}/models/tiny"]
+)
+def test_validate_base_model_without_model_index_is_not_found(world: AwsWorld, model_uri: str) -> None:
+    uris = put_parquet(world, "datasets/a.parquet")
+    raw = {**document(parquet_uris=uris), "base_model_uri": model_uri}
+    with pytest.raises(DatasetNotFound, match=r"base_model_uri: .*model_index\.json"):
+        run(raw)
+
+
+def test_validate_base_model_uri_without_trailing_slash_is_accepted(world: AwsWorld) -> None:
+    uris = put_parquet(world, "datasets/a.parquet")
+    raw = {**document(parquet_uris=uris), "base_model_uri": f"s3://{DATA_BUCKET}/models/tiny-sd"}
+    assert run(raw)["shard_count"] == 1
+
+
+def test_validate_invalid_document_raises_json_error_list(world: AwsWorld) -> None:
+    with pytest.raises(InvalidRunDocument) as caught:
+        run({"dataset": {"parquet_uris": []}, "base_model_uri": MODEL_URI, "trainning": {}})
+    assert set(problems(caught)) == {"dataset.parquet_uris", "trainning"}
+
+
+def test_validate_more_listed_shards_than_max_is_invalid(world: AwsWorld) -> None:
+    uris = [f"s3://{DATA_BUCKET}/datasets/p{i}.parquet" for i in range(4)]
+    with pytest.raises(InvalidRunDocument) as caught:
+        run(document(parquet_uris=uris), max_shards=3)
+    assert "at most 3" in problems(caught)["dataset.parquet_uris"]
+
+
+def test_handler_returns_config_for_state_machine_payload(world: AwsWorld) -> None:
+    app = load_function_module("validate_run")
+    uris = put_parquet(world, "datasets/a.parquet", "datasets/b.parquet")
+    payload = {
+        "run": document(parquet_uris=uris),
+        "execution_name": EXECUTION,
+        "execution_arn": EXECUTION_ARN,
+        "start_time": "2025-06-02T09:15:43.512Z",
+    }
+    config = app.lambda_handler(payload, FakeContext())
+    assert config["shard_count"] == 2
+    assert len(json.dumps(config)) < 4096
+
+
+def test_handler_raises_named_error_for_step_functions_catch(world: AwsWorld) -> None:
+    app = load_function_module("validate_run")
+    payload = {
+        "run": {"dataset": {"prefix": "https://x/"}, "base_model_uri": MODEL_URI},
+        "execution_name": EXECUTION,
+        "execution_arn": EXECUTION_ARN,
+        "start_time": "2025-06-02T09:15:43.512Z",
+    }
+    with pytest.raises(InvalidRunDocument) as caught:
+        app.lambda_handler(payload, FakeContext())
+    assert type(caught.value).__name__ == "InvalidRunDocument"
+    assert "dataset.prefix" in problems(caught)

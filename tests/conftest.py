@@ -21,7 +21,8 @@ def load_function_module(purpose: str) -> ModuleType:
     name = f"sdflow_fn_{purpose}"
     sys.modules.pop(name, None)
     spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader, path
+    assert spec is not None, path
+    assert spec.loader is not None, path
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)

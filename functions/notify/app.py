@@ -14,7 +14,6 @@ from aws_lambda_powertools.utilities.idempotency import (
 )
 from aws_lambda_powertools.utilities.parser import parse
 from aws_lambda_powertools.utilities.typing import LambdaContext
-
 from sdflow_common import notify
 from sdflow_common.settings import Settings
 
@@ -23,9 +22,7 @@ tracer = Tracer()
 metrics = Metrics()
 # A retried "Notify" state must not mail the user twice: one message per execution and outcome.
 persistence = DynamoDBPersistenceLayer(table_name=os.environ.get("IDEMPOTENCY_TABLE", "sdflow-idempotency"))
-idempotency_config = IdempotencyConfig(
-    event_key_jmespath="[execution_arn, outcome]", expires_after_seconds=86400
-)
+idempotency_config = IdempotencyConfig(event_key_jmespath="[execution_arn, outcome]", expires_after_seconds=86400)
 
 
 @logger.inject_lambda_context(correlation_id_path="execution_arn")

@@ -54,9 +54,7 @@ def make_config(world: AwsWorld, shard_count: int, tolerated: float = 10.0) -> R
     )
 
 
-def finish_shard(
-    world: AwsWorld, shard_id: str, samples: int = 10, tars: int = 1, with_id: bool = True
-) -> None:
+def finish_shard(world: AwsWorld, shard_id: str, samples: int = 10, tars: int = 1, with_id: bool = True) -> None:
     success: dict[str, Any] = {
         "samples": samples,
         "failed": 2,
@@ -158,9 +156,7 @@ def test_build_index_zero_samples_raise(mocked_aws: AwsWorld) -> None:
 def test_build_index_corrupt_success_marker_counts_as_failed(mocked_aws: AwsWorld) -> None:
     config = make_config(mocked_aws, 2, tolerated=50)
     finish_shard(mocked_aws, "00000")
-    mocked_aws.s3.put_object(
-        Bucket=DATA_BUCKET, Key=f"runs/{RUN_ID}/dataset/shards/00001/_SUCCESS", Body=b"{nope"
-    )
+    mocked_aws.s3.put_object(Bucket=DATA_BUCKET, Key=f"runs/{RUN_ID}/dataset/shards/00001/_SUCCESS", Body=b"{nope")
 
     summary = build_index(BuildIndexRequest(config=config))
 
@@ -171,9 +167,7 @@ def test_build_index_corrupt_success_marker_counts_as_failed(mocked_aws: AwsWorl
 def test_build_index_unreadable_output_bucket_is_raised_not_counted(mocked_aws: AwsWorld) -> None:
     """Only a missing _SUCCESS means a failed shard; other S3 errors must reach the task's Retry."""
     config = make_config(mocked_aws, 1)
-    items = [
-        {"shard_id": "00000", "parquet_uri": "s3://x/a.parquet", "output_uri": "s3://no-such-bucket/s/00000/"}
-    ]
+    items = [{"shard_id": "00000", "parquet_uri": "s3://x/a.parquet", "output_uri": "s3://no-such-bucket/s/00000/"}]
     mocked_aws.put_json(config.shard_list_key, items)
     with pytest.raises(Exception, match="NoSuchBucket"):
         build_index(BuildIndexRequest(config=config))

@@ -22,8 +22,8 @@ import boto3
 import pytest
 from moto import mock_aws
 from moto.awslambda_simple.models import LambdaSimpleBackend
-
 from sdflow_common import errors
+
 from tests.unit.conftest import ACCOUNT, DATA_BUCKET, REGION
 
 ASL = Path(__file__).resolve().parents[2] / "statemachines" / "pipeline.asl.json"
@@ -64,7 +64,7 @@ def _definition_for_tests() -> str:
     shrink(definition)
     text = json.dumps(definition)
     for name in FUNCTIONS:
-        text = text.replace("${%sArn}" % name, f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{name}")
+        text = text.replace(f"${{{name}Arn}}", f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{name}")
     assert "${" not in text, "a DefinitionSubstitution is not replaced by this test"
     return text
 
@@ -201,13 +201,16 @@ def pipeline(aws_env: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pipelin
         awslambda = boto3.client("lambda", region_name=REGION)
         for name in FUNCTIONS:
             awslambda.create_function(
-                FunctionName=name, Runtime="python3.11", Role=role, Handler="app.lambda_handler",
+                FunctionName=name,
+                Runtime="python3.11",
+                Role=role,
+                Handler="app.lambda_handler",
                 Code={"ZipFile": b"double"},
             )
         sfn = boto3.client("stepfunctions", region_name=REGION)
-        arn = sfn.create_state_machine(
-            name="sdflow-test-pipeline", definition=_definition_for_tests(), roleArn=role
-        )["stateMachineArn"]
+        arn = sfn.create_state_machine(name="sdflow-test-pipeline", definition=_definition_for_tests(), roleArn=role)[
+            "stateMachineArn"
+        ]
         harness = Pipeline(sfn=sfn, s3=s3, arn=arn)
         harness.behaviours = {
             "ValidateRunFunction": _validate_run(s3, 3, {"download": 30, "training": 30, "endpoint": 30}),
@@ -218,7 +221,9 @@ def pipeline(aws_env: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pipelin
             "NotifyFunction": lambda payload: {"message_id": "m-1"},
         }
 
-        def invoke(backend: Any, function_name: str, qualifier: Any, body: Any, headers: Any, response_headers: Any) -> bytes:
+        def invoke(
+            backend: Any, function_name: str, qualifier: Any, body: Any, headers: Any, response_headers: Any
+        ) -> bytes:
             text = body.decode() if isinstance(body, bytes) else body
             try:
                 result = harness.invoke(function_name, text)

@@ -138,9 +138,7 @@ def test_parse_exactly_max_shards_is_accepted() -> None:
 
 
 def test_parse_document_too_large_for_state_suggests_prefix() -> None:
-    uris = [
-        f"s3://{BUCKET}/datasets/{'x' * 60}-{i:06d}.parquet" for i in range(MAX_DOCUMENT_BYTES // 80 + 10)
-    ]
+    uris = [f"s3://{BUCKET}/datasets/{'x' * 60}-{i:06d}.parquet" for i in range(MAX_DOCUMENT_BYTES // 80 + 10)]
     errors = errors_of({**minimal(), "dataset": {"parquet_uris": uris}}, max_shards=100_000)
     assert errors[0]["field"] == "dataset.parquet_uris"
     assert "dataset.prefix" in errors[0]["message"]

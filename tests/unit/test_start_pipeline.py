@@ -116,9 +116,7 @@ def emitted_metrics(captured: str) -> dict[str, float]:
 
 def test_sample_event_parses_as_real_s3_eventbridge_shape() -> None:
 
-    event = S3EventNotificationEventBridgeModel.model_validate(
-        load_event("eventbridge_s3_manifest_created.json")
-    )
+    event = S3EventNotificationEventBridgeModel.model_validate(load_event("eventbridge_s3_manifest_created.json"))
     assert event.detail_type == "Object Created"
     assert event.detail.bucket.name == DATA_BUCKET
     assert event.detail.object.key == "manifests/demo.json"
@@ -147,21 +145,13 @@ def test_handler_valid_manifest_starts_one_execution_with_manifest_input(
 
 def test_execution_name_is_deterministic_and_uses_run_name() -> None:
     ref = ManifestRef(DATA_BUCKET, "manifests/demo.json", "v1", "etag1")
-    assert execution_name(ref) == execution_name(
-        ManifestRef(DATA_BUCKET, "manifests/demo.json", "v1", "etag1")
-    )
-    assert execution_name(ref) != execution_name(
-        ManifestRef(DATA_BUCKET, "manifests/demo.json", "v2", "etag1")
-    )
-    assert execution_name(ref) != execution_name(
-        ManifestRef("other-bucket", "manifests/demo.json", "v1", "e")
-    )
+    assert execution_name(ref) == execution_name(ManifestRef(DATA_BUCKET, "manifests/demo.json", "v1", "etag1"))
+    assert execution_name(ref) != execution_name(ManifestRef(DATA_BUCKET, "manifests/demo.json", "v2", "etag1"))
+    assert execution_name(ref) != execution_name(ManifestRef("other-bucket", "manifests/demo.json", "v1", "e"))
     assert execution_name(ref, "pokemon-v2").startswith("pokemon-v2-")
     # Unversioned buckets: the ETag tells two uploads of different content apart.
     unversioned = ManifestRef(DATA_BUCKET, "manifests/demo.json", None, "aaa")
-    assert execution_name(unversioned) != execution_name(
-        ManifestRef(DATA_BUCKET, "manifests/demo.json", None, "b")
-    )
+    assert execution_name(unversioned) != execution_name(ManifestRef(DATA_BUCKET, "manifests/demo.json", None, "b"))
 
 
 @pytest.mark.parametrize(
@@ -205,9 +195,7 @@ def test_handler_same_event_twice_starts_one_execution(
     assert emitted_metrics(capsys.readouterr().out).get("DuplicateManifestEvents") == 1.0
 
 
-def test_handle_manifest_racing_duplicate_is_not_an_error(
-    world: AwsWorld, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_handle_manifest_racing_duplicate_is_not_an_error(world: AwsWorld, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two deliveries passing the existence check together: the second meets ExecutionAlreadyExists."""
     from sdflow_common import start_pipeline
 
@@ -329,9 +317,7 @@ def test_handler_event_emitted_by_moto_s3_starts_a_run(world: AwsWorld, app: Any
     sqs = boto3.client("sqs", region_name=REGION)
     events = boto3.client("events", region_name=REGION)
     queue_url = sqs.create_queue(QueueName="s3-events")["QueueUrl"]
-    queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"][
-        "QueueArn"
-    ]
+    queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     pattern = {
         "source": ["aws.s3"],
         "detail-type": ["Object Created"],

@@ -54,7 +54,7 @@ _CfnLoader.add_multi_constructor("!", _construct_tag)
 
 @pytest.fixture(scope="module")
 def template() -> dict[str, Any]:
-    return yaml.load(TEMPLATE.read_text(), Loader=_CfnLoader)  # noqa: S506 - SafeLoader subclass
+    return yaml.load(TEMPLATE.read_text(), Loader=_CfnLoader)
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +229,12 @@ def test_template_cfn_lint_reports_nothing() -> None:
 def test_template_sam_validate_lint_passes(tmp_path: Path) -> None:
     result = subprocess.run(
         [str(_tool("sam", "sam")), "validate", "--lint", "-t", str(TEMPLATE)],
-        capture_output=True, text=True, env=_offline_env(tmp_path), cwd=ROOT, check=False, timeout=300,
+        capture_output=True,
+        text=True,
+        env=_offline_env(tmp_path),
+        cwd=ROOT,
+        check=False,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "is a valid SAM Template" in result.stdout + result.stderr
@@ -239,9 +244,23 @@ def test_template_sam_validate_lint_passes(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_template_checkov_fails_only_baselined_checks(tmp_path: Path) -> None:
     result = subprocess.run(
-        [str(_tool("checkov", "checkov")), "-f", str(TEMPLATE), "--framework", "cloudformation", "-o", "json",
-         "--quiet", "--skip-download"],
-        capture_output=True, text=True, env=_offline_env(tmp_path), cwd=ROOT, check=False, timeout=600,
+        [
+            str(_tool("checkov", "checkov")),
+            "-f",
+            str(TEMPLATE),
+            "--framework",
+            "cloudformation",
+            "-o",
+            "json",
+            "--quiet",
+            "--skip-download",
+        ],
+        capture_output=True,
+        text=True,
+        env=_offline_env(tmp_path),
+        cwd=ROOT,
+        check=False,
+        timeout=600,
     )
     report = json.loads(result.stdout)
     failed = {(f["check_id"], f["resource"]) for f in report["results"]["failed_checks"]}

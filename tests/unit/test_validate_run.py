@@ -72,9 +72,7 @@ def problems(exc: pytest.ExceptionInfo[InvalidRunDocument]) -> dict[str, str]:
 
 
 def test_validate_parquet_list_writes_sorted_shards_and_returns_contract_config(world: AwsWorld) -> None:
-    uris = put_parquet(
-        world, "datasets/laion/b.parquet", "datasets/laion/a.parquet", "datasets/other/c.parquet"
-    )
+    uris = put_parquet(world, "datasets/laion/b.parquet", "datasets/laion/a.parquet", "datasets/other/c.parquet")
 
     config = run(document(parquet_uris=uris))
 
@@ -120,9 +118,7 @@ def test_validate_prefix_lists_every_parquet_below_it_across_pages(
     wanted = put_parquet(
         world, *(f"datasets/laion/part-{i:02d}.parquet" for i in range(5)), "datasets/laion/x/y.PARQUET"
     )
-    put_parquet(
-        world, "datasets/laion/_SUCCESS", "datasets/laion/readme.json", "datasets/laion-other/z.parquet"
-    )
+    put_parquet(world, "datasets/laion/_SUCCESS", "datasets/laion/readme.json", "datasets/laion-other/z.parquet")
 
     config = run(document(prefix=f"s3://{DATA_BUCKET}/datasets/laion"))
 
@@ -189,9 +185,7 @@ def test_validate_base_model_outside_stack_bucket_is_invalid_with_copy_hint(worl
     assert f"s3://{DATA_BUCKET}/models/" in problems(caught)["base_model_uri"]
 
 
-@pytest.mark.parametrize(
-    "model_uri", [f"s3://{DATA_BUCKET}/models/nothing/", f"s3://{DATA_BUCKET}/models/tiny"]
-)
+@pytest.mark.parametrize("model_uri", [f"s3://{DATA_BUCKET}/models/nothing/", f"s3://{DATA_BUCKET}/models/tiny"])
 def test_validate_base_model_without_model_index_is_not_found(world: AwsWorld, model_uri: str) -> None:
     uris = put_parquet(world, "datasets/a.parquet")
     raw = {**document(parquet_uris=uris), "base_model_uri": model_uri}

@@ -42,6 +42,7 @@ MIXED_PRECISIONS = ("no", "fp16", "bf16")
 LR_SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
 EXIT_STOPPED = 128 + signal.SIGTERM
 CHECKPOINT_PREFIX = "checkpoint-"
+OPTIMIZER_FILE = "optimizer.bin"
 DEFAULT_VALIDATION_PROMPTS = [
     "a photograph of an astronaut riding a horse",
     "a red square on a blue background",
@@ -467,7 +468,12 @@ class Trainer:
         _barrier()
         partial.mkdir(parents=True, exist_ok=True)
         self.booster.save_model(self.model, str(partial / "unet"), shard=True, use_safetensors=True)
-        self.booster.save_optimizer(self.optimizer, str(partial / "optimizer"), shard=True)
+        if self.args.plugin == "torch_ddp":
+            # Replicated state gains nothing from sharding, and colossalai 0.5.0's sharded
+            # optimizer load calls an accelerator synchronize that the CPU accelerator lacks.
+            self.booster.save_optimizer(self.optimizer, str(partial / OPTIMIZER_FILE), shard=False)
+        else:
+            self.booster.save_optimizer(self.optimizer, str(partial / "optimizer"), shard=True)
         if self.rank == 0:
             self.booster.save_lr_scheduler(self.lr_scheduler, str(partial / "lr_scheduler.pt"))
             if self.ema is not None:
@@ -496,6 +502,13 @@ class Trainer:
             print(f"saved checkpoint {final}", flush=True)
         return final
 
+    def _load(self, path: Path) -> None:
+        self.booster.load_model(self.model, str(path / "unet"))
+        optimizer_file = path / OPTIMIZER_FILE
+        optimizer_path = optimizer_file if optimizer_file.is_file() else path / "optimizer"
+        self.booster.load_optimizer(self.optimizer, str(optimizer_path))
+        self.booster.load_lr_scheduler(self.lr_scheduler, str(path / "lr_scheduler.pt"))
+
     def resume(self) -> None:
         """Continue from the newest checkpoint rank 0 sees, if any (collective)."""
         import torch
@@ -512,16 +525,12 @@ class Trainer:
         holders: list[bool] = [False] * self.world_size
         dist.all_gather_object(holders, path.is_dir())
         if all(holders):
-            self.booster.load_model(self.model, str(path / "unet"))
-            self.booster.load_optimizer(self.optimizer, str(path / "optimizer"))
-            self.booster.load_lr_scheduler(self.lr_scheduler, str(path / "lr_scheduler.pt"))
+            self._load(path)
         elif self.args.plugin == "torch_ddp":
             # Hosts with their own checkpoint folders (only rank 0 writes one): data-parallel
             # state is replicated, so rank 0 loads it and sends it to the others.
             if self.rank == 0:
-                self.booster.load_model(self.model, str(path / "unet"))
-                self.booster.load_optimizer(self.optimizer, str(path / "optimizer"))
-                self.booster.load_lr_scheduler(self.lr_scheduler, str(path / "lr_scheduler.pt"))
+                self._load(path)
             for tensor in list(self.model.parameters()) + list(self.model.buffers()):
                 dist.broadcast(tensor.data, src=0)
             payload = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -59,10 +60,7 @@ def _duration(start_time: str | None, now: datetime) -> str:
 
 def console_link(execution_arn: str) -> str:
     region = execution_arn.split(":")[3] if execution_arn.count(":") >= 3 else "us-east-1"
-    return (
-        f"https://{region}.console.aws.amazon.com/states/home?region={region}"
-        f"#/v2/executions/details/{execution_arn}"
-    )
+    return f"https://{region}.console.aws.amazon.com/states/home?region={region}#/v2/executions/details/{execution_arn}"
 
 
 def _readable_cause(cause: str) -> str:
@@ -74,10 +72,8 @@ def _readable_cause(cause: str) -> str:
     except (TypeError, ValueError):
         pass
     if isinstance(message, str):
-        try:
+        with contextlib.suppress(ValueError):
             message = json.loads(message)
-        except ValueError:
-            pass
     if isinstance(message, list):
         lines = [
             f"  - {item.get('field', '?')}: {item.get('message', item)}" if isinstance(item, dict) else f"  - {item}"
@@ -151,7 +147,7 @@ def compose(request: NotifyRequest, now: datetime | None = None) -> Notification
         lines.append(
             f"Invoke:    aws sagemaker-runtime invoke-endpoint --endpoint-name {name} "
             "--content-type application/json --accept image/png "
-            "--body '{\"prompt\": \"a photo of a cat\"}' --cli-binary-format raw-in-base64-out out.png"
+            '--body \'{"prompt": "a photo of a cat"}\' --cli-binary-format raw-in-base64-out out.png'
         )
     if request.outcome == "failed":
         lines.append("Nothing was deployed by this run; its jobs ended with it (see the console for each one).")

@@ -46,9 +46,7 @@ class Dataset(_Strict):
     parquet_uris: list[str] | None = Field(
         default=None, description="Parquet objects, one download job each (s3://bucket/key.parquet)."
     )
-    prefix: str | None = Field(
-        default=None, description="An S3 prefix; every *.parquet object below it is one shard."
-    )
+    prefix: str | None = Field(default=None, description="An S3 prefix; every *.parquet object below it is one shard.")
     url_column: str = Field(default="URL", min_length=1, description="Column holding the image URL.")
     caption_column: str = Field(default="TEXT", min_length=1, description="Column holding the caption.")
 

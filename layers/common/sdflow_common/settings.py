@@ -45,8 +45,7 @@ class Settings:
                 os.environ.get("TOKEN_TTL_SECONDS") or int(os.environ.get("TOKEN_TTL_DAYS", "30")) * 86400
             ),
             reconcile_after_seconds=int(
-                os.environ.get("RECONCILE_AFTER_SECONDS")
-                or int(os.environ.get("RECONCILE_AFTER_MINUTES", "30")) * 60
+                os.environ.get("RECONCILE_AFTER_SECONDS") or int(os.environ.get("RECONCILE_AFTER_MINUTES", "30")) * 60
             ),
         )
 

@@ -224,9 +224,9 @@ class TokenStore:
             raise
         return True
 
-    def older_than(self, seconds: int) -> Iterator[TokenRecord]:
+    def older_than(self, seconds: int, *, page_size: int | None = None) -> Iterator[TokenRecord]:
         """Claims created more than `seconds` ago (a scan: the table holds one item per
-        running job, so it stays small)."""
+        running job, so it stays small; pages are followed all the same)."""
         cutoff = self._now() - seconds
         paginator = self.client.get_paginator("scan")
         pages = paginator.paginate(
@@ -234,6 +234,7 @@ class TokenStore:
             FilterExpression="created_at < :cutoff",
             ExpressionAttributeValues={":cutoff": {"N": str(cutoff)}},
             ConsistentRead=True,
+            PaginationConfig={"PageSize": page_size} if page_size else {},
         )
         for page in pages:
             for item in page.get("Items", []):

@@ -138,9 +138,7 @@ def test_download_output_with_success_marker_rerun_is_noop(
 
 
 @pytest.mark.slow
-def test_download_deadline_exceeded_fails_within_bound(
-    server: ImageServer, tmp_path: Path, opt_ml: Path
-) -> None:
+def test_download_deadline_exceeded_fails_within_bound(server: ImageServer, tmp_path: Path, opt_ml: Path) -> None:
     # Only slow URLs, a per-URL timeout longer than they take, and a deadline shorter than
     # that: only the deadline can end this run.
     sample = make_laion_parquet(tmp_path / "slow.parquet", server, good=0, slow=4, seed=7)
@@ -256,3 +254,16 @@ def test_download_bin_entrypoint_bad_argument_writes_failure(tmp_path: Path) -> 
     failure = (tmp_path / "opt_ml" / "output" / "failure").read_text()
     assert failure.startswith("InvalidArguments")
     assert "--processes" in failure
+
+
+def test_prepare_work_dir_same_options_keeps_finished_shards_for_resume(tmp_path: Path) -> None:
+    work = tmp_path / download.WORK_DIR
+    options = {"input": "a.parquet", "image_size": 64}
+    download._prepare_work_dir(work, options)
+    finished = work / "img2dataset" / "00000_stats.json"
+    finished.write_text("{}")
+    download._prepare_work_dir(work, dict(options))
+    assert finished.exists(), "a rerun with the same options must resume, not start over"
+    download._prepare_work_dir(work, {**options, "image_size": 128})
+    assert not finished.exists(), "shards made with other options must not be mixed in"
+    assert json.loads((work / "options.json").read_text())["image_size"] == 128

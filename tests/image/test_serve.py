@@ -115,9 +115,7 @@ def _decode_png(data: bytes) -> Image.Image:
     return image
 
 
-def test_parse_args_environment_sets_model_dir_port_and_host(
-    opt_ml: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_parse_args_environment_sets_model_dir_port_and_host(opt_ml: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SDFLOW_OPT_ML", str(opt_ml))
     monkeypatch.setenv("SAGEMAKER_BIND_TO_PORT", "9123")
     monkeypatch.setenv("SDFLOW_SERVE_HOST", "127.0.0.1")
@@ -208,9 +206,7 @@ def test_invocations_same_seed_returns_same_image(served: tuple[TestClient, Any]
     client, _ = served
     unseeded = client.post("/invocations", json={"prompt": "a red circle", **FAST}).json()
     # The seed the server chose is reported, so the image can be reproduced.
-    again = client.post(
-        "/invocations", json={"prompt": "a red circle", **FAST, "seed": unseeded["seed"]}
-    ).json()
+    again = client.post("/invocations", json={"prompt": "a red circle", **FAST, "seed": unseeded["seed"]}).json()
     assert again["images"] == unseeded["images"]
     other_seed = client.post(
         "/invocations", json={"prompt": "a red circle", **FAST, "seed": unseeded["seed"] + 1}

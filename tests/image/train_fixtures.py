@@ -89,9 +89,7 @@ def write_job_config(
     config.mkdir(parents=True, exist_ok=True)
     (config / "hyperparameters.json").write_text(json.dumps(hyperparameters))
     (config / "resourceconfig.json").write_text(
-        json.dumps(
-            {"current_host": current_host, "hosts": hosts or [current_host], "network_interface_name": "lo"}
-        )
+        json.dumps({"current_host": current_host, "hosts": hosts or [current_host], "network_interface_name": "lo"})
     )
     data = opt_ml / "input" / "data"
     data.mkdir(parents=True, exist_ok=True)

@@ -6,13 +6,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-# The X-Ray SDK opens its UDP emitter's socket on first import (Tracer() triggers it); import it
-# here, at collection, before the unit fixtures block sockets.
-import aws_xray_sdk.core  # noqa: F401
 import pytest
 from sdflow_common.build_index import FAILED_SHARDS_IN_SUMMARY, BuildIndexRequest, build_index
 from sdflow_common.errors import NoUsableShards
 from sdflow_common.run_document import parse_run_document
+from sdflow_common.sagemaker_jobs import task_timeouts
 from sdflow_common.validate_run import RunConfig, ValidateRunRequest, shard_items, validate_run
 
 from tests.conftest import load_function_module
@@ -50,6 +48,7 @@ def make_config(world: AwsWorld, shard_count: int, tolerated: float = 10.0) -> R
         shard_list_key=shard_list_key,
         shard_count=shard_count,
         dataset_prefix_uri=f"s3://{DATA_BUCKET}/runs/{RUN_ID}/dataset/",
+        timeouts=task_timeouts(document),
         run=document,
     )
 

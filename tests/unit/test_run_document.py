@@ -9,6 +9,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from pydantic import BaseModel
 from sdflow_common.errors import InvalidRunDocument
 from sdflow_common.run_document import (
     MAX_DOCUMENT_BYTES,
@@ -293,3 +294,37 @@ def test_example_invalid_document_reports_each_problem() -> None:
         "training.epochs",
         "colour",
     } <= fields
+
+
+def _field_paths(model: type[Any], prefix: str = "") -> list[str]:
+    paths = []
+    for name, field in model.model_fields.items():
+        paths.append(f"{prefix}{name}")
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            paths += _field_paths(annotation, f"{prefix}{name}.")
+    return paths
+
+
+def test_docs_describe_every_field() -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "run-document.md").read_text(encoding="utf-8")
+    paths = _field_paths(RunDocument)
+    assert "training.learning_rate" in paths  # the walk reaches nested sections
+    for path in paths:
+        section, _, name = path.rpartition(".")
+        assert f"| `{name}` |" in docs, f"docs/run-document.md does not describe {path}"
+        if section:
+            assert f"### `{section}`" in docs, f"docs/run-document.md has no section for {section}"
+
+
+def test_run_document_spot_with_warm_pool_is_rejected_naming_keep_alive() -> None:
+    raw = {
+        "dataset": {"prefix": "s3://bucket-a/datasets/"},
+        "base_model_uri": "s3://bucket-a/models/sd/",
+        "training": {"use_spot": True, "max_wait_seconds": 90000, "keep_alive_seconds": 600},
+    }
+    with pytest.raises(InvalidRunDocument) as excinfo:
+        parse_run_document(raw)
+    [problem] = json.loads(str(excinfo.value))
+    assert problem["field"] == "training"
+    assert "keep_alive_seconds" in problem["message"]

@@ -8,9 +8,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-# The X-Ray SDK opens its UDP emitter's socket on first import (Tracer() triggers it); import it
-# here, at collection, before the unit fixtures block sockets.
-import aws_xray_sdk.core  # noqa: F401
 import boto3
 import pytest
 from aws_lambda_powertools.utilities.parser.models import S3EventNotificationEventBridgeModel

@@ -271,3 +271,24 @@ def test_template_checkov_fails_only_baselined_checks(tmp_path: Path) -> None:
     assert failed - accepted == set(), "new checkov failures: fix them or baseline them with a reason"
     assert accepted - failed == set(), "baselined checks that pass now: remove them from the baseline"
     assert report["summary"]["passed"] > 0
+
+
+def test_template_job_event_rules_match_the_names_sdflow_gives_jobs(template: dict[str, Any]) -> None:
+    from sdflow_common import names
+
+    events = template["Resources"]["JobEventsFunction"]["Properties"]["Events"]
+    processing = events["ProcessingJobEnded"]["Properties"]["Pattern"]["detail"]
+    training = events["TrainingJobEnded"]["Properties"]["Pattern"]["detail"]
+    download_name = names.download_job_name("arn:aws:states:us-east-1:1:execution:p:r", "r", "00001", 0)
+    training_name = names.training_job_name("arn:aws:states:us-east-1:1:execution:p:r", "r", 0)
+    assert download_name.startswith(processing["ProcessingJobName"][0]["prefix"])
+    assert training_name.startswith(training["TrainingJobName"][0]["prefix"])
+    assert (
+        set(processing["ProcessingJobStatus"])
+        == set(training["TrainingJobStatus"])
+        == {
+            "Completed",
+            "Failed",
+            "Stopped",
+        }
+    )

@@ -6,9 +6,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-# The X-Ray SDK opens its UDP emitter's socket on first import (Tracer() triggers it); import it
-# here, at collection, before the unit fixtures block sockets.
-import aws_xray_sdk.core  # noqa: F401
 import pytest
 from sdflow_common import validate_run as validate_module
 from sdflow_common.errors import DatasetNotFound, InvalidRunDocument
@@ -22,6 +19,7 @@ EXECUTION = "demo-0123456789abcdef"
 EXECUTION_ARN = f"arn:aws:states:{REGION}:{ACCOUNT}:execution:{STATE_MACHINE_NAME}:{EXECUTION}"
 MODEL_URI = f"s3://{DATA_BUCKET}/models/tiny-sd/"
 CONTRACT_CONFIG_KEYS = {
+    "timeouts",
     "run_id",
     "execution_arn",
     "started_at",
@@ -85,6 +83,10 @@ def test_validate_parquet_list_writes_sorted_shards_and_returns_contract_config(
     assert config["shard_count"] == 3
     assert config["dataset_prefix_uri"] == f"s3://{DATA_BUCKET}/runs/{EXECUTION}/dataset/"
     assert RunDocument.model_validate(config["run"]).download.max_concurrency == 3
+    defaults = RunDocument.model_validate(config["run"])
+    assert config["timeouts"]["download"] > defaults.download.max_runtime_seconds
+    assert config["timeouts"]["training"] > defaults.training.max_runtime_seconds
+    assert config["timeouts"]["endpoint"] >= defaults.endpoint.max_wait_seconds
     shards = world.get_json(config["shard_list_key"])
     assert [s["parquet_uri"] for s in shards] == sorted(uris)
     assert [s["shard_id"] for s in shards] == ["00000", "00001", "00002"]

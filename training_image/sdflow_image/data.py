@@ -48,14 +48,11 @@ def load_index(dataset_dir: str | Path) -> DatasetIndex:
     """Read and check `index.json`; every listed tar must exist under the channel."""
     root = Path(dataset_dir)
     if not root.is_dir():
-        raise DatasetIndexError(
-            f"dataset channel {root} does not exist: the training job needs a 'dataset' channel"
-        )
+        raise DatasetIndexError(f"dataset channel {root} does not exist: the training job needs a 'dataset' channel")
     index_path = root / "index.json"
     if not index_path.is_file():
         raise DatasetIndexError(
-            f"{index_path} is missing: the dataset channel must be the run's dataset/ prefix "
-            "written by build_index"
+            f"{index_path} is missing: the dataset channel must be the run's dataset/ prefix written by build_index"
         )
     try:
         index = json.loads(index_path.read_text())
@@ -70,14 +67,10 @@ def load_index(dataset_dir: str | Path) -> DatasetIndex:
             raise DatasetIndexError(f"{index_path}: shard entry {shard!r} has no 'tar_files' list")
         tars.extend(root / rel for rel in files)
     if not tars:
-        raise DatasetIndexError(
-            f"{index_path} lists no tar files: every shard failed to download, nothing to train on"
-        )
+        raise DatasetIndexError(f"{index_path} lists no tar files: every shard failed to download, nothing to train on")
     missing = [str(t) for t in tars if not t.is_file()]
     if missing:
-        raise DatasetIndexError(
-            f"{len(missing)} tar file(s) listed in {index_path} are missing, e.g. {missing[0]}"
-        )
+        raise DatasetIndexError(f"{len(missing)} tar file(s) listed in {index_path} are missing, e.g. {missing[0]}")
     total = index.get("total_samples")
     if isinstance(total, int) and total <= 0:
         raise DatasetIndexError(f"{index_path} says total_samples={total}: nothing to train on")
@@ -183,9 +176,7 @@ class ImageCaptionStream(IterableDataset):
             caption = caption.decode("utf-8", errors="replace")
         return {"pixel_values": image_to_tensor(image), "input_ids": self.tokenize(str(caption))}
 
-    def _one_pass(
-        self, shards: list[str], modulo: int, slot: int, rng: random.Random
-    ) -> Iterator[dict[str, Any]]:
+    def _one_pass(self, shards: list[str], modulo: int, slot: int, rng: random.Random) -> Iterator[dict[str, Any]]:
         import webdataset as wds
 
         rng.shuffle(shards)

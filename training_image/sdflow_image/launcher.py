@@ -41,9 +41,7 @@ def plan(resource_config: dict[str, Any], gpus: int, environ: dict[str, str]) ->
     hosts = resource_config.get("hosts")
     current = resource_config.get("current_host")
     if not isinstance(hosts, list) or not hosts or not all(isinstance(h, str) for h in hosts):
-        raise ResourceConfigError(
-            f"resourceconfig.json 'hosts' must be a non-empty list of names, got {hosts!r}"
-        )
+        raise ResourceConfigError(f"resourceconfig.json 'hosts' must be a non-empty list of names, got {hosts!r}")
     if current not in hosts:
         raise ResourceConfigError(f"resourceconfig.json current_host={current!r} is not one of hosts {hosts}")
     nproc = max(gpus, 1)
@@ -108,9 +106,7 @@ def run_torchrun(topology: dict[str, Any], argv: list[str]) -> int:
     if code < 0:
         code = 128 - code  # killed by a signal: report it the shell's way
     if code != 0 and not signalled and not contract.failure_file().exists():
-        contract.write_failure(
-            f"training processes exited with status {code}; see the job log for the traceback"
-        )
+        contract.write_failure(f"training processes exited with status {code}; see the job log for the traceback")
     return code
 
 

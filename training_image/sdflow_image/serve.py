@@ -61,6 +61,10 @@ class ModelNotFoundError(ServeError):
     """The model folder holds no diffusers pipeline."""
 
 
+class BusyError(ServeError):
+    """Too many requests are already waiting for the pipeline."""
+
+
 class BadRequestError(ServeError):
     """A request the server will not run; carries the field at fault for the 400 body."""
 
@@ -93,7 +97,7 @@ class ServeSettings:
     max_body_bytes: int = 64 * 1024
     device: str = "auto"
     dtype: str = "auto"
-    graceful_timeout: float = 60.0
+    graceful_timeout: int = 60
     log_level: str = "info"
 
 
@@ -190,9 +194,7 @@ def parse_request(body: bytes, content_type: str | None, limits: SizeLimits) -> 
     except ValidationError as exc:
         errors = [_describe_error(err) for err in exc.errors(include_url=False)]
         first = errors[0]
-        raise BadRequestError(
-            "; ".join(e["message"] for e in errors), field=first["field"], errors=errors
-        ) from exc
+        raise BadRequestError("; ".join(e["message"] for e in errors), field=first["field"], errors=errors) from exc
 
 
 def _describe_error(err: Any) -> dict[str, str]:
@@ -396,10 +398,6 @@ class ModelServer:
         return Generation(images=pngs, seed=seed, width=width, height=height, elapsed_s=elapsed)
 
 
-class BusyError(ServeError):
-    """Too many requests are already waiting for the pipeline."""
-
-
 def _to_png(image: Any) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
@@ -411,9 +409,7 @@ def _to_png(image: Any) -> bytes:
 # ---------------------------------------------------------------------------------------
 
 
-def _error(
-    http_status: int, message: str, headers: dict[str, str] | None = None, **extra: Any
-) -> JSONResponse:
+def _error(http_status: int, message: str, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
     return JSONResponse({"error": message, **extra}, status_code=http_status, headers=headers)
 
 
@@ -456,8 +452,7 @@ def create_app(settings: ServeSettings | None = None, loader: PipelineLoader = l
         if media_type is None:
             return _error(
                 406,
-                f"cannot answer with Accept: {request.headers.get('accept')!r}; "
-                f"ask for {JSON_TYPE} or {PNG_TYPE}",
+                f"cannot answer with Accept: {request.headers.get('accept')!r}; ask for {JSON_TYPE} or {PNG_TYPE}",
                 field="Accept",
             )
         declared = request.headers.get("content-length")
@@ -471,9 +466,7 @@ def create_app(settings: ServeSettings | None = None, loader: PipelineLoader = l
         except BadRequestError as exc:
             return _bad_request(exc)
         if server.status != "ready":
-            detail = (
-                f"model failed to load: {server.error}" if server.status == "failed" else "model is loading"
-            )
+            detail = f"model failed to load: {server.error}" if server.status == "failed" else "model is loading"
             return _error(503, detail, status=server.status)
         try:
             generation = await server.generate(parsed)
@@ -558,18 +551,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=_env_int("SDFLOW_SERVE_MAX_QUEUE", 8),
         help="requests allowed to wait while one runs; more get 503 busy (default 8)",
     )
-    parser.add_argument(
-        "--min-size", type=int, default=64, help="smallest width/height accepted (default 64)"
-    )
-    parser.add_argument(
-        "--max-size", type=int, default=1024, help="largest width/height accepted (default 1024)"
-    )
-    parser.add_argument(
-        "--max-prompt-chars", type=int, default=1000, help="longest prompt accepted (default 1000)"
-    )
-    parser.add_argument(
-        "--device", default="auto", help="torch device: auto, cpu, cuda, cuda:N (default auto)"
-    )
+    parser.add_argument("--min-size", type=int, default=64, help="smallest width/height accepted (default 64)")
+    parser.add_argument("--max-size", type=int, default=1024, help="largest width/height accepted (default 1024)")
+    parser.add_argument("--max-prompt-chars", type=int, default=1000, help="longest prompt accepted (default 1000)")
+    parser.add_argument("--device", default="auto", help="torch device: auto, cpu, cuda, cuda:N (default auto)")
     parser.add_argument(
         "--dtype",
         default="auto",
@@ -578,17 +563,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--graceful-timeout",
-        type=float,
-        default=60.0,
+        type=int,
+        default=60,
         help="seconds in-flight requests get to finish after SIGTERM (default 60)",
     )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = parser.parse_args(argv)
-    if (
-        args.min_size % SIZE_MULTIPLE
-        or args.max_size % SIZE_MULTIPLE
-        or not 0 < args.min_size <= args.max_size
-    ):
+    if args.min_size % SIZE_MULTIPLE or args.max_size % SIZE_MULTIPLE or not 0 < args.min_size <= args.max_size:
         parser.error(
             f"--min-size and --max-size must be multiples of {SIZE_MULTIPLE} with 0 < min ≤ max, "
             f"got {args.min_size} and {args.max_size}"
@@ -602,9 +583,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         host=args.host,
         port=args.port,
         max_queue=args.max_queue,
-        limits=SizeLimits(
-            min_size=args.min_size, max_size=args.max_size, max_prompt_chars=args.max_prompt_chars
-        ),
+        limits=SizeLimits(min_size=args.min_size, max_size=args.max_size, max_prompt_chars=args.max_prompt_chars),
         device=args.device,
         dtype=args.dtype,
         graceful_timeout=args.graceful_timeout,

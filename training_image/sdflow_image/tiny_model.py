@@ -40,11 +40,7 @@ IMAGE_SIZE = 64  # pixels; the VAE downsamples by 2, so the UNet's sample_size i
 
 def _bytes_to_unicode() -> dict[int, str]:
     """The GPT-2/CLIP byte→printable-character table that CLIPTokenizer assumes."""
-    bs = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
     extra = 0
     for b in range(256):
@@ -119,9 +115,7 @@ def build_tiny_components(seed: int = 0) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="sdflow-tiny-bpe-") as tok_dir:
         vocab_file, merges_file, vocab_size = write_clip_bpe(tok_dir)
         vocab = json.loads(vocab_file.read_text(encoding="utf-8"))
-        merges = [
-            tuple(line.split()) for line in merges_file.read_text(encoding="utf-8").splitlines()[1:] if line
-        ]
+        merges = [tuple(line.split()) for line in merges_file.read_text(encoding="utf-8").splitlines()[1:] if line]
     # transformers 5's CLIPTokenizer takes the vocabulary and merges themselves (its old
     # vocab_file/merges_file arguments are silently ignored, leaving an empty vocabulary).
     tokenizer = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=TOKENIZER_MAX_LENGTH)

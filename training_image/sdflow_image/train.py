@@ -25,6 +25,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -211,9 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def hyperparameter_defaults(
-    parser: argparse.ArgumentParser, hyperparameters: dict[str, str]
-) -> dict[str, Any]:
+def hyperparameter_defaults(parser: argparse.ArgumentParser, hyperparameters: dict[str, str]) -> dict[str, Any]:
     """Typed values of hyperparameters.json, or HyperparameterError naming the key and value."""
     converters: dict[str, Callable[[str], Any]] = parser.get_default("_converters")
     typed: dict[str, Any] = {}
@@ -221,9 +220,7 @@ def hyperparameter_defaults(
         if key.startswith("sagemaker_"):
             continue  # SageMaker's own keys (framework containers add some)
         if key not in converters:
-            raise HyperparameterError(
-                f"unknown hyperparameter {key!r}; known: {', '.join(sorted(converters))}"
-            )
+            raise HyperparameterError(f"unknown hyperparameter {key!r}; known: {', '.join(sorted(converters))}")
         convert = converters[key]
         if convert is str:
             typed[key] = raw
@@ -235,9 +232,7 @@ def hyperparameter_defaults(
     return typed
 
 
-def parse_args(
-    argv: list[str] | None = None, hyperparameters: dict[str, str] | None = None
-) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None, hyperparameters: dict[str, str] | None = None) -> argparse.Namespace:
     """Hyperparameters (default: hyperparameters.json) then `argv` (default: sys.argv[1:]) on top."""
     parser = build_parser()
     hp = contract.read_hyperparameters() if hyperparameters is None else hyperparameters
@@ -250,9 +245,7 @@ def parse_args(
         raise HyperparameterError("adam_beta1 and adam_beta2 must be < 1")
     if args.ema_decay >= 1:
         raise HyperparameterError(f"ema_decay={args.ema_decay} must be < 1")
-    args.pretrained_model_name_or_path = args.pretrained_model_name_or_path or str(
-        contract.channel_dir("base_model")
-    )
+    args.pretrained_model_name_or_path = args.pretrained_model_name_or_path or str(contract.channel_dir("base_model"))
     args.dataset_dir = args.dataset_dir or str(contract.channel_dir("dataset"))
     args.output_dir = args.output_dir or str(contract.model_dir())
     args.checkpoints_dir = args.checkpoints_dir or str(contract.checkpoints_dir())
@@ -277,8 +270,7 @@ def check_inputs(args: argparse.Namespace, cuda: bool) -> None:
     ]
     if missing:
         raise ChannelError(
-            f"base model {base} is not a diffusers StableDiffusionPipeline folder: "
-            f"missing {', '.join(missing)}"
+            f"base model {base} is not a diffusers StableDiffusionPipeline folder: missing {', '.join(missing)}"
         )
     try:
         load_index(args.dataset_dir)
@@ -397,9 +389,7 @@ def make_booster(args: argparse.Namespace) -> tuple[Any, Any]:
 
         # Booster's fp16 is torch AMP with a grad scaler; its bf16 is a stub in 0.5.0, so
         # bf16 is plain autocast in the loop (bf16 needs no scaler).
-        booster = Booster(
-            plugin=TorchDDPPlugin(), mixed_precision="fp16" if args.mixed_precision == "fp16" else None
-        )
+        booster = Booster(plugin=TorchDDPPlugin(), mixed_precision="fp16" if args.mixed_precision == "fp16" else None)
         return booster, (torch.bfloat16 if args.mixed_precision == "bf16" else None)
     precision = "fp32" if args.mixed_precision == "no" else args.mixed_precision
     if args.plugin == "low_level_zero":
@@ -533,11 +523,7 @@ class Trainer:
                 self._load(path)
             for tensor in list(self.model.parameters()) + list(self.model.buffers()):
                 dist.broadcast(tensor.data, src=0)
-            payload = (
-                [self.optimizer.state_dict(), self.lr_scheduler.state_dict()]
-                if self.rank == 0
-                else [None, None]
-            )
+            payload = [self.optimizer.state_dict(), self.lr_scheduler.state_dict()] if self.rank == 0 else [None, None]
             dist.broadcast_object_list(payload, src=0)
             if self.rank != 0:
                 self.optimizer.load_state_dict(payload[0])
@@ -568,9 +554,7 @@ class Trainer:
             print(f"resumed from checkpoint {path} at step {self.state.step}", flush=True)
 
 
-def _encode_batch(
-    batch: dict[str, Any], vae: Any, text_encoder: Any, device: Any, generator: Any
-) -> tuple[Any, Any]:
+def _encode_batch(batch: dict[str, Any], vae: Any, text_encoder: Any, device: Any, generator: Any) -> tuple[Any, Any]:
     import torch
 
     with torch.no_grad():
@@ -720,6 +704,7 @@ def _train(args: argparse.Namespace, stop: StopFlag, cuda: bool) -> dict[str, An
     batches = iter(loader)
     use_no_sync = args.plugin == "torch_ddp" and world_size > 1
     start_step, train_time, first_step_time, checkpoint_time = state.step, 0.0, 0.0, 0.0
+    step_times: list[float] = []
     last_saved = state.step if state.resumed_from_step is not None else -1
     stopped = False
     try:
@@ -760,6 +745,7 @@ def _train(args: argparse.Namespace, stop: StopFlag, cuda: bool) -> dict[str, An
             state.losses.append((state.step, loss_value))
             elapsed = time.perf_counter() - t_step
             train_time += elapsed
+            step_times.append(elapsed)
             if state.step == start_step + 1:
                 first_step_time = elapsed
             if rank == 0:
@@ -767,6 +753,8 @@ def _train(args: argparse.Namespace, stop: StopFlag, cuda: bool) -> dict[str, An
             if not math.isfinite(loss_value):
                 raise FloatingPointError(f"loss is {loss_value} at step {state.step}; lower learning_rate")
             due = state.step % args.checkpointing_steps == 0 and state.step < args.max_train_steps
+            # A stop on the last step just finishes: saving the model takes no longer than a checkpoint.
+            stop_now = stop_now and state.step < args.max_train_steps
             if due or stop_now:
                 t_ckpt = time.perf_counter()
                 trainer.save_checkpoint()
@@ -790,9 +778,11 @@ def _train(args: argparse.Namespace, stop: StopFlag, cuda: bool) -> dict[str, An
         "samples_seen": state.samples_seen,
         "samples_per_second": samples_run / train_time if train_time else None,
         "steady_samples_per_second": (
-            (samples_run - trainer.samples_per_step) / (train_time - first_step_time)
-            if steps_run > 1
-            else None
+            (samples_run - trainer.samples_per_step) / (train_time - first_step_time) if steps_run > 1 else None
+        ),
+        # The median step is robust to other load on the machine; bench/bench_train.py uses it.
+        "median_samples_per_second": (
+            trainer.samples_per_step / statistics.median(step_times[1:] or step_times) if step_times else None
         ),
         "train_time_s": train_time,
         "checkpoint_time_s": checkpoint_time,
@@ -828,10 +818,11 @@ def save_outputs(
 
     out = Path(args.output_dir)
     rank0 = _rank_zero()
-    with tempfile.TemporaryDirectory(
-        prefix=".sdflow-unet-", dir=args.checkpoints_dir if _ensure(args.checkpoints_dir) else None
-    ) as tmp:
-        # Shared path on the rank-0 host: save_model gathers sharded weights (gemini) there.
+    # Staged next to the model folder (the job's big volume, and not the synced checkpoints
+    # folder); save_model gathers sharded weights (gemini) onto rank 0, which reads them back.
+    staging = Path(args.output_dir).resolve().parent
+    staging.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".sdflow-unet-", dir=staging) as tmp:
         weights = Path(tmp) / "unet.safetensors"
         booster.save_model(model, str(weights), shard=False, use_safetensors=True)
         _barrier()
@@ -846,20 +837,13 @@ def save_outputs(
         unet.load_state_dict({k: v.float() for k, v in load_file(str(weights)).items()})
     if ema is not None:
         ema.copy_to(unet.parameters())
-    pipe = StableDiffusionPipeline.from_pretrained(
-        args.pretrained_model_name_or_path, unet=unet, local_files_only=True
-    )
+    pipe = StableDiffusionPipeline.from_pretrained(args.pretrained_model_name_or_path, unet=unet, local_files_only=True)
     out.mkdir(parents=True, exist_ok=True)
     pipe.save_pretrained(out, safe_serialization=True)
     write_loss_plot(state.losses, out / "loss.png")
     write_samples(pipe, args, device, out / "samples.png")
     (out / "training_summary.json").write_text(json.dumps(summary, indent=2))
     print(f"saved model to {out}", flush=True)
-
-
-def _ensure(path: str) -> bool:
-    Path(path).mkdir(parents=True, exist_ok=True)
-    return True
 
 
 def write_loss_plot(losses: list[tuple[int, float]], path: Path) -> None:

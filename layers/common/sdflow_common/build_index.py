@@ -117,9 +117,7 @@ def build_index_document(config: RunConfig, results: list[ShardResult]) -> dict[
         "total_samples": sum(shard["samples"] for shard in shards),
         "shards": shards,
         "failed_shards": [
-            {"shard_id": r.shard_id, "parquet_uri": r.parquet_uri, "reason": r.reason}
-            for r in results
-            if not r.ok
+            {"shard_id": r.shard_id, "parquet_uri": r.parquet_uri, "reason": r.reason} for r in results if not r.ok
         ],
         "image_size": image_size or config.run.download.image_size,
     }
@@ -158,9 +156,7 @@ def build_index(request: BuildIndexRequest) -> dict[str, Any]:
     index_bucket, index_prefix = parse_s3_uri(config.dataset_prefix_uri)
     index_key = f"{index_prefix.rstrip('/')}/index.json"
     # Written before the tolerance check, so a failed run still leaves a record of which shards failed.
-    s3.put_object(
-        Bucket=index_bucket, Key=index_key, Body=json.dumps(index).encode(), ContentType="application/json"
-    )
+    s3.put_object(Bucket=index_bucket, Key=index_key, Body=json.dumps(index).encode(), ContentType="application/json")
     failed = index["failed_shards"]
     log.info(
         "run %s: %d shards ok, %d failed, %d samples",
@@ -176,7 +172,6 @@ def build_index(request: BuildIndexRequest) -> dict[str, Any]:
         "shards_ok": len(results) - len(failed),
         "shards_failed": len(failed),
         "failed_shards": [
-            {"shard_id": f["shard_id"], "parquet_uri": f["parquet_uri"]}
-            for f in failed[:FAILED_SHARDS_IN_SUMMARY]
+            {"shard_id": f["shard_id"], "parquet_uri": f["parquet_uri"]} for f in failed[:FAILED_SHARDS_IN_SUMMARY]
         ],
     }

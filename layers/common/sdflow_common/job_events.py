@@ -248,9 +248,7 @@ class TaskResolver:
             logger.info("no task waits on this resource", extra={"resource_name": name, "status": status})
             return Resolution("unknown", name, kind, status)
         if record.kind != kind:
-            logger.warning(
-                "token kind does not match the event", extra={"resource_name": name, "kind": record.kind}
-            )
+            logger.warning("token kind does not match the event", extra={"resource_name": name, "kind": record.kind})
             return Resolution("unknown", name, kind, status)
         if isinstance(detail, EndpointDetail):
             if event_time is not None and _predates_deployment(record, event_time):
@@ -370,9 +368,7 @@ class TaskResolver:
             raise exc
         # The task already ended (answered, timed out, or its execution stopped): a duplicate
         # or late event. Nothing waits any more, so the claim is cleaned up all the same.
-        logger.warning(
-            "task token no longer valid", extra={"resource_name": record.resource_name, "code": code}
-        )
+        logger.warning("task token no longer valid", extra={"resource_name": record.resource_name, "code": code})
         return "stale_token"
 
 

@@ -72,9 +72,7 @@ def detail_from_description(record: TokenRecord, described: dict[str, Any]) -> J
     return EndpointDetail.model_validate(described)
 
 
-def reconcile_one(
-    record: TokenRecord, resolver: TaskResolver, sagemaker: Any, report: ReconcileReport
-) -> None:
+def reconcile_one(record: TokenRecord, resolver: TaskResolver, sagemaker: Any, report: ReconcileReport) -> None:
     try:
         described = _describer(sagemaker, record)()
     except ClientError as exc:
@@ -97,9 +95,7 @@ def reconcile_one(
         report.pending += 1
 
 
-def reconcile(
-    store: TokenStore, resolver: TaskResolver, sagemaker: Any, older_than_seconds: int
-) -> ReconcileReport:
+def reconcile(store: TokenStore, resolver: TaskResolver, sagemaker: Any, older_than_seconds: int) -> ReconcileReport:
     report = ReconcileReport()
     for record in store.older_than(older_than_seconds):
         report.checked += 1

@@ -85,11 +85,15 @@ class DownloadOptions(_Strict):
         default="center_crop", description="img2dataset resize mode."
     )
     samples_per_shard: int = Field(default=1000, ge=10, le=100_000, description="Samples per webdataset tar.")
-    instance_type: str = Field(default="ml.c5.xlarge", pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
+    instance_type: str = Field(
+        default="ml.c5.xlarge", pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$", description="Processing instance per shard."
+    )
     processes: int = Field(default=4, ge=1, le=96, description="img2dataset processes (≈ vCPUs).")
     threads: int = Field(default=16, ge=1, le=256, description="Download threads per process.")
     url_timeout_seconds: int = Field(default=10, ge=1, le=300, description="Per-URL timeout.")
-    max_runtime_seconds: int = Field(default=3600, ge=60, le=MAX_RUNTIME_LIMIT)
+    max_runtime_seconds: int = Field(
+        default=3600, ge=60, le=MAX_RUNTIME_LIMIT, description="Hard limit of one download job (hung URLs)."
+    )
     max_concurrency: int = Field(
         default=10, ge=1, le=1000, description="Download jobs running at once (SageMaker quota!)."
     )
@@ -99,31 +103,39 @@ class DownloadOptions(_Strict):
 
 
 class TrainingOptions(_Strict):
-    instance_type: str = Field(default="ml.g5.12xlarge", pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
-    instance_count: int = Field(default=1, ge=1, le=64)
-    volume_size_gb: int = Field(default=200, ge=1, le=16384)
-    max_runtime_seconds: int = Field(default=24 * 3600, ge=60, le=MAX_RUNTIME_LIMIT)
+    instance_type: str = Field(
+        default="ml.g5.12xlarge", pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$", description="Training instance type."
+    )
+    instance_count: int = Field(default=1, ge=1, le=64, description="Instances (nodes); > 1 trains distributed.")
+    volume_size_gb: int = Field(default=200, ge=1, le=16384, description="EBS volume per instance.")
+    max_runtime_seconds: int = Field(
+        default=24 * 3600, ge=60, le=MAX_RUNTIME_LIMIT, description="Stopping condition of the training job."
+    )
     use_spot: bool = Field(default=False, description="Managed spot training; needs max_wait_seconds.")
     max_wait_seconds: int | None = Field(
         default=None, ge=60, le=MAX_RUNTIME_LIMIT, description="Spot: runtime + waiting, ≥ max_runtime."
     )
     keep_alive_seconds: int = Field(default=0, ge=0, le=3600, description="Warm pool after the job.")
     max_retry_attempts: int = Field(default=2, ge=1, le=30, description="SageMaker RetryStrategy.")
-    plugin: Literal["torch_ddp", "low_level_zero", "gemini"] = "gemini"
-    mixed_precision: Literal["no", "fp16", "bf16"] = "fp16"
-    resolution: int = Field(default=256, ge=32, le=2048)
-    train_batch_size: int = Field(default=8, ge=1, le=1024)
-    gradient_accumulation_steps: int = Field(default=1, ge=1, le=1024)
-    gradient_checkpointing: bool = True
-    learning_rate: float = Field(default=1e-5, gt=0, le=1)
-    max_train_steps: int = Field(default=1000, ge=1, le=10_000_000)
-    checkpointing_steps: int = Field(default=500, ge=1)
-    use_ema: bool = False
-    seed: int = Field(default=42, ge=0)
-    dataloader_num_workers: int = Field(default=4, ge=0, le=64)
-    shuffle_buffer: int = Field(default=1000, ge=1, le=1_000_000)
+    plugin: Literal["torch_ddp", "low_level_zero", "gemini"] = Field(
+        default="gemini", description="Colossal-AI booster plugin (low_level_zero and gemini need GPUs)."
+    )
+    mixed_precision: Literal["no", "fp16", "bf16"] = Field(default="fp16", description="Training precision.")
+    resolution: int = Field(default=256, ge=32, le=2048, description="Training image size in pixels.")
+    train_batch_size: int = Field(default=8, ge=1, le=1024, description="Samples per step per GPU.")
+    gradient_accumulation_steps: int = Field(default=1, ge=1, le=1024, description="Steps per optimizer update.")
+    gradient_checkpointing: bool = Field(default=True, description="Trade compute for UNet activation memory.")
+    learning_rate: float = Field(default=1e-5, gt=0, le=1, description="AdamW learning rate.")
+    max_train_steps: int = Field(default=1000, ge=1, le=10_000_000, description="Optimizer updates in total.")
+    checkpointing_steps: int = Field(default=500, ge=1, description="Checkpoint every N steps (spot resumes).")
+    use_ema: bool = Field(default=False, description="Keep an exponential moving average of the UNet.")
+    seed: int = Field(default=42, ge=0, description="Random seed.")
+    dataloader_num_workers: int = Field(default=4, ge=0, le=64, description="Data loader worker processes.")
+    shuffle_buffer: int = Field(default=1000, ge=1, le=1_000_000, description="Webdataset shuffle buffer.")
     validation_prompts: list[Annotated[str, Field(min_length=1, max_length=300)]] = Field(
-        default_factory=lambda: ["a photo of a cat"], max_length=16
+        default_factory=lambda: ["a photo of a cat"],
+        max_length=16,
+        description="Prompts rendered into samples.png after training.",
     )
 
     @model_validator(mode="after")
@@ -133,6 +145,9 @@ class TrainingOptions(_Strict):
                 raise ValueError("use_spot is true: set max_wait_seconds (≥ max_runtime_seconds)")
             if self.max_wait_seconds < self.max_runtime_seconds:
                 raise ValueError("max_wait_seconds must be ≥ max_runtime_seconds")
+            if self.keep_alive_seconds:
+                # SageMaker refuses warm pools (KeepAlivePeriodInSeconds) for spot training jobs.
+                raise ValueError("keep_alive_seconds (warm pool) cannot be used with use_spot; set one of them")
         elif self.max_wait_seconds is not None:
             raise ValueError("max_wait_seconds is only for spot training; set use_spot: true or drop it")
         return self
@@ -165,24 +180,36 @@ class EndpointOptions(_Strict):
         max_length=48,
         description="Endpoint to create, or to update blue/green when it exists.",
     )
-    instance_type: str = Field(default="ml.g5.xlarge", pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
-    initial_instance_count: int = Field(default=1, ge=1, le=100)
-    max_wait_seconds: int = Field(default=3600, ge=300, le=4 * 3600)
+    instance_type: str = Field(
+        default="ml.g5.xlarge", pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$", description="Serving instance type."
+    )
+    initial_instance_count: int = Field(default=1, ge=1, le=100, description="Serving instances.")
+    max_wait_seconds: int = Field(
+        default=3600, ge=300, le=4 * 3600, description="How long a create/update may take before the run fails."
+    )
 
 
 class RunDocument(_Strict):
     """A training run: dataset and base model are required, everything else has defaults."""
 
-    schema_version: Literal[1] = 1
+    schema_version: Literal[1] = Field(default=1, description="Version of this document format.")
     run_name: str | None = Field(
         default=None, pattern=r"^[a-zA-Z0-9\-_]{1,40}$", description="Readable name, part of the run id."
     )
-    dataset: Dataset
+    dataset: Dataset = Field(description="Where the LAION-style parquet files are (required).")
     base_model_uri: str = Field(description="S3 prefix of a diffusers-format Stable Diffusion model.")
-    download: DownloadOptions = Field(default_factory=DownloadOptions)
-    training: TrainingOptions = Field(default_factory=TrainingOptions)
-    endpoint: EndpointOptions = Field(default_factory=EndpointOptions)
-    notify_email_subject_prefix: str = Field(default="[sdflow]", max_length=40)
+    download: DownloadOptions = Field(
+        default_factory=DownloadOptions, description="One SageMaker processing job (img2dataset) per parquet file."
+    )
+    training: TrainingOptions = Field(
+        default_factory=TrainingOptions, description="The SageMaker training job (Colossal-AI)."
+    )
+    endpoint: EndpointOptions = Field(
+        default_factory=EndpointOptions, description="The SageMaker endpoint created or updated."
+    )
+    notify_email_subject_prefix: str = Field(
+        default="[sdflow]", max_length=40, description="Prefix of the notification subjects."
+    )
 
     @field_validator("base_model_uri")
     @classmethod

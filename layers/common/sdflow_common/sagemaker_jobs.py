@@ -5,13 +5,11 @@ and the classification of SageMaker errors the starters and the reconciler act o
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from botocore.exceptions import ClientError
 
-from sdflow_common.errors import InvalidRunDocument
 from sdflow_common.run_document import DownloadOptions, EndpointOptions, RunDocument, TrainingOptions
 
 # Container paths of the download job (docs/contracts.md "The download job").
@@ -66,11 +64,7 @@ def error_message(exc: ClientError) -> str:
 def is_throttling(exc: ClientError) -> bool:
     """Rate limits, quotas and capacity: worth retrying later, with a new attempt."""
     message = error_message(exc).lower()
-    return (
-        error_code(exc) in THROTTLING_CODES
-        or "rate exceeded" in message
-        or "insufficient capacity" in message
-    )
+    return error_code(exc) in THROTTLING_CODES or "rate exceeded" in message or "insufficient capacity" in message
 
 
 def is_already_exists(exc: ClientError) -> bool:
@@ -176,17 +170,6 @@ def processing_job_request(
     }
 
 
-def check_training_options(options: TrainingOptions) -> None:
-    """Combinations SageMaker refuses that the run-document model does not catch (yet)."""
-    if options.use_spot and options.keep_alive_seconds > 0:
-        problem = {
-            "field": "training.keep_alive_seconds",
-            "message": "warm pools do not work with managed spot training; "
-            "set keep_alive_seconds: 0 or use_spot: false",
-        }
-        raise InvalidRunDocument(json.dumps([problem]))
-
-
 def training_job_request(
     *,
     job_name: str,
@@ -199,7 +182,6 @@ def training_job_request(
 ) -> dict[str, Any]:
     """CreateTrainingJob: `docker run IMAGE train` with the dataset and base_model channels."""
     options = run.training
-    check_training_options(options)
     resources: dict[str, Any] = {
         "InstanceType": options.instance_type,
         "InstanceCount": options.instance_count,

@@ -124,18 +124,17 @@ def _read_manifest(ref: ManifestRef) -> tuple[bytes, ManifestRef]:
             response = s3.get_object(**kwargs)
         except ClientError as exc:
             # S3 event notifications URL-encode the key ("my run.json" arrives as "my+run.json");
-            # try the literal key first because "+" is also a legal character in a key.
+            # try the literal key first because "+" is also a legal character in a key. Without
+            # s3:ListBucket a missing key answers AccessDenied, so that code tries the decoded key too.
             decoded = unquote_plus(ref.key)
-            if _error_code(exc) not in ("NoSuchKey", "404") or decoded == ref.key:
+            if _error_code(exc) not in ("NoSuchKey", "404", "AccessDenied", "403") or decoded == ref.key:
                 raise
             response = s3.get_object(**{**kwargs, "Key": decoded})
             ref = ManifestRef(ref.bucket, decoded, ref.version_id, ref.etag)
     except ClientError as exc:
         code = _error_code(exc)
         if code in ("PreconditionFailed", "412"):
-            log.warning(
-                "manifest %s was overwritten before it was read; its newer upload starts the run", ref.uri
-            )
+            log.warning("manifest %s was overwritten before it was read; its newer upload starts the run", ref.uri)
             raise _Vanished("superseded") from exc
         if code in ("NoSuchKey", "NoSuchVersion", "404"):
             log.warning("manifest %s was deleted before it was read; nothing to start", ref.uri)

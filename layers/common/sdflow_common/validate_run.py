@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sdflow_common import aws
 from sdflow_common.errors import DatasetNotFound, InvalidRunDocument
 from sdflow_common.run_document import RunDocument, parse_run_document, parse_s3_uri
+from sdflow_common.sagemaker_jobs import task_timeouts
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ class RunConfig(BaseModel):
     shard_list_key: str
     shard_count: int = Field(ge=1)
     dataset_prefix_uri: str
+    # TimeoutSeconds of the callback tasks (read by TimeoutSecondsPath): download, training, endpoint.
+    timeouts: dict[str, int]
     run: RunDocument
 
     @property
@@ -236,6 +239,7 @@ def validate_run(request: ValidateRunRequest, *, data_bucket: str, max_shards: i
         shard_list_key=shard_list_key,
         shard_count=len(shards),
         dataset_prefix_uri=f"s3://{data_bucket}/{prefix}dataset/",
+        timeouts=task_timeouts(document),
         run=document,
     )
     return config.model_dump(mode="json")

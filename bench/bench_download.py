@@ -1,0 +1,121 @@
+"""Download throughput: the download job (sdflow_image.download.main) against
+img2dataset.download called directly with the same settings, on the same parquet, from the
+same local HTTP server, side by side in one run. Goal: ours >= 0.95x direct.
+
+    .venv/bin/python bench/bench_download.py --images 400
+
+The job adds input checks, a forked child with a deadline, moving the shards into place
+and _SUCCESS; this measures what that costs. Rounds alternate which side goes first so
+a warming page cache or a busy neighbour does not favour one side."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "training_image")]
+
+from sdflow_image import download  # noqa: E402
+
+from sdflow.samples import ImageServer, make_laion_parquet  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=400, help="good URLs in the parquet")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each side (alternating order)")
+    parser.add_argument(
+        "--warmup", type=int, default=1, help="untimed direct runs first (cold page cache, first spawn)"
+    )
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--samples-per-shard", type=int, default=100)
+    parser.add_argument("--image-size", type=int, default=64)
+    return parser.parse_args(argv)
+
+
+def run_direct(options: dict[str, object]) -> float:
+    started = time.perf_counter()
+    download._import_img2dataset().download(**options)
+    return time.perf_counter() - started
+
+
+def run_ours(argv: list[str]) -> float:
+    started = time.perf_counter()
+    status = download.main(download.parse_args(argv))
+    if status != 0:
+        raise SystemExit(f"the download job failed with status {status}")
+    return time.perf_counter() - started
+
+
+def successes(folder: Path) -> int:
+    return sum(json.loads(p.read_text())["successes"] for p in folder.glob("*_stats.json"))
+
+
+def main() -> None:
+    bench = parse_args()
+    work = Path(tempfile.mkdtemp(prefix="sdflow-bench-download-"))
+    os.environ["SDFLOW_OPT_ML"] = str(work / "opt_ml")
+    download._import_img2dataset()  # both sides measured without the one-off import
+    try:
+        with ImageServer() as server:
+            sample = make_laion_parquet(work / "input" / "urls.parquet", server, good=bench.images, seed=1)
+            job_argv = [
+                "--input", str(sample.path),
+                "--image-size", str(bench.image_size), "--samples-per-shard", str(bench.samples_per_shard),
+                "--processes", str(bench.processes), "--threads", str(bench.threads), "--url-timeout", "10",
+            ]  # fmt: skip
+            for n in range(bench.warmup):
+                warm_out = work / f"warmup-{n}"
+                run_direct(
+                    download.img2dataset_options(
+                        download.parse_args([*job_argv, "--output", str(warm_out)]), sample.path, warm_out
+                    )
+                )
+            times: dict[str, list[float]] = {"direct": [], "ours": []}
+            for round_ in range(bench.rounds):
+                direct_out, ours_out = work / f"direct-{round_}", work / f"ours-{round_}"
+                options = download.img2dataset_options(
+                    download.parse_args([*job_argv, "--output", str(direct_out)]), sample.path, direct_out
+                )
+                sides = [
+                    ("direct", lambda o=options: run_direct(o)),
+                    ("ours", lambda d=ours_out: run_ours([*job_argv, "--output", str(d)])),
+                ]
+                for name, run in sides if round_ % 2 == 0 else sides[::-1]:
+                    times[name].append(run())
+                got = {"direct": successes(direct_out), "ours": successes(ours_out)}
+                if got["direct"] != bench.images or got["ours"] != bench.images:
+                    raise SystemExit(f"round {round_}: expected {bench.images} images each, got {got}")
+                print(
+                    f"round {round_}: direct {times['direct'][-1]:.2f} s, ours {times['ours'][-1]:.2f} s",
+                    flush=True,
+                )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    direct_rate = bench.images / statistics.median(times["direct"])
+    ours_rate = bench.images / statistics.median(times["ours"])
+    settings = (
+        f"{bench.images} images, {bench.processes} processes x {bench.threads} threads, "
+        f"{bench.samples_per_shard}/shard, {bench.image_size}px, {os.cpu_count()} cores, "
+        f"median of {bench.rounds} rounds"
+    )
+    print(f"direct runs (s):     {', '.join(f'{t:.2f}' for t in times['direct'])}")
+    print(f"job runs (s):        {', '.join(f'{t:.2f}' for t in times['ours'])}")
+    print(f"settings:            {settings}")
+    print(f"img2dataset direct:  {direct_rate:8.1f} images/s")
+    print(f"sdflow download job: {ours_rate:8.1f} images/s")
+    print(f"ratio ours/direct:   {ours_rate / direct_rate:8.3f}  (goal >= 0.95)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,324 @@
+"""The `train` job on CPU: tiny model, webdataset shards built in code, the real entrypoint.
+
+Runs go through `bin/train` in a subprocess (as SageMaker would start it) with their own
+$SDFLOW_OPT_ML, so the contract files, the launcher and the exit status are exercised.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sdflow_image import train as train_module
+from sdflow_image.data import load_index, split_work
+from sdflow_image.tiny_model import build_tiny_pipeline
+from train_fixtures import write_dataset_channel, write_job_config
+
+pytestmark = pytest.mark.image
+
+REPO = Path(__file__).resolve().parents[2]
+BIN_TRAIN = REPO / "training_image" / "bin" / "train"
+STEP_LINE = re.compile(r"^step=(\d+) loss=([0-9.eE+-]+)$", re.MULTILINE)
+RUN_TIMEOUT = 240
+
+BASE_HP = {
+    "plugin": "torch_ddp",
+    "mixed_precision": "no",
+    "resolution": "64",
+    "train_batch_size": "2",
+    "gradient_accumulation_steps": "1",
+    "gradient_checkpointing": "false",
+    "learning_rate": "1e-4",
+    "max_train_steps": "2",
+    "checkpointing_steps": "100",
+    "use_ema": "false",
+    "seed": "0",
+    "validation_prompts": '["a red square on a blue background"]',
+    "validation_inference_steps": "2",
+    "dataloader_num_workers": "0",
+    "shuffle_buffer": "8",
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_base_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_pipeline(tmp_path_factory.mktemp("tiny-base") / "model")
+
+
+@pytest.fixture(scope="session")
+def dataset_channel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_dataset_channel(tmp_path_factory.mktemp("dataset"), shards=2, samples_per_shard=6)
+
+
+def _env(opt_ml: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(SDFLOW_OPT_ML=str(opt_ml), HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **extra)
+    # Two busy cores: one thread per process keeps the two-host run from thrashing.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _start(opt_ml: Path, **extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(BIN_TRAIN)],
+        env=_env(opt_ml, **extra),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _run(opt_ml: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(BIN_TRAIN)],
+        env=_env(opt_ml, **extra),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _steps(stdout: str) -> list[int]:
+    return [int(m.group(1)) for m in STEP_LINE.finditer(stdout)]
+
+
+# --- an interrupted run, then its resumption (one job, two attempts) ---------------------
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory: pytest.TempPathFactory, tiny_base_model: Path, dataset_channel: Path) -> dict:
+    opt_ml = write_job_config(
+        tmp_path_factory.mktemp("job") / "opt_ml",
+        {**BASE_HP, "max_train_steps": "1000", "checkpointing_steps": "1000", "dataloader_num_workers": "1"},
+        dataset_dir=dataset_channel,
+        base_model_dir=tiny_base_model,
+    )
+    proc = _start(opt_ml)
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + RUN_TIMEOUT
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("step=2 "):
+            proc.send_signal(signal.SIGTERM)
+            break
+        assert time.monotonic() < deadline, "no step=2 line in time:\n" + "".join(lines[-30:])
+    rest, _ = proc.communicate(timeout=RUN_TIMEOUT)
+    return {"opt_ml": opt_ml, "returncode": proc.returncode, "stdout": "".join(lines) + rest}
+
+
+@pytest.mark.slow
+def test_train_sigterm_saves_checkpoint_and_exits_stopped(stopped_run: dict) -> None:
+    assert stopped_run["returncode"] == train_module.EXIT_STOPPED, stopped_run["stdout"][-3000:]
+    checkpoints = train_module.list_checkpoints(stopped_run["opt_ml"] / "checkpoints")
+    assert checkpoints, stopped_run["stdout"][-3000:]
+    step, path = checkpoints[-1]
+    assert step >= 2
+    assert step == max(_steps(stopped_run["stdout"]))
+    assert json.loads((path / "trainer_state.json").read_text())["step"] == step
+    # A stop is not a failure: no failure file, no model.
+    assert not (stopped_run["opt_ml"] / "output" / "failure").exists()
+    assert not (stopped_run["opt_ml"] / "model" / "model_index.json").exists()
+
+
+@pytest.fixture(scope="module")
+def resumed_run(stopped_run: dict) -> dict:
+    opt_ml: Path = stopped_run["opt_ml"]
+    stopped_at = train_module.list_checkpoints(opt_ml / "checkpoints")[-1][0]
+    hp_file = opt_ml / "input" / "config" / "hyperparameters.json"
+    hp = json.loads(hp_file.read_text())
+    hp.update(max_train_steps=str(stopped_at + 2), checkpointing_steps="1", use_ema="true")
+    hp_file.write_text(json.dumps(hp))
+    result = _run(opt_ml)
+    return {"opt_ml": opt_ml, "stopped_at": stopped_at, "result": result}
+
+
+@pytest.mark.slow
+def test_train_rerun_after_stop_resumes_from_checkpoint_step(resumed_run: dict) -> None:
+    result = resumed_run["result"]
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    stopped_at = resumed_run["stopped_at"]
+    assert f"at step {stopped_at}" in result.stdout
+    assert _steps(result.stdout) == [stopped_at + 1, stopped_at + 2]
+    summary = json.loads((resumed_run["opt_ml"] / "model" / "training_summary.json").read_text())
+    assert summary["resumed_from_step"] == stopped_at
+    assert summary["steps"] == stopped_at + 2
+    assert summary["samples_seen"] == (stopped_at + 2) * 2  # batch 2, one rank, no accumulation
+    # checkpointing_steps=1 made one more checkpoint; only the newest two are kept.
+    kept = [s for s, _ in train_module.list_checkpoints(resumed_run["opt_ml"] / "checkpoints")]
+    assert kept == [stopped_at, stopped_at + 1]
+
+
+@pytest.mark.slow
+def test_train_single_process_writes_loadable_pipeline_and_summary(resumed_run: dict) -> None:
+    import torch
+    from diffusers import StableDiffusionPipeline
+    from PIL import Image
+
+    assert resumed_run["result"].returncode == 0, resumed_run["result"].stderr[-3000:]
+    model_dir: Path = resumed_run["opt_ml"] / "model"
+    summary = json.loads((model_dir / "training_summary.json").read_text())
+    assert summary["plugin"] == "torch_ddp"
+    assert summary["world_size"] == 1
+    assert summary["samples_per_second"] > 0
+    last_loss = float(STEP_LINE.findall(resumed_run["result"].stdout)[-1][1])
+    assert summary["final_loss"] == pytest.approx(last_loss, rel=1e-4)
+    assert list(model_dir.glob("unet/*.safetensors")), "the UNet must be saved as safetensors"
+    assert not list(model_dir.rglob("*.bin"))
+    with Image.open(model_dir / "loss.png") as loss_png:
+        assert loss_png.size[0] > 100
+    with Image.open(model_dir / "samples.png") as samples_png:
+        assert samples_png.size == (64, 64)  # one prompt at the training resolution
+
+    pipe = StableDiffusionPipeline.from_pretrained(model_dir, local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    base = StableDiffusionPipeline.from_pretrained(resumed_run["opt_ml"] / "input" / "data" / "base_model")
+    trained_w = next(iter(pipe.unet.parameters()))
+    base_w = next(iter(base.unet.parameters()))
+    assert not torch.equal(trained_w, base_w), "the saved UNet is the base UNet: training changed nothing"
+    assert torch.equal(next(iter(pipe.vae.parameters())), next(iter(base.vae.parameters())))
+    image = pipe("a red square", num_inference_steps=2, height=64, width=64, output_type="pil").images[0]
+    assert image.size == (64, 64)
+
+
+# --- two hosts emulated on localhost -------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_train_two_hosts_torch_ddp_rank0_writes_model(
+    tmp_path: Path, tiny_base_model: Path, dataset_channel: Path
+) -> None:
+    hosts = ["algo-1", "algo-2"]
+    opt_mls = [
+        write_job_config(
+            tmp_path / host,
+            BASE_HP,
+            dataset_dir=dataset_channel,
+            base_model_dir=tiny_base_model,
+            hosts=hosts,
+            current_host=host,
+        )
+        for host in hosts
+    ]
+    extra = {"SDFLOW_MASTER_ADDR": "127.0.0.1", "SDFLOW_MASTER_PORT": str(_free_port())}
+    procs = [_start(opt_ml, **extra) for opt_ml in opt_mls]
+    outputs = [p.communicate(timeout=RUN_TIMEOUT)[0] for p in procs]
+    for proc, out in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, out[-4000:]
+    assert "--nnodes=2 --node_rank=1" in outputs[1]
+    assert _steps(outputs[0]) == [1, 2]
+    assert "world_size=2" in outputs[0]
+    summary = json.loads((opt_mls[0] / "model" / "training_summary.json").read_text())
+    assert summary["world_size"] == 2
+    assert summary["samples_seen"] == 2 * 2 * 2  # steps x batch x ranks
+    assert (opt_mls[0] / "model" / "model_index.json").is_file()
+    assert not (opt_mls[1] / "model" / "model_index.json").exists(), "only rank 0 writes the model"
+
+
+# --- failures ---------------------------------------------------------------------------
+
+
+def test_train_bad_hyperparameter_writes_failure_naming_it(
+    tmp_path: Path, tiny_base_model: Path, dataset_channel: Path
+) -> None:
+    opt_ml = write_job_config(
+        tmp_path / "opt_ml",
+        {**BASE_HP, "learning_rate": "abc"},
+        dataset_dir=dataset_channel,
+        base_model_dir=tiny_base_model,
+    )
+    result = _run(opt_ml)
+    assert result.returncode != 0
+    failure = (opt_ml / "output" / "failure").read_text()
+    assert "learning_rate='abc' is not a number" in failure
+
+
+def test_train_missing_index_fails_with_channel_error(tmp_path: Path, tiny_base_model: Path) -> None:
+    (tmp_path / "dataset").mkdir()
+    args = train_module.parse_args(
+        ["--dataset_dir", str(tmp_path / "dataset"), "--pretrained_model_name_or_path", str(tiny_base_model)],
+        hyperparameters={},
+    )
+    with pytest.raises(train_module.ChannelError, match=r"index\.json is missing"):
+        train_module.check_inputs(args, cuda=False)
+
+
+def test_train_gemini_on_cpu_fails_with_plugin_error(
+    tmp_path: Path, tiny_base_model: Path, dataset_channel: Path
+) -> None:
+    args = train_module.parse_args(
+        ["--dataset_dir", str(dataset_channel), "--pretrained_model_name_or_path", str(tiny_base_model)],
+        hyperparameters={"plugin": "gemini", "mixed_precision": "bf16"},
+    )
+    with pytest.raises(train_module.PluginError, match="plugin=gemini needs CUDA"):
+        train_module.check_inputs(args, cuda=False)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("train_batch_size", "four", "train_batch_size='four' is not an integer"),
+        ("train_batch_size", "0", "train_batch_size='0' must be >= 1"),
+        ("use_ema", "maybe", "use_ema='maybe' is not true or false"),
+        ("plugin", "fsdp", "plugin='fsdp' is not one of torch_ddp, low_level_zero, gemini"),
+        ("validation_prompts", "a cat", "validation_prompts='a cat' is not a JSON list"),
+        ("learing_rate", "1e-4", "unknown hyperparameter 'learing_rate'"),
+    ],
+)
+def test_parse_args_bad_hyperparameter_raises_naming_it(key: str, value: str, message: str) -> None:
+    with pytest.raises(train_module.HyperparameterError) as caught:
+        train_module.parse_args([], hyperparameters={key: value})
+    assert message in str(caught.value)
+
+
+def test_parse_args_strings_become_typed_and_cli_wins() -> None:
+    args = train_module.parse_args(
+        ["--max_train_steps", "7"],
+        hyperparameters={"max_train_steps": "3", "learning_rate": "2e-5", "use_ema": "True", "sagemaker_x": "y"},
+    )
+    assert args.max_train_steps == 7
+    assert args.learning_rate == pytest.approx(2e-5)
+    assert args.use_ema is True
+
+
+# --- data splitting -------------------------------------------------------------------------
+
+
+def test_split_work_fewer_shards_than_ranks_splits_samples_disjointly() -> None:
+    shards = [Path("a.tar")]
+    seen = set()
+    for rank in range(2):
+        for worker in range(2):
+            mine, modulo, slot = split_work(shards, rank, 2, worker, 2)
+            assert mine == shards
+            seen.add((modulo, slot))
+    assert seen == {(4, 0), (4, 1), (4, 2), (4, 3)}
+
+
+def test_split_work_enough_shards_gives_each_rank_different_shards() -> None:
+    shards = [Path(f"{i}.tar") for i in range(4)]
+    rank0, _, _ = split_work(shards, 0, 2, 0, 1)
+    rank1, _, _ = split_work(shards, 1, 2, 0, 1)
+    assert set(rank0).isdisjoint(rank1)
+    assert set(rank0) | set(rank1) == set(shards)
+
+
+def test_load_index_resolves_tar_paths_under_channel(dataset_channel: Path) -> None:
+    index = load_index(dataset_channel)
+    assert len(index.shards) == 2
+    assert all(p.is_file() and p.is_relative_to(dataset_channel) for p in index.shards)
+    assert index.total_samples == 12

@@ -1,0 +1,357 @@
+"""job_events: each SageMaker detail-type and terminal/non-terminal status resolves (or not) the token."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+# The X-Ray SDK opens its UDP emitter's socket on first import (Tracer() triggers it); import it
+# here, at collection, before the unit fixtures block sockets.
+import aws_xray_sdk.core  # noqa: F401
+import botocore.session
+import pytest
+from botocore.exceptions import ClientError
+from botocore.validate import validate_parameters
+from pydantic import ValidationError
+from sdflow_common import aws
+from sdflow_common.token_store import TokenStore
+
+from tests.conftest import load_function_module
+from tests.unit.conftest import ACCOUNT, REGION, TOKEN_TABLE, TRAINING_IMAGE_URI, AwsWorld, load_event
+
+EXECUTION_ARN = f"arn:aws:states:{REGION}:{ACCOUNT}:execution:sdflow-pipeline-test:run-under-test"
+TOKEN = "AQCEAAAAKgAAAAMAAAAAAAAAAf4kTokenUnderTest=="
+SFN_MODEL = botocore.session.get_session().get_service_model("stepfunctions")
+
+
+@dataclass
+class FakeContext:
+    function_name: str = "sdflow-job-events-test"
+    memory_limit_in_mb: int = 256
+    invoked_function_arn: str = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:sdflow-job-events-test"
+    aws_request_id: str = "7f1c2a9e-0000-4000-8000-000000000020"
+
+
+@dataclass
+class StepFunctionsCalls:
+    """SendTaskSuccess/SendTaskFailure as the function made them, checked against the API model."""
+
+    calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    error_code: str | None = None
+
+    def record(self, operation: str, params: dict[str, Any]) -> dict[str, Any]:
+        validate_parameters(params, SFN_MODEL.operation_model(operation).input_shape)
+        self.calls.append((operation, params))
+        if self.error_code:
+            raise ClientError({"Error": {"Code": self.error_code, "Message": "from the test"}}, operation)
+        return {}
+
+    def only(self) -> tuple[str, dict[str, Any]]:
+        assert len(self.calls) == 1, self.calls
+        return self.calls[0]
+
+
+@pytest.fixture
+def sfn(mocked_aws: AwsWorld, monkeypatch: pytest.MonkeyPatch) -> StepFunctionsCalls:
+    recorder = StepFunctionsCalls()
+    client = aws.client("stepfunctions")
+    monkeypatch.setattr(client, "send_task_success", lambda **kw: recorder.record("SendTaskSuccess", kw))
+    monkeypatch.setattr(client, "send_task_failure", lambda **kw: recorder.record("SendTaskFailure", kw))
+    return recorder
+
+
+@pytest.fixture
+def store(mocked_aws: AwsWorld) -> TokenStore:
+    return TokenStore(TOKEN_TABLE, 3600)
+
+
+@pytest.fixture
+def handle(mocked_aws: AwsWorld) -> Any:
+    handler = load_function_module("job_events").lambda_handler
+    return lambda event: handler(event, FakeContext())
+
+
+def claim_for(store: TokenStore, event: dict[str, Any], kind: str, **context: str) -> str:
+    detail = event["detail"]
+    name = detail.get("ProcessingJobName") or detail.get("TrainingJobName") or detail["EndpointName"]
+    store.claim(name, TOKEN, EXECUTION_ARN, kind, context)  # type: ignore[arg-type]
+    return str(name)
+
+
+# ---------------------------------------------------------------------------- processing jobs
+
+
+def test_processing_completed_sends_success_summary_and_deletes_token(
+    handle: Any, sfn: StepFunctionsCalls, store: TokenStore
+) -> None:
+    event = load_event("sagemaker_processing_completed.json")
+    name = claim_for(store, event, "download", shard_id="00001")
+    result = handle(event)
+    operation, params = sfn.only()
+    assert operation == "SendTaskSuccess"
+    assert params["taskToken"] == TOKEN
+    assert json.loads(params["output"]) == {"shard_id": "00001", "status": "ok", "job_name": name}
+    assert result["outcome"] == "succeeded"
+    assert store.get(name) is None
+
+
+def test_processing_failed_sends_download_job_failed_with_reason(
+    handle: Any, sfn: StepFunctionsCalls, store: TokenStore
+) -> None:
+    event = load_event("sagemaker_processing_failed.json")
+    name = claim_for(store, event, "download", shard_id="00001")
+    handle(event)
+    operation, params = sfn.only()
+    assert operation == "SendTaskFailure"
+    assert params["error"] == "DownloadJobFailed"
+    assert event["detail"]["FailureReason"] in params["cause"]
+    assert event["detail"]["ExitMessage"] in params["cause"]
+    assert store.get(name) is None
+
+
+def test_processing_stopped_is_a_failure(handle: Any, sfn: StepFunctionsCalls, store: TokenStore) -> None:
+    event = load_event("sagemaker_processing_inprogress.json")
+    event["detail"]["ProcessingJobStatus"] = "Stopped"
+    claim_for(store, event, "download", shard_id="00001")
+    handle(event)
+    operation, params = sfn.only()
+    assert (operation, params["error"]) == ("SendTaskFailure", "DownloadJobFailed")
+    assert "Stopped" in params["cause"]
+
+
+def test_processing_in_progress_is_ignored_and_token_kept(
+    handle: Any, sfn: StepFunctionsCalls, store: TokenStore
+) -> None:
+    event = load_event("sagemaker_processing_inprogress.json")
+    name = claim_for(store, event, "download", shard_id="00001")
+    assert handle(event)["outcome"] == "ignored"
+    assert sfn.calls == []
+    assert store.get(name) is not None
+
+
+# ---------------------------------------------------------------------------- training jobs
+
+
+def test_training_completed_sends_model_and_metrics(handle: Any, sfn: StepFunctionsCalls, store: TokenStore) -> None:
+    event = load_event("sagemaker_training_completed.json")
+    name = claim_for(store, event, "training", output_path="s3://bucket/runs/x/training/")
+    handle(event)
+    operation, params = sfn.only()
+    assert operation == "SendTaskSuccess"
+    output = json.loads(params["output"])
+    assert output == {
+        "job_name": name,
+        "model_data_url": event["detail"]["ModelArtifacts"]["S3ModelArtifacts"],
+        "final_metrics": {"train:loss": 0.0812},
+    }
+    assert len(params["output"].encode()) < 4096
+    assert store.get(name) is None
+
+
+def test_training_completed_without_artifacts_uses_output_path(
+    handle: Any, sfn: StepFunctionsCalls, store: TokenStore
+) -> None:
+    event = load_event("sagemaker_training_completed.json")
+    del event["detail"]["ModelArtifacts"]
+    name = claim_for(store, event, "training", output_path="s3://bucket/runs/x/training/")
+    handle(event)
+    assert json.loads(sfn.only()[1]["output"])["model_data_url"] == (
+        f"s3://bucket/runs/x/training/{name}/output/model.tar.gz"
+    )
+
+
+def test_training_failed_sends_training_job_failed(handle: Any, sfn: StepFunctionsCalls, store: TokenStore) -> None:
+    event = load_event("sagemaker_training_failed.json")
+    claim_for(store, event, "training")
+    handle(event)
+    operation, params = sfn.only()
+    assert (operation, params["error"]) == ("SendTaskFailure", "TrainingJobFailed")
+    assert "CUDA out of memory" in params["cause"]
+
+
+def test_training_failure_reason_is_truncated_to_step_functions_limit(
+    handle: Any, sfn: StepFunctionsCalls, store: TokenStore
+) -> None:
+    event = load_event("sagemaker_training_failed.json")
+    event["detail"]["FailureReason"] = "x" * 40_000
+    claim_for(store, event, "training")
+    handle(event)
+    assert len(sfn.only()[1]["cause"]) <= 32_768
+
+
+def test_training_in_progress_is_ignored(handle: Any, sfn: StepFunctionsCalls, store: TokenStore) -> None:
+    event = load_event("sagemaker_training_inprogress.json")
+    name = claim_for(store, event, "training")
+    assert handle(event)["outcome"] == "ignored"
+    assert sfn.calls == []
+    assert store.get(name) is not None
+
+
+# ---------------------------------------------------------------------------- endpoints
+
+
+def seed_endpoint(world: AwsWorld, endpoint: str, config: str) -> None:
+    world.sagemaker.create_model(
+        ModelName=config,
+        PrimaryContainer={"Image": TRAINING_IMAGE_URI, "ModelDataUrl": "s3://b/m.tar.gz"},
+        ExecutionRoleArn=f"arn:aws:iam::{ACCOUNT}:role/sm",
+    )
+    world.sagemaker.create_endpoint_config(
+        EndpointConfigName=config,
+        ProductionVariants=[
+            {"VariantName": "AllTraffic", "ModelName": config, "InitialInstanceCount": 1, "InstanceType": "ml.m5.large"}
+        ],
+    )
+    world.sagemaker.create_endpoint(EndpointName=endpoint, EndpointConfigName=config)
+
+
+def endpoint_event(name: str = "sagemaker_endpoint_inservice.json") -> dict[str, Any]:
+    event = load_event(name)
+    # The claim is made "now"; a real event about this deployment comes after it.
+    event["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 5))
+    return event
+
+
+def test_endpoint_in_service_on_our_config_sends_success(
+    handle: Any, sfn: StepFunctionsCalls, store: TokenStore, mocked_aws: AwsWorld
+) -> None:
+    event = endpoint_event()
+    config = event["detail"]["EndpointConfigName"]
+    seed_endpoint(mocked_aws, event["detail"]["EndpointName"], config)
+    name = claim_for(store, event, "endpoint", endpoint_config_name=config, model_name=config, action="create")
+    handle(event)
+    operation, params = sfn.only()
+    assert operation == "SendTaskSuccess"
+    assert json.loads(params["output"]) == {
+        "endpoint_name": name,
+        "endpoint_config_name": config,
+        "model_name": config,
+        "action": "create",
+    }
+    assert store.get(name) is None
+
+
+def test_endpoint_update_rolled_back_sends_endpoint_deploy_failed(
+    handle: Any, sfn: StepFunctionsCalls, store: TokenStore, mocked_aws: AwsWorld
+) -> None:
+    event = endpoint_event()
+    endpoint = event["detail"]["EndpointName"]
+    # After a failed blue/green update SageMaker is back InService on the previous config.
+    seed_endpoint(mocked_aws, endpoint, "previous-config")
+    event["detail"]["EndpointConfigName"] = "previous-config"
+    claim_for(store, event, "endpoint", endpoint_config_name="new-config", model_name="new-config", action="update")
+    handle(event)
+    operation, params = sfn.only()
+    assert (operation, params["error"]) == ("SendTaskFailure", "EndpointDeployFailed")
+    assert "rolled back" in params["cause"]
+    assert "previous-config" in params["cause"]
+
+
+def test_endpoint_failed_sends_failure_with_reason(
+    handle: Any, sfn: StepFunctionsCalls, store: TokenStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    event = endpoint_event("sagemaker_endpoint_failed.json")
+    detail = event["detail"]
+    described = {
+        "EndpointName": detail["EndpointName"],
+        "EndpointConfigName": detail["EndpointConfigName"],
+        "EndpointStatus": "Failed",
+        "FailureReason": detail["FailureReason"],
+    }
+    monkeypatch.setattr(aws.client("sagemaker"), "describe_endpoint", lambda **_kw: described)
+    claim_for(store, event, "endpoint", endpoint_config_name=detail["EndpointConfigName"], action="create")
+    handle(event)
+    operation, params = sfn.only()
+    assert (operation, params["error"]) == ("SendTaskFailure", "EndpointDeployFailed")
+    assert "ping health check" in params["cause"]
+
+
+def test_endpoint_vanished_sends_failure(handle: Any, sfn: StepFunctionsCalls, store: TokenStore) -> None:
+    event = endpoint_event()
+    claim_for(store, event, "endpoint", endpoint_config_name="c", action="create")
+    handle(event)
+    operation, params = sfn.only()
+    assert (operation, params["error"]) == ("SendTaskFailure", "EndpointDeployFailed")
+    assert "vanished" in params["cause"]
+
+
+def test_endpoint_updating_event_is_ignored(handle: Any, sfn: StepFunctionsCalls, store: TokenStore) -> None:
+    event = endpoint_event("sagemaker_endpoint_updating.json")
+    name = claim_for(store, event, "endpoint", endpoint_config_name="c", action="update")
+    assert handle(event)["outcome"] == "ignored"
+    assert sfn.calls == []
+    assert store.get(name) is not None
+
+
+def test_endpoint_event_from_before_this_deployment_is_ignored(
+    handle: Any, sfn: StepFunctionsCalls, store: TokenStore, mocked_aws: AwsWorld
+) -> None:
+    event = load_event("sagemaker_endpoint_inservice.json")  # time: 2025, long before the claim
+    seed_endpoint(mocked_aws, event["detail"]["EndpointName"], "previous-config")
+    name = claim_for(store, event, "endpoint", endpoint_config_name="new-config", action="update")
+    assert handle(event)["outcome"] == "ignored"
+    assert sfn.calls == []
+    assert store.get(name) is not None
+
+
+def test_endpoint_in_service_while_describe_says_updating_is_ignored(
+    handle: Any, sfn: StepFunctionsCalls, store: TokenStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    event = endpoint_event()
+    detail = event["detail"]
+    described = {"EndpointName": detail["EndpointName"], "EndpointStatus": "Updating", "EndpointConfigName": "old"}
+    monkeypatch.setattr(aws.client("sagemaker"), "describe_endpoint", lambda **_kw: described)
+    claim_for(store, event, "endpoint", endpoint_config_name=detail["EndpointConfigName"], action="update")
+    assert handle(event)["outcome"] == "ignored"
+    assert sfn.calls == []
+
+
+# ---------------------------------------------------------------------------- duplicates, unknowns
+
+
+def test_unknown_resource_is_logged_not_resolved(handle: Any, sfn: StepFunctionsCalls) -> None:
+    assert handle(load_event("sagemaker_training_completed.json"))["outcome"] == "unknown"
+    assert sfn.calls == []
+
+
+def test_duplicate_event_resolves_token_once(handle: Any, sfn: StepFunctionsCalls, store: TokenStore) -> None:
+    event = load_event("sagemaker_processing_completed.json")
+    claim_for(store, event, "download", shard_id="00001")
+    assert handle(event)["outcome"] == "succeeded"
+    assert handle(copy.deepcopy(event))["outcome"] == "unknown"
+    assert len(sfn.calls) == 1
+
+
+@pytest.mark.parametrize("code", ["TaskDoesNotExist", "InvalidToken", "TaskTimedOut"])
+@pytest.mark.parametrize("event_name", ["sagemaker_processing_completed.json", "sagemaker_processing_failed.json"])
+def test_stale_token_is_logged_not_raised(
+    handle: Any, sfn: StepFunctionsCalls, store: TokenStore, code: str, event_name: str
+) -> None:
+    sfn.error_code = code
+    event = load_event(event_name)
+    name = claim_for(store, event, "download", shard_id="00001")
+    assert handle(event)["outcome"] == "stale_token"
+    assert len(sfn.calls) == 1
+    assert store.get(name) is None
+
+
+def test_other_step_functions_error_is_raised_and_token_kept(
+    handle: Any, sfn: StepFunctionsCalls, store: TokenStore
+) -> None:
+    sfn.error_code = "ThrottlingException"
+    event = load_event("sagemaker_processing_completed.json")
+    name = claim_for(store, event, "download", shard_id="00001")
+    with pytest.raises(ClientError, match="ThrottlingException"):
+        handle(event)
+    # Kept, so EventBridge's retry of this invocation (or the reconciler) can resolve it.
+    assert store.get(name) is not None
+
+
+def test_unrelated_detail_type_is_rejected_by_the_parser(handle: Any) -> None:
+    event = load_event("sagemaker_processing_completed.json")
+    event["detail-type"] = "SageMaker Model State Change"
+    with pytest.raises(ValidationError):
+        handle(event)

@@ -1,0 +1,215 @@
+"""Request builders: valid against SageMaker's API model and faithful to docs/contracts.md."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import botocore.session
+import pytest
+from botocore.exceptions import ClientError
+from botocore.validate import validate_parameters
+from sdflow_common import sagemaker_jobs
+from sdflow_common.run_document import DownloadOptions, EndpointOptions, RunDocument
+
+from tests.unit.conftest import DATA_BUCKET, SAGEMAKER_ROLE_ARN, TRAINING_IMAGE_URI
+
+RUN_ID = "demo-0123456789"
+SAGEMAKER_MODEL = botocore.session.get_session().get_service_model("sagemaker")
+
+
+def assert_valid_request(operation: str, request: dict[str, Any]) -> None:
+    """botocore's own validation: wrong names, types, ranges or enums raise here."""
+    validate_parameters(request, SAGEMAKER_MODEL.operation_model(operation).input_shape)
+
+
+def run_document(**overrides: Any) -> RunDocument:
+    raw: dict[str, Any] = {
+        "dataset": {"parquet_uris": [f"s3://{DATA_BUCKET}/datasets/part-00000.parquet"]},
+        "base_model_uri": f"s3://{DATA_BUCKET}/models/tiny-sd/",
+    }
+    raw.update(overrides)
+    return RunDocument.model_validate(raw)
+
+
+def processing_request(options: DownloadOptions) -> dict[str, Any]:
+    return sagemaker_jobs.processing_job_request(
+        job_name="sdf-dl-demo-0123456789-00003-a0",
+        run_id=RUN_ID,
+        shard_id="00003",
+        parquet_uri=f"s3://{DATA_BUCKET}/datasets/part-00003.parquet",
+        output_uri=f"s3://{DATA_BUCKET}/runs/{RUN_ID}/dataset/shards/00003/",
+        options=options,
+        url_column="url",
+        caption_column="caption",
+        image_uri=TRAINING_IMAGE_URI,
+        role_arn=SAGEMAKER_ROLE_ARN,
+    )
+
+
+def training_request(run: RunDocument) -> dict[str, Any]:
+    return sagemaker_jobs.training_job_request(
+        job_name="sdf-tr-demo-0123456789-a0",
+        run_id=RUN_ID,
+        bucket=DATA_BUCKET,
+        dataset_prefix_uri=f"s3://{DATA_BUCKET}/runs/{RUN_ID}/dataset/",
+        run=run,
+        image_uri=TRAINING_IMAGE_URI,
+        role_arn=SAGEMAKER_ROLE_ARN,
+    )
+
+
+def test_processing_job_request_follows_download_contract() -> None:
+    options = DownloadOptions(image_size=384, processes=2, threads=8, max_runtime_seconds=3600)
+    request = processing_request(options)
+    assert_valid_request("CreateProcessingJob", request)
+    app = request["AppSpecification"]
+    assert app["ContainerEntrypoint"] == ["download"]
+    assert app["ImageUri"] == TRAINING_IMAGE_URI
+    args = app["ContainerArguments"]
+    as_pairs = dict(zip(args[::2], args[1::2], strict=True))
+    assert as_pairs == {
+        "--input": "/opt/ml/processing/input/parquet",
+        "--output": "/opt/ml/processing/output",
+        "--url-col": "url",
+        "--caption-col": "caption",
+        "--image-size": "384",
+        "--resize-mode": "center_crop",
+        "--samples-per-shard": "1000",
+        "--processes": "2",
+        "--threads": "8",
+        "--url-timeout": "10",
+        "--deadline-seconds": "3300",
+    }
+    s3_input = request["ProcessingInputs"][0]["S3Input"]
+    assert s3_input["S3Uri"].endswith("part-00003.parquet")
+    assert s3_input["LocalPath"] == "/opt/ml/processing/input/parquet"
+    output = request["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]
+    assert output["S3Uri"].endswith("/dataset/shards/00003/")
+    assert output["S3UploadMode"] == "EndOfJob"
+    assert request["NetworkConfig"]["EnableNetworkIsolation"] is False
+    assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 3600}
+    assert request["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 1
+    assert {"Key": "sdflow:execution", "Value": RUN_ID} in request["Tags"]
+
+
+@pytest.mark.parametrize("max_runtime", [60, 600, 3600, 28 * 24 * 3600])
+def test_download_deadline_leaves_time_before_max_runtime(max_runtime: int) -> None:
+    deadline = sagemaker_jobs.download_deadline_seconds(max_runtime)
+    assert 0 < deadline < max_runtime
+
+
+def test_training_job_request_on_demand_has_no_spot_fields() -> None:
+    run = run_document(training={"instance_count": 2, "plugin": "torch_ddp", "max_runtime_seconds": 7200})
+    request = training_request(run)
+    assert_valid_request("CreateTrainingJob", request)
+    assert request["EnableManagedSpotTraining"] is False
+    assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 7200}
+    assert "KeepAlivePeriodInSeconds" not in request["ResourceConfig"]
+    assert request["ResourceConfig"]["InstanceCount"] == 2
+    assert request["HyperParameters"]["plugin"] == "torch_ddp"
+    assert all(isinstance(value, str) for value in request["HyperParameters"].values())
+    channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in request["InputDataConfig"]}
+    assert channels == {
+        "dataset": f"s3://{DATA_BUCKET}/runs/{RUN_ID}/dataset/",
+        "base_model": f"s3://{DATA_BUCKET}/models/tiny-sd/",
+    }
+    assert request["OutputDataConfig"] == {"S3OutputPath": f"s3://{DATA_BUCKET}/runs/{RUN_ID}/training/"}
+    assert request["CheckpointConfig"] == {
+        "S3Uri": f"s3://{DATA_BUCKET}/runs/{RUN_ID}/checkpoints/",
+        "LocalPath": "/opt/ml/checkpoints",
+    }
+    assert request["AlgorithmSpecification"]["MetricDefinitions"] == [
+        {"Name": "train:loss", "Regex": "loss=([0-9.eE+-]+)"}
+    ]
+    assert request["EnableNetworkIsolation"] is True
+    assert request["EnableInterContainerTrafficEncryption"] is True
+    assert request["RetryStrategy"] == {"MaximumRetryAttempts": 2}
+
+
+def test_training_job_request_spot_sets_max_wait() -> None:
+    run = run_document(training={"use_spot": True, "max_runtime_seconds": 3600, "max_wait_seconds": 7200})
+    request = training_request(run)
+    assert_valid_request("CreateTrainingJob", request)
+    assert request["EnableManagedSpotTraining"] is True
+    assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 3600, "MaxWaitTimeInSeconds": 7200}
+
+
+def test_training_job_request_keep_alive_sets_warm_pool() -> None:
+    request = training_request(run_document(training={"keep_alive_seconds": 900}))
+    assert_valid_request("CreateTrainingJob", request)
+    assert request["ResourceConfig"]["KeepAlivePeriodInSeconds"] == 900
+
+
+def test_deploy_requests_are_valid_and_use_one_variant() -> None:
+    options = EndpointOptions(name="sdflow-test", instance_type="ml.g5.2xlarge", initial_instance_count=2)
+    model = sagemaker_jobs.model_request(
+        model_name="m", run_id=RUN_ID, image_uri=TRAINING_IMAGE_URI, model_data_url="s3://b/m.tar.gz",
+        role_arn=SAGEMAKER_ROLE_ARN,
+    )  # fmt: skip
+    config = sagemaker_jobs.endpoint_config_request(config_name="c", model_name="m", run_id=RUN_ID, options=options)
+    create = sagemaker_jobs.create_endpoint_request(endpoint_name="sdflow-test", config_name="c", run_id=RUN_ID)
+    assert_valid_request("CreateModel", model)
+    assert_valid_request("CreateEndpointConfig", config)
+    assert_valid_request("CreateEndpoint", create)
+    assert model["PrimaryContainer"] == {"Image": TRAINING_IMAGE_URI, "ModelDataUrl": "s3://b/m.tar.gz"}
+    assert model["EnableNetworkIsolation"] is True
+    assert config["ProductionVariants"] == [
+        {"VariantName": "AllTraffic", "ModelName": "m", "InstanceType": "ml.g5.2xlarge", "InitialInstanceCount": 2}
+    ]
+
+
+def test_update_endpoint_request_is_blue_green_without_alarms_by_default() -> None:
+    request = sagemaker_jobs.update_endpoint_request(
+        endpoint_name="sdflow", config_name="c2", options=EndpointOptions(max_wait_seconds=300)
+    )
+    assert_valid_request("UpdateEndpoint", request)
+    policy = request["DeploymentConfig"]["BlueGreenUpdatePolicy"]
+    assert policy["TrafficRoutingConfiguration"]["Type"] == "ALL_AT_ONCE"
+    # 300 s is below SageMaker's 600 s minimum for the blue/green execution timeout.
+    assert policy["MaximumExecutionTimeoutInSeconds"] == 600
+    assert "AutoRollbackConfiguration" not in request["DeploymentConfig"]
+
+
+def test_update_endpoint_request_with_alarms_enables_auto_rollback() -> None:
+    request = sagemaker_jobs.update_endpoint_request(
+        endpoint_name="sdflow", config_name="c2", options=EndpointOptions(), rollback_alarm_names=["errors", ""]
+    )
+    assert_valid_request("UpdateEndpoint", request)
+    assert request["DeploymentConfig"]["AutoRollbackConfiguration"] == {"Alarms": [{"AlarmName": "errors"}]}
+
+
+def test_task_timeouts_exceed_the_jobs_own_limits() -> None:
+    on_demand = run_document(training={"max_runtime_seconds": 3600})
+    spot = run_document(training={"use_spot": True, "max_runtime_seconds": 3600, "max_wait_seconds": 10_000})
+    timeouts = sagemaker_jobs.task_timeouts(on_demand)
+    assert set(timeouts) == {"download", "training", "endpoint"}
+    assert timeouts["download"] > on_demand.download.max_runtime_seconds
+    assert timeouts["training"] > 3600
+    assert sagemaker_jobs.task_timeouts(spot)["training"] > 10_000
+    assert timeouts["endpoint"] > on_demand.endpoint.max_wait_seconds
+
+
+def client_error(code: str, message: str) -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": message}}, "CreateTrainingJob")
+
+
+@pytest.mark.parametrize(
+    ("code", "message", "throttled"),
+    [
+        ("ThrottlingException", "Rate exceeded", True),
+        ("ValidationException", "Rate exceeded", True),
+        ("ResourceLimitExceeded", "The account-level service limit 'ml.g5.12xlarge for training job usage' is 0", True),
+        ("ValidationException", "1 validation error detected", False),
+        ("ResourceInUse", "Training job names must be unique", False),
+    ],
+)
+def test_is_throttling_classifies_sagemaker_errors(code: str, message: str, throttled: bool) -> None:
+    assert sagemaker_jobs.is_throttling(client_error(code, message)) is throttled
+
+
+def test_is_already_exists_and_is_not_found_match_sagemaker_messages() -> None:
+    assert sagemaker_jobs.is_already_exists(client_error("ValidationException", "Cannot create already existing model"))
+    assert sagemaker_jobs.is_already_exists(client_error("ResourceInUse", "job exists"))
+    assert not sagemaker_jobs.is_already_exists(client_error("ValidationException", "bad instance type"))
+    assert sagemaker_jobs.is_not_found(client_error("ValidationException", "Could not find endpoint 'x'."))
+    assert not sagemaker_jobs.is_not_found(client_error("ValidationException", "bad instance type"))

@@ -292,3 +292,21 @@ def test_template_job_event_rules_match_the_names_sdflow_gives_jobs(template: di
             "Stopped",
         }
     )
+
+
+@pytest.mark.lint
+@pytest.mark.slow
+def test_template_sam_build_without_docker_packages_layer_and_handlers(tmp_path: Path) -> None:
+    # Building needs PyPI (the layer's pinned requirements), so the proxy of _offline_env is dropped.
+    env = {k: v for k, v in _offline_env(tmp_path).items() if "PROXY" not in k.upper()}
+    build_dir = tmp_path / "build"
+    result = subprocess.run(
+        [str(_tool("sam", "sam")), "build", "--build-dir", str(build_dir), "-t", str(TEMPLATE)],
+        capture_output=True, text=True, env=env, cwd=ROOT, check=False, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    layer = build_dir / "CommonLayer" / "python"
+    assert (layer / "sdflow_common" / "run_document.py").exists()
+    assert (layer / "aws_lambda_powertools").is_dir()
+    for function in ("StartPipelineFunction", "JobEventsFunction", "NotifyFunction"):
+        assert (build_dir / function / "app.py").exists(), function

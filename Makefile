@@ -13,11 +13,13 @@ TOOLS_STAMP := .tools/.installed
 help:  ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-$(STAMP): training_image/requirements.txt training_image/requirements-colossalai.txt layers/common/requirements.txt requirements/dev.txt requirements/constraints.txt
+$(STAMP): pyproject.toml training_image/requirements.txt training_image/requirements-colossalai.txt layers/common/requirements.txt requirements/dev.txt requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) $(CONSTRAINTS) -r training_image/requirements.txt -r layers/common/requirements.txt -r requirements/dev.txt
 	# colossalai's metadata pins torch<=2.5.1 and diffusers==0.29: it goes on top without deps.
 	$(PIP) --no-deps $(CONSTRAINTS) -r training_image/requirements-colossalai.txt
+	# the `sdflow` command (CLI + local runtime), editable so it runs this checkout's code
+	$(PIP) --no-deps -e .
 	touch $@
 
 # The SAM CLI and checkov each get a venv of their own, as their docs advise: in one venv
@@ -38,9 +40,8 @@ test-unit: setup  ## unit tests only (seconds)
 test-image: setup  ## the training_image code on CPU
 	$(BIN)/pytest tests/image
 
-demo: setup  ## the whole pipeline on this machine (local runtime)
-	@echo "make demo: the local runtime arrives with issue #4 (sdflow local up / sdflow demo); not built yet." >&2
-	@exit 2
+demo: setup  ## the whole pipeline on this machine (local runtime), ending with a generated image
+	$(BIN)/sdflow demo
 
 lint: setup  ## ruff, mypy, cfn-lint
 	$(BIN)/ruff check .

@@ -42,18 +42,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def run_direct(options: dict[str, object]) -> float:
-    started = time.perf_counter()
+def cpu_seconds() -> float:
+    # children: every waited-for descendant (img2dataset's workers, our forked child)
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def run_direct(options: dict[str, object]) -> tuple[float, float]:
+    started, cpu = time.perf_counter(), cpu_seconds()
     download._import_img2dataset().download(**options)
-    return time.perf_counter() - started
+    return time.perf_counter() - started, cpu_seconds() - cpu
 
 
-def run_ours(argv: list[str]) -> float:
-    started = time.perf_counter()
+def run_ours(argv: list[str]) -> tuple[float, float]:
+    started, cpu = time.perf_counter(), cpu_seconds()
     status = download.main(download.parse_args(argv))
     if status != 0:
         raise SystemExit(f"the download job failed with status {status}")
-    return time.perf_counter() - started
+    return time.perf_counter() - started, cpu_seconds() - cpu
 
 
 def successes(folder: Path) -> int:
@@ -81,6 +87,7 @@ def main() -> None:
                     )
                 )
             times: dict[str, list[float]] = {"direct": [], "ours": []}
+            cpu: dict[str, list[float]] = {"direct": [], "ours": []}
             for round_ in range(bench.rounds):
                 direct_out, ours_out = work / f"direct-{round_}", work / f"ours-{round_}"
                 options = download.img2dataset_options(
@@ -91,12 +98,15 @@ def main() -> None:
                     ("ours", lambda d=ours_out: run_ours([*job_argv, "--output", str(d)])),
                 ]
                 for name, run in sides if round_ % 2 == 0 else sides[::-1]:
-                    times[name].append(run())
+                    wall, used = run()
+                    times[name].append(wall)
+                    cpu[name].append(used)
                 got = {"direct": successes(direct_out), "ours": successes(ours_out)}
                 if got["direct"] != bench.images or got["ours"] != bench.images:
                     raise SystemExit(f"round {round_}: expected {bench.images} images each, got {got}")
                 print(
-                    f"round {round_}: direct {times['direct'][-1]:.2f} s, ours {times['ours'][-1]:.2f} s",
+                    f"round {round_}: direct {times['direct'][-1]:.2f} s ({cpu['direct'][-1]:.1f} s cpu), "
+                    f"ours {times['ours'][-1]:.2f} s ({cpu['ours'][-1]:.1f} s cpu), load {os.getloadavg()[0]:.1f}",
                     flush=True,
                 )
     finally:
@@ -115,6 +125,8 @@ def main() -> None:
     print(f"img2dataset direct:  {direct_rate:8.1f} images/s")
     print(f"sdflow download job: {ours_rate:8.1f} images/s")
     print(f"ratio ours/direct:   {ours_rate / direct_rate:8.3f}  (goal >= 0.95)")
+    cpu_ratio = statistics.median(cpu["direct"]) / statistics.median(cpu["ours"])
+    print(f"cpu-time ratio:      {cpu_ratio:8.3f}  (direct cpu s / ours cpu s per run; less noisy on a shared host)")
 
 
 if __name__ == "__main__":

@@ -127,9 +127,7 @@ def make_images(
         buffer = io.BytesIO()
         image.save(buffer, format=pil_format)
         ext = "jpg" if fmt == "jpeg" else fmt
-        images.append(
-            SampleImage(f"{prefix}-{i:05d}.{ext}", caption, width, height, buffer.getvalue(), content_type)
-        )
+        images.append(SampleImage(f"{prefix}-{i:05d}.{ext}", caption, width, height, buffer.getvalue(), content_type))
     return images
 
 
@@ -254,9 +252,7 @@ class ImageServer:
         self.stop()
 
 
-def write_parquet(
-    path: str | Path, rows: Iterable[SampleRow], url_col: str = "URL", caption_col: str = "TEXT"
-) -> Path:
+def write_parquet(path: str | Path, rows: Iterable[SampleRow], url_col: str = "URL", caption_col: str = "TEXT") -> Path:
     """Write a LAION-style parquet (url, caption, WIDTH, HEIGHT); zero rows gives an empty file
     with the full schema."""
     if url_col == caption_col:
@@ -297,9 +293,7 @@ def make_laion_parquet(
 ) -> LaionSample:
     """Generate `good` images, serve them from the running `server`, and write a parquet that
     lists them mixed (deterministically shuffled) with missing, corrupt and slow URLs."""
-    images = make_images(
-        good, seed=seed, formats=formats, min_size=min_size, max_size=max_size, prefix=f"s{seed}"
-    )
+    images = make_images(good, seed=seed, formats=formats, min_size=min_size, max_size=max_size, prefix=f"s{seed}")
     server.add(images)
     good_rows = [SampleRow(server.url_for(i.name), i.caption, i.width, i.height) for i in images]
     missing_urls = tuple(server.missing_url(n) for n in range(missing))

@@ -192,6 +192,24 @@ def test_run_with_deadline_hung_child_kills_whole_process_group(tmp_path: Path) 
     assert not _alive(grandchild), "the downloader's own children must die with it"
 
 
+def _spawn_grandchild_and_return(pid_file: str) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    Path(pid_file).write_text(str(child.pid))
+
+
+def test_run_with_deadline_finished_child_leaves_no_stragglers(tmp_path: Path) -> None:
+    pid_file = tmp_path / "grandchild.pid"
+    download.run_with_deadline(
+        _spawn_grandchild_and_return, (str(pid_file),), time.monotonic() + 30, tmp_path / "error.txt"
+    )
+    grandchild = int(pid_file.read_text())
+    for _ in range(50):
+        if not _alive(grandchild):
+            break
+        time.sleep(0.1)
+    assert not _alive(grandchild), "a worker left behind by the downloader must not outlive the job"
+
+
 def _raise_value_error() -> None:
     raise ValueError("boom in the downloader")
 

@@ -17,6 +17,7 @@ and the exit status is non-zero."""
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import math
@@ -138,18 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--output", type=Path, required=True, help="folder for the shards and _SUCCESS (processing output)"
     )
     parser.add_argument("--url-col", default="URL", help="parquet column with the image URLs (default: URL)")
-    parser.add_argument(
-        "--caption-col", default="TEXT", help="parquet column with the captions (default: TEXT)"
-    )
-    parser.add_argument(
-        "--image-size", type=_positive_int, default=256, help="side of the stored images in pixels"
-    )
-    parser.add_argument(
-        "--resize-mode", choices=RESIZE_MODES, default="center_crop", help="img2dataset resize mode"
-    )
-    parser.add_argument(
-        "--samples-per-shard", type=_positive_int, default=1000, help="rows per webdataset tar file"
-    )
+    parser.add_argument("--caption-col", default="TEXT", help="parquet column with the captions (default: TEXT)")
+    parser.add_argument("--image-size", type=_positive_int, default=256, help="side of the stored images in pixels")
+    parser.add_argument("--resize-mode", choices=RESIZE_MODES, default="center_crop", help="img2dataset resize mode")
+    parser.add_argument("--samples-per-shard", type=_positive_int, default=1000, help="rows per webdataset tar file")
     parser.add_argument("--processes", type=_positive_int, default=4, help="img2dataset worker processes")
     parser.add_argument("--threads", type=_positive_int, default=16, help="download threads per process")
     parser.add_argument(
@@ -193,9 +186,7 @@ def resolve_input(path: Path) -> Path:
     candidates = parquets or files
     if len(candidates) != 1:
         listing = ", ".join(p.name for p in candidates) or "nothing"
-        raise InputNotFound(
-            f"--input {path} must hold exactly one parquet file, found {len(candidates)}: {listing}"
-        )
+        raise InputNotFound(f"--input {path} must hold exactly one parquet file, found {len(candidates)}: {listing}")
     return candidates[0]
 
 
@@ -220,9 +211,7 @@ def validate_parquet(path: Path, url_col: str, caption_col: str) -> int:
             )
     url_type = parquet.schema_arrow.field(url_col).type
     if not (pa.types.is_string(url_type) or pa.types.is_large_string(url_type)):
-        raise MissingColumn(
-            f"column {url_col!r} (--url-col) in {path.name} holds {url_type}, not URL strings"
-        )
+        raise MissingColumn(f"column {url_col!r} (--url-col) in {path.name} holds {url_type}, not URL strings")
     if rows == 0:
         raise EmptyParquet(f"{path.name} has no rows: there is nothing to download")
     return rows
@@ -296,9 +285,7 @@ def _kill_group(process: multiprocessing.process.BaseProcess) -> None:
     process.join(timeout=10)
 
 
-def run_with_deadline(
-    target: Callable[..., None], args: tuple[Any, ...], deadline: float, error_file: Path
-) -> None:
+def run_with_deadline(target: Callable[..., None], args: tuple[Any, ...], deadline: float, error_file: Path) -> None:
     """Run target(*args) in a forked child that leads its own process group; kill the whole
     group when the monotonic clock passes `deadline` (or this process is interrupted).
     Raises DeadlineExceeded, or DownloaderFailed when the child fails."""
@@ -307,15 +294,23 @@ def run_with_deadline(
         target=_child_entry, args=(target, args, str(error_file)), name="sdflow-download", daemon=False
     )
     error_file.unlink(missing_ok=True)
-    process.start()
+    # Frozen objects are left alone by the child's garbage collector, so it does not touch
+    # (and copy-on-write) every page of the parent's heap.
+    gc.freeze()
+    try:
+        process.start()
+    finally:
+        gc.unfreeze()
     try:
         process.join(timeout=max(0.0, deadline - time.monotonic()))
-        if process.is_alive():
-            _kill_group(process)
-            raise DeadlineExceeded("the downloader did not finish before the deadline")
-    except BaseException:
+    except BaseException:  # SIGTERM (Terminated) or Ctrl-C while waiting
         _kill_group(process)
         raise
+    timed_out = process.is_alive()
+    # Also after a normal exit: a worker img2dataset left behind must not outlive the job.
+    _kill_group(process)
+    if timed_out:
+        raise DeadlineExceeded("the downloader did not finish before the deadline")
     if process.exitcode != 0:
         if error_file.exists():
             raise DownloaderFailed(f"img2dataset failed: {error_file.read_text()}")
@@ -484,8 +479,7 @@ def main(args: argparse.Namespace | None = None) -> int:
             write_exit_message("already complete: _SUCCESS was present, nothing done")
         else:
             write_exit_message(
-                f"ok: {summary['samples']} samples, {summary['failed']} failed, "
-                f"{len(summary['tar_files'])} tar files"
+                f"ok: {summary['samples']} samples, {summary['failed']} failed, {len(summary['tar_files'])} tar files"
             )
         return 0
     except Exception as exc:

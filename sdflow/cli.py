@@ -1,0 +1,270 @@
+"""`sdflow`: run the pipeline locally, start runs, watch them, call the endpoint.
+
+    sdflow local up                  the local cloud, in the foreground
+    sdflow run MANIFEST [--api]      start a run (upload the manifest, or StartExecution)
+    sdflow status EXECUTION          where a run is
+    sdflow watch [EXECUTION]         live progress until the run ends
+    sdflow invoke ENDPOINT PROMPT -o out.png
+    sdflow demo                      everything above, on generated data and a tiny model
+
+Every command but `local up` and `demo` talks to AWS APIs only, so with --endpoint-url
+omitted and real credentials they work against AWS too."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import boto3
+
+from sdflow import progress as progress_mod
+
+DEFAULT_WORKDIR = Path(".sdflow")
+STATE_FILE = "cloud.json"
+
+
+class CliError(Exception):
+    """A problem the user can fix; printed without a traceback."""
+
+
+def _state(workdir: Path) -> dict[str, Any]:
+    path = workdir / STATE_FILE
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text())
+
+
+class Session:
+    """Clients and stack outputs, from the local cloud's state file or from flags."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        state = _state(args.workdir)
+        self.workdir: Path | None = args.workdir if state else None
+        self.endpoint_url = args.endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or state.get("endpoint_url")
+        outputs = state.get("outputs", {})
+        self.bucket = args.bucket or outputs.get("DataBucketName")
+        self.state_machine_arn = args.state_machine_arn or outputs.get("PipelineStateMachineArn")
+        if self.endpoint_url:
+            for key, value in state.get("env", {}).items():
+                os.environ.setdefault(key, value)
+        self._session = boto3.session.Session(region_name=state.get("region") or os.environ.get("AWS_REGION"))
+
+    def client(self, name: str) -> Any:
+        return self._session.client(name, endpoint_url=self.endpoint_url)  # type: ignore[call-overload]
+
+    def need(self, *fields: str) -> None:
+        for name in fields:
+            if not getattr(self, name):
+                flag = "--" + name.replace("_", "-")
+                raise CliError(f"{name} unknown: start `sdflow local up` first, or pass {flag}")
+
+
+def cmd_local_up(args: argparse.Namespace) -> int:
+    from sdflow.local.cloud import LocalCloud
+
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    with LocalCloud(args.workdir, port=args.port) as cloud:
+        write_state(args.workdir, cloud)
+        print(f"sdflow local cloud on {cloud.endpoint_url}  (work folder {args.workdir})")
+        print("Use it from another shell with the AWS CLI or boto3:")
+        for key, value in cloud.cli_env().items():
+            print(f"  export {key}={value}")
+        for key, value in cloud.outputs.items():
+            print(f"  {key}: {value}")
+        print("Ctrl-C stops it (and every job and endpoint it started).")
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            print("stopping")
+    (args.workdir / STATE_FILE).unlink(missing_ok=True)
+    return 0
+
+
+def write_state(workdir: Path, cloud: Any) -> None:
+    state = {
+        "endpoint_url": cloud.endpoint_url,
+        "outputs": cloud.outputs,
+        "env": cloud.cli_env(),
+        "region": cloud.region,
+        "pid": os.getpid(),
+    }
+    (workdir / STATE_FILE).write_text(json.dumps(state, indent=2))
+
+
+def start_run(session: Session, manifest: Path, *, api: bool, name: str | None = None) -> str:
+    """Start a run; return the execution ARN (for an upload: the one the upload started)."""
+    document = manifest.read_text()
+    json.loads(document)  # a broken file is the user's to fix before anything is sent
+    sfn = session.client("stepfunctions")
+    if api:
+        session.need("state_machine_arn")
+        kwargs: dict[str, Any] = {"stateMachineArn": session.state_machine_arn, "input": document}
+        if name:
+            kwargs["name"] = name
+        return str(sfn.start_execution(**kwargs)["executionArn"])
+    session.need("bucket", "state_machine_arn")
+    before = {e["executionArn"] for e in _executions(sfn, session.state_machine_arn)}
+    key = f"manifests/{manifest.name}"
+    session.client("s3").put_object(Bucket=session.bucket, Key=key, Body=document.encode())
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        new = [e for e in _executions(sfn, session.state_machine_arn) if e["executionArn"] not in before]
+        if new:
+            return str(new[0]["executionArn"])
+        rejected = f"rejected/{key}.errors.json"
+        try:
+            report = session.client("s3").get_object(Bucket=session.bucket, Key=rejected)["Body"].read()
+        except Exception:
+            report = b""
+        if report:
+            raise CliError(f"manifest rejected (s3://{session.bucket}/{rejected}):\n{report.decode()}")
+        time.sleep(0.5)
+    raise CliError(f"no execution started within 60 s of uploading s3://{session.bucket}/{key}")
+
+
+def _executions(sfn: Any, state_machine_arn: str) -> list[dict[str, Any]]:
+    return list(sfn.list_executions(stateMachineArn=state_machine_arn, maxResults=1000)["executions"])
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    session = Session(args)
+    arn = start_run(session, args.manifest, api=args.api, name=args.name)
+    print(arn)
+    return 0
+
+
+def _resolve_execution(session: Session, execution: str | None) -> str:
+    sfn = session.client("stepfunctions")
+    if execution and execution.startswith("arn:"):
+        return execution
+    session.need("state_machine_arn")
+    executions = sorted(_executions(sfn, session.state_machine_arn), key=lambda e: e["startDate"], reverse=True)
+    for item in executions:
+        if execution is None or item["name"] == execution:
+            return str(item["executionArn"])
+    raise CliError(f"no execution {execution!r} of {session.state_machine_arn}" if execution else "no execution yet")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    session = Session(args)
+    session.need("bucket")
+    arn = _resolve_execution(session, args.execution)
+    snap = progress_mod.snapshot(
+        session.client("stepfunctions"), session.client("s3"), session.bucket, arn, session.workdir
+    )
+    print("\n".join(progress_mod.render_lines(snap)))
+    return 0 if snap.status in {"RUNNING", "SUCCEEDED"} else 1
+
+
+def watch(
+    session: Session, execution_arn: str, *, interval: float = 1.0, out: Any = sys.stdout
+) -> progress_mod.Progress:
+    """Print progress whenever it changes, until the execution ends."""
+    sfn, s3 = session.client("stepfunctions"), session.client("s3")
+    last: list[str] = []
+    while True:
+        snap = progress_mod.snapshot(sfn, s3, str(session.bucket), execution_arn, session.workdir)
+        lines = progress_mod.render_lines(snap)
+        if lines != last:
+            print("\n".join(lines), file=out, flush=True)
+            last = lines
+        if snap.finished:
+            return snap
+        time.sleep(interval)
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    session = Session(args)
+    session.need("bucket")
+    snap = watch(session, _resolve_execution(session, args.execution))
+    return 0 if snap.status == "SUCCEEDED" else 1
+
+
+def invoke(session: Session, endpoint: str, prompt: str, output: Path, **options: Any) -> Path:
+    body = {"prompt": prompt, **{k: v for k, v in options.items() if v is not None}}
+    response = session.client("sagemaker-runtime").invoke_endpoint(
+        EndpointName=endpoint, ContentType="application/json", Accept="application/json", Body=json.dumps(body)
+    )
+    answer = json.loads(response["Body"].read())
+    output.write_bytes(base64.b64decode(answer["images"][0]))
+    return output
+
+
+def cmd_invoke(args: argparse.Namespace) -> int:
+    session = Session(args)
+    path = invoke(
+        session, args.endpoint, args.prompt, args.output,
+        num_inference_steps=args.steps, seed=args.seed, width=args.width, height=args.height,
+    )  # fmt: skip
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from sdflow.demo import run_demo
+
+    return run_demo(args.workdir, output=args.output, keep_running=args.keep_running)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="sdflow", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="local runtime work folder")
+    parser.add_argument("--endpoint-url", default=None, help="AWS API endpoint (default: the local cloud's)")
+    parser.add_argument("--bucket", default=None, help="the stack's data bucket (default: from the local cloud)")
+    parser.add_argument("--state-machine-arn", default=None, help="the pipeline (default: from the local cloud)")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    local = commands.add_parser("local", help="the local cloud").add_subparsers(dest="local_command", required=True)
+    up = local.add_parser("up", help="start the local cloud in the foreground")
+    up.add_argument("--port", type=int, default=4566, help="port on 127.0.0.1 (0: any free port)")
+    up.set_defaults(func=cmd_local_up)
+
+    run = commands.add_parser("run", help="start a run from a run document")
+    run.add_argument("manifest", type=Path, help="the run document (JSON)")
+    run.add_argument("--api", action="store_true", help="StartExecution instead of uploading to manifests/")
+    run.add_argument("--name", default=None, help="execution name (with --api)")
+    run.set_defaults(func=cmd_run)
+
+    status = commands.add_parser("status", help="where a run is")
+    status.add_argument("execution", nargs="?", default=None, help="execution name or ARN (default: the newest)")
+    status.set_defaults(func=cmd_status)
+
+    watch_cmd = commands.add_parser("watch", help="follow a run until it ends")
+    watch_cmd.add_argument("execution", nargs="?", default=None, help="execution name or ARN (default: the newest)")
+    watch_cmd.set_defaults(func=cmd_watch)
+
+    inv = commands.add_parser("invoke", help="generate an image with an endpoint")
+    inv.add_argument("endpoint", help="endpoint name")
+    inv.add_argument("prompt", help="the text prompt")
+    inv.add_argument("-o", "--output", type=Path, default=Path("out.png"), help="PNG file to write")
+    inv.add_argument("--steps", type=int, default=None, help="num_inference_steps")
+    inv.add_argument("--seed", type=int, default=None, help="seed for a reproducible image")
+    inv.add_argument("--width", type=int, default=None, help="image width (multiple of 8)")
+    inv.add_argument("--height", type=int, default=None, help="image height (multiple of 8)")
+    inv.set_defaults(func=cmd_invoke)
+
+    demo = commands.add_parser("demo", help="the whole pipeline on generated data and a tiny model")
+    demo.add_argument("-o", "--output", type=Path, default=Path("sdflow-demo.png"), help="image the endpoint makes")
+    demo.add_argument("--keep-running", action="store_true", help="keep the local cloud up after the run")
+    demo.set_defaults(func=cmd_demo)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return int(args.func(args))
+    except CliError as exc:
+        print(f"sdflow: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""`sdflow demo`: the whole pipeline on one machine, on data and a model made right here.
+
+A few parquet files point at images served on 127.0.0.1 (some URLs broken on purpose), a
+tiny Stable Diffusion stands in for the base model, and the run is started the way a user
+starts one on AWS: by uploading a manifest. The same template, state machine, handlers and
+container code run; only the cloud is local."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEMO_ENDPOINT = "sdflow-demo"
+DEMO_PROMPT = "a red circle on a blue background"
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """Sizes of the demo; tests shrink them, and break things on purpose."""
+
+    shards: int = 3
+    images_per_shard: int = 24
+    broken_per_shard: int = 2
+    instance_count: int = 2
+    max_train_steps: int = 30
+    tolerated_failure_percent: float = 34.0
+    broken_shard: bool = False  # one parquet without the URL column: a whole shard fails
+    failing_training: bool = False  # a hyperparameter the container refuses: training fails
+
+
+def manifest(bucket: str, options: DemoOptions) -> dict[str, Any]:
+    training: dict[str, Any] = {
+        "instance_type": "ml.m5.xlarge",
+        "instance_count": options.instance_count,
+        "plugin": "torch_ddp",
+        "mixed_precision": "no",
+        "resolution": 32,
+        "train_batch_size": 4,
+        "max_train_steps": options.max_train_steps,
+        "checkpointing_steps": max(1, options.max_train_steps // 2),
+        "learning_rate": 1e-4,
+        "gradient_checkpointing": False,
+        "dataloader_num_workers": 0,
+        "shuffle_buffer": 64,
+        "max_runtime_seconds": 1800,
+        "validation_prompts": [DEMO_PROMPT],
+    }
+    if options.failing_training:
+        # The container checks that the batch fits the data it was given; this one cannot.
+        training["train_batch_size"] = 1024
+    return {
+        "run_name": "demo",
+        "dataset": {"prefix": f"s3://{bucket}/datasets/demo/"},
+        "base_model_uri": f"s3://{bucket}/models/tiny-sd/",
+        "download": {
+            "image_size": 64,
+            "samples_per_shard": 50,
+            "processes": 1,
+            "threads": 8,
+            "url_timeout_seconds": 2,
+            "max_runtime_seconds": 600,
+            "max_concurrency": 3,
+            "tolerated_failure_percent": options.tolerated_failure_percent,
+        },
+        "training": training,
+        "endpoint": {"name": DEMO_ENDPOINT, "instance_type": "ml.m5.large", "max_wait_seconds": 600},
+    }
+
+
+def _upload_tree(s3: Any, bucket: str, root: Path, prefix: str) -> None:
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            s3.upload_file(str(path), bucket, prefix + path.relative_to(root).as_posix())
+
+
+def prepare_inputs(cloud: Any, workdir: Path, server: Any, options: DemoOptions) -> None:
+    """Parquet files and the tiny base model, uploaded where the run document says."""
+    from sdflow import samples
+    from sdflow_image.tiny_model import build_tiny_pipeline
+
+    s3 = cloud.client("s3")
+    bucket = cloud.outputs["DataBucketName"]
+    data_dir = workdir / "inputs"
+    for shard in range(options.shards):
+        url_col = "NOT_URL" if options.broken_shard and shard == options.shards - 1 else "URL"
+        sample = samples.make_laion_parquet(
+            data_dir / f"part-{shard:05d}.parquet", server, good=options.images_per_shard,
+            missing=options.broken_per_shard, seed=shard, url_col=url_col, caption_col="TEXT",
+        )  # fmt: skip
+        s3.upload_file(str(sample.path), bucket, f"datasets/demo/{sample.path.name}")
+    model_dir = build_tiny_pipeline(workdir / "tiny-sd")
+    _upload_tree(s3, bucket, Path(model_dir), "models/tiny-sd/")
+
+
+def run_pipeline(cloud: Any, workdir: Path, options: DemoOptions, out: Any = sys.stdout) -> dict[str, Any]:
+    """Upload the manifest, follow the run to its end; return what happened."""
+    from sdflow.cli import Session, start_run, watch
+
+    bucket = cloud.outputs["DataBucketName"]
+    manifest_path = workdir / "demo.json"
+    manifest_path.write_text(json.dumps(manifest(bucket, options), indent=2))
+    session = Session(
+        argparse.Namespace(
+            workdir=workdir, endpoint_url=cloud.endpoint_url, bucket=bucket,
+            state_machine_arn=cloud.outputs["PipelineStateMachineArn"],
+        )
+    )  # fmt: skip
+    started = time.monotonic()
+    execution_arn = start_run(session, manifest_path, api=False)
+    print(f"run started by s3://{bucket}/manifests/{manifest_path.name}: {execution_arn}", file=out, flush=True)
+    snap = watch(session, execution_arn, out=out)
+    return {"session": session, "progress": snap, "wall_s": time.monotonic() - started, "execution_arn": execution_arn}
+
+
+def run_demo(workdir: Path, *, output: Path, keep_running: bool = False, options: DemoOptions | None = None) -> int:
+    from sdflow import samples
+    from sdflow.cli import invoke, write_state
+    from sdflow.local.cloud import LocalCloud
+
+    options = options or DemoOptions()
+    demo_dir = workdir / "demo"
+    shutil.rmtree(demo_dir, ignore_errors=True)
+    demo_dir.mkdir(parents=True)
+    t0 = time.monotonic()
+    with samples.ImageServer() as server, LocalCloud(demo_dir, port=0) as cloud:
+        write_state(workdir, cloud)
+        print(f"local cloud on {cloud.endpoint_url} (started in {time.monotonic() - t0:.1f} s)", flush=True)
+        prepare_inputs(cloud, demo_dir, server, options)
+        result = run_pipeline(cloud, demo_dir, options)
+        print("", flush=True)
+        for message in cloud.sns_messages():
+            print(f"--- SNS: {message['subject']}\n{message['message']}", flush=True)
+        succeeded = result["progress"].status == "SUCCEEDED"
+        if succeeded:
+            path = invoke(result["session"], DEMO_ENDPOINT, DEMO_PROMPT, output, num_inference_steps=4, seed=0)
+            print(f"endpoint {DEMO_ENDPOINT}: wrote {path.resolve()} for prompt {DEMO_PROMPT!r}", flush=True)
+        job_seconds = sum(cloud.job_wall_times().values())
+        print(
+            f"demo wall time {time.monotonic() - t0:.1f} s; pipeline {result['wall_s']:.1f} s; "
+            f"jobs {job_seconds:.1f} s of process time",
+            flush=True,
+        )
+        if keep_running:
+            print(f"local cloud still up on {cloud.endpoint_url}; Ctrl-C stops it", flush=True)
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                pass
+    (workdir / "cloud.json").unlink(missing_ok=True)
+    return 0 if succeeded else 1

@@ -1,0 +1,144 @@
+"""What a run is doing right now, read from the same APIs a user has on AWS.
+
+Per-state status comes from the execution history, shard counts from the run's S3 prefix,
+and the training step and loss from the local training job's log (the local runtime keeps
+logs in its work folder; on AWS the console and CloudWatch show them)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PIPELINE_STATES = (
+    "Validate run",
+    "Download shards",
+    "Build dataset index",
+    "Train model",
+    "Deploy endpoint",
+    "Notify success",
+    "Notify failure",
+)
+STEP_LOSS = re.compile(r"step=(\d+) loss=([0-9.eE+-]+)")
+
+
+@dataclass
+class Progress:
+    execution_arn: str
+    status: str
+    states: dict[str, str] = field(default_factory=dict)
+    shards_total: int | None = None
+    shards_done: int = 0
+    shards_failed: int | None = None
+    training_job: str | None = None
+    training_step: int | None = None
+    training_loss: float | None = None
+    output: dict[str, Any] | None = None
+    error: str | None = None
+    cause: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status not in {"RUNNING", "PENDING_REDRIVE"}
+
+
+def _state_statuses(history: list[dict[str, Any]]) -> dict[str, str]:
+    statuses: dict[str, str] = {}
+    for event in history:
+        kind = event["type"]
+        for key in ("stateEnteredEventDetails", "stateExitedEventDetails"):
+            details = event.get(key)
+            if not details or details.get("name") not in PIPELINE_STATES:
+                continue
+            name = details["name"]
+            if kind.endswith("Entered"):
+                statuses[name] = "running"
+            elif kind.endswith("Exited"):
+                statuses[name] = "done"
+        if kind in {"TaskFailed", "MapStateFailed", "LambdaFunctionFailed"}:
+            running = [name for name, status in statuses.items() if status == "running"]
+            if running:
+                statuses[running[-1]] = "failed"
+    return statuses
+
+
+def _history(sfn: Any, execution_arn: str) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    kwargs: dict[str, Any] = {"executionArn": execution_arn, "maxResults": 1000}
+    while True:
+        page = sfn.get_execution_history(**kwargs)
+        events.extend(page["events"])
+        if not page.get("nextToken"):
+            return events
+        kwargs["nextToken"] = page["nextToken"]
+
+
+def _shards(s3: Any, bucket: str, run_id: str, progress: Progress) -> None:
+    try:
+        shards = json.loads(s3.get_object(Bucket=bucket, Key=f"runs/{run_id}/shards.json")["Body"].read())
+    except s3.exceptions.NoSuchKey:
+        return
+    progress.shards_total = len(shards)
+    paginator = s3.get_paginator("list_objects_v2")
+    done = 0
+    for page in paginator.paginate(Bucket=bucket, Prefix=f"runs/{run_id}/dataset/shards/"):
+        done += sum(1 for obj in page.get("Contents", []) if obj["Key"].endswith("/_SUCCESS"))
+    progress.shards_done = done
+    try:
+        index = json.loads(s3.get_object(Bucket=bucket, Key=f"runs/{run_id}/dataset/index.json")["Body"].read())
+        progress.shards_failed = len(index.get("failed_shards", []))
+    except s3.exceptions.NoSuchKey:
+        pass
+
+
+def _training(workdir: Path | None, run_id: str, progress: Progress) -> None:
+    if workdir is None:
+        return
+    candidates = sorted((workdir / "jobs").glob("sdf-tr-*/algo-1.log"), key=lambda p: p.stat().st_mtime)
+    slug = run_id.lower()[:12]
+    logs = [log for log in candidates if slug[:6] in log.parent.name] or candidates
+    if not logs:
+        return
+    log = logs[-1]
+    progress.training_job = log.parent.name
+    matches = STEP_LOSS.findall(log.read_text(errors="replace")[-20000:])
+    if matches:
+        step, loss = matches[-1]
+        progress.training_step, progress.training_loss = int(step), float(loss)
+
+
+def snapshot(sfn: Any, s3: Any, bucket: str, execution_arn: str, workdir: Path | None = None) -> Progress:
+    description = sfn.describe_execution(executionArn=execution_arn)
+    run_id = description["name"]
+    progress = Progress(execution_arn=execution_arn, status=description["status"])
+    progress.states = _state_statuses(_history(sfn, execution_arn))
+    if description.get("output"):
+        progress.output = json.loads(description["output"])
+    progress.error = description.get("error")
+    progress.cause = description.get("cause")
+    _shards(s3, bucket, run_id, progress)
+    if progress.states.get("Train model") in {"running", "done", "failed"}:
+        _training(workdir, run_id, progress)
+    return progress
+
+
+def render_lines(progress: Progress) -> list[str]:
+    icons = {"done": "✔", "running": "…", "failed": "✘"}
+    lines = [f"execution {progress.execution_arn.rsplit(':', 1)[-1]}: {progress.status}"]
+    for state in PIPELINE_STATES:
+        status = progress.states.get(state)
+        if status is None:
+            continue
+        detail = ""
+        if state == "Download shards" and progress.shards_total is not None:
+            detail = f"  {progress.shards_done}/{progress.shards_total} shards downloaded"
+            if progress.shards_failed:
+                detail += f", {progress.shards_failed} failed"
+        if state == "Train model" and progress.training_step is not None:
+            detail = f"  step {progress.training_step}, loss {progress.training_loss:.4f}"
+        lines.append(f"  {icons.get(status, ' ')} {state:<20}{detail}")
+    if progress.error:
+        lines.append(f"  error: {progress.error}: {progress.cause or ''}"[:400])
+    return lines

@@ -29,10 +29,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "training_image"), str(REPO / "tests" / "image")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from train_fixtures import write_dataset_channel  # noqa: E402
+
 from sdflow_image import train  # noqa: E402
 from sdflow_image.data import make_dataloader  # noqa: E402
 from sdflow_image.tiny_model import build_tiny_pipeline  # noqa: E402
-from train_fixtures import write_dataset_channel  # noqa: E402
 
 
 def plain_loop(base: Path, dataset: Path, steps: int, batch: int, resolution: int, workers: int) -> float:

@@ -17,10 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
+from train_fixtures import write_dataset_channel, write_job_config
+
 from sdflow_image import train as train_module
 from sdflow_image.data import load_index, split_work
 from sdflow_image.tiny_model import build_tiny_pipeline
-from train_fixtures import write_dataset_channel, write_job_config
 
 pytestmark = pytest.mark.image
 

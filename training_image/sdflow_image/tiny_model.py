@@ -115,7 +115,7 @@ def build_tiny_components(seed: int = 0) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="sdflow-tiny-bpe-") as tok_dir:
         vocab_file, merges_file, vocab_size = write_clip_bpe(tok_dir)
         vocab = json.loads(vocab_file.read_text(encoding="utf-8"))
-        merges = [tuple(line.split()) for line in merges_file.read_text(encoding="utf-8").splitlines()[1:] if line]
+        merges: Any = [tuple(line.split()) for line in merges_file.read_text(encoding="utf-8").splitlines()[1:] if line]
     # transformers 5's CLIPTokenizer takes the vocabulary and merges themselves (its old
     # vocab_file/merges_file arguments are silently ignored, leaving an empty vocabulary).
     tokenizer = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=TOKENIZER_MAX_LENGTH)
@@ -180,7 +180,7 @@ def build_tiny_pipeline(out_dir: str | Path, seed: int = 0) -> Path:
     from diffusers import StableDiffusionPipeline
 
     out = Path(out_dir)
-    pipe = StableDiffusionPipeline(
+    pipe: Any = StableDiffusionPipeline(
         **build_tiny_components(seed),
         safety_checker=None,
         feature_extractor=None,

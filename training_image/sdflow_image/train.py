@@ -630,17 +630,17 @@ def _train(args: argparse.Namespace, stop: StopFlag, cuda: bool) -> dict[str, An
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     base = args.pretrained_model_name_or_path
-    load = {"local_files_only": True}
-    tokenizer = CLIPTokenizer.from_pretrained(base, subfolder="tokenizer", **load)
-    text_encoder = CLIPTextModel.from_pretrained(base, subfolder="text_encoder", **load)
-    vae = AutoencoderKL.from_pretrained(base, subfolder="vae", **load)
-    unet = UNet2DConditionModel.from_pretrained(base, subfolder="unet", **load)
-    noise_scheduler = DDPMScheduler.from_pretrained(base, subfolder="scheduler", **load)
+    tokenizer = CLIPTokenizer.from_pretrained(base, subfolder="tokenizer", local_files_only=True)
+    text_encoder = CLIPTextModel.from_pretrained(base, subfolder="text_encoder", local_files_only=True)
+    vae = AutoencoderKL.from_pretrained(base, subfolder="vae", local_files_only=True)
+    unet = UNet2DConditionModel.from_pretrained(base, subfolder="unet", local_files_only=True)
+    noise_scheduler = DDPMScheduler.from_pretrained(base, subfolder="scheduler", local_files_only=True)
 
     # Frozen parts run in the training precision on GPU (as diffusers' example does); on
     # CPU they stay fp32, which is what CPU kernels are fast at.
     frozen_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(args.mixed_precision, torch.float32)
     frozen_dtype = frozen_dtype if cuda else torch.float32
+    frozen: Any
     for frozen in (vae, text_encoder):
         frozen.requires_grad_(False)
         frozen.eval()

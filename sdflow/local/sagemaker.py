@@ -1,0 +1,1126 @@
+"""SageMaker processing jobs, training jobs and endpoints, run as local processes of the
+training_image code under the SageMaker container contract (docs/contracts.md).
+
+Each job gets a work folder `workdir/jobs/<job name>/` with one `/opt/ml` tree per emulated
+host (`algo-1/`, `algo-2/`, …, exported to the container code as `$SDFLOW_OPT_ML`) and the
+host's combined stdout/stderr in `algo-N.log`. Inputs come from the local S3 (the moto server
+at `endpoint_url`) before the container starts; outputs go back to it when it ends, as
+SageMaker's File mode and EndOfJob upload do. Endpoints live in
+`workdir/endpoints/<endpoint>/<endpoint config>/`: the model artifact extracted to
+`opt_ml/model` and `serve` listening on a free port of 127.0.0.1.
+
+Every call returns at once; the work happens on a background thread that reports each status
+change to the StatusListener, which the local cloud turns into moto's Describe* answers and
+the "SageMaker … State Change" events."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import boto3
+from botocore.config import Config
+
+LOG = logging.getLogger("sdflow.local.sagemaker")
+
+Kind = Literal["processing", "training", "endpoint"]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CONTAINER_OPT_ML = "/opt/ml"
+REASON_LIMIT = 1024  # SageMaker keeps the first 1,024 characters of FailureReason / ExitMessage
+DEFAULT_MAX_RUNTIME_S = 86_400  # SageMaker's default StoppingCondition
+LOG_TAIL_LINES = 40
+POLL_S = 0.2
+# The CLI's progress view: the trainer prints `step=N loss=X` on rank 0 (docs/contracts.md).
+PROGRESS_LINE = re.compile(r"step=(\d+)\s+loss=([-+0-9.eE]+|nan|inf)")
+# A container path argument: /opt/ml as a whole path component, not part of a longer name.
+CONTAINER_PATH = re.compile(r"(?<![\w.-])/opt/ml(?![\w.-])")
+# Only these survive from the parent's environment: the container sees no AWS credentials,
+# no proxy settings and no virtualenv quirks that the real image would not have.
+PASSTHROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TZ", "USER", "LOGNAME")
+
+
+# ---------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------
+
+
+class LocalSageMakerError(RuntimeError):
+    """The local SageMaker cannot do what was asked."""
+
+
+class JobSetupError(LocalSageMakerError):
+    """A request field cannot be honoured (bad S3 URI, unsupported option, no input objects);
+    the message becomes the job's FailureReason after "ClientError: ", as on SageMaker."""
+
+
+class JobAlreadyRunning(LocalSageMakerError):
+    """A job with this name is still running."""
+
+
+class EndpointNotFound(LocalSageMakerError, LookupError):
+    """No serve process answers for this endpoint (never deployed, failed, or deleted)."""
+
+
+class EndpointUnreachable(LocalSageMakerError):
+    """The endpoint's serve process did not answer (it died or hung)."""
+
+
+class ContainerError(LocalSageMakerError):
+    """The serve container answered POST /invocations with an error status; the caller turns
+    it into SageMaker Runtime's ModelError (OriginalStatusCode, OriginalMessage)."""
+
+    def __init__(self, endpoint_name: str, status: int, body: bytes, content_type: str | None) -> None:
+        self.endpoint_name = endpoint_name
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+        super().__init__(f"endpoint {endpoint_name} answered {status}: {body[:500].decode('utf-8', errors='replace')}")
+
+
+class DeploymentFailed(LocalSageMakerError):
+    """A new serve process did not become healthy."""
+
+
+# ---------------------------------------------------------------------------------------
+# The listener the local cloud implements
+# ---------------------------------------------------------------------------------------
+
+
+class StatusListener(Protocol):
+    def job_status_changed(self, kind: Kind, name: str, status: str, fields: dict[str, Any]) -> None:
+        """Called on every status change, from any thread.
+        processing: status InProgress | Completed | Failed | Stopped; fields may hold
+          FailureReason, ExitMessage, ProcessingStartTime, ProcessingEndTime (datetime).
+        training: status InProgress | Completed | Failed | Stopped; fields may hold
+          SecondaryStatus, FailureReason, ModelArtifacts={"S3ModelArtifacts": uri},
+          FinalMetricDataList=[{"MetricName","Value","Timestamp"}], TrainingStartTime, TrainingEndTime,
+          BillableTimeInSeconds.
+        endpoint: status Creating | Updating | InService | Failed | RollingBack; fields may hold
+          EndpointConfigName (the config now serving), FailureReason."""
+
+
+# ---------------------------------------------------------------------------------------
+# Small helpers
+# ---------------------------------------------------------------------------------------
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _clip(text: str, limit: int = REASON_LIMIT) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def parse_s3_uri(uri: str, field_name: str) -> tuple[str, str]:
+    if not isinstance(uri, str) or not uri.startswith("s3://") or len(uri) <= 5:
+        raise JobSetupError(f"{field_name} must be an s3://bucket/key URI, got {uri!r}")
+    bucket, _, key = uri[5:].partition("/")
+    if not bucket:
+        raise JobSetupError(f"{field_name} has no bucket name: {uri!r}")
+    return bucket, key
+
+
+def container_path(path: str, opt_ml: Path, field_name: str) -> Path:
+    """Where a container path under /opt/ml lives in this job's folder."""
+    clean = os.path.normpath(path)
+    if clean != CONTAINER_OPT_ML and not clean.startswith(CONTAINER_OPT_ML + "/"):
+        raise JobSetupError(f"{field_name} must be a path under {CONTAINER_OPT_ML}, got {path!r}")
+    return opt_ml / os.path.relpath(clean, CONTAINER_OPT_ML)
+
+
+def rewrite_container_paths(argument: str, opt_ml: Path) -> str:
+    """`--output /opt/ml/processing/output` → the job's own folder (also inside `--x=/opt/ml/…`)."""
+    return CONTAINER_PATH.sub(lambda _m: str(opt_ml), argument)
+
+
+def _relative_key(key: str, prefix: str) -> str:
+    """The object's path below the channel: what follows the prefix, or (a prefix that is
+    part of a name, e.g. a single object) what follows the prefix's last '/'."""
+    if key == prefix:
+        return key.rsplit("/", 1)[-1]
+    if prefix == "" or prefix.endswith("/"):
+        return key[len(prefix) :]
+    if key.startswith(prefix + "/"):
+        return key[len(prefix) + 1 :]
+    return key[prefix.rfind("/") + 1 :]
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+    return text or None
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signum)
+
+
+# ---------------------------------------------------------------------------------------
+# The local S3, through boto3
+# ---------------------------------------------------------------------------------------
+
+
+class _S3:
+    def __init__(self, endpoint_url: str, region: str) -> None:
+        session = boto3.session.Session(
+            aws_access_key_id="testing", aws_secret_access_key="testing", region_name=region
+        )
+        self.client = session.client(
+            "s3",
+            endpoint_url=endpoint_url,
+            config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 3, "mode": "standard"}),
+        )
+
+    def list_keys(self, uri: str, field_name: str) -> tuple[str, str, list[str]]:
+        bucket, prefix = parse_s3_uri(uri, field_name)
+        keys: list[str] = []
+        try:
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+                keys.extend(o["Key"] for o in page.get("Contents", []) if not o["Key"].endswith("/"))
+        except self.client.exceptions.NoSuchBucket:
+            raise JobSetupError(f"{field_name} {uri}: bucket {bucket!r} does not exist") from None
+        return bucket, prefix, sorted(keys)
+
+    def download_prefix(self, uri: str, dest: Path, field_name: str) -> list[str]:
+        """Every object under the prefix into `dest`, keeping the paths below the prefix;
+        returns the relative paths (none found → JobSetupError, as SageMaker refuses too)."""
+        bucket, prefix, keys = self.list_keys(uri, field_name)
+        if not keys:
+            raise JobSetupError(f"no S3 objects found under {field_name} {uri}")
+        dest.mkdir(parents=True, exist_ok=True)
+        names = []
+        for key in keys:
+            rel = _relative_key(key, prefix)
+            target = (dest / rel).resolve()
+            if not target.is_relative_to(dest.resolve()):
+                raise JobSetupError(f"S3 key {key!r} under {field_name} would escape the channel folder")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self.client.download_file(bucket, key, str(target))
+            names.append(rel)
+        return names
+
+    def upload_dir(self, source: Path, uri: str, field_name: str) -> int:
+        bucket, prefix = parse_s3_uri(uri, field_name)
+        base = prefix if prefix == "" or prefix.endswith("/") else prefix + "/"
+        count = 0
+        if not source.is_dir():
+            return 0
+        for path in sorted(p for p in source.rglob("*") if p.is_file()):
+            self.client.upload_file(str(path), bucket, base + path.relative_to(source).as_posix())
+            count += 1
+        return count
+
+    def download_file(self, uri: str, dest: Path, field_name: str) -> None:
+        bucket, key = parse_s3_uri(uri, field_name)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.client.download_file(bucket, key, str(dest))
+        except self.client.exceptions.ClientError as exc:
+            raise JobSetupError(f"{field_name} {uri} cannot be read: {exc}") from None
+
+    def upload_file(self, source: Path, uri: str, field_name: str) -> None:
+        bucket, key = parse_s3_uri(uri, field_name)
+        self.client.upload_file(str(source), bucket, key)
+
+
+# ---------------------------------------------------------------------------------------
+# Processes
+# ---------------------------------------------------------------------------------------
+
+
+class _Process:
+    """A container process in its own process group, its output copied line by line to a log
+    file (and to `on_line`, for metrics) by a reader thread."""
+
+    def __init__(
+        self,
+        label: str,
+        command: list[str],
+        env: dict[str, str],
+        cwd: Path,
+        log_path: Path,
+        on_line: Callable[[str], None] | None = None,
+    ) -> None:
+        self.label = label
+        self.log_path = log_path
+        self.tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
+        self._on_line = on_line
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.started = time.monotonic()
+        self.ended: float | None = None
+        self.popen = subprocess.Popen(
+            command,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own group: a kill reaches torchrun's and img2dataset's children
+        )
+        self._reader = threading.Thread(target=self._read, name=f"sdflow-log-{label}", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        with self.log_path.open("ab") as log:
+            for raw in self.popen.stdout:
+                log.write(raw)
+                log.flush()
+                line = raw.decode("utf-8", errors="replace").rstrip("\n")
+                self.tail.append(line)
+                if self._on_line is not None:
+                    try:
+                        self._on_line(line)
+                    except Exception:  # a metrics bug must not stop the log copy (and block the child)
+                        LOG.exception("log line handler failed for %s", self.label)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def poll(self) -> int | None:
+        code = self.popen.poll()
+        if code is not None and self.ended is None:
+            self.ended = time.monotonic()
+            # Whatever the leader left behind in its group (a dataloader worker) goes too.
+            _signal_group(self.pid, signal.SIGKILL)
+        return code
+
+    def alive(self) -> bool:
+        return self.poll() is None
+
+    def finish_log(self, timeout: float = 10.0) -> None:
+        self._reader.join(timeout)
+
+    def tail_text(self) -> str:
+        return "\n".join(self.tail)
+
+    def wall_s(self) -> float:
+        return (self.ended if self.ended is not None else time.monotonic()) - self.started
+
+
+def terminate(processes: Iterable[_Process], grace_s: float) -> None:
+    """SIGTERM every live process group, SIGKILL what is left after `grace_s`, as SageMaker
+    stops a container."""
+    live = [p for p in processes if p.alive()]
+    for process in live:
+        _signal_group(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(p.alive() for p in live) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for process in live:
+        if process.alive():
+            LOG.warning("%s ignored SIGTERM for %.0f s; killing it", process.label, grace_s)
+            _signal_group(process.pid, signal.SIGKILL)
+            process.popen.wait()
+        process.poll()
+        process.finish_log()
+
+
+# ---------------------------------------------------------------------------------------
+# Jobs and endpoints
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Job:
+    kind: Kind
+    name: str
+    folder: Path
+    request: dict[str, Any]
+    stop_requested: threading.Event = field(default_factory=threading.Event)
+    processes: list[_Process] = field(default_factory=list)
+    thread: threading.Thread | None = None
+    status: str = "InProgress"
+    secondary_status: str | None = None
+    step: int | None = None
+    loss: float | None = None
+    metrics: dict[str, tuple[float, datetime]] = field(default_factory=dict)
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class _Outcome:
+    result: Literal["completed", "failed", "stopped", "timeout"]
+    failed: _Process | None = None
+    failed_opt_ml: Path | None = None
+
+
+@dataclass
+class _Deployment:
+    config_name: str
+    folder: Path
+    port: int
+    process: _Process
+
+
+@dataclass
+class _Endpoint:
+    name: str
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one deployment at a time
+    current: _Deployment | None = None
+    status: str = "Creating"
+    threads: list[threading.Thread] = field(default_factory=list)
+
+
+class LocalSageMaker:
+    """SageMaker's job and endpoint runtime, on this machine. Thread-safe."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        endpoint_url: str,
+        listener: StatusListener,
+        training_image_dir: Path | None = None,
+        python: str = sys.executable,
+        region: str = "us-east-1",
+        *,
+        extra_env: Mapping[str, str] | None = None,
+        ping_timeout_s: float = 180.0,
+        stop_grace_s: float = 20.0,
+        invoke_timeout_s: float = 600.0,
+    ) -> None:
+        self.workdir = Path(workdir).resolve()
+        self.listener = listener
+        self.image_dir = Path(training_image_dir or REPO_ROOT / "training_image").resolve()
+        self.bin_dir = self.image_dir / "bin"
+        if not self.bin_dir.is_dir():
+            raise LocalSageMakerError(f"{self.bin_dir} does not exist: training_image_dir must hold bin/ entrypoints")
+        self.python = python
+        self.region = region
+        self.extra_env = dict(extra_env or {})
+        self.ping_timeout_s = ping_timeout_s
+        self.stop_grace_s = stop_grace_s
+        self.invoke_timeout_s = invoke_timeout_s
+        self._s3 = _S3(endpoint_url, region)
+        self._lock = threading.RLock()
+        self._jobs: dict[tuple[Kind, str], _Job] = {}
+        self._endpoints: dict[str, _Endpoint] = {}
+        self._wall: dict[str, float] = {}
+        self._closing = threading.Event()
+        # The serve processes are plain 127.0.0.1 HTTP: never through a proxy from the environment.
+        self._http = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    # -- reporting --------------------------------------------------------------------------
+
+    def _report(self, kind: Kind, name: str, status: str, fields: dict[str, Any]) -> None:
+        LOG.info("%s %s: %s %s", kind, name, status, fields.get("SecondaryStatus") or fields.get("FailureReason") or "")
+        try:
+            self.listener.job_status_changed(kind, name, status, dict(fields))
+        except Exception:  # the job goes on (and ends) even if a listener is broken
+            LOG.exception("status listener failed for %s %s -> %s", kind, name, status)
+
+    # -- environment and commands -----------------------------------------------------------
+
+    def _environment(
+        self, opt_ml: Path, request_env: Mapping[str, str] | None, fixed: Mapping[str, str]
+    ) -> dict[str, str]:
+        env = {key: os.environ[key] for key in PASSTHROUGH_ENV if key in os.environ}
+        python_bin = str(Path(self.python).parent)
+        env["PATH"] = os.pathsep.join(p for p in (python_bin, env.get("PATH", "")) if p)
+        env.update(
+            {
+                "PYTHONPATH": str(self.image_dir),
+                "PYTHONUNBUFFERED": "1",
+                "NO_ALBUMENTATIONS_UPDATE": "1",  # albumentations asks PyPI for updates on import
+                "WANDB_MODE": "disabled",
+                "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",
+                "AWS_REGION": self.region,
+                "AWS_DEFAULT_REGION": self.region,
+            }
+        )
+        env.update(self.extra_env)
+        env.update({str(k): str(v) for k, v in (request_env or {}).items()})
+        env.update(fixed)
+        env["SDFLOW_OPT_ML"] = str(opt_ml)
+        return env
+
+    def _entrypoint(self, name: str, field_name: str) -> Path:
+        script = self.bin_dir / Path(name).name
+        if not script.is_file():
+            known = sorted(p.name for p in self.bin_dir.iterdir() if p.is_file())
+            raise JobSetupError(f"{field_name} {name!r} is not an entrypoint of the image; use one of {known}")
+        return script
+
+    def _processing_command(self, request: dict[str, Any], opt_ml: Path) -> list[str]:
+        app = request.get("AppSpecification") or {}
+        argv = [str(a) for a in (app.get("ContainerEntrypoint") or [])]
+        if not argv:
+            raise JobSetupError(
+                'AppSpecification.ContainerEntrypoint is required locally (the image has no default): e.g. ["download"]'
+            )
+        argv += [str(a) for a in (app.get("ContainerArguments") or [])]
+        # ["python3", "/opt/ml/code/bin/download", …] runs the same script as ["download", …].
+        if Path(argv[0]).name.startswith("python") and len(argv) > 1:
+            argv = argv[1:]
+        script = self._entrypoint(argv[0], "AppSpecification.ContainerEntrypoint")
+        return [self.python, str(script), *(rewrite_container_paths(a, opt_ml) for a in argv[1:])]
+
+    # -- public: jobs -----------------------------------------------------------------------
+
+    def _new_job(self, kind: Kind, request: dict[str, Any], name_field: str) -> _Job:
+        name = request.get(name_field)
+        if not isinstance(name, str) or not name:
+            raise LocalSageMakerError(f"{name_field} is required")
+        if self._closing.is_set():
+            raise LocalSageMakerError("the local SageMaker is shut down")
+        with self._lock:
+            existing = self._jobs.get((kind, name))
+            if existing is not None and not existing.done.is_set():
+                raise JobAlreadyRunning(f"{kind} job {name} is still running")
+            folder = self.workdir / "jobs" / name
+            if folder.exists():
+                shutil.rmtree(folder)  # a rerun of a finished job starts from a clean slate
+            folder.mkdir(parents=True)
+            job = _Job(kind=kind, name=name, folder=folder, request=request)
+            self._jobs[(kind, name)] = job
+        return job
+
+    def run_processing_job(self, request: dict[str, Any]) -> None:
+        job = self._new_job("processing", request, "ProcessingJobName")
+        self._start(job, self._run_processing)
+
+    def run_training_job(self, request: dict[str, Any]) -> None:
+        job = self._new_job("training", request, "TrainingJobName")
+        self._start(job, self._run_training)
+
+    def _start(self, job: _Job, target: Callable[[_Job], None]) -> None:
+        def run() -> None:
+            try:
+                target(job)
+            finally:
+                job.done.set()
+
+        job.thread = threading.Thread(target=run, name=f"sdflow-{job.kind}-{job.name}", daemon=True)
+        job.thread.start()
+
+    def stop_job(self, kind: Kind, name: str) -> None:
+        """StopProcessingJob / StopTrainingJob (SIGTERM, then kill after the grace), or for an
+        endpoint, stop its serve process (DeleteEndpoint)."""
+        if kind == "endpoint":
+            self.delete_endpoint(name)
+            return
+        with self._lock:
+            job = self._jobs.get((kind, name))
+        if job is None:
+            raise LocalSageMakerError(f"no {kind} job named {name}")
+        job.stop_requested.set()
+
+    def wait(self, kind: Kind, name: str, timeout: float | None = None) -> str:
+        """Block until the job ends; returns its final status (for tests and the CLI)."""
+        with self._lock:
+            job = self._jobs.get((kind, name))
+        if job is None:
+            raise LocalSageMakerError(f"no {kind} job named {name}")
+        job.done.wait(timeout)
+        return job.status
+
+    def job_wall_times(self) -> dict[str, float]:
+        """Seconds the container processes ran, per processing/training job name, and per
+        endpoint config name the seconds from starting `serve` to its first healthy /ping."""
+        with self._lock:
+            return dict(self._wall)
+
+    def training_progress(self, name: str) -> dict[str, Any]:
+        """The training job's latest `step=N loss=X`, metrics and status; {} for an unknown job."""
+        with self._lock:
+            job = self._jobs.get(("training", name))
+            if job is None:
+                return {}
+            hyperparameters = job.request.get("HyperParameters") or {}
+            max_steps = str(hyperparameters.get("max_train_steps", ""))
+            return {
+                "status": job.status,
+                "secondary_status": job.secondary_status,
+                "step": job.step,
+                "loss": job.loss,
+                "max_steps": int(max_steps) if max_steps.isdigit() else None,
+                "metrics": {metric: value for metric, (value, _ts) in job.metrics.items()},
+                "log": str(job.folder / "algo-1.log"),
+            }
+
+    # -- running containers -----------------------------------------------------------------
+
+    def _supervise(self, job: _Job, hosts: list[tuple[_Process, Path]], max_runtime_s: float) -> _Outcome:
+        """Wait for every host to exit 0; stop them all on the first failure, a stop request,
+        shutdown, or MaxRuntimeInSeconds."""
+        deadline = time.monotonic() + max_runtime_s
+        processes = [p for p, _ in hosts]
+        outcome: _Outcome | None = None
+        while outcome is None:
+            if job.stop_requested.is_set() or self._closing.is_set():
+                outcome = _Outcome("stopped")
+            elif time.monotonic() > deadline:
+                outcome = _Outcome("timeout")
+            else:
+                for process, opt_ml in hosts:
+                    code = process.poll()
+                    if code not in (None, 0):
+                        outcome = _Outcome("failed", process, opt_ml)
+                        break
+                else:
+                    if all(p.poll() == 0 for p in processes):
+                        outcome = _Outcome("completed")
+                if outcome is None:
+                    time.sleep(POLL_S)
+        terminate(processes, self.stop_grace_s)
+        for process in processes:
+            process.finish_log()
+        with self._lock:
+            self._wall[job.name] = max(p.wall_s() for p in processes)
+        return outcome
+
+    def _failure_reason(self, outcome: _Outcome, hosts: list[tuple[_Process, Path]]) -> str:
+        """The failure file of the failed host (any host's, if it left none), else its output/message,
+        else the tail of its log, as SageMaker fills FailureReason."""
+        assert outcome.failed is not None
+        assert outcome.failed_opt_ml is not None
+        candidates = [outcome.failed_opt_ml] + [o for _, o in hosts if o != outcome.failed_opt_ml]
+        for opt_ml in candidates:
+            text = _read_text(opt_ml / "output" / "failure")
+            if text:
+                return _clip(f"AlgorithmError: {text}")
+        message = _read_text(outcome.failed_opt_ml / "output" / "message")
+        if message:
+            return _clip(f"AlgorithmError: {message}")
+        code = outcome.failed.popen.returncode
+        tail = outcome.failed.tail_text()[-(REASON_LIMIT - 100) :]
+        return _clip(f"AlgorithmError: exit code {code} on {outcome.failed.label}; last log lines:\n{tail}")
+
+    # -- processing -------------------------------------------------------------------------
+
+    def _run_processing(self, job: _Job) -> None:
+        name = job.name
+        started = _now()
+        times: dict[str, Any] = {"ProcessingStartTime": started}
+        self._report("processing", name, "InProgress", times)
+        opt_ml = job.folder / "algo-1"
+        try:
+            status, fields = self._processing(job, opt_ml)
+        except JobSetupError as exc:
+            status, fields = "Failed", {"FailureReason": _clip(f"ClientError: {exc}")}
+        except Exception as exc:
+            LOG.exception("processing job %s", name)
+            status, fields = "Failed", {"FailureReason": _clip(f"InternalServerError: {type(exc).__name__}: {exc}")}
+        job.status = status
+        self._report("processing", name, status, times | fields | {"ProcessingEndTime": _now()})
+
+    def _processing(self, job: _Job, opt_ml: Path) -> tuple[str, dict[str, Any]]:
+        request = job.request
+        for i, item in enumerate(request.get("ProcessingInputs") or []):
+            where = f"ProcessingInputs[{i}] ({item.get('InputName', '?')})"
+            s3_input = item.get("S3Input")
+            if s3_input is None:
+                raise JobSetupError(f"{where}: only S3Input is supported locally, not DatasetDefinition")
+            if s3_input.get("S3DataType", "S3Prefix") != "S3Prefix":
+                raise JobSetupError(
+                    f"{where}: S3DataType {s3_input['S3DataType']!r} is not supported locally; use S3Prefix"
+                )
+            local = container_path(s3_input["LocalPath"], opt_ml, f"{where}.S3Input.LocalPath")
+            self._s3.download_prefix(s3_input["S3Uri"], local, f"{where}.S3Input.S3Uri")
+        outputs = []
+        for i, item in enumerate((request.get("ProcessingOutputConfig") or {}).get("Outputs") or []):
+            where = f"ProcessingOutputConfig.Outputs[{i}] ({item.get('OutputName', '?')})"
+            s3_output = item.get("S3Output")
+            if s3_output is None:
+                raise JobSetupError(f"{where}: only S3Output is supported locally")
+            local = container_path(s3_output["LocalPath"], opt_ml, f"{where}.S3Output.LocalPath")
+            parse_s3_uri(s3_output["S3Uri"], f"{where}.S3Output.S3Uri")
+            local.mkdir(parents=True, exist_ok=True)  # SageMaker creates the output folders
+            outputs.append((local, s3_output["S3Uri"], f"{where}.S3Output.S3Uri"))
+        command = self._processing_command(request, opt_ml)
+        env = self._environment(opt_ml, request.get("Environment"), {"PROCESSING_JOB_NAME": job.name})
+        max_runtime = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds", DEFAULT_MAX_RUNTIME_S)
+        (opt_ml / "output").mkdir(parents=True, exist_ok=True)
+        process = _Process(f"{job.name}/algo-1", command, env, job.folder, job.folder / "algo-1.log")
+        job.processes = [process]
+        hosts = [(process, opt_ml)]
+        outcome = self._supervise(job, hosts, float(max_runtime))
+        fields: dict[str, Any] = {}
+        exit_message = _read_text(opt_ml / "output" / "message")
+        if exit_message:
+            fields["ExitMessage"] = _clip(exit_message)
+        if outcome.result == "completed":
+            for local, uri, where in outputs:  # EndOfJob: after the container exits 0
+                self._s3.upload_dir(local, uri, where)
+            return "Completed", fields
+        if outcome.result == "stopped":
+            return "Stopped", fields
+        if outcome.result == "timeout":
+            return "Failed", fields | {
+                "FailureReason": f"MaxRuntimeExceeded: the job ran longer than StoppingCondition."
+                f"MaxRuntimeInSeconds={max_runtime} and was stopped"
+            }
+        return "Failed", fields | {"FailureReason": self._failure_reason(outcome, hosts)}
+
+    # -- training ---------------------------------------------------------------------------
+
+    def _run_training(self, job: _Job) -> None:
+        name = job.name
+        started = _now()
+        base: dict[str, Any] = {"TrainingStartTime": started}
+        self._training_status(job, "InProgress", "Starting", base)
+        try:
+            status, secondary, fields = self._training(job, base)
+        except JobSetupError as exc:
+            status, secondary, fields = "Failed", "Failed", {"FailureReason": _clip(f"ClientError: {exc}")}
+        except Exception as exc:
+            LOG.exception("training job %s", name)
+            status, secondary = "Failed", "Failed"
+            fields = {"FailureReason": _clip(f"InternalServerError: {type(exc).__name__}: {exc}")}
+        ended = _now()
+        seconds = max(1, int((ended - started).total_seconds()))
+        count = int((job.request.get("ResourceConfig") or {}).get("InstanceCount", 1) or 1)
+        fields |= {
+            "TrainingEndTime": ended,
+            "TrainingTimeInSeconds": seconds,
+            "BillableTimeInSeconds": seconds * count,
+        }
+        metrics = self._final_metrics(job)
+        if metrics:
+            fields["FinalMetricDataList"] = metrics
+        self._training_status(job, status, secondary, base | fields)
+
+    def _training_status(self, job: _Job, status: str, secondary: str, fields: dict[str, Any]) -> None:
+        with self._lock:
+            job.status, job.secondary_status = status, secondary
+        self._report("training", job.name, status, fields | {"SecondaryStatus": secondary})
+
+    def _final_metrics(self, job: _Job) -> list[dict[str, Any]]:
+        with self._lock:
+            return [
+                {"MetricName": metric, "Value": value, "Timestamp": ts} for metric, (value, ts) in job.metrics.items()
+            ]
+
+    def _metric_parser(self, job: _Job) -> Callable[[str], None]:
+        definitions = []
+        specs = (job.request.get("AlgorithmSpecification") or {}).get("MetricDefinitions") or []
+        for i, spec in enumerate(specs):
+            try:
+                definitions.append((spec["Name"], re.compile(spec["Regex"])))
+            except (KeyError, re.error) as exc:
+                raise JobSetupError(
+                    f"AlgorithmSpecification.MetricDefinitions[{i}] needs a Name and a valid Regex: {exc}"
+                ) from None
+
+        def on_line(line: str) -> None:
+            progress = PROGRESS_LINE.search(line)
+            found: dict[str, float] = {}
+            for metric, regex in definitions:
+                match = regex.search(line)
+                if match:
+                    with contextlib.suppress(ValueError, IndexError):
+                        found[metric] = float(match.group(1))
+            if not progress and not found:
+                return
+            ts = _now()
+            with self._lock:
+                if progress:
+                    job.step, job.loss = int(progress.group(1)), float(progress.group(2))
+                for metric, value in found.items():
+                    job.metrics[metric] = (value, ts)
+
+        return on_line
+
+    def _training(self, job: _Job, base: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+        request, name = job.request, job.name
+        resources = request.get("ResourceConfig") or {}
+        count = int(resources.get("InstanceCount", 1) or 1)
+        if count < 1:
+            raise JobSetupError(f"ResourceConfig.InstanceCount must be >= 1, got {count}")
+        hosts = [f"algo-{i}" for i in range(1, count + 1)]
+        algorithm = request.get("AlgorithmSpecification") or {}
+        if algorithm.get("TrainingInputMode", "File") == "Pipe":
+            raise JobSetupError("AlgorithmSpecification.TrainingInputMode Pipe is not supported locally; use File")
+        on_line = self._metric_parser(job)
+        output_path = (request.get("OutputDataConfig") or {}).get("S3OutputPath")
+        parse_s3_uri(output_path, "OutputDataConfig.S3OutputPath")
+        max_runtime = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds", DEFAULT_MAX_RUNTIME_S)
+
+        self._training_status(job, "InProgress", "Downloading", base)
+        channel_files = self._download_channels(job, request.get("InputDataConfig") or [])
+        checkpoint = request.get("CheckpointConfig") or None
+        checkpoint_cache = job.folder / "_checkpoints"
+        if checkpoint:
+            _, _, keys = self._s3.list_keys(checkpoint["S3Uri"], "CheckpointConfig.S3Uri")
+            if keys:  # a restart resumes from the checkpoints an earlier attempt left
+                self._s3.download_prefix(checkpoint["S3Uri"], checkpoint_cache, "CheckpointConfig.S3Uri")
+
+        hyperparameters = {str(k): str(v) for k, v in (request.get("HyperParameters") or {}).items()}
+        input_data_config = {
+            channel["ChannelName"]: {
+                "TrainingInputMode": channel.get("InputMode", algorithm.get("TrainingInputMode", "File")),
+                "S3DistributionType": channel["DataSource"]["S3DataSource"].get(
+                    "S3DataDistributionType", "FullyReplicated"
+                ),
+                "RecordWrapperType": channel.get("RecordWrapperType", "None"),
+                **({"ContentType": channel["ContentType"]} if "ContentType" in channel else {}),
+            }
+            for channel in request.get("InputDataConfig") or []
+        }
+        layouts: list[tuple[str, Path, Path]] = []  # host, opt_ml, checkpoint folder
+        for index, host in enumerate(hosts):
+            opt_ml = job.folder / host
+            config = opt_ml / "input" / "config"
+            config.mkdir(parents=True)
+            (config / "hyperparameters.json").write_text(json.dumps(hyperparameters))
+            (config / "resourceconfig.json").write_text(
+                json.dumps(
+                    {
+                        "current_host": host,
+                        "current_instance_type": resources.get("InstanceType", "local"),
+                        "current_group_name": "homogeneousCluster",
+                        "hosts": hosts,
+                        "network_interface_name": "lo",
+                    }
+                )
+            )
+            (config / "inputdataconfig.json").write_text(json.dumps(input_data_config))
+            for channel, (cache, files, sharded) in channel_files.items():
+                mine = files[index::count] if sharded else files
+                for rel in mine:
+                    _link_or_copy(cache / rel, opt_ml / "input" / "data" / channel / rel)
+                (opt_ml / "input" / "data" / channel).mkdir(parents=True, exist_ok=True)
+            local_checkpoints = opt_ml / "checkpoints"
+            if checkpoint and checkpoint.get("LocalPath"):
+                local_checkpoints = container_path(checkpoint["LocalPath"], opt_ml, "CheckpointConfig.LocalPath")
+            if checkpoint_cache.is_dir():
+                # Copies, not links: the trainer rewrites checkpoint files, and hosts must not share them.
+                shutil.copytree(checkpoint_cache, local_checkpoints, dirs_exist_ok=True)
+            for folder in (local_checkpoints, opt_ml / "model", opt_ml / "output" / "data"):
+                folder.mkdir(parents=True, exist_ok=True)
+            layouts.append((host, opt_ml, local_checkpoints))
+
+        self._training_status(job, "InProgress", "Training", base)
+        master_port = str(free_port())
+        script = self._entrypoint("train", "training entrypoint")
+        running: list[tuple[_Process, Path]] = []
+        try:
+            for host, opt_ml, _ in layouts:
+                env = self._environment(
+                    opt_ml,
+                    request.get("Environment"),
+                    {
+                        "TRAINING_JOB_NAME": name,
+                        "SM_CURRENT_HOST": host,
+                        "SDFLOW_MASTER_ADDR": "127.0.0.1",
+                        "SDFLOW_MASTER_PORT": master_port,
+                    },
+                )
+                # `docker run IMAGE train` runs bin/train with no arguments: hyperparameters come from the file.
+                command = [self.python, str(script)]
+                process = _Process(f"{name}/{host}", command, env, opt_ml, job.folder / f"{host}.log", on_line)
+                running.append((process, opt_ml))
+                job.processes.append(process)
+        except BaseException:
+            terminate([p for p, _ in running], self.stop_grace_s)
+            raise
+        outcome = self._supervise(job, running, float(max_runtime))
+
+        if checkpoint:
+            # Like SageMaker's continuous sync, whatever the outcome: a retry resumes from it.
+            # algo-1 last, so that its files win where hosts wrote the same names.
+            for _host, _opt_ml, local_checkpoints in reversed(layouts):
+                self._s3.upload_dir(local_checkpoints, checkpoint["S3Uri"], "CheckpointConfig.S3Uri")
+
+        if outcome.result == "stopped":
+            return "Stopped", "Stopped", {}
+        if outcome.result == "timeout":
+            return (
+                "Failed",
+                "MaxRuntimeExceeded",
+                {
+                    "FailureReason": f"MaxRuntimeExceeded: the job ran longer than StoppingCondition."
+                    f"MaxRuntimeInSeconds={max_runtime} and was stopped"
+                },
+            )
+        if outcome.result == "failed":
+            return "Failed", "Failed", {"FailureReason": self._failure_reason(outcome, running)}
+
+        self._training_status(job, "InProgress", "Uploading", base)
+        model_uri = f"{output_path.rstrip('/')}/{name}/output/model.tar.gz"
+        archive = job.folder / "model.tar.gz"
+        _tar_folder(layouts[0][1] / "model", archive)
+        self._s3.upload_file(archive, model_uri, "OutputDataConfig.S3OutputPath")
+        data = layouts[0][1] / "output" / "data"
+        if any(data.iterdir()):
+            output_archive = job.folder / "output.tar.gz"
+            _tar_folder(data, output_archive)
+            self._s3.upload_file(
+                output_archive,
+                f"{output_path.rstrip('/')}/{name}/output/output.tar.gz",
+                "OutputDataConfig.S3OutputPath",
+            )
+        return "Completed", "Completed", {"ModelArtifacts": {"S3ModelArtifacts": model_uri}}
+
+    def _download_channels(self, job: _Job, channels: list[dict[str, Any]]) -> dict[str, tuple[Path, list[str], bool]]:
+        """Each channel once into the job's cache; hosts get links to it."""
+        result = {}
+        for i, channel in enumerate(channels):
+            name = channel.get("ChannelName")
+            where = f"InputDataConfig[{i}] ({name})"
+            if not name:
+                raise JobSetupError(f"InputDataConfig[{i}].ChannelName is required")
+            if channel.get("InputMode") == "Pipe":
+                raise JobSetupError(f"{where}.InputMode Pipe is not supported locally; use File")
+            source = (channel.get("DataSource") or {}).get("S3DataSource")
+            if source is None:
+                raise JobSetupError(f"{where}.DataSource: only S3DataSource is supported locally")
+            if source.get("S3DataType", "S3Prefix") != "S3Prefix":
+                raise JobSetupError(
+                    f"{where}: S3DataType {source['S3DataType']!r} is not supported locally; use S3Prefix"
+                )
+            cache = job.folder / "_channels" / name
+            files = self._s3.download_prefix(source["S3Uri"], cache, f"{where}.S3Uri")
+            sharded = source.get("S3DataDistributionType", "FullyReplicated") == "ShardedByS3Key"
+            result[name] = (cache, files, sharded)
+        return result
+
+    # -- endpoints --------------------------------------------------------------------------
+
+    def deploy_endpoint(self, endpoint_name: str, endpoint_config: dict[str, Any], model: dict[str, Any]) -> None:
+        """CreateEndpoint (no serve process yet) or a blue/green UpdateEndpoint: the new process
+        must answer /ping before traffic moves to it; if it never does, the old one keeps serving."""
+        if self._closing.is_set():
+            raise LocalSageMakerError("the local SageMaker is shut down")
+        config_name = endpoint_config.get("EndpointConfigName")
+        if not config_name:
+            raise LocalSageMakerError("endpoint_config needs EndpointConfigName")
+        with self._lock:
+            endpoint = self._endpoints.setdefault(endpoint_name, _Endpoint(endpoint_name))
+            thread = threading.Thread(
+                target=self._deploy,
+                args=(endpoint, config_name, model),
+                name=f"sdflow-endpoint-{endpoint_name}",
+                daemon=True,
+            )
+            endpoint.threads = [t for t in endpoint.threads if t.is_alive()] + [thread]
+        thread.start()
+
+    def _deploy(self, endpoint: _Endpoint, config_name: str, model: dict[str, Any]) -> None:
+        name = endpoint.name
+        with endpoint.lock:
+            old = endpoint.current
+            if old is not None and not old.process.alive():
+                old = None  # a dead process is nothing to roll back to
+            status = "Updating" if old is not None else "Creating"
+            endpoint.status = status
+            self._report("endpoint", name, status, {"EndpointConfigName": old.config_name if old else config_name})
+            try:
+                deployment = self._start_serving(name, config_name, model)
+            except Exception as exc:
+                reason = _clip(str(exc) if isinstance(exc, LocalSageMakerError) else f"{type(exc).__name__}: {exc}")
+                if old is not None:
+                    endpoint.status = "RollingBack"
+                    self._report(
+                        "endpoint",
+                        name,
+                        "RollingBack",
+                        {"EndpointConfigName": old.config_name, "FailureReason": reason},
+                    )
+                    endpoint.status = "InService"
+                    self._report(
+                        "endpoint", name, "InService", {"EndpointConfigName": old.config_name, "FailureReason": reason}
+                    )
+                else:
+                    with self._lock:
+                        endpoint.current = None
+                    endpoint.status = "Failed"
+                    self._report(
+                        "endpoint", name, "Failed", {"EndpointConfigName": config_name, "FailureReason": reason}
+                    )
+                return
+            with self._lock:
+                endpoint.current = deployment  # traffic moves here: invoke reads `current`
+            if old is not None:
+                terminate([old.process], self.stop_grace_s)
+            endpoint.status = "InService"
+            self._report("endpoint", name, "InService", {"EndpointConfigName": config_name})
+
+    def _start_serving(self, name: str, config_name: str, model: dict[str, Any]) -> _Deployment:
+        container = model.get("PrimaryContainer") or (model.get("Containers") or [None])[0]
+        if not container:
+            raise DeploymentFailed(f"model {model.get('ModelName')} has no PrimaryContainer")
+        folder = self.workdir / "endpoints" / name / config_name
+        if folder.exists():
+            shutil.rmtree(folder)
+        opt_ml = folder / "opt_ml"
+        model_dir = opt_ml / "model"
+        model_dir.mkdir(parents=True)
+        url = container.get("ModelDataUrl")
+        try:
+            if not url:
+                raise JobSetupError("the model's PrimaryContainer.ModelDataUrl is required locally")
+            if url.endswith("/"):
+                self._s3.download_prefix(url, model_dir, "PrimaryContainer.ModelDataUrl")
+            else:
+                archive = folder / "model.tar.gz"
+                self._s3.download_file(url, archive, "PrimaryContainer.ModelDataUrl")
+                with tarfile.open(archive) as tar:
+                    tar.extractall(model_dir, filter="data")
+                archive.unlink()
+        except (JobSetupError, tarfile.TarError) as exc:
+            raise DeploymentFailed(f"model artifact of {model.get('ModelName')}: {exc}") from None
+        port = free_port()
+        env = self._environment(
+            opt_ml,
+            container.get("Environment"),
+            {"SAGEMAKER_BIND_TO_PORT": str(port), "SDFLOW_SERVE_HOST": "127.0.0.1"},
+        )
+        script = self._entrypoint("serve", "serve entrypoint")
+        process = _Process(f"{name}/{config_name}", [self.python, str(script)], env, folder, folder / "serve.log")
+        deployment = _Deployment(config_name, folder, port, process)
+        try:
+            self._wait_healthy(deployment)
+        except BaseException:
+            terminate([process], self.stop_grace_s)
+            raise
+        with self._lock:
+            self._wall[config_name] = process.wall_s()
+        return deployment
+
+    def _wait_healthy(self, deployment: _Deployment) -> None:
+        url = f"http://127.0.0.1:{deployment.port}/ping"
+        deadline = time.monotonic() + self.ping_timeout_s
+        last = "no answer"
+        while time.monotonic() < deadline:
+            if self._closing.is_set():
+                raise DeploymentFailed("the local SageMaker is shutting down")
+            code = deployment.process.poll()
+            if code is not None:
+                deployment.process.finish_log()
+                raise DeploymentFailed(
+                    f"serve exited with status {code} before /ping answered 200; last log lines:\n"
+                    + deployment.process.tail_text()[-700:]
+                )
+            try:
+                with self._http.open(url, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except urllib.error.HTTPError as exc:
+                last = f"{exc.code} {exc.read()[:200].decode('utf-8', errors='replace')}"
+            except (urllib.error.URLError, OSError) as exc:
+                last = str(exc)
+            time.sleep(0.25)
+        raise DeploymentFailed(
+            f"serve did not answer GET /ping with 200 within {self.ping_timeout_s:g} s (last: {last}); "
+            f"see {deployment.process.log_path}"
+        )
+
+    def _current(self, endpoint_name: str) -> _Deployment:
+        with self._lock:
+            endpoint = self._endpoints.get(endpoint_name)
+            deployment = endpoint.current if endpoint else None
+        if deployment is None or not deployment.process.alive():
+            raise EndpointNotFound(f"endpoint {endpoint_name} has no serving process (not InService)")
+        return deployment
+
+    def endpoint_url(self, endpoint_name: str) -> str | None:
+        try:
+            return f"http://127.0.0.1:{self._current(endpoint_name).port}"
+        except EndpointNotFound:
+            return None
+
+    def invoke_endpoint(self, endpoint_name: str, body: bytes, content_type: str, accept: str) -> tuple[bytes, str]:
+        """POST /invocations of the process now serving; returns (body, Content-Type).
+        Raises ContainerError for an error status, EndpointNotFound, EndpointUnreachable."""
+        deployment = self._current(endpoint_name)
+        headers = {}
+        if content_type:
+            headers["Content-Type"] = content_type
+        if accept:
+            headers["Accept"] = accept
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{deployment.port}/invocations", data=body, headers=headers, method="POST"
+        )
+        try:
+            with self._http.open(request, timeout=self.invoke_timeout_s) as response:
+                return response.read(), response.headers.get("Content-Type", "application/octet-stream")
+        except urllib.error.HTTPError as exc:
+            raise ContainerError(endpoint_name, exc.code, exc.read(), exc.headers.get("Content-Type")) from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise EndpointUnreachable(f"endpoint {endpoint_name} did not answer: {exc}") from None
+
+    def delete_endpoint(self, endpoint_name: str) -> None:
+        """Stop the endpoint's serve process (DeleteEndpoint); unknown names are ignored."""
+        with self._lock:
+            endpoint = self._endpoints.pop(endpoint_name, None)
+        if endpoint is None:
+            return
+        with endpoint.lock:  # after any deployment in progress
+            if endpoint.current is not None:
+                terminate([endpoint.current.process], self.stop_grace_s)
+                endpoint.current = None
+
+    # -- shutdown ---------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Stop every job and serve process this object started (SIGTERM, then SIGKILL after the grace)."""
+        self._closing.set()
+        with self._lock:
+            jobs = list(self._jobs.values())
+            endpoints = list(self._endpoints.values())
+        for job in jobs:
+            job.stop_requested.set()
+        processes = [p for job in jobs for p in job.processes]
+        for endpoint in endpoints:
+            if endpoint.current is not None:
+                processes.append(endpoint.current.process)
+        terminate(processes, self.stop_grace_s)
+        wait_until = time.monotonic() + self.stop_grace_s + 30
+        for thread in [j.thread for j in jobs] + [t for e in endpoints for t in e.threads]:
+            if thread is not None:
+                thread.join(max(0.0, wait_until - time.monotonic()))
+        # A deployment that was starting when shutdown began has terminated its own process;
+        # anything that slipped through (started after the snapshot) goes now.
+        with self._lock:
+            late = [e.current.process for e in self._endpoints.values() if e.current is not None]
+            late += [p for job in self._jobs.values() for p in job.processes]
+        terminate(late, self.stop_grace_s)
+
+
+def _tar_folder(folder: Path, archive: Path) -> None:
+    """SageMaker's model.tar.gz: the folder's contents at the archive's root."""
+    with tarfile.open(archive, "w:gz", compresslevel=6) as tar:
+        for child in sorted(folder.iterdir()) if folder.is_dir() else []:
+            tar.add(child, arcname=child.name)

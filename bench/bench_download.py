@@ -23,9 +23,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "training_image")]
 
-from sdflow_image import download  # noqa: E402
-
 from sdflow.samples import ImageServer, make_laion_parquet  # noqa: E402
+from sdflow_image import download  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

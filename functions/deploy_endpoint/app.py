@@ -11,6 +11,7 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
+
 from sdflow_common.job_starters import DeployTask, deploy_endpoint
 from sdflow_common.settings import Settings
 

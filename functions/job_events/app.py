@@ -12,6 +12,7 @@ from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
+
 from sdflow_common.job_events import (
     SageMakerStateChange,
     SageMakerStateChangeEvent,

@@ -14,6 +14,7 @@ from aws_lambda_powertools.utilities.idempotency import (
 )
 from aws_lambda_powertools.utilities.parser import parse
 from aws_lambda_powertools.utilities.typing import LambdaContext
+
 from sdflow_common import notify
 from sdflow_common.settings import Settings
 

@@ -10,6 +10,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.parser.models import S3EventNotificationEventBridgeModel
 from aws_lambda_powertools.utilities.typing import LambdaContext
+
 from sdflow_common.settings import Settings
 from sdflow_common.start_pipeline import ManifestRef, handle_manifest
 

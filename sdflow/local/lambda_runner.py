@@ -400,7 +400,8 @@ class LambdaContext:
 
 
 def _format_exception(exc: BaseException, request_id: str) -> str:
-    stack = [line for line in traceback.format_list(traceback.extract_tb(exc.__traceback__))]
+    # The first frame is this runner's call into the handler; AWS shows the handler's frames only.
+    stack = traceback.format_list(traceback.extract_tb(exc.__traceback__)[1:])
     return _error_payload(type(exc).__name__, str(exc), request_id, stack).decode()
 
 

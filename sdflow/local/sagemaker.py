@@ -338,10 +338,36 @@ class _Process:
         return (self.ended if self.ended is not None else time.monotonic()) - self.started
 
 
+def _descendants(pids: Iterable[int]) -> set[int]:
+    """Every live descendant of these processes (Linux /proc; empty elsewhere). A container's
+    helper may leave the process group (img2dataset's runner calls setsid), and on SageMaker
+    the end of the container takes it along all the same."""
+    children: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = Path("/proc", entry.name, "stat").read_text()
+                ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found: set[int] = set()
+    todo = list(pids)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
 def terminate(processes: Iterable[_Process], grace_s: float) -> None:
-    """SIGTERM every live process group, SIGKILL what is left after `grace_s`, as SageMaker
-    stops a container."""
+    """SIGTERM every live process group, SIGKILL what is left after `grace_s` (descendants
+    that left the group included), as SageMaker stops a container."""
     live = [p for p in processes if p.alive()]
+    strays = _descendants(p.pid for p in live)
     for process in live:
         _signal_group(process.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
@@ -353,6 +379,10 @@ def terminate(processes: Iterable[_Process], grace_s: float) -> None:
             _signal_group(process.pid, signal.SIGKILL)
             process.popen.wait()
         process.poll()
+    for pid in strays:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    for process in live:
         process.finish_log()
 
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from sdflow_image import download
 
 from sdflow.samples import ImageServer, LaionSample, SampleRow, make_laion_parquet, write_parquet
+from sdflow_image import download
 
 pytestmark = pytest.mark.image
 

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
+
 from sdflow_image import serve
 from sdflow_image.tiny_model import build_tiny_pipeline
 

@@ -12,6 +12,7 @@ import aws_xray_sdk.core  # noqa: F401 - its global recorder opens a UDP socket 
 import boto3
 import pytest
 from moto import mock_aws
+
 from sdflow_common import aws
 
 REGION = "us-east-1"

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+
 from sdflow_common.build_index import FAILED_SHARDS_IN_SUMMARY, BuildIndexRequest, build_index
 from sdflow_common.errors import NoUsableShards
 from sdflow_common.run_document import parse_run_document
 from sdflow_common.sagemaker_jobs import task_timeouts
 from sdflow_common.validate_run import RunConfig, ValidateRunRequest, shard_items, validate_run
-
 from tests.conftest import load_function_module
 from tests.unit.conftest import ACCOUNT, DATA_BUCKET, REGION, AwsWorld
 

@@ -16,9 +16,9 @@ import pytest
 from botocore.exceptions import ClientError
 from botocore.validate import validate_parameters
 from pydantic import ValidationError
+
 from sdflow_common import aws
 from sdflow_common.token_store import TokenStore
-
 from tests.conftest import load_function_module
 from tests.unit.conftest import ACCOUNT, REGION, TOKEN_TABLE, TRAINING_IMAGE_URI, AwsWorld, load_event
 

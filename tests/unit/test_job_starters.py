@@ -11,6 +11,7 @@ from typing import Any
 import aws_xray_sdk.core  # noqa: F401
 import pytest
 from botocore.exceptions import ClientError
+
 from sdflow_common import aws, names
 from sdflow_common.errors import (
     DownloadJobFailed,
@@ -20,7 +21,6 @@ from sdflow_common.errors import (
     TrainingJobFailed,
 )
 from sdflow_common.token_store import TokenStore
-
 from tests.conftest import load_function_module
 from tests.unit.conftest import ACCOUNT, REGION, TOKEN_TABLE, TRAINING_IMAGE_URI, AwsWorld, load_event
 

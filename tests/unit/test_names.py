@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from sdflow_common import names
 from sdflow_common.names import NAME_PATTERN, InvalidNameInput
 

@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from sdflow_common import notify
 
+from sdflow_common import notify
 from tests.conftest import load_function_module
 from tests.unit.conftest import ACCOUNT, REGION, AwsWorld, load_event
 

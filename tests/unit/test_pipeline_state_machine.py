@@ -22,8 +22,8 @@ import boto3
 import pytest
 from moto import mock_aws
 from moto.awslambda_simple.models import LambdaSimpleBackend
-from sdflow_common import errors
 
+from sdflow_common import errors
 from tests.unit.conftest import ACCOUNT, DATA_BUCKET, REGION
 
 ASL = Path(__file__).resolve().parents[2] / "statemachines" / "pipeline.asl.json"

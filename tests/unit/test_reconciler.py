@@ -12,11 +12,11 @@ from typing import Any
 import aws_xray_sdk.core  # noqa: F401
 import pytest
 from botocore.exceptions import ClientError
+
 from sdflow_common import aws, sagemaker_jobs
 from sdflow_common.errors import ReconcileIncomplete
 from sdflow_common.run_document import DownloadOptions, RunDocument
 from sdflow_common.token_store import TokenStore
-
 from tests.conftest import load_function_module
 from tests.unit.conftest import (
     ACCOUNT,

@@ -10,6 +10,7 @@ from typing import Any
 import jsonschema
 import pytest
 from pydantic import BaseModel
+
 from sdflow_common.errors import InvalidRunDocument
 from sdflow_common.run_document import (
     MAX_DOCUMENT_BYTES,
@@ -20,7 +21,6 @@ from sdflow_common.run_document import (
     parse_s3_uri,
     schema_text,
 )
-
 from tests.unit.conftest import load_event
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "run-document.schema.json"

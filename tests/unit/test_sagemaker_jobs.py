@@ -8,9 +8,9 @@ import botocore.session
 import pytest
 from botocore.exceptions import ClientError
 from botocore.validate import validate_parameters
+
 from sdflow_common import sagemaker_jobs
 from sdflow_common.run_document import DownloadOptions, EndpointOptions, RunDocument
-
 from tests.unit.conftest import DATA_BUCKET, SAGEMAKER_ROLE_ARN, TRAINING_IMAGE_URI
 
 RUN_ID = "demo-0123456789"

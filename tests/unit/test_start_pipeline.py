@@ -11,6 +11,7 @@ from typing import Any
 import boto3
 import pytest
 from aws_lambda_powertools.utilities.parser.models import S3EventNotificationEventBridgeModel
+
 from sdflow_common.start_pipeline import (
     EXECUTION_NAME_MAX,
     ManifestRef,
@@ -18,7 +19,6 @@ from sdflow_common.start_pipeline import (
     handle_manifest,
     rejected_key,
 )
-
 from tests.conftest import load_function_module
 from tests.unit.conftest import (
     ACCOUNT,

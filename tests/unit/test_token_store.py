@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 import pytest
+
 from sdflow_common.errors import EndpointBusy, TokenConflict
 from sdflow_common.token_store import TokenStore
-
 from tests.unit.conftest import TOKEN_TABLE, AwsWorld
 
 TTL = 3600

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+
 from sdflow_common import validate_run as validate_module
 from sdflow_common.errors import DatasetNotFound, InvalidRunDocument
 from sdflow_common.run_document import RunDocument
 from sdflow_common.validate_run import RunConfig, ValidateRunRequest, validate_run
-
 from tests.conftest import load_function_module
 from tests.unit.conftest import ACCOUNT, DATA_BUCKET, REGION, STATE_MACHINE_NAME, AwsWorld
 

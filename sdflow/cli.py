@@ -45,7 +45,7 @@ class Session:
 
     def __init__(self, args: argparse.Namespace) -> None:
         state = _state(args.workdir)
-        self.workdir: Path | None = args.workdir if state else None
+        self.workdir: Path | None = Path(state["workdir"]) if state.get("workdir") else None
         self.endpoint_url = args.endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or state.get("endpoint_url")
         outputs = state.get("outputs", {})
         self.bucket = args.bucket or outputs.get("DataBucketName")
@@ -55,7 +55,20 @@ class Session:
                 os.environ.setdefault(key, value)
         self._session = boto3.session.Session(region_name=state.get("region") or os.environ.get("AWS_REGION"))
 
+    @classmethod
+    def for_cloud(cls, cloud: Any) -> Session:
+        """A session on a LocalCloud running in this process."""
+        session = cls.__new__(cls)
+        session.workdir = Path(cloud.workdir)
+        session.endpoint_url = cloud.endpoint_url
+        session.bucket = cloud.outputs["DataBucketName"]
+        session.state_machine_arn = cloud.outputs["PipelineStateMachineArn"]
+        session._cloud = cloud
+        return session
+
     def client(self, name: str) -> Any:
+        if getattr(self, "_cloud", None) is not None:
+            return self._cloud.client(name)
         return self._session.client(name, endpoint_url=self.endpoint_url)  # type: ignore[call-overload]
 
     def need(self, *fields: str) -> None:
@@ -92,7 +105,8 @@ def write_state(workdir: Path, cloud: Any) -> None:
         "endpoint_url": cloud.endpoint_url,
         "outputs": cloud.outputs,
         "env": cloud.cli_env(),
-        "region": cloud.region,
+        "region": cloud.cli_env()["AWS_REGION"],
+        "workdir": str(cloud.workdir),
         "pid": os.getpid(),
     }
     (workdir / STATE_FILE).write_text(json.dumps(state, indent=2))

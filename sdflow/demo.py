@@ -7,7 +7,6 @@ container code run; only the cloud is local."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -105,12 +104,7 @@ def run_pipeline(cloud: Any, workdir: Path, options: DemoOptions, out: Any = sys
     bucket = cloud.outputs["DataBucketName"]
     manifest_path = workdir / "demo.json"
     manifest_path.write_text(json.dumps(manifest(bucket, options), indent=2))
-    session = Session(
-        argparse.Namespace(
-            workdir=workdir, endpoint_url=cloud.endpoint_url, bucket=bucket,
-            state_machine_arn=cloud.outputs["PipelineStateMachineArn"],
-        )
-    )  # fmt: skip
+    session = Session.for_cloud(cloud)
     started = time.monotonic()
     execution_arn = start_run(session, manifest_path, api=False)
     print(f"run started by s3://{bucket}/manifests/{manifest_path.name}: {execution_arn}", file=out, flush=True)
@@ -140,7 +134,7 @@ def run_demo(workdir: Path, *, output: Path, keep_running: bool = False, options
         if succeeded:
             path = invoke(result["session"], DEMO_ENDPOINT, DEMO_PROMPT, output, num_inference_steps=4, seed=0)
             print(f"endpoint {DEMO_ENDPOINT}: wrote {path.resolve()} for prompt {DEMO_PROMPT!r}", flush=True)
-        job_seconds = sum(cloud.job_wall_times().values())
+        job_seconds = sum(cloud.runtime.sagemaker.job_wall_times().values())
         print(
             f"demo wall time {time.monotonic() - t0:.1f} s; pipeline {result['wall_s']:.1f} s; "
             f"jobs {job_seconds:.1f} s of process time",

@@ -96,7 +96,7 @@ def _shards(s3: Any, bucket: str, run_id: str, progress: Progress) -> None:
 def _training(workdir: Path | None, run_id: str, progress: Progress) -> None:
     if workdir is None:
         return
-    candidates = sorted((workdir / "jobs").glob("sdf-tr-*/algo-1.log"), key=lambda p: p.stat().st_mtime)
+    candidates = sorted((workdir / "sagemaker" / "jobs").glob("sdf-tr-*/algo-1.log"), key=lambda p: p.stat().st_mtime)
     slug = run_id.lower()[:12]
     logs = [log for log in candidates if slug[:6] in log.parent.name] or candidates
     if not logs:

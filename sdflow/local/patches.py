@@ -72,8 +72,8 @@ class Runtime:
     code: dict[str, FunctionCode] = field(default_factory=dict)
     # Lambda retries a failed asynchronous invocation twice (after ~1 and ~2 minutes on AWS).
     async_retry_delays_s: tuple[float, ...] = (1.0, 2.0)
-    _inflight: int = 0
-    _idle: threading.Condition = field(default_factory=threading.Condition)
+    _inflight: int = field(default=0, repr=False)
+    _idle: threading.Condition = field(default_factory=threading.Condition, repr=False)
 
     @property
     def sns_dir(self) -> Path:
@@ -344,6 +344,14 @@ def apply_input_transformer(template: str, paths_map: Mapping[str, str], event: 
     values: dict[str, Any] = {name: _json_path(path, event) for name, path in paths_map.items()}
     values.setdefault("aws.events.event.json", event)
     values.setdefault("aws.events.event.ingestion-time", event.get("time"))
+    rendered = _fill_template(template, values, quote_bare=True)
+    try:
+        return json.loads(rendered)
+    except ValueError:
+        return _fill_template(template, values, quote_bare=False)  # a plain-text template: text
+
+
+def _fill_template(template: str, values: Mapping[str, Any], *, quote_bare: bool) -> str:
     out: list[str] = []
     in_string = False
     i = 0
@@ -359,20 +367,18 @@ def apply_input_transformer(template: str, paths_map: Mapping[str, str], event: 
             match = re.match(r"<([A-Za-z0-9_.\-]+)>", template[i:])
             if match and match.group(1) in values:
                 value = values[match.group(1)]
-                if in_string:
-                    text = value if isinstance(value, str) else json.dumps(value)
+                text = value if isinstance(value, str) else json.dumps(value)
+                if in_string:  # inside a JSON string: the text, escaped for that string
                     out.append(json.dumps(text)[1:-1])
-                else:
+                elif quote_bare:  # a bare JSON value: strings get their quotes
                     out.append(json.dumps(value))
+                else:  # plain-text template
+                    out.append(text)
                 i += match.end()
                 continue
         out.append(char)
         i += 1
-    rendered = "".join(out)
-    try:
-        return json.loads(rendered)
-    except ValueError:
-        return rendered  # a plain-text template is delivered as text
+    return "".join(out)
 
 
 def _json_path(path: str, document: Any) -> Any:
@@ -1099,9 +1105,8 @@ class SageMakerStatusPublisher:
         endpoint.endpoint_status = status
         if fields.get("EndpointConfigName"):
             endpoint.endpoint_config_name = fields["EndpointConfigName"]
-        endpoint.failure_reason = fields.get("FailureReason") if status == "Failed" else None
-        if "FailureReason" in fields and status != "Failed":
-            endpoint.failure_reason = fields["FailureReason"]  # e.g. why an update rolled back
+        # Failed says why; InService after a rolled-back update says why too; otherwise none.
+        endpoint.failure_reason = fields.get("FailureReason")
         endpoint.last_modified_time = dt.datetime.now(dt.UTC)
         detail = dict(backend.describe_endpoint(name))
         detail["EndpointStatus"] = ENDPOINT_EVENT_STATUS.get(status, status.upper())

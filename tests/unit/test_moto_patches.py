@@ -15,6 +15,7 @@ import threading
 import time
 import zipfile
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -301,6 +302,17 @@ def test_patch_rule_delivers_s3_object_created_to_lambda_aws_shaped(function_arn
     assert event["key"] == "manifests/run.json"
     assert event["etag"] == etag
     assert event["time"].endswith("Z")
+
+
+def test_patch_input_transformer_quotes_bare_strings_and_keeps_text_inside_strings() -> None:
+    event = {"time": "2026-01-01T00:00:00Z", "detail": {"name": "job-1", "size": 3, "tags": ["a"]}}
+    rendered = patches.apply_input_transformer(
+        '{"name": <name>, "size": <size>, "tags": <tags>, "text": "job <name> has \\"<size>\\" items"}',
+        {"name": "$.detail.name", "size": "$.detail.size", "tags": "$.detail.tags"},
+        event,
+    )
+    assert rendered == {"name": "job-1", "size": 3, "tags": ["a"], "text": 'job job-1 has "3" items'}
+    assert patches.apply_input_transformer("job <name> ended", {"name": "$.detail.name"}, event) == "job job-1 ended"
 
 
 def test_patch_rule_starts_state_machine_with_constant_input(runtime: patches.Runtime) -> None:
@@ -699,16 +711,18 @@ def test_patch_training_job_reports_artifacts_and_metrics(runtime: patches.Runti
     assert (started["TrainingJobStatus"], "ModelArtifacts" in started) == ("InProgress", False)
     assert started["AlgorithmSpecification"]["MetricDefinitions"][0]["Name"] == "train:loss"
     artifacts = {"S3ModelArtifacts": "s3://data/runs/run/training/sdf-tr-run-a0/output/model.tar.gz"}
-    metrics = [{"MetricName": "train:loss", "Value": 0.25, "Timestamp": time.time()}]
-    patches.SageMakerStatusPublisher().job_status_changed(
-        "training", "sdf-tr-run-a0", "Completed", {"ModelArtifacts": artifacts, "FinalMetricDataList": metrics}
-    )
+    now = datetime.now(UTC)
+    metrics = [{"MetricName": "train:loss", "Value": 0.25, "Timestamp": now}]
+    fields = {"ModelArtifacts": artifacts, "FinalMetricDataList": metrics, "TrainingEndTime": now}
+    patches.SageMakerStatusPublisher().job_status_changed("training", "sdf-tr-run-a0", "Completed", fields)
     described = sagemaker.describe_training_job(TrainingJobName="sdf-tr-run-a0")
     assert described["TrainingJobStatus"] == "Completed"
     assert described["ModelArtifacts"] == artifacts
     assert described["FinalMetricDataList"][0]["Value"] == 0.25
+    assert described["TrainingEndTime"].timestamp() == pytest.approx(now.timestamp(), abs=1)
     [event] = _received(queue_url)
     assert event["detail"]["ModelArtifacts"] == artifacts
+    assert event["detail"]["FinalMetricDataList"][0]["Timestamp"] == int(now.timestamp() * 1000)
 
 
 def test_moto_gap_no_stop_training_job(aws: None) -> None:

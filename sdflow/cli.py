@@ -180,16 +180,20 @@ def cmd_status(args: argparse.Namespace) -> int:
 def watch(
     session: Session, execution_arn: str, *, interval: float = 1.0, out: Any = sys.stdout
 ) -> progress_mod.Progress:
-    """Print progress whenever it changes, until the execution ends."""
+    """Print a line whenever a state starts, ends or makes progress, until the execution ends."""
     sfn, s3 = session.client("stepfunctions"), session.client("s3")
-    last: list[str] = []
+    printed: dict[str, str] = {}
+    print(f"watching {execution_arn}", file=out, flush=True)
     while True:
         snap = progress_mod.snapshot(sfn, s3, str(session.bucket), execution_arn, session.workdir)
-        lines = progress_mod.render_lines(snap)
-        if lines != last:
-            print("\n".join(lines), file=out, flush=True)
-            last = lines
+        for state, line in progress_mod.state_lines(snap).items():
+            if printed.get(state) != line:
+                print(line, file=out, flush=True)
+                printed[state] = line
         if snap.finished:
+            print(f"execution {execution_arn.rsplit(':', 1)[-1]}: {snap.status}", file=out, flush=True)
+            if snap.error:
+                print(f"  error: {snap.error}: {snap.cause or ''}"[:600], file=out, flush=True)
             return snap
         time.sleep(interval)
 

@@ -124,9 +124,12 @@ def snapshot(sfn: Any, s3: Any, bucket: str, execution_arn: str, workdir: Path |
     return progress
 
 
-def render_lines(progress: Progress) -> list[str]:
-    icons = {"done": "✔", "running": "…", "failed": "✘"}
-    lines = [f"execution {progress.execution_arn.rsplit(':', 1)[-1]}: {progress.status}"]
+ICONS = {"done": "✔", "running": "…", "failed": "✘"}
+
+
+def state_lines(progress: Progress) -> dict[str, str]:
+    """One line per state that has started, keyed by state name."""
+    lines = {}
     for state in PIPELINE_STATES:
         status = progress.states.get(state)
         if status is None:
@@ -138,7 +141,13 @@ def render_lines(progress: Progress) -> list[str]:
                 detail += f", {progress.shards_failed} failed"
         if state == "Train model" and progress.training_step is not None:
             detail = f"  step {progress.training_step}, loss {progress.training_loss:.4f}"
-        lines.append(f"  {icons.get(status, ' ')} {state:<20}{detail}")
+        lines[state] = f"  {ICONS.get(status, ' ')} {state:<20}{detail}".rstrip()
+    return lines
+
+
+def render_lines(progress: Progress) -> list[str]:
+    lines = [f"execution {progress.execution_arn.rsplit(':', 1)[-1]}: {progress.status}"]
+    lines += list(state_lines(progress).values())
     if progress.error:
         lines.append(f"  error: {progress.error}: {progress.cause or ''}"[:400])
     return lines

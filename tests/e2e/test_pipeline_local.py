@@ -1,0 +1,175 @@
+"""The whole pipeline through the local runtime: the real template, state machine, handlers,
+rules and container code, on generated data and a tiny model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from sdflow import samples
+from sdflow.demo import DEMO_ENDPOINT, DemoOptions, manifest, prepare_inputs, run_pipeline
+from sdflow.local.cloud import LocalCloud
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+SDFLOW = [sys.executable, "-m", "sdflow.cli"]
+SMALL = {"shards": 2, "images_per_shard": 12, "instance_count": 1, "max_train_steps": 4}
+
+
+def _endpoint_names(cloud: Any) -> list[str]:
+    return [e["EndpointName"] for e in cloud.client("sagemaker").list_endpoints()["Endpoints"]]
+
+
+@pytest.fixture
+def image_server() -> Iterator[samples.ImageServer]:
+    with samples.ImageServer() as server:
+        yield server
+
+
+def test_demo_command_runs_pipeline_and_writes_endpoint_image(tmp_path: Path) -> None:
+    output = tmp_path / "demo.png"
+    result = subprocess.run(
+        [*SDFLOW, "--workdir", str(tmp_path / "work"), "demo", "-o", str(output)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=900, check=False,
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "--- SNS: [sdflow] Run demo" in result.stdout
+    assert "succeeded" in result.stdout
+    assert "3 of 3 shards downloaded" in result.stdout
+    assert f"Endpoint:  {DEMO_ENDPOINT} (created" in result.stdout
+    assert "orchestration overhead" in result.stdout
+    with Image.open(output) as image:
+        assert image.format == "PNG"
+        assert image.size == (64, 64)
+    assert not (tmp_path / "work" / "cloud.json").exists(), "the demo cleans up its state file"
+
+
+def test_pipeline_broken_shard_within_tolerance_succeeds_and_names_it(
+    tmp_path: Path, image_server: samples.ImageServer
+) -> None:
+    options = DemoOptions(**{**SMALL, "shards": 3}, broken_shard=True, tolerated_failure_percent=34.0)
+    with LocalCloud(tmp_path, port=0) as cloud:
+        prepare_inputs(cloud, tmp_path, image_server, options)
+        result = run_pipeline(cloud, tmp_path, options)
+
+        assert result["progress"].status == "SUCCEEDED"
+        [message] = cloud.sns_messages()
+        assert message["attributes"]["outcome"] == "succeeded"
+        text = message["message"]
+        assert "2 of 3 shards downloaded" in text
+        assert "failed shard 00002" in text
+        assert "part-00002.parquet" in text
+        assert DEMO_ENDPOINT in _endpoint_names(cloud)
+
+
+def test_pipeline_training_failure_notifies_and_deploys_no_endpoint(
+    tmp_path: Path, image_server: samples.ImageServer
+) -> None:
+    options = DemoOptions(**{**SMALL, "shards": 1}, failing_training=True)
+    with LocalCloud(tmp_path, port=0) as cloud:
+        prepare_inputs(cloud, tmp_path, image_server, options)
+        result = run_pipeline(cloud, tmp_path, options)
+
+        assert result["progress"].status == "FAILED"
+        assert result["progress"].cause.startswith("TrainingJobFailed: ")
+        [message] = cloud.sns_messages()
+        assert message["subject"].endswith("FAILED")
+        assert message["attributes"]["error"] == "TrainingJobFailed"
+        assert "during: Train model" in message["message"]
+        assert "gemini" in message["message"].lower()
+        assert _endpoint_names(cloud) == []
+        jobs = cloud.client("sagemaker").list_training_jobs()["TrainingJobSummaries"]
+        assert [job["TrainingJobStatus"] for job in jobs] == ["Failed"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class _CloudFromOutside:
+    """What prepare_inputs needs, from a `sdflow local up` running in another process."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        import boto3
+
+        self.outputs = state["outputs"]
+        self.endpoint_url = state["endpoint_url"]
+        self._session = boto3.session.Session(
+            aws_access_key_id="testing", aws_secret_access_key="testing", region_name=state["region"]
+        )
+
+    def client(self, name: str) -> Any:
+        return self._session.client(name, endpoint_url=self.endpoint_url)
+
+
+def test_local_up_is_driven_by_clients_from_another_process(tmp_path: Path, image_server: samples.ImageServer) -> None:
+    workdir = tmp_path / "work"
+    port = _free_port()
+    server = subprocess.Popen(
+        [*SDFLOW, "--workdir", str(workdir), "local", "up", "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (workdir / "cloud.json").exists():
+            assert server.poll() is None, server.stdout.read() if server.stdout else ""
+            assert time.monotonic() < deadline, "sdflow local up did not come up in 120 s"
+            time.sleep(0.5)
+        state = json.loads((workdir / "cloud.json").read_text())
+        assert state["endpoint_url"] == f"http://127.0.0.1:{port}"
+        cloud = _CloudFromOutside(state)
+        options = DemoOptions(**SMALL)
+        prepare_inputs(cloud, tmp_path, image_server, options)
+        run_file = tmp_path / "run.json"
+        run_file.write_text(json.dumps(manifest(state["outputs"]["DataBucketName"], options)))
+        env = {**os.environ, **state["env"]}
+
+        started = subprocess.run(
+            [*SDFLOW, "--workdir", str(workdir), "run", str(run_file)],
+            capture_output=True, text=True, env=env, timeout=120, check=False,
+        )  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        execution_arn = started.stdout.strip().splitlines()[-1]
+        watched = subprocess.run(
+            [*SDFLOW, "--workdir", str(workdir), "watch", execution_arn],
+            capture_output=True, text=True, env=env, timeout=600, check=False,
+        )  # fmt: skip
+        assert watched.returncode == 0, watched.stdout[-3000:] + watched.stderr[-3000:]
+        assert "Train model" in watched.stdout
+        assert "SUCCEEDED" in watched.stdout
+
+        history = cloud.client("stepfunctions").get_execution_history(executionArn=execution_arn)["events"]
+        assert history[-1]["type"] == "ExecutionSucceeded"
+        image = tmp_path / "cli.png"
+        invoked = subprocess.run(
+            [*SDFLOW, "--workdir", str(workdir), "invoke", DEMO_ENDPOINT, "a red circle", "-o", str(image),
+             "--steps", "2", "--seed", "1"],
+            capture_output=True, text=True, env=env, timeout=300, check=False,
+        )  # fmt: skip
+        assert invoked.returncode == 0, invoked.stderr
+        with Image.open(image) as png:
+            assert png.format == "PNG"
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            raise
+    assert not (workdir / "cloud.json").exists()

@@ -56,6 +56,7 @@ format: setup  ## ruff format + autofix
 bench: setup  ## benchmarks: ratios measured side by side in one run
 	$(BIN)/python bench/bench_train.py
 	$(BIN)/python bench/bench_download.py
+	$(BIN)/python bench/bench_local_runtime.py
 
 schema: setup  ## regenerate schemas/run-document.schema.json from the pydantic model
 	PYTHONPATH=layers/common $(BIN)/python -m sdflow_common.run_document > schemas/run-document.schema.json

@@ -46,7 +46,7 @@ demo: setup  ## the whole pipeline on this machine (local runtime), ending with 
 lint: setup  ## ruff, mypy, cfn-lint
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy layers/common/sdflow_common training_image/sdflow_image
+	$(BIN)/mypy layers/common/sdflow_common training_image/sdflow_image sdflow
 	$(BIN)/cfn-lint template.yaml
 
 format: setup  ## ruff format + autofix

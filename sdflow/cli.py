@@ -43,6 +43,8 @@ def _state(workdir: Path) -> dict[str, Any]:
 class Session:
     """Clients and stack outputs, from the local cloud's state file or from flags."""
 
+    _cloud: Any = None
+
     def __init__(self, args: argparse.Namespace) -> None:
         state = _state(args.workdir)
         self.workdir: Path | None = Path(state["workdir"]) if state.get("workdir") else None
@@ -67,7 +69,7 @@ class Session:
         return session
 
     def client(self, name: str) -> Any:
-        if getattr(self, "_cloud", None) is not None:
+        if self._cloud is not None:
             return self._cloud.client(name)
         return self._session.client(name, endpoint_url=self.endpoint_url)  # type: ignore[call-overload]
 

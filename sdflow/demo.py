@@ -143,7 +143,8 @@ def run_demo(workdir: Path, *, output: Path, keep_running: bool = False, options
         if succeeded:
             path = invoke(result["session"], DEMO_ENDPOINT, DEMO_PROMPT, output, num_inference_steps=4, seed=0)
             print(f"endpoint {DEMO_ENDPOINT}: wrote {path.resolve()} for prompt {DEMO_PROMPT!r}", flush=True)
-        timing = critical_path_seconds(cloud.runtime.sagemaker.job_wall_times())
+        sagemaker: Any = cloud.runtime.sagemaker if cloud.runtime else None
+        timing = critical_path_seconds(sagemaker.job_wall_times() if sagemaker else {})
         pipeline_s = result["wall_s"]
         overhead = pipeline_s - timing
         print(

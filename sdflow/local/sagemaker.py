@@ -803,7 +803,7 @@ class LocalSageMaker:
         if algorithm.get("TrainingInputMode", "File") == "Pipe":
             raise JobSetupError("AlgorithmSpecification.TrainingInputMode Pipe is not supported locally; use File")
         on_line = self._metric_parser(job)
-        output_path = (request.get("OutputDataConfig") or {}).get("S3OutputPath")
+        output_path = str((request.get("OutputDataConfig") or {}).get("S3OutputPath") or "")
         parse_s3_uri(output_path, "OutputDataConfig.S3OutputPath")
         max_runtime = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds", DEFAULT_MAX_RUNTIME_S)
 

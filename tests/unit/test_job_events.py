@@ -355,3 +355,17 @@ def test_unrelated_detail_type_is_rejected_by_the_parser(handle: Any) -> None:
     event["detail-type"] = "SageMaker Model State Change"
     with pytest.raises(ValidationError):
         handle(event)
+
+
+def test_processing_reason_repeated_in_exit_message_is_said_once() -> None:
+    from sdflow_common.job_events import ProcessingJobDetail
+
+    detail = ProcessingJobDetail.model_validate(
+        {
+            "ProcessingJobName": "sdf-dl-x",
+            "ProcessingJobStatus": "Failed",
+            "FailureReason": "AlgorithmError: MissingColumn: parquet has no column 'URL'",
+            "ExitMessage": "MissingColumn: parquet has no column 'URL'",
+        }
+    )
+    assert detail.reason == "AlgorithmError: MissingColumn: parquet has no column 'URL'"

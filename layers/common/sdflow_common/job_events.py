@@ -102,6 +102,9 @@ class ProcessingJobDetail(_JobDetail):
     @property
     def reason(self) -> str:
         parts = [part for part in (self.failure_reason, self.exit_message) if part]
+        # Containers often write the same text to both; say it once.
+        if len(parts) == 2 and (parts[1] in parts[0] or parts[0] in parts[1]):
+            parts = [max(parts, key=len)]
         return " | ".join(parts) or "no FailureReason given"
 
 

@@ -134,7 +134,9 @@ def run_demo(workdir: Path, *, output: Path, keep_running: bool = False, options
     with samples.ImageServer() as server, LocalCloud(demo_dir, port=0) as cloud:
         write_state(workdir, cloud)
         print(f"local cloud on {cloud.endpoint_url} (started in {time.monotonic() - t0:.1f} s)", flush=True)
+        warming = cloud.prewarm()
         prepare_inputs(cloud, demo_dir, server, options)
+        warming.join()
         result = run_pipeline(cloud, demo_dir, options)
         print("", flush=True)
         for message in cloud.sns_messages():

@@ -21,6 +21,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 from typing import Any, cast
@@ -271,6 +272,24 @@ class LocalCloud:
         if self.runtime is None:
             return True
         return self.runtime.wait_idle(timeout_s)
+
+    def prewarm(self) -> threading.Thread:
+        """Start one worker per function in the background (cold starts off the run's path)."""
+        from moto.awslambda.utils import get_backend
+
+        runtime = self.runtime
+        if runtime is None or runtime.lambda_runner is None:
+            raise LocalCloudError("the local cloud is not started")
+        runner = runtime.lambda_runner
+        functions = list(get_backend(ACCOUNT_ID, REGION).list_functions())
+
+        def warm() -> None:
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                list(pool.map(lambda fn: runner.prewarm(patches.function_spec(runtime, fn)), functions))
+
+        thread = threading.Thread(target=warm, name="sdflow-prewarm", daemon=True)
+        thread.start()
+        return thread
 
     def function_name(self, logical_id: str) -> str:
         """The deployed name of a template function, e.g. function_name("StartPipelineFunction")."""

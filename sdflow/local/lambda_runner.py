@@ -316,6 +316,17 @@ class LambdaRunner:
             self.stats["errors"] += 1
         return result
 
+    def prewarm(self, spec: FunctionSpec) -> bool:
+        """Start one worker and import its handler now, so the first invocation is warm
+        (what provisioned concurrency does on AWS). False if the handler failed to load."""
+        _, pool = self._pool(spec)
+        worker = self._acquire(spec, pool)
+        if not worker.ready and self._wait_ready(worker, f"prewarm-{uuid.uuid4()}") is not None:
+            self._discard(pool, worker)
+            return False
+        self._release(pool, worker)
+        return True
+
     def _wait_ready(self, worker: _Worker, request_id: str) -> InvocationResult | None:
         worker.send({"init": True, "handler": worker.spec.handler})
         try:

@@ -235,3 +235,17 @@ def test_local_cloud_job_state_change_event_resolves_waiting_task(
     assert ended["status"] == "FAILED"
     assert ended["cause"].startswith("NoUsableShards")
     _wait_for(lambda: [m for m in cloud.sns_messages() if "events-run" in m["subject"]], what="the failure notice")
+
+
+def test_local_cloud_prewarm_makes_the_next_invocation_warm(cloud: LocalCloud) -> None:
+    runtime = cloud.runtime
+    assert runtime is not None
+    assert runtime.lambda_runner is not None
+    cloud.prewarm().join(timeout=120)
+    cold_starts = runtime.lambda_runner.stats["cold_starts"]
+
+    event = (ROOT / "events" / "scheduled_reconciler.json").read_bytes()
+    answer = cloud.client("lambda").invoke(FunctionName=cloud.function_name("ReconcilerFunction"), Payload=event)
+
+    assert "FunctionError" not in answer, answer["Payload"].read()
+    assert runtime.lambda_runner.stats["cold_starts"] == cold_starts

@@ -62,14 +62,9 @@ class _Detail(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
 
     kind: ClassVar[Kind]
-
-    @property
-    def resource_name(self) -> str:
-        raise NotImplementedError
-
-    @property
-    def status_text(self) -> str:
-        raise NotImplementedError
+    # Each kind names these two differently; subclasses give the alias.
+    resource_name: str
+    status: str
 
 
 class _JobDetail(_Detail):
@@ -77,27 +72,19 @@ class _JobDetail(_Detail):
     failure_statuses: ClassVar[frozenset[str]] = frozenset({"failed", "stopped"})
 
     def is_terminal(self) -> bool:
-        return normalize_status(self.status_text) in self.success_statuses | self.failure_statuses
+        return normalize_status(self.status) in self.success_statuses | self.failure_statuses
 
     def succeeded(self) -> bool:
-        return normalize_status(self.status_text) in self.success_statuses
+        return normalize_status(self.status) in self.success_statuses
 
 
 class ProcessingJobDetail(_JobDetail):
     kind: ClassVar[Kind] = "download"
 
-    job_name: str = Field(alias="ProcessingJobName")
+    resource_name: str = Field(alias="ProcessingJobName")
     status: str = Field(alias="ProcessingJobStatus")
     failure_reason: str | None = Field(default=None, alias="FailureReason")
     exit_message: str | None = Field(default=None, alias="ExitMessage")
-
-    @property
-    def resource_name(self) -> str:
-        return self.job_name
-
-    @property
-    def status_text(self) -> str:
-        return self.status
 
     @property
     def reason(self) -> str:
@@ -122,20 +109,12 @@ class MetricDatum(BaseModel):
 class TrainingJobDetail(_JobDetail):
     kind: ClassVar[Kind] = "training"
 
-    job_name: str = Field(alias="TrainingJobName")
+    resource_name: str = Field(alias="TrainingJobName")
     status: str = Field(alias="TrainingJobStatus")
     secondary_status: str | None = Field(default=None, alias="SecondaryStatus")
     failure_reason: str | None = Field(default=None, alias="FailureReason")
     model_artifacts: ModelArtifacts | None = Field(default=None, alias="ModelArtifacts")
     final_metrics: list[MetricDatum] = Field(default_factory=list, alias="FinalMetricDataList")
-
-    @property
-    def resource_name(self) -> str:
-        return self.job_name
-
-    @property
-    def status_text(self) -> str:
-        return self.status
 
     @property
     def reason(self) -> str:
@@ -153,18 +132,10 @@ class EndpointDetail(_Detail):
         {"inservice", "failed", "updaterollbackfailed", "outofservice", "deleting"}
     )
 
-    endpoint_name: str = Field(alias="EndpointName")
+    resource_name: str = Field(alias="EndpointName")
     status: str = Field(alias="EndpointStatus")
     endpoint_config_name: str | None = Field(default=None, alias="EndpointConfigName")
     failure_reason: str | None = Field(default=None, alias="FailureReason")
-
-    @property
-    def resource_name(self) -> str:
-        return self.endpoint_name
-
-    @property
-    def status_text(self) -> str:
-        return self.status
 
     def is_terminal(self) -> bool:
         return normalize_status(self.status) in self.terminal_statuses
@@ -242,7 +213,7 @@ class TaskResolver:
 
         `event_time` is the EventBridge event's time (None for the reconciler's synthetic
         details); `described_endpoint` saves a DescribeEndpoint the caller already made."""
-        name, kind, status = detail.resource_name, detail.kind, detail.status_text
+        name, kind, status = detail.resource_name, detail.kind, detail.status
         if not detail.is_terminal():
             logger.info("non-terminal status ignored", extra={"resource_name": name, "status": status})
             return Resolution("ignored", name, kind, status)
@@ -273,16 +244,16 @@ class TaskResolver:
             return {
                 "shard_id": record.context.get("shard_id", ""),
                 "status": "ok",
-                "job_name": detail.job_name,
+                "job_name": detail.resource_name,
             }
         if detail.model_artifacts is not None:
             model_data_url = detail.model_artifacts.s3_model_artifacts
         else:
             # SageMaker's own layout under OutputDataConfig.S3OutputPath.
-            model_data_url = f"{record.context.get('output_path', '')}{detail.job_name}/output/model.tar.gz"
+            model_data_url = f"{record.context.get('output_path', '')}{detail.resource_name}/output/model.tar.gz"
         metrics = {datum.metric_name: datum.value for datum in detail.final_metrics[:MAX_METRICS]}
         summary: dict[str, Any] = {
-            "job_name": detail.job_name,
+            "job_name": detail.resource_name,
             "model_data_url": model_data_url,
             "final_metrics": metrics,
         }

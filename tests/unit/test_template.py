@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+
+from sdflow.local.template import load_template
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"
@@ -32,29 +33,9 @@ STAR_ONLY_ACTIONS = {
 READ_ONLY_PREFIXES = ("Describe", "Get", "List")
 
 
-class _CfnLoader(yaml.SafeLoader):
-    """Reads CloudFormation short-form tags (!Ref, !Sub, …) as {"Fn::…": value}."""
-
-
-def _construct_tag(loader: _CfnLoader, suffix: str, node: yaml.Node) -> Any:
-    if isinstance(node, yaml.ScalarNode):
-        value: Any = loader.construct_scalar(node)
-    elif isinstance(node, yaml.SequenceNode):
-        value = loader.construct_sequence(node, deep=True)
-    else:
-        value = loader.construct_mapping(node, deep=True)  # type: ignore[arg-type]
-    name = "Ref" if suffix == "Ref" else f"Fn::{suffix}"
-    if suffix == "GetAtt" and isinstance(value, str):
-        value = value.split(".", 1)
-    return {name: value}
-
-
-_CfnLoader.add_multi_constructor("!", _construct_tag)
-
-
 @pytest.fixture(scope="module")
 def template() -> dict[str, Any]:
-    return yaml.load(TEMPLATE.read_text(), Loader=_CfnLoader)
+    return load_template(TEMPLATE)
 
 
 @pytest.fixture(scope="module")

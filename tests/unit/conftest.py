@@ -126,6 +126,19 @@ def mocked_aws(aws_env: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[AwsWo
         aws.reset_clients()
 
 
+@dataclass
+class FakeLambdaContext:
+    """The parts of a Lambda context that Powertools and the handlers read."""
+
+    function_name: str = "sdflow-test"
+    memory_limit_in_mb: int = 512
+    invoked_function_arn: str = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:sdflow-test"
+    aws_request_id: str = "7f1c2a9e-0000-4000-8000-000000000000"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return 60_000
+
+
 def load_event(name: str) -> dict[str, Any]:
     """An event from events/, the same file `sam local invoke -e` uses."""
     return json.loads((EVENTS_DIR / name).read_text())

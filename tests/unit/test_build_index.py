@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -14,18 +13,10 @@ from sdflow_common.run_document import parse_run_document
 from sdflow_common.sagemaker_jobs import task_timeouts
 from sdflow_common.validate_run import RunConfig, ValidateRunRequest, shard_items, validate_run
 from tests.conftest import load_function_module
-from tests.unit.conftest import ACCOUNT, DATA_BUCKET, REGION, AwsWorld
+from tests.unit.conftest import ACCOUNT, DATA_BUCKET, REGION, AwsWorld, FakeLambdaContext
 
 RUN_ID = "demo-0123456789abcdef"
 CONTRACT_SUMMARY_KEYS = {"index_uri", "total_samples", "shards_ok", "shards_failed", "failed_shards"}
-
-
-@dataclass
-class FakeContext:
-    function_name: str = "sdflow-build-index-test"
-    memory_limit_in_mb: int = 512
-    invoked_function_arn: str = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:sdflow-build-index-test"
-    aws_request_id: str = "7f1c2a9e-0000-4000-8000-000000000003"
 
 
 def make_config(world: AwsWorld, shard_count: int, tolerated: float = 10.0) -> RunConfig:
@@ -219,9 +210,9 @@ def test_handler_indexes_what_validate_run_listed(mocked_aws: AwsWorld) -> None:
     app = load_function_module("build_index")
 
     with pytest.raises(NoUsableShards, match="1 of 3"):  # default tolerance is 10%
-        app.lambda_handler({"config": config}, FakeContext())
+        app.lambda_handler({"config": config}, FakeLambdaContext())
 
     finish_shard(mocked_aws, "00001", samples=4)
-    summary = app.lambda_handler({"config": config}, FakeContext())
+    summary = app.lambda_handler({"config": config}, FakeLambdaContext())
     assert summary["total_samples"] == 12
     assert summary["index_uri"] == f"{config['dataset_prefix_uri']}index.json"

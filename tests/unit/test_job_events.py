@@ -20,19 +20,19 @@ from pydantic import ValidationError
 from sdflow_common import aws
 from sdflow_common.token_store import TokenStore
 from tests.conftest import load_function_module
-from tests.unit.conftest import ACCOUNT, REGION, TOKEN_TABLE, TRAINING_IMAGE_URI, AwsWorld, load_event
+from tests.unit.conftest import (
+    ACCOUNT,
+    REGION,
+    TOKEN_TABLE,
+    TRAINING_IMAGE_URI,
+    AwsWorld,
+    FakeLambdaContext,
+    load_event,
+)
 
 EXECUTION_ARN = f"arn:aws:states:{REGION}:{ACCOUNT}:execution:sdflow-pipeline-test:run-under-test"
 TOKEN = "AQCEAAAAKgAAAAMAAAAAAAAAAf4kTokenUnderTest=="
 SFN_MODEL = botocore.session.get_session().get_service_model("stepfunctions")
-
-
-@dataclass
-class FakeContext:
-    function_name: str = "sdflow-job-events-test"
-    memory_limit_in_mb: int = 256
-    invoked_function_arn: str = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:sdflow-job-events-test"
-    aws_request_id: str = "7f1c2a9e-0000-4000-8000-000000000020"
 
 
 @dataclass
@@ -71,7 +71,7 @@ def store(mocked_aws: AwsWorld) -> TokenStore:
 @pytest.fixture
 def handle(mocked_aws: AwsWorld) -> Any:
     handler = load_function_module("job_events").lambda_handler
-    return lambda event: handler(event, FakeContext())
+    return lambda event: handler(event, FakeLambdaContext())
 
 
 def claim_for(store: TokenStore, event: dict[str, Any], kind: str, **context: str) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import Any
 
 # The X-Ray SDK opens its UDP emitter's socket on first import (Tracer() triggers it); import it
@@ -22,20 +21,20 @@ from sdflow_common.errors import (
 )
 from sdflow_common.token_store import TokenStore
 from tests.conftest import load_function_module
-from tests.unit.conftest import ACCOUNT, REGION, TOKEN_TABLE, TRAINING_IMAGE_URI, AwsWorld, load_event
-
-
-@dataclass
-class FakeContext:
-    function_name: str = "sdflow-starter-test"
-    memory_limit_in_mb: int = 256
-    invoked_function_arn: str = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:sdflow-starter-test"
-    aws_request_id: str = "7f1c2a9e-0000-4000-8000-000000000010"
+from tests.unit.conftest import (
+    ACCOUNT,
+    REGION,
+    TOKEN_TABLE,
+    TRAINING_IMAGE_URI,
+    AwsWorld,
+    FakeLambdaContext,
+    load_event,
+)
 
 
 @pytest.fixture
-def context() -> FakeContext:
-    return FakeContext()
+def context() -> FakeLambdaContext:
+    return FakeLambdaContext()
 
 
 @pytest.fixture
@@ -60,7 +59,7 @@ def download_job_names(world: AwsWorld) -> list[str]:
 
 
 def test_start_download_creates_named_job_and_claims_token(
-    mocked_aws: AwsWorld, store: TokenStore, context: FakeContext
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext
 ) -> None:
     event = load_event("start_download_task.json")
     result = load_function_module("start_download").lambda_handler(event, context)
@@ -78,7 +77,7 @@ def test_start_download_creates_named_job_and_claims_token(
 
 
 def test_start_download_reinvoked_same_attempt_creates_one_job(
-    mocked_aws: AwsWorld, context: FakeContext, monkeypatch: pytest.MonkeyPatch
+    mocked_aws: AwsWorld, context: FakeLambdaContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     handler = load_function_module("start_download").lambda_handler
     event = load_event("start_download_task.json")
@@ -96,7 +95,7 @@ def test_start_download_reinvoked_same_attempt_creates_one_job(
     assert len(download_job_names(mocked_aws)) == 1
 
 
-def test_start_download_retry_attempt_creates_distinct_job(mocked_aws: AwsWorld, context: FakeContext) -> None:
+def test_start_download_retry_attempt_creates_distinct_job(mocked_aws: AwsWorld, context: FakeLambdaContext) -> None:
     handler = load_function_module("start_download").lambda_handler
     first = load_event("start_download_task.json")
     retry = {**copy.deepcopy(first), "attempt": 1, "token": first["token"] + "-retry"}
@@ -108,7 +107,7 @@ def test_start_download_retry_attempt_creates_distinct_job(mocked_aws: AwsWorld,
 
 
 def test_start_download_throttled_raises_and_releases_claim(
-    mocked_aws: AwsWorld, store: TokenStore, context: FakeContext, monkeypatch: pytest.MonkeyPatch
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sagemaker_client(), "create_processing_job", throttle)
     event = load_event("start_download_task.json")
@@ -119,7 +118,7 @@ def test_start_download_throttled_raises_and_releases_claim(
 
 
 def test_start_download_refused_request_raises_download_job_failed(
-    mocked_aws: AwsWorld, store: TokenStore, context: FakeContext, monkeypatch: pytest.MonkeyPatch
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def refuse(**_kwargs: Any) -> None:
         raise ClientError(
@@ -134,7 +133,7 @@ def test_start_download_refused_request_raises_download_job_failed(
 
 
 def test_start_download_missing_role_setting_names_variable(
-    mocked_aws: AwsWorld, context: FakeContext, monkeypatch: pytest.MonkeyPatch
+    mocked_aws: AwsWorld, context: FakeLambdaContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("SAGEMAKER_ROLE_ARN")
     with pytest.raises(RuntimeError, match="SAGEMAKER_ROLE_ARN"):
@@ -145,7 +144,7 @@ def test_start_download_missing_role_setting_names_variable(
 
 
 def test_start_training_creates_job_with_run_options(
-    mocked_aws: AwsWorld, store: TokenStore, context: FakeContext
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext
 ) -> None:
     event = load_event("start_training_task.json")
     result = load_function_module("start_training").lambda_handler(event, context)
@@ -163,7 +162,7 @@ def test_start_training_creates_job_with_run_options(
 
 
 def test_start_training_throttled_raises_and_releases_claim(
-    mocked_aws: AwsWorld, store: TokenStore, context: FakeContext, monkeypatch: pytest.MonkeyPatch
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sagemaker_client(), "create_training_job", throttle)
     event = load_event("start_training_task.json")
@@ -173,7 +172,7 @@ def test_start_training_throttled_raises_and_releases_claim(
 
 
 def test_start_training_quota_exceeded_is_throttling(
-    mocked_aws: AwsWorld, context: FakeContext, monkeypatch: pytest.MonkeyPatch
+    mocked_aws: AwsWorld, context: FakeLambdaContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def over_quota(**_kwargs: Any) -> None:
         raise ClientError(
@@ -186,7 +185,7 @@ def test_start_training_quota_exceeded_is_throttling(
 
 
 def test_start_training_other_error_raises_training_job_failed(
-    mocked_aws: AwsWorld, context: FakeContext, monkeypatch: pytest.MonkeyPatch
+    mocked_aws: AwsWorld, context: FakeLambdaContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def refuse(**_kwargs: Any) -> None:
         raise ClientError({"Error": {"Code": "ValidationException", "Message": "bad image"}}, "CreateTrainingJob")
@@ -220,7 +219,7 @@ def seed_endpoint(world: AwsWorld, endpoint: str, config: str = "previous-config
 
 
 def test_deploy_endpoint_missing_endpoint_is_created(
-    mocked_aws: AwsWorld, store: TokenStore, context: FakeContext
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext
 ) -> None:
     event = load_event("deploy_endpoint_task.json")
     result = load_function_module("deploy_endpoint").lambda_handler(event, context)
@@ -244,7 +243,7 @@ def test_deploy_endpoint_missing_endpoint_is_created(
 
 
 def test_deploy_endpoint_existing_endpoint_is_updated_blue_green(
-    mocked_aws: AwsWorld, store: TokenStore, context: FakeContext, monkeypatch: pytest.MonkeyPatch
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     event = load_event("deploy_endpoint_task.json")
     endpoint = endpoint_name(event)
@@ -265,7 +264,7 @@ def test_deploy_endpoint_existing_endpoint_is_updated_blue_green(
 
 
 def test_deploy_endpoint_rollback_alarms_from_environment(
-    mocked_aws: AwsWorld, context: FakeContext, monkeypatch: pytest.MonkeyPatch
+    mocked_aws: AwsWorld, context: FakeLambdaContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     event = load_event("deploy_endpoint_task.json")
     seed_endpoint(mocked_aws, endpoint_name(event))
@@ -278,7 +277,7 @@ def test_deploy_endpoint_rollback_alarms_from_environment(
 
 
 def test_deploy_endpoint_reinvoked_same_attempt_creates_once(
-    mocked_aws: AwsWorld, context: FakeContext, monkeypatch: pytest.MonkeyPatch
+    mocked_aws: AwsWorld, context: FakeLambdaContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     handler = load_function_module("deploy_endpoint").lambda_handler
     event = load_event("deploy_endpoint_task.json")
@@ -292,7 +291,7 @@ def test_deploy_endpoint_reinvoked_same_attempt_creates_once(
 
 @pytest.mark.parametrize("status", ["Creating", "Updating", "RollingBack", "SystemUpdating"])
 def test_deploy_endpoint_changing_endpoint_raises_busy_and_releases_claim(
-    mocked_aws: AwsWorld, store: TokenStore, context: FakeContext, monkeypatch: pytest.MonkeyPatch, status: str
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext, monkeypatch: pytest.MonkeyPatch, status: str
 ) -> None:
     event = load_event("deploy_endpoint_task.json")
     endpoint = endpoint_name(event)
@@ -307,7 +306,7 @@ def test_deploy_endpoint_changing_endpoint_raises_busy_and_releases_claim(
 
 
 def test_deploy_endpoint_held_by_other_run_raises_busy(
-    mocked_aws: AwsWorld, store: TokenStore, context: FakeContext
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext
 ) -> None:
     event = load_event("deploy_endpoint_task.json")
     endpoint = endpoint_name(event)
@@ -319,7 +318,7 @@ def test_deploy_endpoint_held_by_other_run_raises_busy(
 
 
 def test_deploy_endpoint_failed_endpoint_raises_with_fix(
-    mocked_aws: AwsWorld, store: TokenStore, context: FakeContext, monkeypatch: pytest.MonkeyPatch
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     event = load_event("deploy_endpoint_task.json")
     endpoint = endpoint_name(event)
@@ -334,7 +333,7 @@ def test_deploy_endpoint_failed_endpoint_raises_with_fix(
 
 
 def test_deploy_endpoint_throttled_update_raises_and_releases_claim(
-    mocked_aws: AwsWorld, store: TokenStore, context: FakeContext, monkeypatch: pytest.MonkeyPatch
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     event = load_event("deploy_endpoint_task.json")
     seed_endpoint(mocked_aws, endpoint_name(event))

@@ -10,7 +10,7 @@ import pytest
 
 from sdflow_common import notify
 from tests.conftest import load_function_module
-from tests.unit.conftest import ACCOUNT, REGION, AwsWorld, load_event
+from tests.unit.conftest import ACCOUNT, REGION, AwsWorld, FakeLambdaContext, load_event
 
 EXECUTION_ARN = f"arn:aws:states:{REGION}:{ACCOUNT}:execution:sdflow-pipeline-test:cats-v1-abc"
 STARTED = "2026-11-22T10:00:00.000Z"
@@ -131,21 +131,13 @@ def _received(sqs: Any, queue_url: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def lambda_context() -> Any:
-    class Context:
-        function_name = "notify"
-        memory_limit_in_mb = 512
-        invoked_function_arn = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:notify"
-        aws_request_id = "req-1"
-
-        @staticmethod
-        def get_remaining_time_in_millis() -> int:
-            return 60_000
-
-    return Context()
+def lambda_context() -> FakeLambdaContext:
+    return FakeLambdaContext(function_name="notify")
 
 
-def test_notify_handler_publishes_once_even_when_the_state_retries(mocked_aws: AwsWorld, lambda_context: Any) -> None:
+def test_notify_handler_publishes_once_even_when_the_state_retries(
+    mocked_aws: AwsWorld, lambda_context: FakeLambdaContext
+) -> None:
     sqs, queue_url = _subscribe_queue(mocked_aws)
     handler = load_function_module("notify").lambda_handler
     event = load_event("notify_success.json")
@@ -160,7 +152,9 @@ def test_notify_handler_publishes_once_even_when_the_state_retries(mocked_aws: A
     assert "Endpoint:" in published["Message"]
 
 
-def test_notify_handler_failure_event_publishes_failure(mocked_aws: AwsWorld, lambda_context: Any) -> None:
+def test_notify_handler_failure_event_publishes_failure(
+    mocked_aws: AwsWorld, lambda_context: FakeLambdaContext
+) -> None:
     sqs, queue_url = _subscribe_queue(mocked_aws)
     handler = load_function_module("notify").lambda_handler
 

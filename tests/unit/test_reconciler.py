@@ -26,20 +26,13 @@ from tests.unit.conftest import (
     TOKEN_TABLE,
     TRAINING_IMAGE_URI,
     AwsWorld,
+    FakeLambdaContext,
     load_event,
 )
 
 EXECUTION_ARN = f"arn:aws:states:{REGION}:{ACCOUNT}:execution:sdflow-pipeline-test:run-under-test"
 RUN_ID = "run-under-test"
 AN_HOUR_AGO = 3600
-
-
-@dataclass
-class FakeContext:
-    function_name: str = "sdflow-reconciler-test"
-    memory_limit_in_mb: int = 256
-    invoked_function_arn: str = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:sdflow-reconciler-test"
-    aws_request_id: str = "7f1c2a9e-0000-4000-8000-000000000030"
 
 
 @dataclass
@@ -66,7 +59,7 @@ def claims_made(seconds_ago: int) -> TokenStore:
 
 def reconcile() -> dict[str, int]:
     handler = load_function_module("reconciler").lambda_handler
-    return handler(load_event("scheduled_reconciler.json"), FakeContext())  # type: ignore[no-any-return]
+    return handler(load_event("scheduled_reconciler.json"), FakeLambdaContext())  # type: ignore[no-any-return]
 
 
 def create_training_job(world: AwsWorld, name: str) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import boto3
@@ -27,19 +26,12 @@ from tests.unit.conftest import (
     STATE_MACHINE_ARN,
     STATE_MACHINE_NAME,
     AwsWorld,
+    FakeLambdaContext,
     load_event,
 )
 
 NAME_RE = re.compile(r"^[0-9A-Za-z_-]{1,80}$")
 PASS_DEFINITION = json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Pass", "End": True}}})
-
-
-@dataclass
-class FakeContext:
-    function_name: str = "sdflow-start-pipeline-test"
-    memory_limit_in_mb: int = 256
-    invoked_function_arn: str = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:sdflow-start-pipeline-test"
-    aws_request_id: str = "7f1c2a9e-0000-4000-8000-000000000001"
 
 
 @pytest.fixture
@@ -125,7 +117,7 @@ def test_handler_valid_manifest_starts_one_execution_with_manifest_input(
     world: AwsWorld, app: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     put = upload(world, "manifests/demo.json", manifest())
-    result = app.lambda_handler(s3_event("manifests/demo.json", put), FakeContext())
+    result = app.lambda_handler(s3_event("manifests/demo.json", put), FakeLambdaContext())
 
     assert result["status"] == "started"
     runs = executions(world)
@@ -169,7 +161,7 @@ def test_execution_name_of_any_key_is_valid_and_at_most_80_chars(key: str) -> No
 def test_handler_very_long_key_starts_execution_with_valid_name(world: AwsWorld, app: Any) -> None:
     key = "manifests/" + "x" * 900 + ".json"
     put = upload(world, key, manifest())
-    result = app.lambda_handler(s3_event(key, put), FakeContext())
+    result = app.lambda_handler(s3_event(key, put), FakeLambdaContext())
     assert result["status"] == "started"
     (run,) = executions(world)
     assert len(run["name"]) <= EXECUTION_NAME_MAX
@@ -181,9 +173,9 @@ def test_handler_same_event_twice_starts_one_execution(
 ) -> None:
     put = upload(world, "manifests/demo.json", manifest())
     event = s3_event("manifests/demo.json", put)
-    first = app.lambda_handler(event, FakeContext())
+    first = app.lambda_handler(event, FakeLambdaContext())
     capsys.readouterr()
-    second = app.lambda_handler(copy.deepcopy(event), FakeContext())
+    second = app.lambda_handler(copy.deepcopy(event), FakeLambdaContext())
 
     assert first["status"] == "started"
     assert second["status"] == "duplicate"
@@ -215,8 +207,8 @@ def test_handler_reupload_to_versioned_bucket_starts_a_second_run(world: AwsWorl
     second_put = upload(world, "manifests/demo.json", manifest())
     assert first_put["VersionId"] != second_put["VersionId"]
 
-    first = app.lambda_handler(s3_event("manifests/demo.json", first_put), FakeContext())
-    second = app.lambda_handler(s3_event("manifests/demo.json", second_put), FakeContext())
+    first = app.lambda_handler(s3_event("manifests/demo.json", first_put), FakeLambdaContext())
+    second = app.lambda_handler(s3_event("manifests/demo.json", second_put), FakeLambdaContext())
     assert first["status"] == second["status"] == "started"
     assert first["execution_name"] != second["execution_name"]
     assert len(executions(world)) == 2
@@ -253,7 +245,7 @@ def test_handler_invalid_manifest_writes_report_notifies_and_starts_nothing(
     put = upload(world, key, make())
     capsys.readouterr()
 
-    result = app.lambda_handler(s3_event(key, put), FakeContext())
+    result = app.lambda_handler(s3_event(key, put), FakeLambdaContext())
 
     assert result["status"] == "rejected"
     assert executions(world) == []
@@ -282,13 +274,13 @@ def test_rejection_report_lands_outside_manifests_so_it_never_triggers_a_run() -
 
 def test_handler_key_outside_manifests_is_ignored(world: AwsWorld, app: Any) -> None:
     put = upload(world, "datasets/demo.json", manifest())
-    assert app.lambda_handler(s3_event("datasets/demo.json", put), FakeContext())["status"] == "ignored"
+    assert app.lambda_handler(s3_event("datasets/demo.json", put), FakeLambdaContext())["status"] == "ignored"
     assert executions(world) == []
 
 
 def test_handler_url_encoded_key_reads_the_real_object(world: AwsWorld, app: Any) -> None:
     put = upload(world, "manifests/my run.json", manifest())
-    result = app.lambda_handler(s3_event("manifests/my+run.json", put), FakeContext())
+    result = app.lambda_handler(s3_event("manifests/my+run.json", put), FakeLambdaContext())
     assert result["status"] == "started"
     assert result["execution_name"].startswith("my-run-")
 
@@ -296,7 +288,7 @@ def test_handler_url_encoded_key_reads_the_real_object(world: AwsWorld, app: Any
 def test_handler_object_overwritten_before_read_starts_nothing(world: AwsWorld, app: Any) -> None:
     old = upload(world, "manifests/demo.json", manifest())
     upload(world, "manifests/demo.json", {**manifest(), "run_name": "newer"})
-    result = app.lambda_handler(s3_event("manifests/demo.json", old), FakeContext())
+    result = app.lambda_handler(s3_event("manifests/demo.json", old), FakeLambdaContext())
     assert result["status"] == "superseded"
     assert executions(world) == []
 
@@ -304,7 +296,7 @@ def test_handler_object_overwritten_before_read_starts_nothing(world: AwsWorld, 
 def test_handler_object_deleted_before_read_starts_nothing(world: AwsWorld, app: Any) -> None:
     put = upload(world, "manifests/demo.json", manifest())
     world.s3.delete_object(Bucket=DATA_BUCKET, Key="manifests/demo.json")
-    result = app.lambda_handler(s3_event("manifests/demo.json", put), FakeContext())
+    result = app.lambda_handler(s3_event("manifests/demo.json", put), FakeLambdaContext())
     assert result["status"] == "gone"
     assert executions(world) == []
 
@@ -328,6 +320,6 @@ def test_handler_event_emitted_by_moto_s3_starts_a_run(world: AwsWorld, app: Any
     upload(world, "manifests/demo.json", manifest())
     (message,) = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10)["Messages"]
 
-    result = app.lambda_handler(json.loads(message["Body"]), FakeContext())
+    result = app.lambda_handler(json.loads(message["Body"]), FakeLambdaContext())
     assert result["status"] == "started"
     assert len(executions(world)) == 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -13,7 +12,7 @@ from sdflow_common.errors import DatasetNotFound, InvalidRunDocument
 from sdflow_common.run_document import RunDocument
 from sdflow_common.validate_run import RunConfig, ValidateRunRequest, validate_run
 from tests.conftest import load_function_module
-from tests.unit.conftest import ACCOUNT, DATA_BUCKET, REGION, STATE_MACHINE_NAME, AwsWorld
+from tests.unit.conftest import ACCOUNT, DATA_BUCKET, REGION, STATE_MACHINE_NAME, AwsWorld, FakeLambdaContext
 
 EXECUTION = "demo-0123456789abcdef"
 EXECUTION_ARN = f"arn:aws:states:{REGION}:{ACCOUNT}:execution:{STATE_MACHINE_NAME}:{EXECUTION}"
@@ -29,14 +28,6 @@ CONTRACT_CONFIG_KEYS = {
     "dataset_prefix_uri",
     "run",
 }
-
-
-@dataclass
-class FakeContext:
-    function_name: str = "sdflow-validate-run-test"
-    memory_limit_in_mb: int = 512
-    invoked_function_arn: str = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:sdflow-validate-run-test"
-    aws_request_id: str = "7f1c2a9e-0000-4000-8000-000000000002"
 
 
 @pytest.fixture
@@ -223,7 +214,7 @@ def test_handler_returns_config_for_state_machine_payload(world: AwsWorld) -> No
         "execution_arn": EXECUTION_ARN,
         "start_time": "2025-06-02T09:15:43.512Z",
     }
-    config = app.lambda_handler(payload, FakeContext())
+    config = app.lambda_handler(payload, FakeLambdaContext())
     assert config["shard_count"] == 2
     assert len(json.dumps(config)) < 4096
 
@@ -237,6 +228,6 @@ def test_handler_raises_named_error_for_step_functions_catch(world: AwsWorld) ->
         "start_time": "2025-06-02T09:15:43.512Z",
     }
     with pytest.raises(InvalidRunDocument) as caught:
-        app.lambda_handler(payload, FakeContext())
+        app.lambda_handler(payload, FakeLambdaContext())
     assert type(caught.value).__name__ == "InvalidRunDocument"
     assert "dataset.prefix" in problems(caught)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sdflow_common import names
+
 PIPELINE_STATES = (
     "Validate run",
     "Download shards",
@@ -75,30 +77,36 @@ def _history(sfn: Any, execution_arn: str) -> list[dict[str, Any]]:
         kwargs["nextToken"] = page["nextToken"]
 
 
-def _shards(s3: Any, bucket: str, run_id: str, progress: Progress) -> None:
+def _read_json(s3: Any, bucket: str, key: str) -> Any:
     try:
-        shards = json.loads(s3.get_object(Bucket=bucket, Key=f"runs/{run_id}/shards.json")["Body"].read())
+        return json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
     except s3.exceptions.NoSuchKey:
+        return None
+
+
+def _shards(s3: Any, bucket: str, run_id: str, progress: Progress) -> None:
+    shards = _read_json(s3, bucket, f"runs/{run_id}/shards.json")
+    if shards is None:
         return
     progress.shards_total = len(shards)
+    index = _read_json(s3, bucket, f"runs/{run_id}/dataset/index.json")
+    if index is not None:
+        # Once the index exists it has the final counts; no need to list every shard again.
+        progress.shards_done = len(index.get("shards", []))
+        progress.shards_failed = len(index.get("failed_shards", []))
+        return
     paginator = s3.get_paginator("list_objects_v2")
     done = 0
     for page in paginator.paginate(Bucket=bucket, Prefix=f"runs/{run_id}/dataset/shards/"):
         done += sum(1 for obj in page.get("Contents", []) if obj["Key"].endswith("/_SUCCESS"))
     progress.shards_done = done
-    try:
-        index = json.loads(s3.get_object(Bucket=bucket, Key=f"runs/{run_id}/dataset/index.json")["Body"].read())
-        progress.shards_failed = len(index.get("failed_shards", []))
-    except s3.exceptions.NoSuchKey:
-        pass
 
 
-def _training(workdir: Path | None, run_id: str, progress: Progress) -> None:
+def _training(workdir: Path | None, execution_arn: str, progress: Progress) -> None:
     if workdir is None:
         return
-    candidates = sorted((workdir / "sagemaker" / "jobs").glob("sdf-tr-*/algo-1.log"), key=lambda p: p.stat().st_mtime)
-    slug = run_id.lower()[:12]
-    logs = [log for log in candidates if slug[:6] in log.parent.name] or candidates
+    pattern = names.training_job_glob(execution_arn)
+    logs = sorted((workdir / "sagemaker" / "jobs").glob(f"{pattern}/algo-1.log"), key=lambda path: path.stat().st_mtime)
     if not logs:
         return
     log = logs[-1]
@@ -120,7 +128,7 @@ def snapshot(sfn: Any, s3: Any, bucket: str, execution_arn: str, workdir: Path |
     progress.cause = description.get("cause")
     _shards(s3, bucket, run_id, progress)
     if progress.states.get("Train model") in {"running", "done", "failed"}:
-        _training(workdir, run_id, progress)
+        _training(workdir, execution_arn, progress)
     return progress
 
 

@@ -81,3 +81,14 @@ def test_names_negative_attempt_raises() -> None:
 def test_download_job_name_shard_without_alphanumerics_raises() -> None:
     with pytest.raises(InvalidNameInput, match="shard_id"):
         names.download_job_name(ARN.format("demo"), "demo", "--", 0)
+
+
+def test_training_job_glob_matches_every_attempt_of_its_execution_only() -> None:
+    import fnmatch
+
+    execution = "arn:aws:states:us-east-1:123456789012:execution:sdflow-pipeline:" + "r" * 80
+    other = "arn:aws:states:us-east-1:123456789012:execution:sdflow-pipeline:other"
+    pattern = names.training_job_glob(execution)
+    for attempt in (0, 9, 10, 123):
+        assert fnmatch.fnmatchcase(names.training_job_name(execution, "r" * 80, attempt), pattern)
+    assert not fnmatch.fnmatchcase(names.training_job_name(other, "r" * 80, 0), pattern)

@@ -83,6 +83,12 @@ def training_job_name(execution_arn: str, run_id: str, attempt: int) -> str:
     return _assemble(TRAINING_PREFIX, run_id, [digest, _attempt_suffix(attempt)])
 
 
+def training_job_glob(execution_arn: str) -> str:
+    """A glob matching every attempt's training job name of the execution (the slug may be
+    shortened differently per attempt; the hash never is)."""
+    return f"{TRAINING_PREFIX}-*-{short_hash(execution_arn, 'training')}-a*"
+
+
 def deployment_name(endpoint_name: str, execution_arn: str, attempt: int) -> str:
     """Model and endpoint-config name of one deployment: `<endpoint>-<hash10>-a<attempt>`.
 

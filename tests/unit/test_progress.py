@@ -1,0 +1,43 @@
+"""What `sdflow watch` reports, read from S3 and the local job logs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sdflow import progress
+from sdflow_common import names
+from tests.unit.conftest import DATA_BUCKET, AwsWorld
+
+EXECUTION = "arn:aws:states:us-east-1:123456789012:execution:sdflow-pipeline:demo-1"
+OTHER = "arn:aws:states:us-east-1:123456789012:execution:sdflow-pipeline:demo-2"
+
+
+def _log(workdir: Path, job: str, text: str) -> None:
+    folder = workdir / "sagemaker" / "jobs" / job
+    folder.mkdir(parents=True)
+    (folder / "algo-1.log").write_text(text)
+
+
+def test_progress_training_reads_this_executions_job_not_another(tmp_path: Path) -> None:
+    _log(tmp_path, names.training_job_name(OTHER, "demo-2", 0), "step=9 loss=0.9\n")
+    _log(tmp_path, names.training_job_name(EXECUTION, "demo-1", 1), "step=1 loss=0.5\nstep=2 loss=0.25\n")
+    snap = progress.Progress(execution_arn=EXECUTION, status="RUNNING")
+
+    progress._training(tmp_path, EXECUTION, snap)
+
+    assert snap.training_job == names.training_job_name(EXECUTION, "demo-1", 1)
+    assert (snap.training_step, snap.training_loss) == (2, 0.25)
+
+
+def test_progress_shards_counts_markers_then_takes_the_index(mocked_aws: AwsWorld) -> None:
+    mocked_aws.put_json("runs/demo-1/shards.json", [{"shard_id": f"{i:05d}"} for i in range(3)])
+    mocked_aws.put_json("runs/demo-1/dataset/shards/00000/_SUCCESS", {"samples": 5})
+    snap = progress.Progress(execution_arn=EXECUTION, status="RUNNING")
+
+    progress._shards(mocked_aws.s3, DATA_BUCKET, "demo-1", snap)
+    assert (snap.shards_total, snap.shards_done, snap.shards_failed) == (3, 1, None)
+
+    index = {"shards": [{"shard_id": "00000"}, {"shard_id": "00001"}], "failed_shards": [{"shard_id": "00002"}]}
+    mocked_aws.put_json("runs/demo-1/dataset/index.json", index)
+    progress._shards(mocked_aws.s3, DATA_BUCKET, "demo-1", snap)
+    assert (snap.shards_total, snap.shards_done, snap.shards_failed) == (3, 2, 1)

@@ -19,6 +19,7 @@ from PIL import Image
 from sdflow import samples
 from sdflow.demo import DEMO_ENDPOINT, DemoOptions, manifest, prepare_inputs, run_pipeline
 from sdflow.local.cloud import LocalCloud
+from tests.conftest import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -94,14 +95,6 @@ def test_pipeline_training_failure_notifies_and_deploys_no_endpoint(
         assert [job["TrainingJobStatus"] for job in jobs] == ["Failed"]
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class _CloudFromOutside:
     """What prepare_inputs needs, from a `sdflow local up` running in another process."""
 
@@ -120,7 +113,7 @@ class _CloudFromOutside:
 
 def test_local_up_is_driven_by_clients_from_another_process(tmp_path: Path, image_server: samples.ImageServer) -> None:
     workdir = tmp_path / "work"
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [*SDFLOW, "--workdir", str(workdir), "local", "up", "--port", str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,

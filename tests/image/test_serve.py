@@ -8,7 +8,6 @@ import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ from PIL import Image
 
 from sdflow_image import serve
 from sdflow_image.tiny_model import build_tiny_pipeline
+from tests.conftest import free_port
 
 pytestmark = [pytest.mark.image, pytest.mark.slow]
 
@@ -324,12 +324,6 @@ def test_invocations_model_error_returns_500_json(fake_served: tuple[TestClient,
     assert "the fake model exploded" in response.json()["error"]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _http(url: str, body: dict[str, Any] | None = None, timeout: float = 60) -> tuple[int, bytes]:
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
@@ -349,7 +343,7 @@ def _drain(lines: queue.Queue[str], log: list[str]) -> None:
 
 
 def test_serve_process_sigterm_finishes_in_flight_request_and_exits_0(opt_ml: Path, repo_root: Path) -> None:
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "SDFLOW_OPT_ML": str(opt_ml),

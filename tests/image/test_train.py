@@ -10,7 +10,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from train_fixtures import write_dataset_channel, write_job_config
 from sdflow_image import train as train_module
 from sdflow_image.data import load_index, split_work
 from sdflow_image.tiny_model import build_tiny_pipeline
+from tests.conftest import free_port
 
 pytestmark = pytest.mark.image
 
@@ -85,12 +85,6 @@ def _run(opt_ml: Path, **extra: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=RUN_TIMEOUT,
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _steps(stdout: str) -> list[int]:
@@ -215,7 +209,7 @@ def test_train_two_hosts_torch_ddp_rank0_writes_model(
         )
         for host in hosts
     ]
-    extra = {"SDFLOW_MASTER_ADDR": "127.0.0.1", "SDFLOW_MASTER_PORT": str(_free_port())}
+    extra = {"SDFLOW_MASTER_ADDR": "127.0.0.1", "SDFLOW_MASTER_PORT": str(free_port())}
     procs = [_start(opt_ml, **extra) for opt_ml in opt_mls]
     outputs = [p.communicate(timeout=RUN_TIMEOUT)[0] for p in procs]
     for proc, out in zip(procs, outputs, strict=True):

@@ -27,6 +27,8 @@ from typing import Any
 import boto3
 import psutil
 
+from sdflow_common.run_document import parse_s3_uri
+
 
 class NoOpSageMaker:
     """Finishes every job at once, reporting through the same listener as LocalSageMaker."""
@@ -41,7 +43,7 @@ class NoOpSageMaker:
 
     def _processing(self, request: dict[str, Any]) -> None:
         output = request["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]["S3Uri"]
-        bucket, key = output.removeprefix("s3://").split("/", 1)
+        bucket, key = parse_s3_uri(output)
         marker = {"samples": 1, "failed": 0, "tar_files": ["00000.tar"]}
         self.s3.put_object(Bucket=bucket, Key=key.rstrip("/") + "/_SUCCESS", Body=json.dumps(marker).encode())
         self.listener.job_status_changed("processing", request["ProcessingJobName"], "Completed", {})

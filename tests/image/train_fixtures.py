@@ -4,33 +4,11 @@ from __future__ import annotations
 
 import io
 import json
-import random
 import tarfile
 from pathlib import Path
 from typing import Any
 
-from PIL import Image, ImageDraw
-
-COLOURS = {
-    "red": (220, 30, 30),
-    "green": (30, 200, 60),
-    "blue": (30, 60, 220),
-    "yellow": (230, 220, 40),
-    "white": (250, 250, 250),
-    "black": (10, 10, 10),
-}
-
-
-def synthetic_pair(rng: random.Random, size: int) -> tuple[Image.Image, str]:
-    """A coloured square or circle on a coloured background, and its caption."""
-    fg, bg = rng.sample(list(COLOURS), 2)
-    shape = rng.choice(["square", "circle"])
-    # Not square on purpose: the loader must resize and center-crop.
-    image = Image.new("RGB", (size + size // 4, size), COLOURS[bg])
-    draw = ImageDraw.Draw(image)
-    a, b = rng.randint(4, size // 3), rng.randint(2 * size // 3, size - 4)
-    (draw.rectangle if shape == "square" else draw.ellipse)([a, a, b, b], fill=COLOURS[fg])
-    return image, f"a {fg} {shape} on a {bg} background"
+from sdflow import samples
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -44,19 +22,21 @@ def write_dataset_channel(
 ) -> Path:
     """Write `root/shards/<id>/00000.tar` like img2dataset, plus `root/index.json` like build_index."""
     root = Path(root)
-    rng = random.Random(seed)
     entries: list[dict[str, Any]] = []
     for shard in range(shards):
         shard_id = f"{shard:05d}"
         folder = root / "shards" / shard_id
         folder.mkdir(parents=True, exist_ok=True)
+        # Not square on purpose (up to a quarter wider or taller): the loader must resize and crop.
+        images = samples.make_images(
+            samples_per_shard, seed=seed * 1000 + shard, min_size=image_size,
+            max_size=image_size + image_size // 4, formats=("jpeg",),
+        )  # fmt: skip
         with tarfile.open(folder / "00000.tar", "w") as tar:
-            for i in range(samples_per_shard):
+            for i, image in enumerate(images):
                 key = f"{shard:05d}{i:04d}"
-                image, caption = synthetic_pair(rng, image_size)
-                buf = io.BytesIO()
-                image.save(buf, format="JPEG", quality=95)
-                _add(tar, f"{key}.jpg", buf.getvalue())
+                caption = image.caption
+                _add(tar, f"{key}.jpg", image.data)
                 _add(tar, f"{key}.txt", caption.encode())
                 _add(tar, f"{key}.json", json.dumps({"key": key, "caption": caption, "status": "success"}).encode())
         entries.append(

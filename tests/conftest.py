@@ -5,8 +5,11 @@ from __future__ import annotations
 import importlib.util
 import socket
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -18,6 +21,17 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def wait_for(predicate: Callable[[], Any], *, timeout_s: float, what: str, interval_s: float) -> Any:
+    """Poll `predicate` until it returns something truthy, and return that."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def load_function_module(purpose: str) -> ModuleType:

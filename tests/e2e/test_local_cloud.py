@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import pytest
 
 from sdflow.local import template
 from sdflow.local.cloud import LocalCloud
+from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -53,14 +53,8 @@ class RecordingSageMaker:
         ]
 
 
-def _wait_for(predicate: Callable[[], Any], timeout_s: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+def _wait_for(predicate: Callable[[], Any], what: str = "condition") -> Any:
+    return wait_for(predicate, timeout_s=60.0, what=what, interval_s=0.2)
 
 
 @pytest.fixture(scope="module")

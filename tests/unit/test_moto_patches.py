@@ -27,6 +27,7 @@ from moto import mock_aws
 
 from sdflow.local import patches
 from sdflow.local.lambda_runner import FunctionSpec, LambdaRunner
+from tests.conftest import wait_for
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
@@ -70,14 +71,8 @@ def _zip(files: dict[str, str]) -> bytes:
     return buffer.getvalue()
 
 
-def _wait_for(predicate: Callable[[], Any], timeout_s: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+def _wait_for(predicate: Callable[[], Any], what: str = "condition") -> Any:
+    return wait_for(predicate, timeout_s=20.0, what=what, interval_s=0.05)
 
 
 def _records(path: Path) -> list[dict[str, Any]]:

@@ -18,6 +18,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,44 +42,54 @@ def _state(workdir: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+@dataclass
 class Session:
-    """Clients and stack outputs, from the local cloud's state file or from flags."""
+    """Where the commands send their calls: an endpoint, the stack's outputs, a client factory."""
 
-    _cloud: Any = None
+    client: Callable[[str], Any]
+    bucket: str | None
+    state_machine_arn: str | None
+    workdir: Path | None = None  # the local runtime's folder (job logs for `watch`), if local
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Session:
+        """From flags, else the environment, else the state file `sdflow local up` writes."""
         state = _state(args.workdir)
-        self.workdir: Path | None = Path(state["workdir"]) if state.get("workdir") else None
-        self.endpoint_url = args.endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or state.get("endpoint_url")
-        outputs = state.get("outputs", {})
-        self.bucket = args.bucket or outputs.get("DataBucketName")
-        self.state_machine_arn = args.state_machine_arn or outputs.get("PipelineStateMachineArn")
-        if self.endpoint_url:
+        endpoint_url = args.endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or state.get("endpoint_url")
+        if endpoint_url:
             for key, value in state.get("env", {}).items():
                 os.environ.setdefault(key, value)
-        self._session = boto3.session.Session(region_name=state.get("region") or os.environ.get("AWS_REGION"))
+        session = boto3.session.Session(region_name=state.get("region") or os.environ.get("AWS_REGION"))
+        outputs = state.get("outputs", {})
+        return cls(
+            client=lambda name: session.client(name, endpoint_url=endpoint_url),  # type: ignore[call-overload]
+            bucket=args.bucket or outputs.get("DataBucketName"),
+            state_machine_arn=args.state_machine_arn or outputs.get("PipelineStateMachineArn"),
+            workdir=Path(state["workdir"]) if state.get("workdir") else None,
+        )
 
     @classmethod
     def for_cloud(cls, cloud: Any) -> Session:
         """A session on a LocalCloud running in this process."""
-        session = cls.__new__(cls)
-        session.workdir = Path(cloud.workdir)
-        session.endpoint_url = cloud.endpoint_url
-        session.bucket = cloud.outputs["DataBucketName"]
-        session.state_machine_arn = cloud.outputs["PipelineStateMachineArn"]
-        session._cloud = cloud
-        return session
+        return cls(
+            client=cloud.client,
+            bucket=cloud.outputs["DataBucketName"],
+            state_machine_arn=cloud.outputs["PipelineStateMachineArn"],
+            workdir=Path(cloud.workdir),
+        )
 
-    def client(self, name: str) -> Any:
-        if self._cloud is not None:
-            return self._cloud.client(name)
-        return self._session.client(name, endpoint_url=self.endpoint_url)  # type: ignore[call-overload]
+    def data_bucket(self) -> str:
+        return self._known(self.bucket, "bucket")
 
-    def need(self, *fields: str) -> None:
-        for name in fields:
-            if not getattr(self, name):
-                flag = "--" + name.replace("_", "-")
-                raise CliError(f"{name} unknown: start `sdflow local up` first, or pass {flag}")
+    def pipeline_arn(self) -> str:
+        return self._known(self.state_machine_arn, "state_machine_arn")
+
+    @staticmethod
+    def _known(value: str | None, name: str) -> str:
+        if not value:
+            flag = "--" + name.replace("_", "-")
+            raise CliError(f"{name} unknown: start `sdflow local up` first, or pass {flag}")
+        return value
 
 
 def cmd_local_up(args: argparse.Namespace) -> int:
@@ -120,29 +132,28 @@ def start_run(session: Session, manifest: Path, *, api: bool, name: str | None =
     json.loads(document)  # a broken file is the user's to fix before anything is sent
     sfn = session.client("stepfunctions")
     if api:
-        session.need("state_machine_arn")
-        kwargs: dict[str, Any] = {"stateMachineArn": session.state_machine_arn, "input": document}
+        kwargs: dict[str, Any] = {"stateMachineArn": session.pipeline_arn(), "input": document}
         if name:
             kwargs["name"] = name
         return str(sfn.start_execution(**kwargs)["executionArn"])
-    session.need("bucket", "state_machine_arn")
-    before = {e["executionArn"] for e in _executions(sfn, session.state_machine_arn)}
+    bucket, pipeline = session.data_bucket(), session.pipeline_arn()
+    before = {e["executionArn"] for e in _executions(sfn, pipeline)}
     key = f"manifests/{manifest.name}"
-    session.client("s3").put_object(Bucket=session.bucket, Key=key, Body=document.encode())
+    session.client("s3").put_object(Bucket=bucket, Key=key, Body=document.encode())
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        new = [e for e in _executions(sfn, session.state_machine_arn) if e["executionArn"] not in before]
+        new = [e for e in _executions(sfn, pipeline) if e["executionArn"] not in before]
         if new:
             return str(new[0]["executionArn"])
         rejected = f"rejected/{key}.errors.json"
         try:
-            report = session.client("s3").get_object(Bucket=session.bucket, Key=rejected)["Body"].read()
+            report = session.client("s3").get_object(Bucket=bucket, Key=rejected)["Body"].read()
         except Exception:
             report = b""
         if report:
-            raise CliError(f"manifest rejected (s3://{session.bucket}/{rejected}):\n{report.decode()}")
+            raise CliError(f"manifest rejected (s3://{bucket}/{rejected}):\n{report.decode()}")
         time.sleep(0.5)
-    raise CliError(f"no execution started within 60 s of uploading s3://{session.bucket}/{key}")
+    raise CliError(f"no execution started within 60 s of uploading s3://{bucket}/{key}")
 
 
 def _executions(sfn: Any, state_machine_arn: str) -> list[dict[str, Any]]:
@@ -150,31 +161,29 @@ def _executions(sfn: Any, state_machine_arn: str) -> list[dict[str, Any]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    session = Session(args)
+    session = Session.from_args(args)
     arn = start_run(session, args.manifest, api=args.api, name=args.name)
     print(arn)
     return 0
 
 
 def _resolve_execution(session: Session, execution: str | None) -> str:
-    sfn = session.client("stepfunctions")
     if execution and execution.startswith("arn:"):
         return execution
-    session.need("state_machine_arn")
-    executions = sorted(_executions(sfn, session.state_machine_arn), key=lambda e: e["startDate"], reverse=True)
+    pipeline = session.pipeline_arn()
+    sfn = session.client("stepfunctions")
+    executions = sorted(_executions(sfn, pipeline), key=lambda e: e["startDate"], reverse=True)
     for item in executions:
         if execution is None or item["name"] == execution:
             return str(item["executionArn"])
-    raise CliError(f"no execution {execution!r} of {session.state_machine_arn}" if execution else "no execution yet")
+    raise CliError(f"no execution {execution!r} of {pipeline}" if execution else "no execution yet")
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    session = Session(args)
-    session.need("bucket")
+    session = Session.from_args(args)
+    bucket = session.data_bucket()
     arn = _resolve_execution(session, args.execution)
-    snap = progress_mod.snapshot(
-        session.client("stepfunctions"), session.client("s3"), session.bucket, arn, session.workdir
-    )
+    snap = progress_mod.snapshot(session.client("stepfunctions"), session.client("s3"), bucket, arn, session.workdir)
     print("\n".join(progress_mod.render_lines(snap)))
     return 0 if snap.status in {"RUNNING", "SUCCEEDED"} else 1
 
@@ -183,11 +192,11 @@ def watch(
     session: Session, execution_arn: str, *, interval: float = 1.0, out: Any = sys.stdout
 ) -> progress_mod.Progress:
     """Print a line whenever a state starts, ends or makes progress, until the execution ends."""
-    sfn, s3 = session.client("stepfunctions"), session.client("s3")
+    sfn, s3, bucket = session.client("stepfunctions"), session.client("s3"), session.data_bucket()
     printed: dict[str, str] = {}
     print(f"watching {execution_arn}", file=out, flush=True)
     while True:
-        snap = progress_mod.snapshot(sfn, s3, str(session.bucket), execution_arn, session.workdir)
+        snap = progress_mod.snapshot(sfn, s3, bucket, execution_arn, session.workdir)
         for state, line in progress_mod.state_lines(snap).items():
             if printed.get(state) != line:
                 print(line, file=out, flush=True)
@@ -201,8 +210,8 @@ def watch(
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    session = Session(args)
-    session.need("bucket")
+    session = Session.from_args(args)
+    session.data_bucket()  # fail before any call when the stack is unknown
     snap = watch(session, _resolve_execution(session, args.execution))
     return 0 if snap.status == "SUCCEEDED" else 1
 
@@ -218,7 +227,7 @@ def invoke(session: Session, endpoint: str, prompt: str, output: Path, **options
 
 
 def cmd_invoke(args: argparse.Namespace) -> int:
-    session = Session(args)
+    session = Session.from_args(args)
     path = invoke(
         session, args.endpoint, args.prompt, args.output,
         num_inference_steps=args.steps, seed=args.seed, width=args.width, height=args.height,

@@ -15,9 +15,9 @@ from sdflow_common import aws
 SUBJECT_LIMIT = 100
 CAUSE_LIMIT = 2000
 
-# Which step was running, judged by what the state already holds (each step adds one key).
+# Which step was running, judged by what the state already holds (each step adds one key;
+# $.endpoint only exists once the run has succeeded, so it never names a failed step).
 _PROGRESS = (
-    ("endpoint", "Notify success"),
     ("training", "Deploy endpoint"),
     ("dataset", "Train model"),
     ("config", "Download shards / Build dataset index"),

@@ -7,7 +7,8 @@ What it does on start():
 - starts moto's ThreadedMotoServer bound to 127.0.0.1 only, with state-machine execution on and
   the Docker-free Lambda backend (moto's process-wide config), MOTO_PORT set for the Step
   Functions interpreter's own clients;
-- installs sdflow.local.patches (real handlers, EventBridge targets, SageMaker jobs, SNS files …);
+- installs sdflow.local.patching (sdflow/local/services/: real handlers, EventBridge targets,
+  SageMaker jobs, SNS files …);
 - deploys template.yaml through sdflow.local.template (SAM -> CloudFormation -> CreateStack);
 - creates the LocalSageMaker that runs jobs and endpoints as local processes.
 
@@ -28,8 +29,11 @@ from typing import Any, cast
 
 import boto3
 
-from sdflow.local import patches, template
+from sdflow.local import patching, template
 from sdflow.local.lambda_runner import DEFAULT_MAX_WORKERS_PER_FUNCTION, LambdaRunner
+from sdflow.local.runtime import Runtime, SageMakerRuntime
+from sdflow.local.services import awslambda, sns
+from sdflow.local.services.sagemaker import SageMakerStatusPublisher
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +50,7 @@ CLI_CREDENTIALS = {
     "AWS_SESSION_TOKEN": "testing",
 }
 
-SageMakerFactory = Callable[[Path, str, patches.SageMakerStatusPublisher], patches.SageMakerRuntime]
+SageMakerFactory = Callable[[Path, str, SageMakerStatusPublisher], SageMakerRuntime]
 
 
 class LocalCloudError(RuntimeError):
@@ -64,7 +68,7 @@ def _moto_config() -> dict[str, Any]:
     return cast(dict[str, Any], default_user_config)
 
 
-def _default_sagemaker(workdir: Path, endpoint_url: str, listener: patches.SageMakerStatusPublisher) -> Any:
+def _default_sagemaker(workdir: Path, endpoint_url: str, listener: SageMakerStatusPublisher) -> Any:
     from sdflow.local.sagemaker import LocalSageMaker  # type: ignore[import-not-found, unused-ignore]
 
     return LocalSageMaker(workdir / "sagemaker", endpoint_url, listener=listener, region=REGION)
@@ -94,8 +98,8 @@ class LocalCloud:
         self.lambda_workers_per_function = lambda_workers_per_function
         self.async_retry_delays_s = async_retry_delays_s
         self.deployment: template.Deployment | None = None
-        self.runtime: patches.Runtime | None = None
-        self.status_publisher = patches.SageMakerStatusPublisher(ACCOUNT_ID, REGION)
+        self.runtime: Runtime | None = None
+        self.status_publisher = SageMakerStatusPublisher(ACCOUNT_ID, REGION)
         self._server: Any = None
         self._port: int | None = None
         self._saved_env: dict[str, str | None] = {}
@@ -142,10 +146,10 @@ class LocalCloud:
             max_workers_per_function=self.lambda_workers_per_function,
             account_id=ACCOUNT_ID,
         )
-        self.runtime = patches.Runtime(
+        self.runtime = Runtime(
             workdir=self.workdir, lambda_runner=runner, async_retry_delays_s=self.async_retry_delays_s
         )
-        patches.install(self.runtime)
+        patching.install(self.runtime)
         self.deployment = template.deploy(
             self.template_path,
             self.endpoint_url,
@@ -170,7 +174,7 @@ class LocalCloud:
                     runtime.sagemaker.shutdown()
             if runtime.lambda_runner is not None:
                 runtime.lambda_runner.shutdown()
-            patches.uninstall()
+            patching.uninstall()
         if self._server is not None:
             self._server.stop()
             self._server = None
@@ -265,7 +269,7 @@ class LocalCloud:
 
     def sns_messages(self, topic_name: str | None = None) -> list[dict[str, Any]]:
         """Messages published to a topic (default: the stack's notification topic), oldest first."""
-        return patches.read_sns_messages(self.workdir, topic_name or self.topic_name)
+        return sns.read_sns_messages(self.workdir, topic_name or self.topic_name)
 
     def wait_idle(self, timeout_s: float = 30.0) -> bool:
         """Wait until no asynchronous Lambda invocation (event delivery) is running."""
@@ -285,7 +289,7 @@ class LocalCloud:
 
         def warm() -> None:
             with ThreadPoolExecutor(max_workers=2) as pool:
-                list(pool.map(lambda fn: runner.prewarm(patches.function_spec(runtime, fn)), functions))
+                list(pool.map(lambda fn: runner.prewarm(awslambda.function_spec(runtime, fn)), functions))
 
         thread = threading.Thread(target=warm, name="sdflow-prewarm", daemon=True)
         thread.start()

@@ -1,0 +1,140 @@
+"""Step Functions: moto's interpreter (LocalStack's) made to keep AWS's semantics where the pipeline relies on them."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import uuid
+from typing import Any
+
+from sdflow.local.patching import original
+from sdflow.local.runtime import runtime_or_none
+
+
+def sfn_send_task_failure(self: Any) -> Any:
+    """Replaces moto/stepfunctions/responses.py StepFunctionResponse.send_task_failure.
+
+    moto reads `error` only and drops `cause`, so the failure notification would lose the
+    SageMaker FailureReason job_events puts there."""
+    from moto.core.responses import EmptyResult
+
+    self.stepfunction_backend.send_task_failure(
+        self._get_param("taskToken"), error=self._get_param("error"), cause=self._get_param("cause")
+    )
+    return EmptyResult()
+
+
+def sfn_start_execution(
+    self: Any, state_machine_arn: str, name: str | None = None, execution_input: Any = None, trace_header: Any = None
+) -> Any:
+    """Wraps moto/stepfunctions/parser/models.py StepFunctionsParserBackend.start_execution.
+
+    Without a name moto builds the ARN "<machine>:None" (every unnamed start collides with the
+    first); AWS generates a UUID."""
+    return original(type(self), "start_execution")(
+        self, state_machine_arn, name or str(uuid.uuid4()), execution_input, trace_header
+    )
+
+
+def sfn_reflect_execution_status(self: Any) -> None:
+    """Replaces moto/stepfunctions/parser/backend/execution.py
+    BaseExecutionWorkerCommunication._reflect_execution_status.
+
+    moto sets the status first and the output / error / cause after it, so a client polling
+    DescribeExecution can see SUCCEEDED without output (or FAILED without error). Here the
+    results are set first and the status last."""
+    from moto.stepfunctions.parser.api import ExecutionStatus
+    from moto.stepfunctions.parser.asl.eval.program_state import (
+        ProgramEnded,
+        ProgramError,
+        ProgramStopped,
+        ProgramTimedOut,
+    )
+
+    execution = self.execution
+    state = execution.exec_worker.env.program_state()
+    execution.stop_date = dt.datetime.now(tz=dt.UTC)
+    if isinstance(state, ProgramEnded):
+        execution.output = execution.exec_worker.env.states.get_input()
+        execution.exec_status = ExecutionStatus.SUCCEEDED
+    elif isinstance(state, ProgramStopped):
+        execution.exec_status = ExecutionStatus.ABORTED
+    elif isinstance(state, ProgramError):
+        details = state.error or {}
+        execution.error = details.get("error")
+        execution.cause = details.get("cause")
+        execution.exec_status = ExecutionStatus.FAILED
+    elif isinstance(state, ProgramTimedOut):
+        execution.exec_status = ExecutionStatus.TIMED_OUT
+    else:
+        raise RuntimeWarning(f"Execution ended with unsupported ProgramState type '{type(state)}'.")
+
+
+def sfn_boto_client_for(region: str, service: str, state_credentials: Any = None) -> Any:
+    """Wraps moto/stepfunctions/parser/asl/utils/boto_client.py boto_client_for.
+
+    The interpreter builds a new boto3 client for every task (~30 ms of CPU each); one client
+    per (port, region, service) is reused, which made Lambda tasks ~3x faster in the probes.
+    boto3 clients are thread-safe; creating them is not, hence the lock."""
+    import moto.stepfunctions.parser.asl.utils.boto_client as boto_client
+    from moto.core.models import botocore_stubber
+    from moto.settings import moto_server_port
+
+    if botocore_stubber.enabled or state_credentials:  # in-process mock or assumed role: no caching
+        return original(boto_client, "boto_client_for")(region, service, state_credentials)
+    runtime = runtime_or_none()
+    if runtime is None:
+        return original(boto_client, "boto_client_for")(region, service, state_credentials)
+    key = (moto_server_port(), region, service)
+    with runtime.sfn_clients_lock:
+        client = runtime.sfn_clients.get(key)
+        if client is None:
+            client = runtime.sfn_clients[key] = original(boto_client, "boto_client_for")(region, service)
+    return client
+
+
+def _import_interpreter_modules() -> None:
+    import importlib
+    import pkgutil
+
+    import moto.stepfunctions.parser.asl as asl
+
+    for module in pkgutil.walk_packages(asl.__path__, asl.__name__ + "."):
+        with contextlib.suppress(Exception):
+            importlib.import_module(module.name)
+
+
+def _modules_importing_boto_client_for() -> list[Any]:
+    """Every interpreter module that did `from ...boto_client import boto_client_for`."""
+    import sys
+
+    import moto.stepfunctions.parser.asl.utils.boto_client as boto_client
+
+    moto_boto_client_for = original(boto_client, "boto_client_for")
+    return [
+        module
+        for name, module in list(sys.modules.items())
+        if name.startswith("moto.stepfunctions.parser")
+        and getattr(module, "boto_client_for", None) is moto_boto_client_for
+    ]
+
+
+def patches() -> list[tuple[Any, str, Any]]:
+    import moto.stepfunctions.parser.asl.utils.boto_client as boto_client
+    from moto.stepfunctions.parser.backend.execution import BaseExecutionWorkerCommunication
+    from moto.stepfunctions.parser.models import StepFunctionsParserBackend
+    from moto.stepfunctions.responses import StepFunctionResponse
+
+    # Every interpreter module must be imported first, so its `from … import boto_client_for` copy exists.
+    _import_interpreter_modules()
+    return [
+        (StepFunctionResponse, "send_task_failure", sfn_send_task_failure),
+        (StepFunctionsParserBackend, "start_execution", sfn_start_execution),
+        (BaseExecutionWorkerCommunication, "_reflect_execution_status", sfn_reflect_execution_status),
+        (boto_client, "boto_client_for", sfn_boto_client_for),
+        *(
+            (module, "boto_client_for", sfn_boto_client_for)
+            for module in _modules_importing_boto_client_for()
+            if module is not boto_client
+        ),
+    ]

@@ -1,0 +1,125 @@
+"""Lambda: real handlers, timeouts, asynchronous invocations and the DLQ."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sdflow.local import runtime as runtime_module
+from sdflow.local.lambda_runner import FunctionSpec, LambdaRunner
+from tests.unit.local.conftest import (
+    ACCOUNT,
+    HANDLERS,
+    REGION,
+    ROLE,
+    _client,
+    _lambda_model,
+    _records,
+    _wait_for,
+    _zip,
+)
+
+
+def test_moto_gap_simple_lambda_backend_echoes_instead_of_running_the_handler(aws: None) -> None:
+    _client("lambda").create_function(
+        FunctionName="echo",
+        Runtime="python3.11",
+        Role=ROLE,
+        Handler="app.lambda_handler",
+        Code={"ZipFile": _zip({"app.py": "def lambda_handler(e, c):\n    raise RuntimeError('never runs')\n"})},
+    )
+    response = _client("lambda").invoke(FunctionName="echo", Payload=b'{"a": 1}')
+    assert "FunctionError" not in response
+    assert response["Payload"].read() == b'{"a": 1}'
+
+
+def test_patch_lambda_invoke_runs_handler_with_function_env_only(
+    function_arn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SDFLOW_TEST_PARENT_ONLY", "must not leak")
+    first = json.loads(_client("lambda").invoke(FunctionName=function_arn, Payload=b"{}")["Payload"].read())
+    second = json.loads(_client("lambda").invoke(FunctionName="probe", Payload=b"{}")["Payload"].read())
+    assert first["greeting"] == "hello"
+    assert first["endpoint"] == "http://127.0.0.1:9"
+    assert first["function"] == "probe"
+    assert first["leaked"] is None
+    assert 0 < first["remaining_ms"] <= 3000
+    assert second["pid"] == first["pid"], "a warm worker is reused"
+
+
+def test_patch_lambda_invoke_unhandled_exception_becomes_lambda_error_payload(function_arn: str) -> None:
+    response = _client("lambda").invoke(FunctionName=function_arn, Payload=b'{"fail": true}')
+    body = json.loads(response["Payload"].read())
+    assert response["FunctionError"] == "Unhandled"
+    assert body["errorType"] == "InvalidRunDocument"
+    assert body["errorMessage"] == "dataset: is required"
+    assert any("app.py" in frame for frame in body["stackTrace"])
+
+
+def test_patch_lambda_invoke_past_timeout_kills_worker_as_sandbox_timedout(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text(HANDLERS)
+    runner = LambdaRunner("http://127.0.0.1:9", REGION, tmp_path / "logs")
+    spec = FunctionSpec("slow", "arn:aws:lambda:us-east-1:1:function:slow", "app.lambda_handler", tmp_path, timeout_s=1)
+    try:
+        started = time.monotonic()
+        result = runner.invoke(spec, json.dumps({"sleep": 30}))
+        elapsed = time.monotonic() - started
+        after = runner.invoke(spec, "{}")
+    finally:
+        runner.shutdown()
+    assert result.function_error == "Unhandled"
+    assert result.error_type == "Sandbox.Timedout"
+    assert "Task timed out after 1.00 seconds" in json.loads(result.payload)["errorMessage"]
+    assert elapsed < 10
+    assert after.function_error is None, "the next invocation starts a fresh worker"
+
+
+def test_patch_lambda_invoke_event_type_runs_in_background(function_arn: str, tmp_path: Path) -> None:
+    response = _client("lambda").invoke(
+        FunctionName=function_arn, InvocationType="Event", Payload=json.dumps({"record": True, "sleep": 0.5})
+    )
+    assert response["StatusCode"] == 202
+    assert not _records(tmp_path / "events.jsonl"), "the call returned before the handler finished"
+    _wait_for(lambda: _records(tmp_path / "events.jsonl"), what="the asynchronous invocation")
+
+
+def test_patch_lambda_async_failure_goes_to_dead_letter_queue(
+    runtime: runtime_module.Runtime, function_arn: str, tmp_path: Path
+) -> None:
+    queue_url = _client("sqs").create_queue(QueueName="dlq")["QueueUrl"]
+    fn = _lambda_model("probe")
+    fn.dead_letter_config = {"TargetArn": f"arn:aws:sqs:{REGION}:{ACCOUNT}:dlq"}
+    _client("lambda").invoke(FunctionName=function_arn, InvocationType="Event", Payload=b'{"fail": true}')
+    assert runtime.wait_idle(20)
+    messages = _client("sqs").receive_message(QueueUrl=queue_url, MessageAttributeNames=["All"])["Messages"]
+    assert json.loads(messages[0]["Body"]) == {"fail": True}
+    assert messages[0]["MessageAttributes"]["ErrorMessage"]["StringValue"] == "dataset: is required"
+
+
+# ------------------------------------------------------------------------------------ (b) EventBridge
+
+
+def test_runner_serves_concurrent_invocations_with_bounded_pool(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text(HANDLERS)
+    runner = LambdaRunner("http://127.0.0.1:9", REGION, tmp_path / "logs", max_workers_per_function=2)
+    spec = FunctionSpec("f", "arn:aws:lambda:us-east-1:1:function:f", "app.lambda_handler", tmp_path, timeout_s=10)
+    results: list[dict[str, Any]] = []
+
+    def call() -> None:
+        results.append(json.loads(runner.invoke(spec, json.dumps({"sleep": 0.3})).payload))
+
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    finally:
+        runner.shutdown()
+    assert len(results) == 4
+    assert len({r["pid"] for r in results}) <= 2

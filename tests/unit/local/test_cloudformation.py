@@ -1,0 +1,195 @@
+"""CloudFormation: template resources created as the local runtime needs them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from sdflow.local import runtime as runtime_module
+from sdflow.local.services import awslambda, cloudformation
+from tests.unit.local.conftest import (
+    ACCOUNT,
+    HANDLERS,
+    MACHINE,
+    MACHINE_ARN,
+    REGION,
+    ROLE,
+    _client,
+    _lambda_model,
+    _rule_with_target,
+    _stack,
+    _wait_for,
+    _zip,
+)
+
+
+def test_moto_gap_cloudformation_state_machine_invisible_to_executing_backend(aws: None) -> None:
+    _stack({"Machine": MACHINE})
+    with pytest.raises(ClientError, match="StateMachineDoesNotExist"):
+        _client("stepfunctions").describe_state_machine(stateMachineArn=MACHINE_ARN)
+
+
+def test_patch_cloudformation_state_machine_executes_with_substitutions(runtime: runtime_module.Runtime) -> None:
+    _stack({"Machine": MACHINE})
+    sfn = _client("stepfunctions")
+    execution = sfn.start_execution(stateMachineArn=MACHINE_ARN, input="{}")["executionArn"]
+    done = _wait_for(
+        lambda: (d := sfn.describe_execution(executionArn=execution))["status"] != "RUNNING" and d,
+        what="the execution",
+    )
+    assert done["status"] == "SUCCEEDED"
+    assert json.loads(done["output"]) == {"greeting": "substituted"}
+
+
+def test_patch_cloudformation_state_machine_reads_definition_s3_location(runtime: runtime_module.Runtime) -> None:
+    s3 = _client("s3")
+    s3.create_bucket(Bucket="artifacts")
+    definition = MACHINE["Properties"]["DefinitionString"]
+    s3.put_object(Bucket="artifacts", Key="sm.json", Body=definition.encode())
+    properties = {k: v for k, v in MACHINE["Properties"].items() if k != "DefinitionString"}
+    machine = {
+        **MACHINE,
+        "Properties": {**properties, "DefinitionS3Location": {"Bucket": "artifacts", "Key": "sm.json"}},
+    }
+    _stack({"Machine": machine})
+    described = _client("stepfunctions").describe_state_machine(stateMachineArn=MACHINE_ARN)
+    assert "substituted" in described["definition"]
+
+
+BUCKET = {
+    "Type": "AWS::S3::Bucket",
+    "Properties": {
+        "BucketName": "data",
+        "NotificationConfiguration": {"EventBridgeConfiguration": {"EventBridgeEnabled": True}},
+        "VersioningConfiguration": {"Status": "Enabled"},
+    },
+}
+
+
+def _upload_events_seen() -> list[dict[str, Any]]:
+    """Upload to the CloudFormation bucket; the S3 events an SQS-targeted rule then receives."""
+    queue_url = _client("sqs").create_queue(QueueName="s3-events")["QueueUrl"]
+    _rule_with_target({"Arn": f"arn:aws:sqs:{REGION}:{ACCOUNT}:s3-events"}, {"source": ["aws.s3"]})
+    _client("s3").put_object(Bucket="data", Key="manifests/run.json", Body=b"{}")
+    return [json.loads(m["Body"]) for m in _client("sqs").receive_message(QueueUrl=queue_url).get("Messages", [])]
+
+
+def test_moto_gap_cloudformation_bucket_drops_eventbridge_and_versioning(aws: None) -> None:
+    _stack({"Bucket": BUCKET})
+    assert "Status" not in _client("s3").get_bucket_versioning(Bucket="data")
+    assert _upload_events_seen() == []
+
+
+def test_patch_cloudformation_bucket_honours_eventbridge_and_versioning(runtime: runtime_module.Runtime) -> None:
+    _stack({"Bucket": BUCKET})
+    assert _client("s3").get_bucket_versioning(Bucket="data")["Status"] == "Enabled"
+    [event] = _upload_events_seen()
+    assert event["detail"]["object"]["key"] == "manifests/run.json"
+    assert event["detail"]["object"]["version-id"] not in (None, "null")
+
+
+REPOSITORY = {"Type": "AWS::ECR::Repository", "Properties": {"ImageTagMutability": "IMMUTABLE"}}
+
+
+def test_moto_gap_cloudformation_repository_generated_name_is_rejected(aws: None) -> None:
+    with pytest.raises(ClientError, match="repositoryName"):
+        _stack({"TrainingRepository": REPOSITORY})
+
+
+def test_patch_cloudformation_repository_gets_lower_case_name(runtime: runtime_module.Runtime) -> None:
+    outputs = _stack(
+        {"TrainingRepository": REPOSITORY}, {"Uri": {"Value": {"Fn::GetAtt": ["TrainingRepository", "RepositoryUri"]}}}
+    )
+    name = outputs["Uri"].split("/", 1)[1]
+    assert name == name.lower()
+    assert name.startswith("s-trainingrepository-")
+
+
+def _function_stack_resources() -> dict[str, Any]:
+    s3 = _client("s3")
+    s3.create_bucket(Bucket="artifacts")
+    s3.put_object(Bucket="artifacts", Key="fn.zip", Body=_zip({"app.py": HANDLERS}))
+    s3.put_object(Bucket="artifacts", Key="layer.zip", Body=_zip({"python/common.py": "X = 1\n"}))
+    return {
+        "Layer": {
+            "Type": "AWS::Lambda::LayerVersion",
+            "Properties": {"LayerName": "common", "Content": {"S3Bucket": "artifacts", "S3Key": "layer.zip"}},
+        },
+        "Fn": {
+            "Type": "AWS::Lambda::Function",
+            "Properties": {
+                "FunctionName": "fn",
+                "Code": {"S3Bucket": "artifacts", "S3Key": "fn.zip"},
+                "Handler": "app.lambda_handler",
+                "Runtime": "python3.11",
+                "Role": ROLE,
+                "Layers": [{"Ref": "Layer"}],
+                "DeadLetterConfig": {"TargetArn": f"arn:aws:sqs:{REGION}:{ACCOUNT}:dlq"},
+                "Environment": {"Variables": {"GREETING": "from-template"}},
+            },
+        },
+    }
+
+
+def test_moto_gap_cloudformation_function_drops_layers(aws: None) -> None:
+    _stack(_function_stack_resources())
+    assert not _client("lambda").get_function_configuration(FunctionName="fn").get("Layers")
+
+
+def test_patch_cloudformation_function_keeps_layers_and_runs_from_deployed_zip(runtime: runtime_module.Runtime) -> None:
+    _stack(_function_stack_resources())
+    assert len(_client("lambda").get_function_configuration(FunctionName="fn")["Layers"]) == 1
+    assert _lambda_model("fn").dead_letter_config == {"TargetArn": f"arn:aws:sqs:{REGION}:{ACCOUNT}:dlq"}
+    spec = awslambda.function_spec(runtime, _lambda_model("fn"))
+    assert (spec.layer_dirs[0] / "common.py").exists(), "the layer's python/ folder goes on sys.path"
+    answer = json.loads(_client("lambda").invoke(FunctionName="fn", Payload=b"{}")["Payload"].read())
+    assert answer["greeting"] == "from-template"
+
+
+QUEUE_STATEMENT = {
+    "Effect": "Allow",
+    "Principal": {"Service": "events.amazonaws.com"},
+    "Action": "sqs:SendMessage",
+    "Resource": f"arn:aws:sqs:{REGION}:{ACCOUNT}:dlq",
+}
+EXTRA_RESOURCES = {
+    "Queue": {"Type": "AWS::SQS::Queue", "Properties": {"QueueName": "dlq"}},
+    "QueuePolicy": {
+        "Type": "AWS::SQS::QueuePolicy",
+        "Properties": {
+            "Queues": [{"Ref": "Queue"}],
+            "PolicyDocument": {"Version": "2012-10-17", "Statement": [QUEUE_STATEMENT]},
+        },
+    },
+    "Schedule": {
+        "Type": "AWS::Scheduler::Schedule",
+        "Properties": {
+            "Name": "every10",
+            "ScheduleExpression": "rate(10 minutes)",
+            "FlexibleTimeWindow": {"Mode": "OFF"},
+            "Target": {"Arn": f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:x", "RoleArn": ROLE},
+        },
+    },
+}
+
+
+def test_moto_gap_cloudformation_lacks_queue_policy_schedule_and_bucket_policy_models() -> None:
+    from moto.cloudformation.parsing import resource_class_from_type
+
+    for resource_type in cloudformation.EXTRA_CFN_MODELS:
+        assert resource_class_from_type(resource_type) is None, resource_type
+
+
+def test_patch_cloudformation_creates_queue_policy_and_schedule(runtime: runtime_module.Runtime) -> None:
+    _stack(EXTRA_RESOURCES)
+    schedule = _client("scheduler").get_schedule(Name="every10")
+    assert schedule["ScheduleExpression"] == "rate(10 minutes)"
+    queue_url = _client("sqs").get_queue_url(QueueName="dlq")["QueueUrl"]
+    policy = _client("sqs").get_queue_attributes(QueueUrl=queue_url, AttributeNames=["Policy"])["Attributes"]
+    assert json.loads(policy["Policy"])["Statement"] == [QUEUE_STATEMENT]
+
+
+# ------------------------------------------------------------------------------------ (d) Step Functions

@@ -1,0 +1,100 @@
+"""EventBridge: rule delivery to Lambda and Step Functions targets, AWS-shaped events."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from sdflow.local import runtime as runtime_module
+from sdflow.local.services import events
+from tests.unit.local.conftest import (
+    ACCOUNT,
+    REGION,
+    ROLE,
+    _client,
+    _records,
+    _rule_with_target,
+    _wait_for,
+)
+
+
+def test_moto_gap_rule_cannot_deliver_to_lambda_or_state_machine(aws: None) -> None:
+    _rule_with_target({"Arn": f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:x"}, {"source": ["demo"]})
+    from moto.events.models import events_backends
+
+    rule = events_backends[ACCOUNT][REGION].event_buses["default"].rules["r"]
+    event = {"source": "demo", "detail-type": "d", "detail": {}, "time": time.time(), "ingestion-time": time.time()}
+    with pytest.raises(NotImplementedError):
+        rule.send_to_targets(event, transform_input=False)  # as S3's notifications call it
+
+
+def test_moto_gap_s3_eventbridge_event_spells_etag_differently(aws: None) -> None:
+    s3 = _client("s3")
+    s3.create_bucket(Bucket="bucket-b")
+    s3.put_bucket_notification_configuration(
+        Bucket="bucket-b", NotificationConfiguration={"EventBridgeConfiguration": {}}
+    )
+    queue_url = _client("sqs").create_queue(QueueName="q")["QueueUrl"]
+    _rule_with_target({"Arn": f"arn:aws:sqs:{REGION}:{ACCOUNT}:q"}, {"source": ["aws.s3"]})
+    s3.put_object(Bucket="bucket-b", Key="manifests/run.json", Body=b"{}")
+    event = json.loads(_client("sqs").receive_message(QueueUrl=queue_url)["Messages"][0]["Body"])
+    assert event["detail-type"] == "Object Created"
+    assert "eTag" in event["detail"]["object"]
+    assert "etag" not in event["detail"]["object"]
+
+
+def test_patch_rule_delivers_s3_object_created_to_lambda_aws_shaped(function_arn: str, tmp_path: Path) -> None:
+    s3 = _client("s3")
+    s3.create_bucket(Bucket="bucket-b")
+    s3.put_bucket_notification_configuration(
+        Bucket="bucket-b", NotificationConfiguration={"EventBridgeConfiguration": {}}
+    )
+    pattern = {
+        "source": ["aws.s3"],
+        "detail-type": ["Object Created"],
+        "detail": {"bucket": {"name": ["bucket-b"]}, "object": {"key": [{"wildcard": "manifests/*.json"}]}},
+    }
+    transformer = {
+        "InputPathsMap": {"key": "$.detail.object.key", "etag": "$.detail.object.etag", "time": "$.time"},
+        "InputTemplate": '{"record": true, "key": <key>, "etag": <etag>, "time": <time>}',
+    }
+    _rule_with_target({"Arn": function_arn, "InputTransformer": transformer}, pattern)
+    s3.put_object(Bucket="bucket-b", Key="other/ignored.json", Body=b"{}")
+    etag = s3.put_object(Bucket="bucket-b", Key="manifests/run.json", Body=b"{}")["ETag"].strip('"')
+    [event] = _wait_for(lambda: _records(tmp_path / "events.jsonl"), what="the rule's Lambda delivery")
+    assert event["key"] == "manifests/run.json"
+    assert event["etag"] == etag
+    assert event["time"].endswith("Z")
+
+
+def test_patch_input_transformer_quotes_bare_strings_and_keeps_text_inside_strings() -> None:
+    event = {"time": "2026-01-01T00:00:00Z", "detail": {"name": "job-1", "size": 3, "tags": ["a"]}}
+    rendered = events.apply_input_transformer(
+        '{"name": <name>, "size": <size>, "tags": <tags>, "text": "job <name> has \\"<size>\\" items"}',
+        {"name": "$.detail.name", "size": "$.detail.size", "tags": "$.detail.tags"},
+        event,
+    )
+    assert rendered == {"name": "job-1", "size": 3, "tags": ["a"], "text": 'job job-1 has "3" items'}
+    assert events.apply_input_transformer("job <name> ended", {"name": "$.detail.name"}, event) == "job job-1 ended"
+
+
+def test_patch_rule_starts_state_machine_with_constant_input(runtime: runtime_module.Runtime) -> None:
+    sfn = _client("stepfunctions")
+    machine = sfn.create_state_machine(
+        name="m", definition=json.dumps({"StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}}), roleArn=ROLE
+    )["stateMachineArn"]
+    _rule_with_target({"Arn": machine, "Input": '{"from": "rule"}'}, {"source": ["demo"], "detail": {"n": [1]}})
+    _client("events").put_events(
+        Entries=[
+            {"Source": "demo", "DetailType": "d", "Detail": json.dumps({"n": 2})},
+            {"Source": "demo", "DetailType": "d", "Detail": json.dumps({"n": 1})},
+        ]
+    )
+    [execution] = sfn.list_executions(stateMachineArn=machine)["executions"]
+    assert json.loads(sfn.describe_execution(executionArn=execution["executionArn"])["input"]) == {"from": "rule"}
+
+
+# ------------------------------------------------------------------------------------ (c) CloudFormation

@@ -39,11 +39,22 @@ def _patch(owner: Any, attribute: str, new: Any) -> None:
     setattr(owner, attribute, new)
 
 
-def _patch_list() -> list[tuple[Any, str, Any]]:
-    from sdflow.local.services import awslambda, cloudformation, events, sagemaker, sns, stepfunctions
+def service_modules() -> list[Any]:
+    """Every module of sdflow.local.services that exports patches(), in name order."""
+    import importlib
+    import pkgutil
 
+    import sdflow.local.services as services
+
+    modules = [
+        importlib.import_module(f"{services.__name__}.{info.name}") for info in pkgutil.iter_modules(services.__path__)
+    ]
+    return [module for module in modules if callable(getattr(module, "patches", None))]
+
+
+def _patch_list() -> list[tuple[Any, str, Any]]:
     patches: list[tuple[Any, str, Any]] = []
-    for service in (awslambda, events, cloudformation, stepfunctions, sagemaker, sns):
+    for service in service_modules():
         patches += service.patches()
     return patches
 

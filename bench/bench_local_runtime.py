@@ -1,13 +1,18 @@
-"""Orchestration cost of the local runtime: N no-op shards through the real pipeline.
+"""Orchestration cost of the local runtime: N no-op shards through the real, strict pipeline.
 
-Everything is real (template, state machine with its Distributed Map, every handler in its
-worker process, EventBridge delivery, job_events resolving each task token) except the
+Everything is real (template, state machine with its Distributed Map and ResultWriter, every
+handler in its worker process under its own IAM role, EventBridge delivery, job_events
+resolving each task token, SageMaker quotas and rate limits, logs and metrics) except the
 SageMaker work: each job "finishes" at once, so what is timed is the orchestration alone.
-Each size runs in its own process (one local cloud per process); time and peak memory
-(this process plus its Lambda workers) are printed side by side with the growth ratio.
+Each size runs in its own process (one local cloud per process). Transitions and API calls are
+counted by the local cloud itself (Runtime.sfn_transitions, Runtime.api_calls), after the run;
+peak RSS is the whole runtime's (this process, its Lambda workers and anything else it started).
 
-    .venv/bin/python bench/bench_local_runtime.py            # 100 and 1,000 shards
-    .venv/bin/python bench/bench_local_runtime.py --sizes 50
+    .venv/bin/python bench/bench_local_runtime.py --shards 10000
+    .venv/bin/python bench/bench_local_runtime.py --shards 1000 10000   # side by side, with the growth ratio
+
+The last line for each size reads
+`shards=N status=SUCCEEDED wall_s=… per_shard_ms=… peak_rss_mb=… transitions_per_shard=… describe_calls_per_shard=…`.
 """
 
 from __future__ import annotations
@@ -82,6 +87,15 @@ class NoOpSageMaker:
         self.pool.shutdown(wait=True)
 
 
+def _one_row_parquet(folder: Path) -> bytes:
+    """A real LAION-style file: Validate run reads every listed parquet's footer."""
+    from sdflow.samples import SampleRow, write_parquet
+
+    return write_parquet(
+        folder / "one-row.parquet", [SampleRow("http://127.0.0.1:9/0.png", "noop", 64, 64)]
+    ).read_bytes()
+
+
 def _tree_rss(process: psutil.Process) -> int:
     total = 0
     for proc in [process, *process.children(recursive=True)]:
@@ -90,7 +104,7 @@ def _tree_rss(process: psutil.Process) -> int:
     return total
 
 
-def run_one(shards: int) -> dict[str, float]:
+def run_one(shards: int, concurrency: int) -> dict[str, Any]:
     from sdflow.local.cloud import LocalCloud
 
     peak = 0
@@ -107,17 +121,25 @@ def run_one(shards: int) -> dict[str, float]:
     sampler.start()
     with tempfile.TemporaryDirectory() as workdir:
         started = time.monotonic()
-        with LocalCloud(Path(workdir), port=0, sagemaker_factory=lambda w, url, lis: NoOpSageMaker(url, lis)) as cloud:
+        with LocalCloud(
+            Path(workdir),
+            port=0,
+            sagemaker_factory=lambda w, url, lis: NoOpSageMaker(url, lis),
+            # The account's processing quota equals the run's concurrency: Validate run caps
+            # max_concurrency at it, and no shard waits on ResourceLimitExceeded.
+            quotas={"processing job": concurrency},
+        ) as cloud:
             up_s = time.monotonic() - started
             s3, sfn = cloud.client("s3"), cloud.client("stepfunctions")
             bucket = cloud.outputs["DataBucketName"]
+            parquet = _one_row_parquet(Path(workdir))
             for i in range(shards):
-                s3.put_object(Bucket=bucket, Key=f"datasets/noop/part-{i:05d}.parquet", Body=b"PAR1")
+                s3.put_object(Bucket=bucket, Key=f"datasets/noop/part-{i:05d}.parquet", Body=parquet)
             s3.put_object(Bucket=bucket, Key="models/noop/model_index.json", Body=b"{}")
             document = {
                 "dataset": {"prefix": f"s3://{bucket}/datasets/noop/"},
                 "base_model_uri": f"s3://{bucket}/models/noop/",
-                "download": {"max_concurrency": 100},
+                "download": {"max_concurrency": concurrency},
                 "training": {"instance_type": "ml.m5.xlarge"},
                 "endpoint": {"name": "noop", "instance_type": "ml.m5.large"},
             }
@@ -128,40 +150,68 @@ def run_one(shards: int) -> dict[str, float]:
             while (status := sfn.describe_execution(executionArn=arn)["status"]) == "RUNNING":
                 time.sleep(0.2)
             run_s = time.monotonic() - run_started
-            if status != "SUCCEEDED":
-                raise SystemExit(f"{shards} shards: execution ended {status}")
+            runtime = cloud.runtime
+            assert runtime is not None
+            transitions = runtime.sfn_transitions
+            with runtime.api_calls_lock:
+                calls = dict(runtime.api_calls)
     stop.set()
     sampler.join()
-    return {"shards": shards, "up_s": up_s, "run_s": run_s, "peak_mb": peak / 2**20}
+    describes = sum(n for (_service, operation), n in calls.items() if operation.startswith("Describe"))
+    return {
+        "shards": shards,
+        "status": status,
+        "up_s": up_s,
+        "run_s": run_s,
+        "peak_mb": peak / 2**20,
+        "transitions": transitions,
+        "describe_calls": describes,
+        "api_calls": sum(calls.values()),
+    }
+
+
+def summary_line(r: dict[str, Any]) -> str:
+    n = r["shards"]
+    return (
+        f"shards={n} status={r['status']} wall_s={r['run_s']:.1f} per_shard_ms={1000 * r['run_s'] / n:.1f} "
+        f"peak_rss_mb={r['peak_mb']:.0f} transitions_per_shard={r['transitions'] / n:.2f} "
+        f"describe_calls_per_shard={r['describe_calls'] / n:.2f}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000], help="shard counts to compare")
+    parser.add_argument(
+        "--shards", type=int, nargs="+", default=[100, 1000], help="shard counts, each run in its own process"
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=100, help="download.max_concurrency (and the local processing quota)"
+    )
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one is not None:
-        print(json.dumps(run_one(args.one)))
+        print(json.dumps(run_one(args.one, args.concurrency)))
         return 0
     results = []
-    for size in args.sizes:
-        out = subprocess.run(
-            [sys.executable, __file__, "--one", str(size)], capture_output=True, text=True, check=True
-        ).stdout
+    for size in args.shards:
+        command = [sys.executable, __file__, "--one", str(size), "--concurrency", str(args.concurrency)]
+        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
         results.append(json.loads(out.strip().splitlines()[-1]))
-    print(f"{'shards':>8} {'stack up s':>11} {'run s':>8} {'ms/shard':>9} {'peak MB':>8}")
+    print(f"{'shards':>8} {'stack up s':>11} {'run s':>8} {'ms/shard':>9} {'peak MB':>8} {'API calls/shard':>16}")
     for r in results:
         print(
             f"{r['shards']:>8} {r['up_s']:>11.1f} {r['run_s']:>8.1f} "
-            f"{1000 * r['run_s'] / r['shards']:>9.1f} {r['peak_mb']:>8.0f}"
+            f"{1000 * r['run_s'] / r['shards']:>9.1f} {r['peak_mb']:>8.0f} {r['api_calls'] / r['shards']:>16.1f}"
         )
     if len(results) >= 2:
         first, last = results[0], results[-1]
         print(
-            f"growth {first['shards']} -> {last['shards']} shards: time x{last['run_s'] / first['run_s']:.1f}, "
-            f"peak memory x{last['peak_mb'] / first['peak_mb']:.2f}"
+            f"growth {first['shards']} -> {last['shards']} shards: time x{last['run_s'] / first['run_s']:.1f} "
+            f"(shards x{last['shards'] / first['shards']:.0f}), peak memory x{last['peak_mb'] / first['peak_mb']:.2f}"
         )
-    return 0
+    for r in results:
+        print(summary_line(r))
+    return 0 if all(r["status"] == "SUCCEEDED" for r in results) else 1
 
 
 if __name__ == "__main__":

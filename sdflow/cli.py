@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import os
+import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,59 @@ STATE_FILE = "cloud.json"
 
 class CliError(Exception):
     """A problem the user can fix; printed without a traceback."""
+
+
+class StopRequested(BaseException):
+    """SIGTERM or SIGINT reached a command that owns a local cloud: unwind, stopping what it started.
+
+    A BaseException like KeyboardInterrupt, so `except Exception` on the way out does not eat it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum  # the shell's convention for "ended by signal N"
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Turn SIGTERM and SIGINT into StopRequested in the main thread, once.
+
+    Python's default SIGTERM ends the process at once: no `finally`, no LocalCloud.stop(), so
+    jobs and endpoints (their own process groups) outlive it and cloud.json stays behind. A
+    second signal while stopping is ignored with a note: aborting the cleanup half-way would
+    leave exactly those processes behind. A signal the parent set to be ignored (nohup, a
+    background job of a non-interactive shell) stays ignored."""
+    stopping = False
+
+    def handler(signum: int, _frame: Any) -> None:
+        nonlocal stopping
+        if stopping:
+            print(f"sdflow: {signal.Signals(signum).name} again; still stopping (SIGKILL abandons the cleanup)",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            return
+        stopping = True
+        raise StopRequested(signum)
+
+    previous: dict[int, Any] = {}
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            previous[signum] = signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        for number, old in previous.items():
+            signal.signal(number, old)
+
+
+def remove_state(workdir: Path) -> None:
+    """Delete the state file if this process wrote it (another `local up` may own a newer one)."""
+    path = workdir / STATE_FILE
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        if json.loads(path.read_text()).get("pid") == os.getpid():
+            path.unlink()
 
 
 def _state(workdir: Path) -> dict[str, Any]:
@@ -96,21 +151,24 @@ def cmd_local_up(args: argparse.Namespace) -> int:
     from sdflow.local.cloud import LocalCloud
 
     args.workdir.mkdir(parents=True, exist_ok=True)
-    with LocalCloud(args.workdir, port=args.port) as cloud:
-        write_state(args.workdir, cloud)
-        print(f"sdflow local cloud on {cloud.endpoint_url}  (work folder {args.workdir})")
-        print("Use it from another shell with the AWS CLI or boto3:")
-        for key, value in cloud.cli_env().items():
-            print(f"  export {key}={value}")
-        for key, value in cloud.outputs.items():
-            print(f"  {key}: {value}")
-        print("Ctrl-C stops it (and every job and endpoint it started).")
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            print("stopping")
-    (args.workdir / STATE_FILE).unlink(missing_ok=True)
+    try:
+        with stop_on_signals(), LocalCloud(args.workdir, port=args.port) as cloud:
+            write_state(args.workdir, cloud)
+            print(f"sdflow local cloud on {cloud.endpoint_url}  (work folder {args.workdir})")
+            print("Use it from another shell with the AWS CLI or boto3:")
+            for key, value in cloud.cli_env().items():
+                print(f"  export {key}={value}")
+            for key, value in cloud.outputs.items():
+                print(f"  {key}: {value}")
+            print("Ctrl-C stops it (and every job and endpoint it started).", flush=True)
+            try:
+                while True:
+                    time.sleep(3600)
+            except (KeyboardInterrupt, StopRequested) as stop:
+                # Stopping is this command's normal end; LocalCloud.__exit__ stops jobs, endpoints, workers.
+                print(f"stopping ({stop})", flush=True)
+    finally:
+        remove_state(args.workdir)
     return 0
 
 
@@ -217,12 +275,23 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 
 def invoke(session: Session, endpoint: str, prompt: str, output: Path, **options: Any) -> Path:
+    from botocore.exceptions import ClientError
+
     body = {"prompt": prompt, **{k: v for k, v in options.items() if v is not None}}
-    response = session.client("sagemaker-runtime").invoke_endpoint(
-        EndpointName=endpoint, ContentType="application/json", Accept="application/json", Body=json.dumps(body)
-    )
+    try:
+        response = session.client("sagemaker-runtime").invoke_endpoint(
+            EndpointName=endpoint, ContentType="application/json", Accept="application/json", Body=json.dumps(body)
+        )
+    except ClientError as exc:
+        # ModelError carries the model's own answer (e.g. a 400 naming the bad field) in OriginalMessage.
+        error = exc.response.get("Error", {})
+        detail = exc.response.get("OriginalMessage") or error.get("Message", "")
+        raise CliError(f"endpoint {endpoint} refused the request ({error.get('Code', 'error')}): {detail}") from None
     answer = json.loads(response["Body"].read())
-    output.write_bytes(base64.b64decode(answer["images"][0]))
+    images = answer.get("images") if isinstance(answer, dict) else None
+    if not images:
+        raise CliError(f"endpoint {endpoint} answered without an image: {str(answer)[:300]}")
+    output.write_bytes(base64.b64decode(images[0]))
     return output
 
 
@@ -239,7 +308,11 @@ def cmd_invoke(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from sdflow.demo import run_demo
 
-    return run_demo(args.workdir, output=args.output, keep_running=args.keep_running)
+    try:
+        with stop_on_signals():
+            return run_demo(args.workdir, output=args.output, keep_running=args.keep_running)
+    finally:
+        remove_state(args.workdir)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -253,6 +326,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     local = commands.add_parser("local", help="the local cloud").add_subparsers(dest="local_command", required=True)
     up = local.add_parser("up", help="start the local cloud in the foreground")
     up.add_argument("--port", type=int, default=4566, help="port on 127.0.0.1 (0: any free port)")
+    up.add_argument(
+        "--quota",
+        action="append",
+        default=[],
+        metavar="NAME=N",
+        help="a SageMaker instance quota, e.g. 'processing job=8' (every instance type) or "
+        "'ml.g5.xlarge for training job usage=1'; repeatable (default: $SDFLOW_LOCAL_QUOTAS, then 4/2/2)",
+    )
     up.set_defaults(func=cmd_local_up)
 
     run = commands.add_parser("run", help="start a run from a run document")
@@ -293,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as exc:
         print(f"sdflow: {exc}", file=sys.stderr)
         return 2
+    except StopRequested as stop:
+        print(f"sdflow: stopped by {stop}", file=sys.stderr)
+        return stop.exit_code
 
 
 if __name__ == "__main__":

@@ -123,7 +123,7 @@ def critical_path_seconds(wall_times: dict[str, float]) -> float:
 
 def run_demo(workdir: Path, *, output: Path, keep_running: bool = False, options: DemoOptions | None = None) -> int:
     from sdflow import samples
-    from sdflow.cli import invoke, write_state
+    from sdflow.cli import StopRequested, invoke, write_state
     from sdflow.local.cloud import LocalCloud
 
     options = options or DemoOptions()
@@ -160,7 +160,7 @@ def run_demo(workdir: Path, *, output: Path, keep_running: bool = False, options
             try:
                 while True:
                     time.sleep(3600)
-            except KeyboardInterrupt:
-                pass
+            except (KeyboardInterrupt, StopRequested):
+                pass  # the documented way to end --keep-running: the run's own outcome decides the exit code
     (workdir / "cloud.json").unlink(missing_ok=True)
     return 0 if succeeded else 1

@@ -33,7 +33,7 @@ _SKIPPED_METRIC = "ManifestEventsSkipped"
 @event_parser(model=S3EventNotificationEventBridgeModel)
 def lambda_handler(event: S3EventNotificationEventBridgeModel, context: LambdaContext) -> dict[str, Any]:
     settings = Settings.from_env()
-    settings.require("state_machine_arn", "topic_arn")
+    settings.require("state_machine_arn", "topic_arn", "data_bucket")
     obj = event.detail.object
     ref = ManifestRef(
         bucket=event.detail.bucket.name,
@@ -46,8 +46,12 @@ def lambda_handler(event: S3EventNotificationEventBridgeModel, context: LambdaCo
         state_machine_arn=settings.state_machine_arn,
         topic_arn=settings.topic_arn,
         max_shards=settings.max_shards,
+        data_bucket=settings.data_bucket,
     )
     metric = _METRIC_BY_STATUS.get(outcome.status, _SKIPPED_METRIC)
     metrics.add_metric(name=metric, unit=MetricUnit.Count, value=1)
-    logger.info("manifest handled", extra={"manifest": ref.uri, **outcome.as_dict()})
+    # An event that started nothing and reported nothing (the object is gone or replaced) is worth
+    # a warning: it is the only trace the upload leaves.
+    log = logger.warning if outcome.status in ("gone", "superseded") else logger.info
+    log("manifest handled", extra={"manifest": ref.uri, **outcome.as_dict()})
     return outcome.as_dict()

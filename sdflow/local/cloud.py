@@ -29,10 +29,12 @@ from typing import Any, cast
 
 import boto3
 
-from sdflow.local import patching, template
+from sdflow.local import moto_logging, patching, template
 from sdflow.local.lambda_runner import DEFAULT_MAX_WORKERS_PER_FUNCTION, LambdaRunner
 from sdflow.local.runtime import Runtime, SageMakerRuntime
-from sdflow.local.services import awslambda, sns
+from sdflow.local.services import awslambda, sagemaker_quotas, scheduler, sns
+from sdflow.local.services.iam import IamEnforcer
+from sdflow.local.services.logs import CloudWatchSink
 from sdflow.local.services.sagemaker import SageMakerStatusPublisher
 
 log = logging.getLogger(__name__)
@@ -88,6 +90,13 @@ class LocalCloud:
         sagemaker_factory: SageMakerFactory | None = _default_sagemaker,
         lambda_workers_per_function: int = DEFAULT_MAX_WORKERS_PER_FUNCTION,
         async_retry_delays_s: tuple[float, ...] = (1.0, 2.0),
+        enforce_iam: bool = True,
+        quotas: Mapping[str, int] | None = None,
+        sagemaker_create_rate: tuple[float, int] = (
+            sagemaker_quotas.DEFAULT_CREATE_RATE_PER_S,
+            sagemaker_quotas.DEFAULT_CREATE_BURST,
+        ),
+        schedule_speedup: float | None = 1.0,
     ) -> None:
         self.workdir = Path(workdir).resolve()
         self.requested_port = port
@@ -97,6 +106,21 @@ class LocalCloud:
         self.sagemaker_factory = sagemaker_factory
         self.lambda_workers_per_function = lambda_workers_per_function
         self.async_retry_delays_s = async_retry_delays_s
+        self.enforce_iam = enforce_iam
+        # SageMaker instance quotas (services/sagemaker_quotas.py): `quotas`, else $SDFLOW_LOCAL_QUOTAS,
+        # over small defaults; checked here so a bad override fails before anything starts.
+        overrides = (
+            quotas
+            if quotas is not None
+            else sagemaker_quotas.overrides_from_env(os.environ.get(sagemaker_quotas.QUOTAS_ENV))
+        )
+        self.sagemaker_quotas = sagemaker_quotas.SageMakerQuotas(
+            overrides=dict(overrides), create_rate_per_s=sagemaker_create_rate[0], create_burst=sagemaker_create_rate[1]
+        )
+        # Scheduled rules and schedules fire on a clock this many times faster than real time
+        # (services/scheduler.py); None: only when fire_schedules() is called.
+        self.schedule_speedup = schedule_speedup
+        self.schedules: scheduler.ScheduleRunner | None = None
         self.deployment: template.Deployment | None = None
         self.runtime: Runtime | None = None
         self.status_publisher = SageMakerStatusPublisher(ACCOUNT_ID, REGION)
@@ -104,6 +128,8 @@ class LocalCloud:
         self._port: int | None = None
         self._saved_env: dict[str, str | None] = {}
         self._saved_config: dict[str, Any] = {}
+        self._moto_logs: moto_logging.Routing | None = None
+        self._cloudwatch: CloudWatchSink | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -127,6 +153,8 @@ class LocalCloud:
         from moto.server import ThreadedMotoServer
 
         self.workdir.mkdir(parents=True, exist_ok=True)
+        # moto's interpreter dumps component reprs on every failure: to a file, one line on the console.
+        self._moto_logs = moto_logging.route(self.workdir / "logs" / "moto.log")
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one INFO line per request otherwise
         config = _moto_config()
         self._saved_config = {key: config.get(key) for key in MOTO_CONFIG}
@@ -145,9 +173,17 @@ class LocalCloud:
             self.workdir / "logs" / "lambda",
             max_workers_per_function=self.lambda_workers_per_function,
             account_id=ACCOUNT_ID,
+            # Function output also goes to /aws/lambda/<fn> log groups and EMF lines to CloudWatch metrics.
+            output_sink=(cloudwatch := CloudWatchSink(ACCOUNT_ID, REGION)),
         )
+        self._cloudwatch = cloudwatch
         self.runtime = Runtime(
-            workdir=self.workdir, lambda_runner=runner, async_retry_delays_s=self.async_retry_delays_s
+            workdir=self.workdir,
+            lambda_runner=runner,
+            async_retry_delays_s=self.async_retry_delays_s,
+            sagemaker_quotas=self.sagemaker_quotas,
+            # Functions, the state machine and jobs call as their template roles (services/iam.py).
+            iam=IamEnforcer(REGION) if self.enforce_iam else None,
         )
         patching.install(self.runtime)
         self.deployment = template.deploy(
@@ -162,25 +198,42 @@ class LocalCloud:
             self.runtime.register_code(function.name, function.code_dir, function.layer_dirs)
         if self.sagemaker_factory is not None:
             self.runtime.sagemaker = self.sagemaker_factory(self.workdir, self.endpoint_url, self.status_publisher)
+            enforcer = self.runtime.iam
+            if enforcer is not None and hasattr(self.runtime.sagemaker, "role_credentials"):
+                # SageMaker's own session for a job's role is named "SageMaker".
+                credentials = lambda arn: enforcer.credentials_for_role(arn, "SageMaker")  # noqa: E731
+                setattr(self.runtime.sagemaker, "role_credentials", credentials)  # noqa: B010
+        self.schedules = scheduler.ScheduleRunner(ACCOUNT_ID, REGION, speedup=self.schedule_speedup or 1.0)
+        if self.schedule_speedup is not None:
+            self.schedules.start()
         log.info("local cloud on %s, stack %s deployed", self.endpoint_url, self.stack_name)
 
     def stop(self) -> None:
         """Stop jobs, endpoints, workers and the server; restore moto's process-wide settings."""
         global _running
+        if self.schedules is not None:
+            self.schedules.stop()
         runtime, self.runtime = self.runtime, None
         if runtime is not None:
             if runtime.sagemaker is not None and hasattr(runtime.sagemaker, "shutdown"):
                 with contextlib.suppress(Exception):
                     runtime.sagemaker.shutdown()
+            runtime.lambda_concurrency.close()  # events waiting for a reserved slot give up
             if runtime.lambda_runner is not None:
                 runtime.lambda_runner.shutdown()
             patching.uninstall()
+        if self._cloudwatch is not None:  # after the workers: their last lines are in the buffer
+            self._cloudwatch.close()
+            self._cloudwatch = None
         if self._server is not None:
             self._server.stop()
             self._server = None
             from moto.moto_api._internal.models import moto_api_backend
 
             moto_api_backend.reset()
+        if self._moto_logs is not None:
+            self._moto_logs.restore()
+            self._moto_logs = None
         if self._saved_config:
             config = _moto_config()
             for key, value in self._saved_config.items():
@@ -302,16 +355,9 @@ class LocalCloud:
             raise LocalCloudError(f"no function {logical_id} in the template; it has {sorted(functions)}")
         return functions[logical_id].name
 
-    def fire_schedules(self) -> list[str]:
-        """Invoke every EventBridge Scheduler schedule's target once (moto never fires them)."""
-        scheduler = self.client("scheduler")
-        fired = []
-        for summary in scheduler.list_schedules().get("Schedules", []):
-            schedule = scheduler.get_schedule(Name=summary["Name"], GroupName=summary.get("GroupName", "default"))
-            target = schedule["Target"]
-            if ":lambda:" in target["Arn"]:
-                self.client("lambda").invoke(
-                    FunctionName=target["Arn"], InvocationType="Event", Payload=target.get("Input", "{}").encode()
-                )
-                fired.append(schedule["Name"])
-        return fired
+    def fire_schedules(self, now: Any = None) -> list[str]:
+        """Fire scheduled rules and schedules: those due by `now` (a datetime on the schedules'
+        clock), or every enabled one once when `now` is None. Returns the ARNs delivered."""
+        if self.schedules is None:
+            raise LocalCloudError("the local cloud is not started")
+        return self.schedules.fire_all() if now is None else self.schedules.fire_due(now)

@@ -30,10 +30,11 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Mapping
+import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,20 @@ class LambdaRunnerError(RuntimeError):
     """The runner itself was misused (e.g. invoked after shutdown)."""
 
 
+class OutputSink(Protocol):
+    """Where a worker's output lines go besides its log file (sdflow/local/services/logs.py:
+    CloudWatch Logs and EMF metrics). `writer` is called once per worker, from the pool."""
+
+    def writer(self, function_name: str, log_stream: str) -> Callable[[bytes], None]: ...
+
+
+def log_stream_name(now: float | None = None) -> str:
+    """Lambda's stream name for a new execution environment: YYYY/MM/DD/[version]<32 hex>
+    ("How CloudWatch structures logs", AWS Lambda operator guide)."""
+    day = time.strftime("%Y/%m/%d", time.gmtime(time.time() if now is None else now))
+    return f"{day}/[$LATEST]{uuid.uuid4().hex}"
+
+
 @dataclass(frozen=True)
 class FunctionSpec:
     """What a worker needs to run one deployed function."""
@@ -67,6 +82,8 @@ class FunctionSpec:
     timeout_s: float = 3.0
     memory_mb: int = 128
     runtime: str = "python3.11"
+    # The role's STS credentials (AWS_ACCESS_KEY_ID, …) when the local cloud enforces IAM.
+    credentials: Mapping[str, str] = field(default_factory=dict)
 
     def fingerprint(self) -> str:
         """Workers are reused only for an identical configuration (code, handler, env, timeout)."""
@@ -79,6 +96,7 @@ class FunctionSpec:
                 sorted(self.environment.items()),
                 self.timeout_s,
                 self.memory_mb,
+                sorted(self.credentials.items()),
             ]
         )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -101,6 +119,13 @@ class InvocationResult:
             return None
 
 
+def _platform_error(error_type: str, message: str) -> bytes:
+    """An error of the Lambda service itself (timeout, runtime exit): AWS answers only
+    {"errorType", "errorMessage"}, e.g. {"errorType": "Sandbox.Timedout", "errorMessage":
+    "RequestId: <id> Error: Task timed out after 3.00 seconds"}."""
+    return json.dumps({"errorType": error_type, "errorMessage": message}).encode()
+
+
 def _error_payload(error_type: str, message: str, request_id: str, stack: list[str] | None = None) -> bytes:
     body: dict[str, Any] = {"errorMessage": message, "errorType": error_type, "requestId": request_id}
     body["stackTrace"] = stack or []
@@ -110,15 +135,21 @@ def _error_payload(error_type: str, message: str, request_id: str, stack: list[s
 class _Worker:
     """One warm worker process and the thread that reads its answers."""
 
-    def __init__(self, spec: FunctionSpec, env: dict[str, str], python: str, log_path: Path) -> None:
+    def __init__(
+        self,
+        spec: FunctionSpec,
+        env: dict[str, str],
+        python: str,
+        log_path: Path,
+        output: Callable[[bytes], None] | None = None,
+    ) -> None:
         self.spec = spec
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the worker
         self.proc = subprocess.Popen(
             [python, "-I", str(Path(__file__).resolve()), "--worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=self._log,
+            stderr=subprocess.PIPE,
             env=env,
             cwd=str(spec.code_dir),
             start_new_session=True,  # a Ctrl-C in the terminal reaches the runner, which stops workers
@@ -126,7 +157,23 @@ class _Worker:
         self.answers: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read, name=f"lambda-reader-{spec.name}", daemon=True)
         self._reader.start()
+        self._copier = threading.Thread(
+            target=self._copy_output, args=(log_path, output), name=f"lambda-output-{spec.name}", daemon=True
+        )
+        self._copier.start()
         self.ready = False
+
+    def _copy_output(self, log_path: Path, output: Callable[[bytes], None] | None) -> None:
+        # The handler's output: to the function's log file and, line by line, to the output sink.
+        assert self.proc.stderr is not None
+        with open(log_path, "ab", buffering=0) as log_file:
+            for line in self.proc.stderr:
+                log_file.write(line)
+                if output is not None:
+                    try:
+                        output(line)
+                    except Exception:  # a sink bug must not block the worker's stderr
+                        log.exception("output sink failed for %s", self.spec.name)
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -153,15 +200,12 @@ class _Worker:
             self.proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             self.kill()
-        self._log.close()
 
     def kill(self) -> None:
         with contextlib.suppress(OSError):
             self.proc.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
-        with contextlib.suppress(OSError):
-            self._log.close()
 
 
 class _Pool:
@@ -187,6 +231,7 @@ class LambdaRunner:
         max_workers_per_function: int = DEFAULT_MAX_WORKERS_PER_FUNCTION,
         init_timeout_s: float = DEFAULT_INIT_TIMEOUT_S,
         account_id: str = "123456789012",
+        output_sink: OutputSink | None = None,
     ) -> None:
         self.endpoint_url = endpoint_url
         self.region = region
@@ -195,9 +240,12 @@ class LambdaRunner:
         self.max_workers_per_function = max_workers_per_function
         self.init_timeout_s = init_timeout_s
         self.account_id = account_id
+        self.output_sink = output_sink
         self._pools: dict[str, _Pool] = {}
         self._lock = threading.Lock()
         self._closed = False
+        # Busy workers too: shutdown() must not leave a worker whose handler is still running.
+        self._all_workers: weakref.WeakSet[_Worker] = weakref.WeakSet()
         self.stats = {"invocations": 0, "errors": 0, "timeouts": 0, "cold_starts": 0}
 
     # ------------------------------------------------------------------ environment
@@ -217,11 +265,11 @@ class LambdaRunner:
             "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(spec.memory_mb),
             "AWS_LAMBDA_FUNCTION_TIMEOUT": str(int(spec.timeout_s)),
             "AWS_LAMBDA_LOG_GROUP_NAME": f"/aws/lambda/{spec.name}",
-            "AWS_LAMBDA_LOG_STREAM_NAME": f"local/{spec.name}",
+            "AWS_LAMBDA_LOG_STREAM_NAME": log_stream_name(),  # a new one per execution environment
             "AWS_LAMBDA_INITIALIZATION_TYPE": "on-demand",
             "AWS_REGION": self.region,
             "AWS_DEFAULT_REGION": self.region,
-            **FAKE_CREDENTIALS,
+            **(spec.credentials or FAKE_CREDENTIALS),
             # The local cloud: every boto3 client in the handler talks to it, never to AWS.
             "AWS_ENDPOINT_URL": self.endpoint_url,
             # No user profile, no ~/.aws files: the function has only its own role (fake keys).
@@ -264,7 +312,13 @@ class LambdaRunner:
         try:
             self.stats["cold_starts"] += 1
             log_path = self.log_dir / f"{spec.name}.log"
-            return _Worker(spec, self.environment_for(spec), self.python, log_path)
+            env = self.environment_for(spec)
+            sink = self.output_sink
+            output = sink.writer(spec.name, env["AWS_LAMBDA_LOG_STREAM_NAME"]) if sink is not None else None
+            worker = _Worker(spec, env, self.python, log_path, output)
+            with self._lock:
+                self._all_workers.add(worker)
+            return worker
         except BaseException:
             self._discard(pool, None)
             raise
@@ -358,10 +412,10 @@ class LambdaRunner:
             worker.kill()
             self.stats["timeouts"] += 1
             message = f"RequestId: {request_id} Error: Task timed out after {spec.timeout_s:.2f} seconds"
-            return InvocationResult(_error_payload("Sandbox.Timedout", message, request_id), "Unhandled"), False
+            return InvocationResult(_platform_error("Sandbox.Timedout", message), "Unhandled"), False
         if answer is None:
             message = f"RequestId: {request_id} Error: Runtime exited with error: exit status {worker.proc.wait()}"
-            return InvocationResult(_error_payload("Runtime.ExitError", message, request_id), "Unhandled"), False
+            return InvocationResult(_platform_error("Runtime.ExitError", message), "Unhandled"), False
         if answer.get("error"):
             return InvocationResult(answer["error"].encode(), "Unhandled"), True
         return InvocationResult(answer["result"].encode()), True
@@ -369,7 +423,7 @@ class LambdaRunner:
     # ------------------------------------------------------------------ lifecycle
 
     def shutdown(self) -> None:
-        """Stop every worker (close stdin, then kill after a grace period)."""
+        """Stop every worker: idle ones close stdin (killed after a grace period), busy ones are killed."""
         with self._lock:
             self._closed = True
             pools = list(self._pools.values())
@@ -380,6 +434,10 @@ class LambdaRunner:
                 pool.cond.notify_all()
             for worker in idle:
                 worker.stop()
+        with self._lock:
+            busy = [w for w in self._all_workers if w.alive()]
+        for worker in busy:  # its invocation answers Runtime.ExitError, as when a sandbox dies
+            worker.kill()
 
     def worker_pids(self) -> list[int]:
         """Pids of the idle (warm) workers, for tests and diagnostics."""
@@ -416,6 +474,22 @@ def _format_exception(exc: BaseException, request_id: str) -> str:
     return _error_payload(type(exc).__name__, str(exc), request_id, stack).decode()
 
 
+def report_line(request_id: str, duration_ms: float, memory_mb: int, init_ms: float | None = None) -> str:
+    """Lambda's REPORT line: tab-separated, billed duration rounded up to the millisecond (Lambda
+    bills per 1 ms), Max Memory Used from the worker's peak RSS, Init Duration after a cold start."""
+    import math
+    import resource
+
+    used_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024  # KiB on Linux
+    line = (
+        f"REPORT RequestId: {request_id}\tDuration: {duration_ms:.2f} ms\tBilled Duration: "
+        f"{max(1, math.ceil(duration_ms))} ms\tMemory Size: {memory_mb} MB\tMax Memory Used: {used_mb} MB\t"
+    )
+    if init_ms is not None:
+        line += f"Init Duration: {init_ms:.2f} ms\t"
+    return line
+
+
 def _worker_main() -> None:  # pragma: no cover - runs in the worker process
     # Keep the protocol on the original stdout; anything the handler prints goes to stderr (the log).
     protocol: IO[str] = os.fdopen(os.dup(1), "w", buffering=1)
@@ -426,6 +500,8 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
             sys.path.insert(0, entry)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     handler: Any = None
+    init_ms: float | None = None
+    memory_mb = int(os.environ.get("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "128"))
 
     def answer(message: dict[str, Any]) -> None:
         protocol.write(json.dumps(message) + "\n")
@@ -435,6 +511,7 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
         request = json.loads(line)
         if request.get("init"):
             module_name, _, function_name = request["handler"].rpartition(".")
+            init_started = time.monotonic()
             try:
                 handler = getattr(importlib.import_module(module_name), function_name)
             except Exception as exc:
@@ -442,6 +519,7 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
                 payload = _error_payload("Runtime.ImportModuleError", message, "init").decode()
                 answer({"error": payload})
                 return
+            init_ms = (time.monotonic() - init_started) * 1000
             answer({"ready": True})
             continue
         request_id = request["request_id"]
@@ -462,7 +540,8 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
                 answer({"error": _error_payload("Runtime.MarshalError", message, request_id).decode()})
         elapsed_ms = (time.monotonic() - started) * 1000
         print(f"END RequestId: {request_id}", file=sys.stderr)
-        print(f"REPORT RequestId: {request_id}\tDuration: {elapsed_ms:.2f} ms", file=sys.stderr, flush=True)
+        print(report_line(request_id, elapsed_ms, memory_mb, init_ms), file=sys.stderr, flush=True)
+        init_ms = None  # reported once, on the cold start's first invocation
 
 
 if __name__ == "__main__":

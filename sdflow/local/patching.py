@@ -32,6 +32,17 @@ def original(owner: Any, attribute: str) -> Any:
     return getattr(owner, attribute)
 
 
+def previous(owner: Any, attribute: str, new: Any) -> Any:
+    """What `new` replaced: moto's own implementation, or an earlier service module's patch of the
+    same attribute, so that two modules can each wrap one method without undoing the other."""
+    entries = [entry for entry in _originals if entry[0] is owner and entry[1] == attribute]
+    for index, entry in enumerate(entries):
+        installed = entries[index + 1][2] if index + 1 < len(entries) else getattr(owner, attribute, None)
+        if installed is new:
+            return entry[2]
+    return original(owner, attribute)
+
+
 def _patch(owner: Any, attribute: str, new: Any) -> None:
     # Keep both the callable original (classmethods bound) and the raw attribute to restore.
     raw = vars(owner).get(attribute, _MISSING) if isinstance(owner, type) else getattr(owner, attribute, _MISSING)

@@ -7,6 +7,7 @@ that object, not in module globals, so a stopped cloud leaves nothing behind."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 import time
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from sdflow.local.lambda_runner import LambdaRunner
+from sdflow.local.services.awslambda_concurrency import LambdaConcurrency
+from sdflow.local.services.sagemaker_quotas import SageMakerQuotas
 
 MOTO_VERSION = "5.2.5"
 DEFAULT_ACCOUNT = "123456789012"
@@ -63,6 +66,19 @@ class Runtime:
     sfn_clients: dict[tuple[str, str, str], Any] = field(default_factory=dict)
     sfn_clients_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     sns_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # Step Functions: state transitions (state entries and retry attempts, as AWS counts them),
+    # Distributed Map children included (services/stepfunctions_limits.py).
+    sfn_transitions: int = 0
+    sfn_transitions_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # SageMaker: instance quotas in use and the Create* rate limit (services/sagemaker_quotas.py).
+    sagemaker_quotas: SageMakerQuotas = field(default_factory=SageMakerQuotas)
+    # Lambda: invocations in flight per function with reserved concurrency (services/awslambda_limits.py).
+    lambda_concurrency: LambdaConcurrency = field(default_factory=LambdaConcurrency)
+    # IAM: the roles' credentials and policies (services/iam.py IamEnforcer); None: not enforced.
+    iam: Any = None
+    # Every API call the local cloud served, by (IAM service prefix, operation) (services/iam.py).
+    api_calls: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
+    api_calls_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _inflight: int = field(default=0, repr=False)
     _idle: threading.Condition = field(default_factory=threading.Condition, repr=False)
 

@@ -200,9 +200,13 @@ def _signal_group(pid: int, signum: int) -> None:
 
 
 class _S3:
-    def __init__(self, endpoint_url: str, region: str) -> None:
+    def __init__(self, endpoint_url: str, region: str, credentials: Mapping[str, str] | None = None) -> None:
+        keys = credentials or {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
         session = boto3.session.Session(
-            aws_access_key_id="testing", aws_secret_access_key="testing", region_name=region
+            aws_access_key_id=keys["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=keys["AWS_SECRET_ACCESS_KEY"],
+            aws_session_token=keys.get("AWS_SESSION_TOKEN"),
+            region_name=region,
         )
         self.client = session.client(
             "s3",
@@ -462,6 +466,11 @@ class LocalSageMaker:
         self.stop_grace_s = stop_grace_s
         self.invoke_timeout_s = invoke_timeout_s
         self._s3 = _S3(endpoint_url, region)
+        # SageMaker moves a job's data with the job's RoleArn (a model's ExecutionRoleArn): when set
+        # (LocalCloud, IAM enforced), role ARN -> that role's STS credentials as environment variables.
+        self.role_credentials: Callable[[str], Mapping[str, str]] | None = None
+        self._role_s3: dict[str, _S3] = {}
+        self._endpoint_url = endpoint_url
         self._lock = threading.RLock()
         self._jobs: dict[tuple[Kind, str], _Job] = {}
         self._endpoints: dict[str, _Endpoint] = {}
@@ -469,6 +478,18 @@ class LocalSageMaker:
         self._closing = threading.Event()
         # The serve processes are plain 127.0.0.1 HTTP: never through a proxy from the environment.
         self._http = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def _job_s3(self, job: _Job) -> _S3:
+        return self._s3_for(job.request.get("RoleArn"))
+
+    def _s3_for(self, role_arn: str | None) -> _S3:
+        if self.role_credentials is None or not role_arn:
+            return self._s3
+        with self._lock:
+            found = self._role_s3.get(role_arn)
+            if found is None:
+                found = self._role_s3[role_arn] = _S3(self._endpoint_url, self.region, self.role_credentials(role_arn))
+        return found
 
     # -- reporting --------------------------------------------------------------------------
 
@@ -687,7 +708,7 @@ class LocalSageMaker:
                     f"{where}: S3DataType {s3_input['S3DataType']!r} is not supported locally; use S3Prefix"
                 )
             local = container_path(s3_input["LocalPath"], opt_ml, f"{where}.S3Input.LocalPath")
-            self._s3.download_prefix(s3_input["S3Uri"], local, f"{where}.S3Input.S3Uri")
+            self._job_s3(job).download_prefix(s3_input["S3Uri"], local, f"{where}.S3Input.S3Uri")
         outputs = []
         for i, item in enumerate((request.get("ProcessingOutputConfig") or {}).get("Outputs") or []):
             where = f"ProcessingOutputConfig.Outputs[{i}] ({item.get('OutputName', '?')})"
@@ -712,7 +733,7 @@ class LocalSageMaker:
             fields["ExitMessage"] = _clip(exit_message)
         if outcome.result == "completed":
             for local, uri, where in outputs:  # EndOfJob: after the container exits 0
-                self._s3.upload_dir(local, uri, where)
+                self._job_s3(job).upload_dir(local, uri, where)
             return "Completed", fields
         if outcome.result == "stopped":
             return "Stopped", fields
@@ -812,9 +833,9 @@ class LocalSageMaker:
         checkpoint = request.get("CheckpointConfig") or None
         checkpoint_cache = job.folder / "_checkpoints"
         if checkpoint:
-            _, _, keys = self._s3.list_keys(checkpoint["S3Uri"], "CheckpointConfig.S3Uri")
+            _, _, keys = self._job_s3(job).list_keys(checkpoint["S3Uri"], "CheckpointConfig.S3Uri")
             if keys:  # a restart resumes from the checkpoints an earlier attempt left
-                self._s3.download_prefix(checkpoint["S3Uri"], checkpoint_cache, "CheckpointConfig.S3Uri")
+                self._job_s3(job).download_prefix(checkpoint["S3Uri"], checkpoint_cache, "CheckpointConfig.S3Uri")
 
         hyperparameters = {str(k): str(v) for k, v in (request.get("HyperParameters") or {}).items()}
         input_data_config = {
@@ -891,7 +912,7 @@ class LocalSageMaker:
             # Like SageMaker's continuous sync, whatever the outcome: a retry resumes from it.
             # algo-1 last, so that its files win where hosts wrote the same names.
             for _host, _opt_ml, local_checkpoints in reversed(layouts):
-                self._s3.upload_dir(local_checkpoints, checkpoint["S3Uri"], "CheckpointConfig.S3Uri")
+                self._job_s3(job).upload_dir(local_checkpoints, checkpoint["S3Uri"], "CheckpointConfig.S3Uri")
 
         if outcome.result == "stopped":
             return "Stopped", "Stopped", {}
@@ -911,12 +932,12 @@ class LocalSageMaker:
         model_uri = f"{output_path.rstrip('/')}/{name}/output/model.tar.gz"
         archive = job.folder / "model.tar.gz"
         _tar_folder(layouts[0][1] / "model", archive)
-        self._s3.upload_file(archive, model_uri, "OutputDataConfig.S3OutputPath")
+        self._job_s3(job).upload_file(archive, model_uri, "OutputDataConfig.S3OutputPath")
         data = layouts[0][1] / "output" / "data"
         if any(data.iterdir()):
             output_archive = job.folder / "output.tar.gz"
             _tar_folder(data, output_archive)
-            self._s3.upload_file(
+            self._job_s3(job).upload_file(
                 output_archive,
                 f"{output_path.rstrip('/')}/{name}/output/output.tar.gz",
                 "OutputDataConfig.S3OutputPath",
@@ -941,7 +962,7 @@ class LocalSageMaker:
                     f"{where}: S3DataType {source['S3DataType']!r} is not supported locally; use S3Prefix"
                 )
             cache = job.folder / "_channels" / name
-            files = self._s3.download_prefix(source["S3Uri"], cache, f"{where}.S3Uri")
+            files = self._job_s3(job).download_prefix(source["S3Uri"], cache, f"{where}.S3Uri")
             sharded = source.get("S3DataDistributionType", "FullyReplicated") == "ShardedByS3Key"
             result[name] = (cache, files, sharded)
         return result
@@ -1022,10 +1043,11 @@ class LocalSageMaker:
             if not url:
                 raise JobSetupError("the model's PrimaryContainer.ModelDataUrl is required locally")
             if url.endswith("/"):
-                self._s3.download_prefix(url, model_dir, "PrimaryContainer.ModelDataUrl")
+                model_s3 = self._s3_for(model.get("ExecutionRoleArn"))
+                model_s3.download_prefix(url, model_dir, "PrimaryContainer.ModelDataUrl")
             else:
                 archive = folder / "model.tar.gz"
-                self._s3.download_file(url, archive, "PrimaryContainer.ModelDataUrl")
+                self._s3_for(model.get("ExecutionRoleArn")).download_file(url, archive, "PrimaryContainer.ModelDataUrl")
                 with tarfile.open(archive) as tar:
                     tar.extractall(model_dir, filter="data")
                 archive.unlink()

@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 
+from sdflow import samples
 from sdflow.local import template
-from sdflow.local.cloud import LocalCloud
+from sdflow.local.cloud import ACCOUNT_ID, REGION, LocalCloud
+from sdflow.local.services import events
 from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -67,7 +69,11 @@ def cloud(tmp_path_factory: pytest.TempPathFactory, sagemaker: RecordingSageMake
     workdir = tmp_path_factory.mktemp("local-cloud")
     with LocalCloud(workdir, sagemaker_factory=lambda *_: sagemaker, async_retry_delays_s=()) as running:
         s3 = running.client("s3")
-        s3.put_object(Bucket=running.bucket, Key="datasets/tiny/part-00000.parquet", Body=b"PAR1 not read here")
+        # Intake reads each parquet footer (start_pipeline and Validate run refuse what no job could use).
+        parquet = samples.write_parquet(
+            workdir / "part-00000.parquet", [samples.SampleRow("http://127.0.0.1:9/a.jpg", "a")]
+        )
+        s3.put_object(Bucket=running.bucket, Key="datasets/tiny/part-00000.parquet", Body=parquet.read_bytes())
         s3.put_object(Bucket=running.bucket, Key="models/tiny/model_index.json", Body=b"{}")
         yield running
 
@@ -200,7 +206,9 @@ def test_local_cloud_redelivered_upload_event_starts_one_execution(cloud: LocalC
         "reason": "PutObject",
     }
     entry = {"Source": "aws.s3", "DetailType": "Object Created", "Detail": json.dumps(detail)}
-    assert cloud.client("events").put_events(Entries=[entry])["FailedEntryCount"] == 0
+    # PutEvents refuses aws.* sources from callers, so redeliver it as S3 itself would.
+    [published] = events.publish_as_service([entry], ACCOUNT_ID, REGION)
+    assert "EventId" in published
     assert cloud.wait_idle(30)
     assert [e["executionArn"] for e in _executions(cloud) if e["name"].startswith("twice-")] == [first["executionArn"]]
     cloud.client("stepfunctions").stop_execution(executionArn=first["executionArn"])

@@ -11,6 +11,7 @@ from typing import Any
 import aws_xray_sdk.core  # noqa: F401 - its global recorder opens a UDP socket at import: do it before sockets are disabled
 import boto3
 import pytest
+from botocore.exceptions import ClientError
 from moto import mock_aws
 
 from sdflow_common import aws
@@ -92,6 +93,18 @@ class AwsWorld:
         return json.loads(self.s3.get_object(Bucket=bucket, Key=key)["Body"].read())
 
 
+def _deny_service_quotas() -> None:
+    """moto 5.2.5 lists no SageMaker quotas (in process, ListServiceQuotas raises
+    NotImplementedError), so the functions' cached client answers as a role without
+    servicequotas permissions would; tests/unit/test_quotas.py stubs real listings."""
+
+    def deny(model: Any, **_: Any) -> None:
+        error = {"Code": "AccessDeniedException", "Message": "not authorized to perform servicequotas actions"}
+        raise ClientError({"Error": error}, model.name)
+
+    aws.client("service-quotas").meta.events.register("before-call.service-quotas", deny)
+
+
 @pytest.fixture
 def mocked_aws(aws_env: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[AwsWorld]:
     """A moto account holding the stack's bucket, token table, idempotency table and topic."""
@@ -114,6 +127,7 @@ def mocked_aws(aws_env: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[AwsWo
         )
         sns = boto3.client("sns", region_name=REGION)
         topic_arn = sns.create_topic(Name="sdflow-notifications-test")["TopicArn"]
+        _deny_service_quotas()
         monkeypatch.setenv("TOPIC_ARN", topic_arn)
         yield AwsWorld(
             s3=s3,

@@ -14,6 +14,7 @@ from sdflow_common.sagemaker_jobs import task_timeouts
 from sdflow_common.validate_run import RunConfig, ValidateRunRequest, shard_items, validate_run
 from tests.conftest import load_function_module
 from tests.unit.conftest import ACCOUNT, DATA_BUCKET, REGION, AwsWorld, FakeLambdaContext
+from tests.unit.parquet_files import parquet_bytes
 
 RUN_ID = "demo-0123456789abcdef"
 CONTRACT_SUMMARY_KEYS = {"index_uri", "total_samples", "shards_ok", "shards_failed", "failed_shards"}
@@ -191,7 +192,7 @@ def test_handler_indexes_what_validate_run_listed(mocked_aws: AwsWorld) -> None:
     """validate_run's `$.config` is build_index's input, unchanged (the state machine's data flow)."""
     mocked_aws.put_json("models/sd/model_index.json", {})
     for i in range(3):
-        mocked_aws.s3.put_object(Bucket=DATA_BUCKET, Key=f"datasets/laion/part-{i}.parquet", Body=b"PAR1")
+        mocked_aws.s3.put_object(Bucket=DATA_BUCKET, Key=f"datasets/laion/part-{i}.parquet", Body=parquet_bytes())
     config = validate_run(
         ValidateRunRequest(
             run={

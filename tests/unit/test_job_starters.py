@@ -16,6 +16,7 @@ from sdflow_common.errors import (
     DownloadJobFailed,
     EndpointBusy,
     EndpointDeployFailed,
+    SageMakerQuotaExceeded,
     SageMakerThrottled,
     TrainingJobFailed,
 )
@@ -171,17 +172,45 @@ def test_start_training_throttled_raises_and_releases_claim(
     assert store.get(names.training_job_name(event["execution_arn"], event["config"]["run_id"], 0)) is None
 
 
-def test_start_training_quota_exceeded_is_throttling(
+def over_quota(limit: int, used: int, delta: int) -> Any:
+    """SageMaker's ResourceLimitExceeded, worded as SageMaker words it."""
+    message = (
+        f"The account-level service limit 'ml.g5.12xlarge for training job usage' is {limit} Instances, with "
+        f"current utilization of {used} Instances and a request delta of {delta} Instances. Please use AWS "
+        "Service Quotas to request an increase for this quota."
+    )
+
+    def refuse(*_args: Any, **_kwargs: Any) -> None:
+        raise ClientError({"Error": {"Code": "ResourceLimitExceeded", "Message": message}}, "Create")
+
+    return refuse
+
+
+def test_start_training_quota_in_use_raises_quota_exceeded_and_releases_claim(
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sagemaker_client(), "create_training_job", over_quota(limit=2, used=2, delta=1))
+    event = load_event("start_training_task.json")
+    with pytest.raises(SageMakerQuotaExceeded, match="ResourceLimitExceeded") as raised:
+        load_function_module("start_training").lambda_handler(event, context)
+    assert not isinstance(raised.value, SageMakerThrottled), "a quota gets its own, longer Retry"
+    assert store.get(names.training_job_name(event["execution_arn"], event["config"]["run_id"], 0)) is None
+
+
+def test_start_training_request_above_quota_fails_at_once_with_advice(
     mocked_aws: AwsWorld, context: FakeLambdaContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def over_quota(**_kwargs: Any) -> None:
-        raise ClientError(
-            {"Error": {"Code": "ResourceLimitExceeded", "Message": "account-level service limit"}}, "CreateTrainingJob"
-        )
-
-    monkeypatch.setattr(sagemaker_client(), "create_training_job", over_quota)
-    with pytest.raises(SageMakerThrottled, match="ResourceLimitExceeded"):
+    monkeypatch.setattr(sagemaker_client(), "create_training_job", over_quota(limit=0, used=0, delta=1))
+    with pytest.raises(TrainingJobFailed, match="request an increase in the Service Quotas console"):
         load_function_module("start_training").lambda_handler(load_event("start_training_task.json"), context)
+
+
+def test_start_download_quota_in_use_raises_quota_exceeded(
+    mocked_aws: AwsWorld, context: FakeLambdaContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sagemaker_client(), "create_processing_job", over_quota(limit=4, used=4, delta=1))
+    with pytest.raises(SageMakerQuotaExceeded):
+        load_function_module("start_download").lambda_handler(load_event("start_download_task.json"), context)
 
 
 def test_start_training_other_error_raises_training_job_failed(
@@ -339,5 +368,15 @@ def test_deploy_endpoint_throttled_update_raises_and_releases_claim(
     seed_endpoint(mocked_aws, endpoint_name(event))
     monkeypatch.setattr(sagemaker_client(), "update_endpoint", throttle)
     with pytest.raises(SageMakerThrottled):
+        load_function_module("deploy_endpoint").lambda_handler(event, context)
+    assert store.get(endpoint_name(event)) is None
+
+
+def test_deploy_endpoint_quota_in_use_raises_quota_exceeded_and_releases_claim(
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    event = load_event("deploy_endpoint_task.json")
+    monkeypatch.setattr(sagemaker_client(), "create_endpoint", over_quota(limit=2, used=2, delta=1))
+    with pytest.raises(SageMakerQuotaExceeded):
         load_function_module("deploy_endpoint").lambda_handler(event, context)
     assert store.get(endpoint_name(event)) is None

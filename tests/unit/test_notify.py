@@ -72,12 +72,14 @@ def test_notify_failure_of_validation_lists_each_field_error() -> None:
             ),
         }
     )
-    state = {"run_name": "cats-v1", "error": {"Error": "InvalidRunDocument", "Cause": cause}}
+    # The state of a run that failed in Validate run: the Catch's error, nothing else.
+    state = {"error": {"Error": "InvalidRunDocument", "Cause": cause}}
 
     message = notify.compose(_request("failed", state), now=NOW)
 
-    assert message.subject == "[sdflow] Run cats-v1 (cats-v1-abc) FAILED"
+    assert message.subject == "[sdflow] Run cats-v1-abc FAILED"
     assert "during: Validate run" in message.message
+    assert "Nothing was started" in message.message
     assert "Error:     InvalidRunDocument" in message.message
     assert "  - training.instance_count: Input should be greater than or equal to 1" in message.message
     assert "  - dataset.parquet_uris: is empty" in message.message
@@ -163,3 +165,61 @@ def test_notify_handler_failure_event_publishes_failure(
     [published] = _received(sqs, queue_url)
     assert published["MessageAttributes"]["outcome"]["Value"] == "failed"
     assert published["MessageAttributes"]["error"]["Value"] == "TrainingJobFailed"
+
+
+@pytest.mark.parametrize(
+    "document_keys",
+    [
+        {"training": {"instance_count": 0}, "dataset": {"prefix": "s3://b/x/"}},
+        {"dataset": {"parquet_uris": []}},
+        {"config": {"run": {"run_name": "x\ny"}}, "endpoint": {"name": "e"}},
+    ],
+)
+def test_notify_validation_failure_with_document_keys_in_state_names_validate_run_and_no_progress(
+    document_keys: dict[str, Any],
+) -> None:
+    """Keys a run document shares with the pipeline's results (training, dataset, config, endpoint) are
+    not progress: only what the steps wrote counts, and lines without data are left out."""
+    state = {**document_keys, "error": {"Error": "InvalidRunDocument", "Cause": "[]"}}
+
+    message = notify.compose(_request("failed", state), now=NOW)
+
+    assert "during: Validate run" in message.message
+    for placeholder in ("0 of 0 shards", "job ?", "Dataset:", "Training:", "Endpoint:", "config ?"):
+        assert placeholder not in message.message
+    assert "endpoint" not in message.attributes
+    assert message.subject == "[sdflow] Run cats-v1-abc FAILED"
+
+
+def test_notify_failure_during_downloads_names_the_step_without_dataset_lines() -> None:
+    state = {"config": SUCCESS_STATE["config"], "error": {"Error": "States.DataLimitExceeded", "Cause": "x"}}
+
+    message = notify.compose(_request("failed", state), now=NOW)
+
+    assert "during: Download shards / Build dataset index" in message.message
+    assert "Dataset:" not in message.message
+    assert "Nothing was deployed" in message.message
+
+
+def test_notify_subject_of_any_execution_name_is_a_valid_sns_subject() -> None:
+    request = notify.NotifyRequest(
+        outcome="failed",
+        execution_arn=EXECUTION_ARN,
+        execution_name="caf\u00e9-\u2028-" + "\u00fc" * 90,
+        state={"error": {"Error": "InvalidRunDocument", "Cause": "[]"}},
+    )
+
+    subject = notify.compose(request, now=NOW).subject
+
+    assert len(subject) < 100
+    assert subject.isascii()
+    assert subject.isprintable()
+
+
+def test_notify_tolerated_intake_warnings_are_listed() -> None:
+    warning = {"field": "dataset.url_column", "message": "column 'URL' is not in 1 of 3 objects (s3://b/p2.parquet)"}
+    state = {**SUCCESS_STATE, "config": {**SUCCESS_STATE["config"], "warnings": [warning]}}
+
+    message = notify.compose(_request("succeeded", state), now=NOW)
+
+    assert "dataset.url_column: column 'URL' is not in 1 of 3 objects (s3://b/p2.parquet)" in message.message

@@ -65,6 +65,7 @@ def _definition_for_tests() -> str:
     text = json.dumps(definition)
     for name in FUNCTIONS:
         text = text.replace(f"${{{name}Arn}}", f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{name}")
+    text = text.replace("${DataBucketName}", DATA_BUCKET)
     assert "${" not in text, "a DefinitionSubstitution is not replaced by this test"
     return text
 
@@ -280,6 +281,76 @@ def test_pipeline_state_stays_small_whatever_the_shard_count(pipeline: Pipeline)
     notification = _notifications(pipeline)[0]
     assert "Download shards" not in notification["state"], "the Map's result must be discarded"
     assert len(json.dumps(notification["state"])) < 4096
+
+
+def test_pipeline_map_writes_child_results_under_the_runs_prefix(pipeline: Pipeline) -> None:
+    result = pipeline.run(_answer_all_success)
+
+    assert result["status"] == "SUCCEEDED"
+    execution = result["executionArn"].split(":")[-1]
+    listed = pipeline.s3.list_objects_v2(Bucket=DATA_BUCKET, Prefix=f"runs/{execution}/download-results/")
+    keys = [obj["Key"] for obj in listed.get("Contents", [])]
+    assert len(keys) == 1, keys
+    assert keys[0].endswith("/manifest.json"), keys
+    manifest = json.loads(pipeline.s3.get_object(Bucket=DATA_BUCKET, Key=keys[0])["Body"].read())
+    assert manifest["DestinationBucket"] == DATA_BUCKET
+    assert ":mapRun:" in manifest["MapRunArn"]
+
+
+def test_pipeline_map_children_return_empty_objects_even_when_collected_inline(pipeline: Pipeline) -> None:
+    """Were the results collected into the state (no ResultWriter), each shard would cost 3 bytes."""
+    definition = json.loads(_definition_for_tests())
+    download = definition["States"]["Download shards"]
+    del download["ResultWriter"]
+    download["ResultPath"] = "$.download_results"
+    pipeline.sfn.update_state_machine(stateMachineArn=pipeline.arn, definition=json.dumps(definition))
+
+    def answer(name: str, payload: dict[str, Any]) -> tuple[str, Any]:
+        if name == "StartDownloadFunction" and payload["shard"]["shard_id"] == "00001":
+            return "failure", ("DownloadJobFailed", "AlgorithmError: parquet has no URL column")
+        return _answer_all_success(name, payload)
+
+    result = pipeline.run(answer)
+
+    assert result["status"] == "SUCCEEDED"
+    assert _notifications(pipeline)[0]["state"]["download_results"] == [{}, {}, {}]
+
+
+def test_pipeline_download_held_by_quota_waits_and_retries_with_next_attempt(pipeline: Pipeline) -> None:
+    seen: list[int] = []
+
+    def start_download(payload: dict[str, Any]) -> Any:
+        if payload["shard"]["shard_id"] == "00002":
+            seen.append(payload["attempt"])
+            if len(seen) < 3:
+                raise LambdaError("SageMakerQuotaExceeded", "ml.c5.xlarge for processing job usage is 2 Instances")
+        return _started(payload)
+
+    pipeline.behaviours["StartDownloadFunction"] = start_download
+
+    result = pipeline.run(_answer_all_success)
+
+    assert result["status"] == "SUCCEEDED"
+    assert seen == [0, 1, 2]
+    assert pipeline.calls["BuildIndexFunction"], "the shard was downloaded, not recorded failed"
+
+
+@pytest.mark.parametrize("function", ["StartTrainingFunction", "DeployEndpointFunction"])
+def test_pipeline_training_and_deploy_held_by_quota_are_retried(pipeline: Pipeline, function: str) -> None:
+    seen: list[int] = []
+
+    def start(payload: dict[str, Any]) -> Any:
+        seen.append(payload["attempt"])
+        if len(seen) == 1:
+            raise LambdaError("SageMakerQuotaExceeded", "ml.g5.12xlarge for training job usage is 1 Instances")
+        return _started(payload)
+
+    pipeline.behaviours[function] = start
+
+    result = pipeline.run(_answer_all_success)
+
+    assert result["status"] == "SUCCEEDED"
+    assert seen == [0, 1]
 
 
 def test_pipeline_invalid_run_notifies_failure_and_starts_nothing(pipeline: Pipeline) -> None:

@@ -198,13 +198,49 @@ def client_error(code: str, message: str) -> ClientError:
     [
         ("ThrottlingException", "Rate exceeded", True),
         ("ValidationException", "Rate exceeded", True),
-        ("ResourceLimitExceeded", "The account-level service limit 'ml.g5.12xlarge for training job usage' is 0", True),
+        (
+            "ResourceLimitExceeded",
+            "The account-level service limit 'ml.g5.12xlarge for training job usage' is 0",
+            False,
+        ),
         ("ValidationException", "1 validation error detected", False),
         ("ResourceInUse", "Training job names must be unique", False),
     ],
 )
 def test_is_throttling_classifies_sagemaker_errors(code: str, message: str, throttled: bool) -> None:
     assert sagemaker_jobs.is_throttling(client_error(code, message)) is throttled
+
+
+QUOTA_MESSAGE = (
+    "The account-level service limit 'ml.c5.xlarge for processing job usage' is 4 Instances, with current "
+    "utilization of 4 Instances and a request delta of 1 Instances. Please use AWS Service Quotas to request "
+    "an increase for this quota. If AWS Service Quotas is not available, contact AWS support to request an "
+    "increase for this quota."
+)
+
+
+def test_quota_refusal_reads_sagemaker_resource_limit_message() -> None:
+    error = client_error("ResourceLimitExceeded", QUOTA_MESSAGE)
+
+    refusal = sagemaker_jobs.quota_refusal(error)
+
+    assert sagemaker_jobs.is_quota_exceeded(error)
+    assert refusal == sagemaker_jobs.QuotaRefusal("ml.c5.xlarge for processing job usage", 4, 4, 1)
+    assert not refusal.never_fits, "instances held by other jobs free up"
+
+
+def test_quota_refusal_request_above_the_quota_never_fits() -> None:
+    message = QUOTA_MESSAGE.replace("is 4 Instances", "is 0 Instances").replace("utilization of 4", "utilization of 0")
+
+    refusal = sagemaker_jobs.quota_refusal(client_error("ResourceLimitExceeded", message))
+
+    assert refusal is not None
+    assert refusal.never_fits
+
+
+def test_quota_refusal_unknown_wording_is_none_and_throttling_is_not_quota() -> None:
+    assert sagemaker_jobs.quota_refusal(client_error("ResourceLimitExceeded", "limit exceeded")) is None
+    assert not sagemaker_jobs.is_quota_exceeded(client_error("ThrottlingException", "Rate exceeded"))
 
 
 def test_is_already_exists_and_is_not_found_match_sagemaker_messages() -> None:

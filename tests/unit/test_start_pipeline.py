@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import re
 from typing import Any
+from urllib.parse import quote_plus
 
 import boto3
 import pytest
@@ -29,6 +31,7 @@ from tests.unit.conftest import (
     FakeLambdaContext,
     load_event,
 )
+from tests.unit.parquet_files import parquet_bytes
 
 NAME_RE = re.compile(r"^[0-9A-Za-z_-]{1,80}$")
 PASS_DEFINITION = json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Pass", "End": True}}})
@@ -41,7 +44,14 @@ def world(mocked_aws: AwsWorld) -> AwsWorld:
         definition=PASS_DEFINITION,
         roleArn=f"arn:aws:iam::{ACCOUNT}:role/sdflow-states-test",
     )
+    put_inputs(mocked_aws)
     return mocked_aws
+
+
+def put_inputs(world: AwsWorld) -> None:
+    """The model and parquet file that events/run_document_minimal.json names."""
+    world.put_json("models/stable-diffusion-v1-5/model_index.json", {"_class_name": "StableDiffusionPipeline"})
+    world.s3.put_object(Bucket=DATA_BUCKET, Key="datasets/laion-mini/part-00000.parquet", Body=parquet_bytes())
 
 
 @pytest.fixture
@@ -190,7 +200,12 @@ def test_handle_manifest_racing_duplicate_is_not_an_error(world: AwsWorld, monke
 
     put = upload(world, "manifests/demo.json", manifest())
     ref = ManifestRef(DATA_BUCKET, "manifests/demo.json", None, put["ETag"].strip('"'))
-    kwargs = {"state_machine_arn": STATE_MACHINE_ARN, "topic_arn": world.topic_arn, "max_shards": 50}
+    kwargs = {
+        "state_machine_arn": STATE_MACHINE_ARN,
+        "topic_arn": world.topic_arn,
+        "max_shards": 50,
+        "data_bucket": DATA_BUCKET,
+    }
     first = handle_manifest(ref, **kwargs)
     # A closed execution makes StartExecution raise ExecutionAlreadyExists even for the same input.
     world.sfn.stop_execution(executionArn=first.execution_arn)
@@ -233,6 +248,24 @@ INVALID_MANIFESTS = {
     "not-utf8": (lambda: b'{"run_name": "\xff\xfe"}', "(document)"),
     "empty-file": (lambda: b"  \n", "(document)"),
     "json-array": (lambda: [manifest()], "(document)"),
+    "deeply-nested": (lambda: b"[" * 100_000 + b"]" * 100_000, "(document)"),
+    "deeply-nested-field": (lambda: b'{"dataset": ' + b'{"a": ' * 5000 + b"1" + b"}" * 5001, "(document)"),
+    "huge-integer": (lambda: b'{"download": {"image_size": ' + b"9" * 5000 + b"}}", "(document)"),
+    "misspelt-field": (lambda: {**manifest(), "trainning": {}}, "trainning"),
+    "empty-prefix": (
+        lambda: {**manifest(), "dataset": {"prefix": f"s3://{DATA_BUCKET}/datasets/none/"}},
+        "dataset.prefix",
+    ),
+    "missing-parquet": (
+        lambda: {**manifest(), "dataset": {"parquet_uris": [f"s3://{DATA_BUCKET}/datasets/gone.parquet"]}},
+        "dataset.parquet_uris",
+    ),
+    "model-outside-bucket": (lambda: {**manifest(), "base_model_uri": "s3://elsewhere-models/sd/"}, "base_model_uri"),
+    "model-missing": (lambda: {**manifest(), "base_model_uri": f"s3://{DATA_BUCKET}/models/none/"}, "base_model_uri"),
+    "wrong-url-column": (
+        lambda: {**manifest(), "dataset": {**manifest()["dataset"], "url_column": "link"}},
+        "dataset.url_column",
+    ),
 }
 
 
@@ -267,6 +300,57 @@ def test_handler_invalid_manifest_writes_report_notifies_and_starts_nothing(
     assert emitted_metrics(capsys.readouterr().out).get("ManifestsRejected") == 1.0
 
 
+def test_handler_misspelt_field_and_bad_endpoint_name_get_plain_advice(world: AwsWorld, app: Any) -> None:
+    document = {**manifest(), "trainning": {}, "endpoint": {"name": "my_endpoint!"}, "training": {"max_train_step": 5}}
+    put = upload(world, "manifests/typos.json", document)
+
+    result = app.lambda_handler(s3_event("manifests/typos.json", put), FakeLambdaContext())
+
+    found = {error["field"]: error["message"] for error in result["errors"]}
+    assert "did you mean `training`?" in found["trainning"]
+    assert "did you mean `max_train_steps`?" in found["training.max_train_step"]
+    assert "'my_endpoint!' is not allowed here; use letters, digits and hyphens" in found["endpoint.name"]
+    assert "(-*" not in json.dumps(result["errors"]), "no raw regex in a message"
+
+
+def test_handler_thousands_of_unknown_fields_report_a_bounded_list(world: AwsWorld, app: Any, sns_inbox: Any) -> None:
+    document = {**manifest(), **{f"extra_{i}": i for i in range(5000)}}
+    put = upload(world, "manifests/noisy.json", document)
+
+    result = app.lambda_handler(s3_event("manifests/noisy.json", put), FakeLambdaContext())
+
+    assert result["status"] == "rejected"
+    assert len(result["errors"]) == 20
+    assert result["errors"][-1]["message"].startswith("and 4981 more problems")
+    (notification,) = sns_inbox()
+    assert len(notification["Message"]) < 10_000
+
+
+def test_handler_control_characters_and_lone_surrogates_are_escaped_in_the_report(
+    world: AwsWorld, app: Any, sns_inbox: Any
+) -> None:
+    put = upload(world, "manifests/odd.json", b'{"a\\nb": 1, "x": "\\ud800"}')
+
+    result = app.lambda_handler(s3_event("manifests/odd.json", put), FakeLambdaContext())
+
+    found = {error["field"]: error["message"] for error in result["errors"]}
+    assert found["a\\nb"].startswith("unknown field")
+    (notification,) = sns_inbox()
+    assert "  - a\\nb: unknown field" in notification["Message"]
+
+
+def test_handler_lone_surrogate_in_a_name_is_named_as_not_unicode(world: AwsWorld, app: Any) -> None:
+    put = upload(world, "manifests/surrogate.json", b'{"run_name\\ud800": "x"}')
+
+    result = app.lambda_handler(s3_event("manifests/surrogate.json", put), FakeLambdaContext())
+
+    [error] = result["errors"]
+    assert (
+        error["message"]
+        == "'run_name\\ud800' is not valid Unicode text (it holds a lone surrogate); write it as plain UTF-8"
+    )
+
+
 def test_rejection_report_lands_outside_manifests_so_it_never_triggers_a_run() -> None:
     assert rejected_key("manifests/demo.json") == "rejected/manifests/demo.json.errors.json"
     assert not rejected_key("manifests/demo.json").startswith("manifests/")
@@ -283,6 +367,41 @@ def test_handler_url_encoded_key_reads_the_real_object(world: AwsWorld, app: Any
     result = app.lambda_handler(s3_event("manifests/my+run.json", put), FakeLambdaContext())
     assert result["status"] == "started"
     assert result["execution_name"].startswith("my-run-")
+
+
+@pytest.mark.parametrize("versioned", [True, False], ids=["versioned", "unversioned"])
+@pytest.mark.parametrize("key", ["manifests/my run.json", "manifests/caf\u00e9 \u732b.json", "manifests/c++ (1).json"])
+def test_handler_key_encoded_as_s3_events_encode_it_starts_the_run(
+    world: AwsWorld, app: Any, key: str, versioned: bool
+) -> None:
+    """S3 events carry the key URL-encoded, spaces as '+' (what Powertools' S3EventBridgeNotificationObject
+    decodes with unquote_plus); a versioned bucket's event also names the version."""
+    if versioned:
+        world.s3.put_bucket_versioning(Bucket=DATA_BUCKET, VersioningConfiguration={"Status": "Enabled"})
+    put = upload(world, key, manifest())
+
+    result = app.lambda_handler(s3_event(quote_plus(key, safe="/"), put), FakeLambdaContext())
+
+    assert result["status"] == "started", result
+    (run,) = executions(world)
+    described = world.sfn.describe_execution(executionArn=run["executionArn"])
+    assert json.loads(described["input"]) == manifest()
+
+
+def test_handler_deleted_manifest_is_logged_as_a_warning_naming_the_key(
+    world: AwsWorld, app: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    world.s3.put_bucket_versioning(Bucket=DATA_BUCKET, VersioningConfiguration={"Status": "Enabled"})
+    put = upload(world, "manifests/gone run.json", manifest())
+    world.s3.delete_object(Bucket=DATA_BUCKET, Key="manifests/gone run.json", VersionId=put["VersionId"])
+
+    with caplog.at_level(logging.WARNING):
+        result = app.lambda_handler(s3_event("manifests/gone+run.json", put), FakeLambdaContext())
+
+    assert result["status"] == "gone"
+    assert executions(world) == []
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("manifests/gone run.json" in text for text in warnings), warnings
 
 
 def test_handler_object_overwritten_before_read_starts_nothing(world: AwsWorld, app: Any) -> None:

@@ -112,6 +112,67 @@ def test_template_distributed_map_reads_shards_from_s3_and_discards_results(defi
     assert download["MaxConcurrencyPath"] == "$.config.run.download.max_concurrency"
 
 
+def test_template_distributed_map_writes_child_results_to_the_runs_prefix(definition: dict[str, Any]) -> None:
+    # Without a ResultWriter every child's output is collected into the Map's result, even with
+    # ResultPath null, and past 256 KiB the run fails with States.DataLimitExceeded.
+    writer = definition["States"]["Download shards"]["ResultWriter"]
+    assert writer["Resource"] == "arn:aws:states:::s3:putObject"
+    assert writer["Parameters"]["Bucket"] == "${DataBucketName}"
+    assert writer["Parameters"]["Prefix.$"] == "States.Format('runs/{}/download-results', $$.Execution.Name)"
+
+
+def test_template_map_children_return_empty_objects(definition: dict[str, Any]) -> None:
+    children = definition["States"]["Download shards"]["ItemProcessor"]["States"]
+    ends = {name: state for name, state in children.items() if state.get("End")}
+    assert set(ends) == {"Download shard", "Record failed shard"}
+    for name, state in ends.items():
+        assert "OutputPath" in state, f"{name} must return {{}}"
+        assert state["OutputPath"] is None, f"{name} must return {{}}"
+
+
+def test_template_max_shards_fit_even_an_inline_map_result(template: dict[str, Any]) -> None:
+    max_shards = template["Parameters"]["MaxShards"]
+    assert max_shards["MinValue"] <= max_shards["Default"] == 10_000 <= max_shards["MaxValue"]
+    # {} per child, ", " between them (the roomier of the two JSON spellings)
+    inline_result = json.dumps([{}] * max_shards["MaxValue"])
+    assert len(inline_result.encode()) < 256 * 1024
+
+
+@pytest.mark.parametrize("state", ["Download shard", "Train model", "Deploy endpoint"])
+def test_template_quota_errors_retry_for_hours_apart_from_throttling(definition: dict[str, Any], state: str) -> None:
+    retriers = _all_states(definition["States"])[state]["Retry"]
+    [quota] = [r for r in retriers if "SageMakerQuotaExceeded" in r["ErrorEquals"]]
+    [throttle] = [r for r in retriers if "SageMakerThrottled" in r["ErrorEquals"]]
+    assert quota["ErrorEquals"] == ["SageMakerQuotaExceeded"]
+    assert quota["JitterStrategy"] == "FULL"
+    waits = [
+        min(quota["MaxDelaySeconds"], quota["IntervalSeconds"] * quota["BackoffRate"] ** attempt)
+        for attempt in range(quota["MaxAttempts"])
+    ]
+    assert sum(waits) / 2 >= 4 * 3600, "full jitter halves the mean wait: still hours for a held quota"
+    assert sum(waits) >= 8 * 3600
+    assert quota["IntervalSeconds"] >= 30, "a quota frees when jobs end, not within seconds"
+    throttle_waits = [
+        min(throttle["MaxDelaySeconds"], throttle["IntervalSeconds"] * throttle["BackoffRate"] ** attempt)
+        for attempt in range(throttle["MaxAttempts"])
+    ]
+    assert sum(throttle_waits) < sum(waits) / 4
+
+
+def test_template_retried_and_caught_error_names_exist(definition: dict[str, Any]) -> None:
+    from sdflow_common import errors
+
+    named = {
+        error
+        for state in _all_states(definition["States"]).values()
+        for handler in state.get("Retry", []) + state.get("Catch", [])
+        for error in handler["ErrorEquals"]
+        if not error.startswith(("States.", "Lambda."))
+    }
+    assert named
+    assert all(isinstance(getattr(errors, name, None), type) for name in named), named
+
+
 def test_template_functions_have_code_and_thin_handlers(template: dict[str, Any]) -> None:
     functions = _resources(template, "AWS::Serverless::Function")
     assert len(functions) == 9
@@ -156,6 +217,72 @@ def test_template_pass_role_only_for_sagemaker_role_to_sagemaker(template: dict[
     for name, statement in pass_role:
         assert statement["Resource"] == {"Fn::GetAtt": ["SageMakerExecutionRole", "Arn"]}, name
         assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
+
+
+STACK = "sdflow"
+PIPELINE = f"arn:aws:states:us-east-1:123456789012:stateMachine:{STACK}-pipeline"
+
+
+def _resolve(value: Any) -> str:
+    """A Resource of the template as the stack `sdflow` in us-east-1 would have it."""
+    if isinstance(value, dict) and "Fn::Sub" in value:
+        text = value["Fn::Sub"]
+        for name, actual in {
+            "AWS::Partition": "aws",
+            "AWS::Region": "us-east-1",
+            "AWS::AccountId": "123456789012",
+            "AWS::StackName": STACK,
+            "DataBucket.Arn": "arn:aws:s3:::sdflow-data",
+        }.items():
+            text = text.replace(f"${{{name}}}", actual)
+        assert "${" not in text, text
+        return str(text)
+    assert isinstance(value, str), value
+    return value
+
+
+def _allows(template: dict[str, Any], resource_name: str, action: str, arn: str) -> bool:
+    """IAM's matching for Allow statements without conditions: `*` spans any characters, `/` and `:` included."""
+    for name, statement in _statements(template):
+        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+        if name != resource_name or statement.get("Effect") != "Allow" or action not in actions:
+            continue
+        for pattern in map(_resolve, resources):
+            regex = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+            if re.fullmatch(regex, arn):
+                return True
+    return False
+
+
+@pytest.mark.parametrize("function", ["JobEventsFunction", "ReconcilerFunction"])
+@pytest.mark.parametrize("action", ["states:SendTaskSuccess", "states:SendTaskFailure"])
+def test_template_task_tokens_of_map_children_can_be_answered(
+    template: dict[str, Any], function: str, action: str
+) -> None:
+    assert _allows(template, function, action, PIPELINE)
+    # A Distributed Map child runs as an execution of "<state machine>/<Map Run label>".
+    assert _allows(template, function, action, f"{PIPELINE}/Download-shards")
+    assert _allows(template, function, action, f"{PIPELINE}/3f1c2a9e-0000-4000-8000-000000000000")
+    for other in (f"{PIPELINE}-v2", f"{PIPELINE}2/Download-shards", PIPELINE.replace(STACK, "other")):
+        assert not _allows(template, function, action, other), other
+
+
+def test_template_only_token_resolvers_may_send_task_results(template: dict[str, Any]) -> None:
+    senders = {n for n, s in _statements(template) if "states:SendTask" in json.dumps(s.get("Action"))}
+    assert senders == {"JobEventsFunction", "ReconcilerFunction"}
+
+
+def test_template_state_machine_may_write_map_results_under_runs(template: dict[str, Any]) -> None:
+    manifest = "arn:aws:s3:::sdflow-data/runs/run-1/download-results/4c3a/manifest.json"
+    for action in ("s3:PutObject", "s3:GetObject", "s3:ListMultipartUploadParts", "s3:AbortMultipartUpload"):
+        assert _allows(template, "PipelineStateMachine", action, manifest), action
+    assert not _allows(template, "PipelineStateMachine", "s3:PutObject", "arn:aws:s3:::sdflow-data/manifests/x.json")
+
+
+def test_template_validate_run_may_read_service_quotas(template: dict[str, Any]) -> None:
+    for action in ("servicequotas:ListServiceQuotas", "servicequotas:ListAWSDefaultServiceQuotas"):
+        assert _allows(template, "ValidateRunFunction", action, "*"), action
 
 
 def test_template_no_mutating_action_on_star_resource(template: dict[str, Any]) -> None:

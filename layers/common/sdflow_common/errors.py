@@ -39,7 +39,12 @@ class EndpointDeployFailed(SdflowError):
 
 
 class SageMakerThrottled(SdflowError):
-    """SageMaker answered ThrottlingException / 'Rate exceeded' / capacity errors; safe to retry."""
+    """SageMaker answered ThrottlingException / 'Rate exceeded' / capacity errors; safe to retry soon."""
+
+
+class SageMakerQuotaExceeded(SdflowError):
+    """SageMaker answered ResourceLimitExceeded: the account's instance quota is in use by other
+    jobs. It frees only when they end (minutes to hours), so the state retries it slowly and long."""
 
 
 class ReconcileIncomplete(SdflowError):

@@ -6,9 +6,11 @@ Each starter runs behind `lambda:invoke.waitForTaskToken` and follows one protoc
    the token once the resource exists;
 3. create the resource. A re-invoked Lambda (same attempt, same token) finds its claim and,
    when the resource already exists, does nothing: one attempt, one resource.
-Errors: throttling/quota/capacity → SageMakerThrottled (the state's Retry runs a new attempt
-with a new name); anything else → the step's named error. Either way the claim is released
-first, so a retry starts clean. The task's result comes later, from job_events."""
+Errors: throttling/capacity → SageMakerThrottled and an instance quota in use by other jobs →
+SageMakerQuotaExceeded (the state's Retry runs a new attempt with a new name, the quota one
+slowly and for hours); a request larger than the quota itself, or anything else → the step's
+named error. Either way the claim is released first, so a retry starts clean. The task's
+result comes later, from job_events."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from sdflow_common.errors import (
     DownloadJobFailed,
     EndpointBusy,
     EndpointDeployFailed,
+    SageMakerQuotaExceeded,
     SageMakerThrottled,
     SdflowError,
     TrainingJobFailed,
@@ -114,8 +117,24 @@ def _refusal(exc: ClientError, operation: str, resource: str) -> str:
     return f"SageMaker refused {operation} for {resource}: {code}: {message}"
 
 
+def _quota_error(exc: ClientError, operation: str, resource: str, failure: type[SdflowError]) -> SdflowError:
+    refusal = sagemaker_jobs.quota_refusal(exc)
+    if refusal is not None and refusal.never_fits:
+        # No job ending can free enough instances: retrying for hours would only delay the answer.
+        return failure(
+            f"{_refusal(exc, operation, resource)}; the quota '{refusal.quota_name}' ({refusal.limit:g}) is "
+            f"smaller than this one request ({refusal.requested:g}): request an increase in the Service "
+            "Quotas console (service Amazon SageMaker), or choose an instance type or count that fits it"
+        )
+    return SageMakerQuotaExceeded(
+        _refusal(exc, operation, resource) + " (instances held by other jobs; retrying until they free up)"
+    )
+
+
 def _translate(exc: ClientError, operation: str, resource: str, failure: type[SdflowError]) -> SdflowError:
     """The named error Step Functions' Retry/Catch matches for a refused create call."""
+    if sagemaker_jobs.is_quota_exceeded(exc):
+        return _quota_error(exc, operation, resource, failure)
     if sagemaker_jobs.is_throttling(exc):
         return SageMakerThrottled(_refusal(exc, operation, resource) + " (retrying with a new attempt)")
     return failure(_refusal(exc, operation, resource))

@@ -8,9 +8,11 @@ StartExecution. `schemas/run-document.schema.json` is generated from this model:
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import re
 import sys
+import unicodedata
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -20,6 +22,23 @@ from sdflow_common.errors import InvalidRunDocument
 
 S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])/(?P<key>.*)$")
 ENDPOINT_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+INSTANCE_TYPE = r"^ml\.[a-z0-9]+\.[a-z0-9]+$"
+RUN_NAME = r"^[a-zA-Z0-9\-_]{1,40}$"
+# What each pattern means, in words: pydantic's own message would show the user the raw regex.
+PATTERN_HELP = {
+    ENDPOINT_NAME.pattern: "use letters, digits and hyphens, starting and ending with a letter or digit "
+    "(a SageMaker endpoint name), e.g. 'sdflow-cats'",
+    INSTANCE_TYPE: "use a SageMaker instance type of the form ml.<family>.<size>, e.g. 'ml.g5.xlarge'",
+    RUN_NAME: "use 1-40 letters, digits, '-' or '_', e.g. 'cats-v1'",
+}
+# A report lists at most this many problems: its text travels as a Step Functions error cause
+# (kept in 256 KB state) and an SNS message (256 KB), and a few are enough to start fixing.
+MAX_PROBLEMS = 20
+# Field names and values quoted in a message are cut to this many characters.
+QUOTE_LIMIT = 80
+# Escaped when quoted: control and format characters, lone surrogates (JSON allows them, UTF-8
+# encoders refuse them), line and paragraph separators (they would break a report's lines).
+UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 # SageMaker's maximum for MaxRuntimeInSeconds is 28 days.
 MAX_RUNTIME_LIMIT = 28 * 24 * 3600
 # Step Functions state data is capped at 256 KB, and the run document travels twice in it (the
@@ -86,7 +105,7 @@ class DownloadOptions(_Strict):
     )
     samples_per_shard: int = Field(default=1000, ge=10, le=100_000, description="Samples per webdataset tar.")
     instance_type: str = Field(
-        default="ml.c5.xlarge", pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$", description="Processing instance per shard."
+        default="ml.c5.xlarge", pattern=INSTANCE_TYPE, description="Processing instance per shard."
     )
     processes: int = Field(default=4, ge=1, le=96, description="img2dataset processes (≈ vCPUs).")
     threads: int = Field(default=16, ge=1, le=256, description="Download threads per process.")
@@ -103,9 +122,7 @@ class DownloadOptions(_Strict):
 
 
 class TrainingOptions(_Strict):
-    instance_type: str = Field(
-        default="ml.g5.12xlarge", pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$", description="Training instance type."
-    )
+    instance_type: str = Field(default="ml.g5.12xlarge", pattern=INSTANCE_TYPE, description="Training instance type.")
     instance_count: int = Field(default=1, ge=1, le=64, description="Instances (nodes); > 1 trains distributed.")
     volume_size_gb: int = Field(default=200, ge=1, le=16384, description="EBS volume per instance.")
     max_runtime_seconds: int = Field(
@@ -180,9 +197,7 @@ class EndpointOptions(_Strict):
         max_length=48,
         description="Endpoint to create, or to update blue/green when it exists.",
     )
-    instance_type: str = Field(
-        default="ml.g5.xlarge", pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$", description="Serving instance type."
-    )
+    instance_type: str = Field(default="ml.g5.xlarge", pattern=INSTANCE_TYPE, description="Serving instance type.")
     initial_instance_count: int = Field(default=1, ge=1, le=100, description="Serving instances.")
     max_wait_seconds: int = Field(
         default=3600, ge=300, le=4 * 3600, description="How long a create/update may take before the run fails."
@@ -193,9 +208,7 @@ class RunDocument(_Strict):
     """A training run: dataset and base model are required, everything else has defaults."""
 
     schema_version: Literal[1] = Field(default=1, description="Version of this document format.")
-    run_name: str | None = Field(
-        default=None, pattern=r"^[a-zA-Z0-9\-_]{1,40}$", description="Readable name, part of the run id."
-    )
+    run_name: str | None = Field(default=None, pattern=RUN_NAME, description="Readable name, part of the run id.")
     dataset: Dataset = Field(description="Where the LAION-style parquet files are (required).")
     base_model_uri: str = Field(description="S3 prefix of a diffusers-format Stable Diffusion model.")
     download: DownloadOptions = Field(
@@ -218,31 +231,117 @@ class RunDocument(_Strict):
         return uri
 
 
+def printable(text: str, limit: int = QUOTE_LIMIT) -> str:
+    """`text` safe to quote in a report, an error cause and an SNS message: control characters and
+    lone surrogates (legal in JSON, refused by UTF-8 encoders) escaped, cut to `limit` characters."""
+    out = []
+    for char in text:
+        if unicodedata.category(char) in UNSAFE_CATEGORIES:
+            out.append(char.encode("unicode_escape", "backslashreplace").decode("ascii"))
+        else:
+            out.append(char)
+    shown = "".join(out)
+    return shown if len(shown) <= limit else shown[: limit - 1] + "…"
+
+
+def _model_at(path: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model class that holds the field at `path` (None when the path leaves the models)."""
+    model: type[BaseModel] = RunDocument
+    for part in path:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model
+
+
+def _unknown_field_message(loc: tuple[Any, ...]) -> str:
+    model = _model_at(loc[:-1])
+    known = list(model.model_fields) if model is not None else []
+    close = difflib.get_close_matches(str(loc[-1]).lower(), known, n=1, cutoff=0.6)
+    if close:
+        return f"unknown field; did you mean `{close[0]}`? (docs/run-document.md lists every field)"
+    if known and len(known) <= 10:
+        return f"unknown field; remove it (fields allowed here: {', '.join(known)})"
+    return "unknown field; remove it or check its spelling (docs/run-document.md lists every field)"
+
+
+def _pattern_message(item: Any) -> str:
+    pattern = str(item.get("ctx", {}).get("pattern", ""))
+    value = item.get("input")
+    shown = printable(value) if isinstance(value, str) else repr(value)
+    advice = PATTERN_HELP.get(pattern, "see docs/run-document.md for the allowed form")
+    return f"'{shown}' is not allowed here; {advice}"
+
+
+def field_path(loc: tuple[Any, ...]) -> str:
+    return ".".join(printable(str(part)) for part in loc) or "(document)"
+
+
 def format_errors(error: ValidationError) -> list[dict[str, str]]:
     """pydantic's errors as `{"field": "training.instance_count", "message": …}`, one per problem."""
     out = []
     for item in error.errors():
-        field = ".".join(str(part) for part in item["loc"]) or "(document)"
+        loc = tuple(item["loc"])
         message = item["msg"]
         if item["type"] == "extra_forbidden":
-            message = "unknown field; remove it or check its spelling (see docs/run-document.md)"
+            message = _unknown_field_message(loc)
         elif item["type"] == "missing":
             message = "is required"
+        elif item["type"] == "string_pattern_mismatch":
+            message = _pattern_message(item)
+        elif item["type"] == "string_unicode":
+            # A lone surrogate ("\ud800" in the JSON): valid JSON, but no text a field can hold.
+            shown = printable(str(item.get("input")))
+            message = f"'{shown}' is not valid Unicode text (it holds a lone surrogate); write it as plain UTF-8"
         elif item["type"] == "value_error":
             # pydantic prefixes our own validators' messages with "Value error, "; users need only ours.
             message = message.removeprefix("Value error, ")
-        out.append({"field": field, "message": message})
+        out.append({"field": field_path(loc), "message": printable(message, limit=1000)})
     return out
+
+
+def bounded(problems: list[dict[str, str]]) -> list[dict[str, str]]:
+    """At most MAX_PROBLEMS entries; the last one says how many more there are."""
+    if len(problems) <= MAX_PROBLEMS:
+        return problems
+    rest = len(problems) - (MAX_PROBLEMS - 1)
+    more = {"field": "(document)", "message": f"and {rest} more problems; fix the ones above and check again"}
+    return [*problems[: MAX_PROBLEMS - 1], more]
+
+
+def invalid(problems: list[dict[str, str]]) -> InvalidRunDocument:
+    """InvalidRunDocument whose message is the JSON list of problems (what notifications render)."""
+    return InvalidRunDocument(json.dumps(bounded(problems)))
+
+
+def problems_of(error: Exception) -> list[dict[str, str]]:
+    """The problem list an InvalidRunDocument or DatasetNotFound carries (its message is JSON)."""
+    try:
+        decoded = json.loads(str(error))
+    except ValueError:
+        decoded = None
+    if isinstance(decoded, list) and decoded and all(isinstance(item, dict) for item in decoded):
+        return [
+            {"field": str(item.get("field", "(document)")), "message": str(item.get("message"))} for item in decoded
+        ]
+    return [{"field": "(document)", "message": str(error)}]
 
 
 def parse_run_document(raw: Any, *, max_shards: int | None = None) -> RunDocument:
     """Validate a decoded document; InvalidRunDocument carries a readable list of problems."""
     if not isinstance(raw, dict):
-        raise InvalidRunDocument(json.dumps([{"field": "(document)", "message": "must be a JSON object"}]))
+        raise invalid([{"field": "(document)", "message": f"must be a JSON object, not {_json_type(raw)}"}])
     try:
         document = RunDocument.model_validate(raw)
+        size = len(json.dumps(raw, separators=(",", ":")).encode())
     except ValidationError as exc:
-        raise InvalidRunDocument(json.dumps(format_errors(exc))) from exc
+        raise invalid(format_errors(exc)) from exc
+    except RecursionError as exc:
+        raise invalid(
+            [{"field": "(document)", "message": "nests too deeply; a run document is a few levels deep"}]
+        ) from exc
     uris = document.dataset.parquet_uris
     if max_shards is not None and uris is not None and len(uris) > max_shards:
         problem = {
@@ -250,8 +349,7 @@ def parse_run_document(raw: Any, *, max_shards: int | None = None) -> RunDocumen
             "message": f"lists {len(uris)} files; this stack allows at most {max_shards} "
             "(the stack's MaxShards parameter); split the dataset into several runs",
         }
-        raise InvalidRunDocument(json.dumps([problem]))
-    size = len(json.dumps(raw, separators=(",", ":")).encode())
+        raise invalid([problem])
     if size > MAX_DOCUMENT_BYTES:
         field = "dataset.parquet_uris" if uris is not None else "(document)"
         problem = {
@@ -259,8 +357,22 @@ def parse_run_document(raw: Any, *, max_shards: int | None = None) -> RunDocumen
             "message": f"the document is {size} bytes; at most {MAX_DOCUMENT_BYTES} fit in the pipeline's "
             "state; put the parquet files under one S3 folder and give `dataset.prefix` instead",
         }
-        raise InvalidRunDocument(json.dumps([problem]))
+        raise invalid([problem])
     return document
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return type(value).__name__
 
 
 def json_schema() -> dict[str, Any]:

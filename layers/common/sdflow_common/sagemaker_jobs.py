@@ -5,7 +5,9 @@ and the classification of SageMaker errors the starters and the reconciler act o
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -20,6 +22,8 @@ DOWNLOAD_ENTRYPOINT = ["download"]
 # img2dataset writes a shard's tars next to each other before upload; 1,000 images at 256 px
 # are ~50 MB, so 30 GB leaves room for large parquet files and larger image sizes.
 DOWNLOAD_VOLUME_GB = 30
+# One instance per shard: a shard is one parquet file, img2dataset parallelises within it.
+DOWNLOAD_INSTANCE_COUNT = 1
 LOSS_METRIC = {"Name": "train:loss", "Regex": "loss=([0-9.eE+-]+)"}
 VARIANT_NAME = "AllTraffic"
 TAG_EXECUTION = "sdflow:execution"
@@ -42,7 +46,6 @@ THROTTLING_CODES = frozenset(
         "ThrottledException",
         "RequestLimitExceeded",
         "TooManyRequestsException",
-        "ResourceLimitExceeded",
         "ProvisionedThroughputExceededException",
         "CapacityError",
         "InsufficientCapacityError",
@@ -62,9 +65,51 @@ def error_message(exc: ClientError) -> str:
 
 
 def is_throttling(exc: ClientError) -> bool:
-    """Rate limits, quotas and capacity: worth retrying later, with a new attempt."""
+    """Rate limits and capacity: worth retrying soon, with a new attempt. Not quotas (see below)."""
     message = error_message(exc).lower()
     return error_code(exc) in THROTTLING_CODES or "rate exceeded" in message or "insufficient capacity" in message
+
+
+@dataclass(frozen=True)
+class QuotaRefusal:
+    """SageMaker's ResourceLimitExceeded, read from its message: "The account-level service limit
+    'ml.m5.large for processing job usage' is 4 Instances, with current utilization of 4 Instances
+    and a request delta of 1 Instances." (the wording SageMaker uses for every instance quota)."""
+
+    quota_name: str
+    limit: float
+    used: float
+    requested: float
+
+    @property
+    def never_fits(self) -> bool:
+        """The request alone exceeds the quota: waiting for other jobs to end cannot help."""
+        return self.requested > self.limit
+
+
+_QUOTA_MESSAGE = re.compile(
+    r"service limit '(?P<name>[^']+)' is (?P<limit>[\d.]+) \w+, with current utilization of "
+    r"(?P<used>[\d.]+) \w+ and a request delta of (?P<requested>[\d.]+)"
+)
+
+
+def is_quota_exceeded(exc: ClientError) -> bool:
+    """ResourceLimitExceeded: an account quota (instances in use), not a request rate. It lasts
+    as long as the jobs holding the quota run, so it needs a different, much longer backoff."""
+    return error_code(exc) == "ResourceLimitExceeded"
+
+
+def quota_refusal(exc: ClientError) -> QuotaRefusal | None:
+    """The quota's name, limit, use and the request's size, when the message says them."""
+    match = _QUOTA_MESSAGE.search(error_message(exc))
+    if not match:
+        return None
+    return QuotaRefusal(
+        quota_name=match["name"],
+        limit=float(match["limit"]),
+        used=float(match["used"]),
+        requested=float(match["requested"]),
+    )
 
 
 def is_already_exists(exc: ClientError) -> bool:
@@ -153,7 +198,7 @@ def processing_job_request(
         },
         "ProcessingResources": {
             "ClusterConfig": {
-                "InstanceCount": 1,
+                "InstanceCount": DOWNLOAD_INSTANCE_COUNT,
                 "InstanceType": options.instance_type,
                 "VolumeSizeInGB": DOWNLOAD_VOLUME_GB,
             }

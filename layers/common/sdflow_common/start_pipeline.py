@@ -2,7 +2,13 @@
 
 Triggered by S3's EventBridge "Object Created" event for `manifests/*.json`. The execution name
 is derived from the object's identity (bucket, key, version or ETag), so a redelivered event
-maps to the same name and Step Functions refuses to start the run twice."""
+maps to the same name and Step Functions refuses to start the run twice.
+
+A manifest starts a run only after the checks Validate run makes (validate_run.check_inputs:
+the bucket, the model, every parquet object): whatever fails them is rejected here, with a report
+and a notification, and starts nothing. Any problem with the bytes themselves (not UTF-8, not JSON,
+nested too deeply, numbers too long to convert) is a rejection too, never an exception: an
+exception would send the event to the dead-letter queue and leave the user without an answer."""
 
 from __future__ import annotations
 
@@ -18,8 +24,10 @@ from urllib.parse import unquote_plus
 from botocore.exceptions import ClientError
 
 from sdflow_common import aws
-from sdflow_common.errors import InvalidRunDocument
-from sdflow_common.run_document import MAX_DOCUMENT_BYTES, parse_run_document
+from sdflow_common.errors import DatasetNotFound, InvalidRunDocument
+from sdflow_common.notify import sns_subject
+from sdflow_common.run_document import MAX_DOCUMENT_BYTES, bounded, parse_run_document, printable, problems_of
+from sdflow_common.validate_run import check_inputs
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +37,8 @@ EXECUTION_NAME_MAX = 80
 HASH_CHARS = 16
 # Room for the slug: the name is `<slug>-<hash>`.
 SLUG_MAX = EXECUTION_NAME_MAX - HASH_CHARS - 1
-SNS_SUBJECT_MAX = 100
+# Lines of a rejection notification: SNS messages are limited to 256 KB.
+MESSAGE_LINE_MAX = 1000
 # The manifest is read whole; anything much larger than a valid document cannot be one.
 MAX_MANIFEST_BYTES = 4 * MAX_DOCUMENT_BYTES
 
@@ -99,6 +108,15 @@ def _problem(message: str) -> list[dict[str, str]]:
     return [{"field": "(document)", "message": message}]
 
 
+class _TooLarge(Exception):
+    """The object is far larger than any run document; it is not read."""
+
+    def __init__(self, ref: ManifestRef, size: int) -> None:
+        super().__init__(size)
+        self.ref = ref
+        self.size = size
+
+
 class _Vanished(Exception):
     """The announced object is no longer there to read; carries the outcome to report."""
 
@@ -107,47 +125,76 @@ class _Vanished(Exception):
         self.status: Status = status
 
 
-def _read_manifest(ref: ManifestRef) -> tuple[bytes, ManifestRef]:
-    """The object's bytes and its identity completed from S3's answer.
+def event_keys(key: str) -> list[str]:
+    """The object keys an event's key may stand for, the likeliest first.
 
-    _Vanished when it was deleted or overwritten in the meantime (a later upload has its own event);
-    InvalidRunDocument when it is far too large to be a run document."""
+    S3 URL-encodes the key in the events it sends, EventBridge's "Object Created" included
+    ("my run.json" arrives as "my+run.json", "é" as "%C3%A9"); Powertools' S3EventBridgeNotificationObject
+    decodes it with unquote_plus for that reason. The literal key comes second, for an emitter that
+    sends keys unencoded (a "+" in such a key would otherwise read as a space)."""
+    decoded = unquote_plus(key)
+    return [decoded] if decoded == key else [decoded, key]
+
+
+# Answers meaning "no such object (version) under this key".
+_MISSING_CODES = ("NoSuchKey", "NoSuchVersion", "404")
+# Worth trying the next candidate key: without s3:ListBucket, S3 answers a missing key with 403.
+_TRY_NEXT_CODES = (*_MISSING_CODES, "AccessDenied", "403")
+
+
+def _get_manifest(ref: ManifestRef) -> tuple[dict[str, Any], str]:
+    """GetObject of the first candidate key that exists; (response, the key that answered)."""
     s3 = aws.client("s3")
-    kwargs: dict[str, Any] = {"Bucket": ref.bucket, "Key": ref.key}
+    kwargs: dict[str, Any] = {"Bucket": ref.bucket}
     if ref.version_id:
         kwargs["VersionId"] = ref.version_id
     elif ref.etag:
         # Unversioned bucket: read exactly the object the event announced, not a later overwrite.
         kwargs["IfMatch"] = f'"{ref.etag}"'
-    try:
+    candidates = event_keys(ref.key)
+    for position, key in enumerate(candidates):
         try:
-            response = s3.get_object(**kwargs)
+            return s3.get_object(Key=key, **kwargs), key
         except ClientError as exc:
-            # S3 event notifications URL-encode the key ("my run.json" arrives as "my+run.json");
-            # try the literal key first because "+" is also a legal character in a key. Without
-            # s3:ListBucket a missing key answers AccessDenied, so that code tries the decoded key too.
-            decoded = unquote_plus(ref.key)
-            if _error_code(exc) not in ("NoSuchKey", "404", "AccessDenied", "403") or decoded == ref.key:
+            if _error_code(exc) not in _TRY_NEXT_CODES or position == len(candidates) - 1:
                 raise
-            response = s3.get_object(**{**kwargs, "Key": decoded})
-            ref = ManifestRef(ref.bucket, decoded, ref.version_id, ref.etag)
+    raise AssertionError("unreachable: the last candidate returns or raises")
+
+
+def _read_manifest(ref: ManifestRef) -> tuple[bytes, ManifestRef]:
+    """The object's bytes and its identity completed from S3's answer (its decoded key included).
+
+    _Vanished when it was deleted or overwritten in the meantime (a later upload has its own event);
+    _TooLarge when it is far too large to be a run document."""
+    try:
+        response, key = _get_manifest(ref)
     except ClientError as exc:
         code = _error_code(exc)
+        tried = " or ".join(repr(key) for key in event_keys(ref.key))
         if code in ("PreconditionFailed", "412"):
-            log.warning("manifest %s was overwritten before it was read; its newer upload starts the run", ref.uri)
+            log.warning(
+                "manifest s3://%s/%s was overwritten before it was read; its newer upload starts the run",
+                ref.bucket,
+                tried,
+            )
             raise _Vanished("superseded") from exc
-        if code in ("NoSuchKey", "NoSuchVersion", "404"):
-            log.warning("manifest %s was deleted before it was read; nothing to start", ref.uri)
+        if code in _MISSING_CODES:
+            log.warning(
+                "manifest s3://%s/%s (version %s) is not there (%s): deleted before it was read; nothing to start",
+                ref.bucket,
+                tried,
+                ref.version_id or "-",
+                code,
+            )
             raise _Vanished("gone") from exc
         raise
     etag = ref.etag or str(response.get("ETag", "")).strip('"') or None
     version_id = ref.version_id or _real_version(response.get("VersionId"))
-    completed = ManifestRef(ref.bucket, ref.key, version_id, etag)
+    completed = ManifestRef(ref.bucket, key, version_id, etag)
     size = int(response.get("ContentLength") or 0)
     if size > MAX_MANIFEST_BYTES:
         response["Body"].close()
-        message = f"is {size} bytes; a run document is at most {MAX_DOCUMENT_BYTES} (use `dataset.prefix`)"
-        raise InvalidRunDocument(json.dumps(_problem(message)))
+        raise _TooLarge(completed, size)
     return response["Body"].read(), completed
 
 
@@ -175,20 +222,25 @@ def decode_manifest(body: bytes) -> Any:
                 )
             )
         ) from exc
+    except RecursionError as exc:
+        message = "nests arrays or objects too deeply to read; a run document is a few levels deep"
+        raise InvalidRunDocument(json.dumps(_problem(message))) from exc
+    except ValueError as exc:
+        # json.loads refuses integers of more than 4300 digits (CPython's int conversion limit).
+        message = f"holds a value that cannot be read ({printable(str(exc), 200)}); fix that value"
+        raise InvalidRunDocument(json.dumps(_problem(message))) from exc
 
 
 def rejection_message(manifest_uri: str, errors: list[dict[str, str]], report_uri: str) -> tuple[str, str]:
     """(subject, body) of the notification a user reads when a manifest is refused."""
     name = manifest_uri.rsplit("/", 1)[-1]
-    subject = f"[sdflow] Run manifest rejected: {name}"
-    # SNS subjects: ≤ 100 printable ASCII characters, no line breaks.
-    subject = re.sub(r"[^\x20-\x7e]", "?", subject)[:SNS_SUBJECT_MAX]
+    subject = sns_subject(f"[sdflow] Run manifest rejected: {name}")
     lines = [
         f"The run manifest {manifest_uri} was rejected; no run was started.",
         "",
         f"{len(errors)} problem(s):",
     ]
-    lines += [f"  - {error['field']}: {error['message']}" for error in errors]
+    lines += [f"  - {error['field']}: {error['message']}"[:MESSAGE_LINE_MAX] for error in bounded(errors)]
     lines += [
         "",
         "How to fix: correct the fields above (docs/run-document.md lists every field, its default and",
@@ -240,25 +292,32 @@ def _already_started(execution_arn: str) -> bool:
     return True
 
 
-def handle_manifest(ref: ManifestRef, *, state_machine_arn: str, topic_arn: str, max_shards: int) -> Outcome:
+def handle_manifest(
+    ref: ManifestRef, *, state_machine_arn: str, topic_arn: str, max_shards: int, data_bucket: str
+) -> Outcome:
     """Start one execution for a valid manifest; write a report and notify for an invalid one.
 
     An invalid manifest is an outcome, not an exception: EventBridge retries a failed asynchronous
     invocation, and a retry would only reject the same bytes again and notify the user twice."""
-    if not ref.key.startswith(MANIFEST_PREFIX) or not ref.key.endswith(".json"):
-        log.info("ignoring %s: only manifests/*.json start runs", ref.uri)
+    decoded_key = event_keys(ref.key)[0]
+    if not decoded_key.startswith(MANIFEST_PREFIX) or not decoded_key.endswith(".json"):
+        log.info("ignoring s3://%s/%s: only manifests/*.json start runs", ref.bucket, decoded_key)
         return Outcome("ignored")
     try:
         body, ref = _read_manifest(ref)
     except _Vanished as vanished:
         return Outcome(vanished.status)
-    except InvalidRunDocument as exc:
-        return _reject(ref, json.loads(str(exc)), topic_arn)
+    except _TooLarge as large:
+        message = f"is {large.size} bytes; a run document is at most {MAX_DOCUMENT_BYTES} (use `dataset.prefix`)"
+        return _reject(large.ref, _problem(message), topic_arn)
     try:
         raw = decode_manifest(body)
         document = parse_run_document(raw, max_shards=max_shards)
-    except InvalidRunDocument as exc:
-        return _reject(ref, json.loads(str(exc)), topic_arn)
+        checked = check_inputs(document, data_bucket=data_bucket, max_shards=max_shards)
+    except (InvalidRunDocument, DatasetNotFound) as exc:
+        return _reject(ref, problems_of(exc), topic_arn)
+    for warning in checked.warnings:
+        log.warning("manifest %s: tolerated: %s: %s", ref.uri, warning["field"], warning["message"])
 
     name = execution_name(ref, document.run_name)
     arn = _execution_arn(state_machine_arn, name)

@@ -2,28 +2,27 @@
 the shard list the Distributed Map reads, and return the small `$.config` every later state uses.
 
 Errors are named (InvalidRunDocument, DatasetNotFound) so the state machine's Catch can turn them
-into a failure notification that tells the user what to fix."""
+into a failure notification that tells the user what to fix; both carry a JSON list of
+`{"field", "message"}` problems. start_pipeline runs the same checks (`check_inputs`) before it
+starts an execution, so an uploaded manifest that would fail here starts nothing."""
 
 from __future__ import annotations
 
 import json
 import logging
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, Field
 
-from sdflow_common import aws
+from sdflow_common import aws, dataset_files, quotas
 from sdflow_common.errors import DatasetNotFound, InvalidRunDocument
-from sdflow_common.run_document import RunDocument, parse_run_document, parse_s3_uri
+from sdflow_common.run_document import RunDocument, invalid, parse_run_document, parse_s3_uri
 from sdflow_common.sagemaker_jobs import task_timeouts
 
 log = logging.getLogger(__name__)
 
-# Enough parallel HEAD requests to check a few thousand objects within a Lambda's time, few
-# enough to stay far below S3's per-prefix request rate.
-HEAD_WORKERS = 16
 # Prefixes holding the pipeline's own outputs: img2dataset writes NNNNN.parquet files under runs/,
 # so a dataset prefix there would feed one run's outputs into the next as input.
 RESERVED_PREFIXES = ("runs/", "rejected/", "manifests/")
@@ -59,6 +58,8 @@ class RunConfig(BaseModel):
     # TimeoutSeconds of the callback tasks (read by TimeoutSecondsPath): download, training, endpoint.
     timeouts: dict[str, int]
     run: RunDocument
+    # Tolerated problems found at intake (a few unreadable parquet files), shown in the notification.
+    warnings: list[dict[str, str]] = Field(default_factory=list)
 
     @property
     def run_prefix(self) -> str:
@@ -80,7 +81,11 @@ def shard_items(parquet_uris: list[str], bucket: str, execution_name: str) -> li
 
 
 def _invalid(problems: list[dict[str, str]]) -> InvalidRunDocument:
-    return InvalidRunDocument(json.dumps(problems))
+    return invalid(problems)
+
+
+def _not_found(field: str, message: str) -> DatasetNotFound:
+    return DatasetNotFound(json.dumps([{"field": field, "message": message}]))
 
 
 def _outside_bucket(field: str, uri: str, data_bucket: str, folder: str) -> dict[str, str]:
@@ -119,18 +124,12 @@ def check_locations(document: RunDocument, data_bucket: str) -> None:
         raise _invalid(problems)
 
 
-def _missing_or_unreadable(exc: ClientError) -> bool:
-    # Without s3:ListBucket, S3 answers 403 for a missing key; either way the object cannot be used.
-    code = str(exc.response.get("Error", {}).get("Code", ""))
-    return code in ("404", "NoSuchKey", "NotFound", "403", "AccessDenied", "Forbidden")
-
-
 def _exists(uri: str) -> bool:
     bucket, key = parse_s3_uri(uri)
     try:
         aws.client("s3").head_object(Bucket=bucket, Key=key)
     except ClientError as exc:
-        if _missing_or_unreadable(exc):
+        if dataset_files.missing_or_unreadable(exc):
             return False
         raise
     return True
@@ -141,24 +140,12 @@ def check_base_model(base_model_uri: str) -> None:
     folder = key if not key or key.endswith("/") else f"{key}/"
     index_uri = f"s3://{bucket}/{folder}{MODEL_INDEX}"
     if not _exists(index_uri):
-        raise DatasetNotFound(
-            f"base_model_uri: {index_uri} does not exist or is not readable; base_model_uri must be the "
+        raise _not_found(
+            "base_model_uri",
+            f"{index_uri} does not exist or is not readable; base_model_uri must be the "
             f"folder of a diffusers-format model (the folder holding {MODEL_INDEX}, unet/, vae/, "
             "text_encoder/, tokenizer/, scheduler/), e.g. saved with pipeline.save_pretrained() and "
-            "copied with `aws s3 sync`"
-        )
-
-
-def check_objects_exist(parquet_uris: list[str]) -> None:
-    aws.client("s3")  # create the cached client before the threads share it (clients are thread-safe)
-    with ThreadPoolExecutor(max_workers=HEAD_WORKERS) as pool:
-        found = list(pool.map(_exists, parquet_uris))
-    missing = [uri for uri, ok in zip(parquet_uris, found, strict=True) if not ok]
-    if missing:
-        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        raise DatasetNotFound(
-            f"dataset.parquet_uris: {len(missing)} of {len(parquet_uris)} objects do not exist or are not "
-            f"readable: {shown}; upload them or remove them from the list"
+            "copied with `aws s3 sync`",
         )
 
 
@@ -184,9 +171,9 @@ def list_parquet(prefix_uri: str, max_shards: int) -> list[str]:
                 ]
             )
     if not uris:
-        raise DatasetNotFound(
-            f"dataset.prefix: no *.parquet objects below s3://{bucket}/{folder}; upload the parquet files "
-            "there or fix the prefix"
+        raise _not_found(
+            "dataset.prefix",
+            f"no *.parquet objects below s3://{bucket}/{folder}; upload the parquet files there or fix the prefix",
         )
     return uris
 
@@ -194,18 +181,38 @@ def list_parquet(prefix_uri: str, max_shards: int) -> list[str]:
 def resolve_dataset(document: RunDocument, max_shards: int) -> list[str]:
     dataset = document.dataset
     if dataset.parquet_uris is not None:
-        check_objects_exist(list(dataset.parquet_uris))
         return list(dataset.parquet_uris)
     assert dataset.prefix is not None  # the model guarantees exactly one source
     return list_parquet(dataset.prefix, max_shards)
 
 
-def validate_run(request: ValidateRunRequest, *, data_bucket: str, max_shards: int) -> dict[str, Any]:
-    """Validate, resolve, write run.json and shards.json; return `$.config` (docs/contracts.md)."""
-    document = parse_run_document(request.run, max_shards=max_shards)
+@dataclass(frozen=True)
+class CheckedInputs:
+    parquet_uris: list[str]
+    # Problems with a few parquet files that the run tolerates (download.tolerated_failure_percent).
+    warnings: list[dict[str, str]]
+
+
+def check_inputs(document: RunDocument, *, data_bucket: str, max_shards: int) -> CheckedInputs:
+    """The document's inputs checked against the stack and S3.
+
+    Locations first (no request leaves the bucket), then the model, then every parquet object's
+    existence and schema (dataset_files). Both doors run this: start_pipeline before StartExecution,
+    Validate run again at the start of the execution (the data may change in between)."""
     check_locations(document, data_bucket)
     check_base_model(document.base_model_uri)
     parquet_uris = resolve_dataset(document, max_shards)
+    source = "dataset.parquet_uris" if document.dataset.parquet_uris is not None else "dataset.prefix"
+    tolerated = document.download.tolerated_failure_percent
+    warnings = dataset_files.check_parquet_objects(parquet_uris, document.dataset, source, tolerated)
+    return CheckedInputs(parquet_uris=parquet_uris, warnings=warnings)
+
+
+def validate_run(request: ValidateRunRequest, *, data_bucket: str, max_shards: int) -> dict[str, Any]:
+    """Validate, resolve, write run.json and shards.json; return `$.config` (docs/contracts.md)."""
+    document = parse_run_document(request.run, max_shards=max_shards)
+    checked = check_inputs(document, data_bucket=data_bucket, max_shards=max_shards)
+    parquet_uris = checked.parquet_uris
     shards = shard_items(parquet_uris, data_bucket, request.execution_name)
 
     prefix = run_prefix(request.execution_name)
@@ -241,5 +248,6 @@ def validate_run(request: ValidateRunRequest, *, data_bucket: str, max_shards: i
         dataset_prefix_uri=f"s3://{data_bucket}/{prefix}dataset/",
         timeouts=task_timeouts(document),
         run=document,
+        warnings=checked.warnings,
     )
-    return config.model_dump(mode="json")
+    return quotas.apply_instance_quotas(config.model_dump(mode="json"))

@@ -16,6 +16,8 @@ from typing import Any
 
 from sdflow.local.lambda_runner import FunctionSpec, InvocationResult, LambdaRunner
 from sdflow.local.runtime import FunctionCode, PatchError, Runtime, current_runtime
+from sdflow.local.services.awslambda_concurrency import reserved_concurrency
+from sdflow.local.services.awslambda_limits import concurrency_key
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,8 @@ def function_spec(runtime: Runtime, fn: Any) -> FunctionSpec:
         timeout_s=float(fn.timeout or 3),
         memory_mb=int(fn.memory_size or 128),
         runtime=fn.run_time or "python3.11",
+        # Lambda runs the handler with its execution role's session, named after the function.
+        credentials=runtime.iam.credentials_for_role(fn.role, fn.function_name) if runtime.iam and fn.role else {},
     )
 
 
@@ -86,7 +90,9 @@ def invoke_function_async(fn: Any, payload: bytes) -> None:
             for delay in (0.0, *runtime.async_retry_delays_s):
                 time.sleep(delay)
                 try:
-                    result = _runner(runtime).invoke(spec, payload, request_id)
+                    # Past reserved concurrency the event stays queued (awslambda_concurrency).
+                    with runtime.lambda_concurrency.slot(concurrency_key(fn), reserved_concurrency(fn), wait=True):
+                        result = _runner(runtime).invoke(spec, payload, request_id)
                 except Exception:  # the runner itself failed (e.g. shut down): nothing to retry
                     log.exception("asynchronous invocation of %s could not run", spec.name)
                     return

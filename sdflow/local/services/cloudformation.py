@@ -153,8 +153,8 @@ class CfnQueuePolicy(_CfnResource):
 class CfnSchedule(_CfnResource):
     """AWS::Scheduler::Schedule: moto has no CloudFormation model; create it in moto's Scheduler.
 
-    The schedule is listed and described like on AWS; moto does not fire schedules (the local
-    cloud's `fire_schedules` does, on demand)."""
+    The schedule is listed and described like on AWS; moto does not fire schedules
+    (services/scheduler.py does, on the local cloud's schedule clock)."""
 
     @classmethod
     def create_from_cloudformation_json(

@@ -1,14 +1,17 @@
-"""SageMaker and SageMaker Runtime: jobs and endpoints handed to LocalSageMaker, their status published as AWS does."""
+"""SageMaker: jobs and endpoints handed to LocalSageMaker, their status published as AWS does
+(SageMaker Runtime's InvokeEndpoint: services/sagemakerruntime.py)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
 import logging
-import re
 import threading
 from collections.abc import Mapping
 from typing import Any
+
+from moto.core.exceptions import JsonRESTError
+from moto.sagemaker.exceptions import SagemakerClientError
 
 from sdflow.local.patching import original
 from sdflow.local.runtime import (
@@ -20,6 +23,7 @@ from sdflow.local.runtime import (
     current_runtime,
     runtime_or_none,
 )
+from sdflow.local.services import sagemaker_quotas as quotas
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +55,38 @@ def _sagemaker(runtime: Runtime) -> SageMakerRuntime | None:
     return runtime.sagemaker
 
 
+class ResourceLimitExceeded(SagemakerClientError):
+    """SageMaker's instance quota error (HTTP 400); message as sagemaker_quotas.QuotaExceeded."""
+
+    code = "ResourceLimitExceeded"
+
+
+class ThrottlingException(JsonRESTError):
+    """A control-plane call over SageMaker's API rate ("Rate exceeded", HTTP 400). Not an error
+    shape of SageMaker's service model, so it is sent as a plain JSON error."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("ThrottlingException", message)
+
+
+def _throttle(runtime: Runtime) -> None:
+    try:
+        runtime.sagemaker_quotas.take_create_token()
+    except quotas.RateExceeded as exc:
+        raise ThrottlingException(str(exc)) from None
+
+
+def _hold_instances(runtime: Runtime, key: tuple[str, str, str], needs: dict[str, int]) -> None:
+    """Instances count against the quota only while LocalSageMaker runs the resource (moto alone
+    completes jobs at once, so nothing would ever free them)."""
+    if runtime.sagemaker is None:
+        return
+    try:
+        runtime.sagemaker_quotas.acquire(key, needs)
+    except quotas.QuotaExceeded as exc:
+        raise ResourceLimitExceeded(str(exc)) from None
+
+
 def sagemaker_create_processing_job(self: Any) -> Any:
     """Wraps moto/sagemaker/responses.py SageMakerResponse.create_processing_job.
 
@@ -61,6 +97,7 @@ def sagemaker_create_processing_job(self: Any) -> Any:
     request = _request(self)
     name = request.get("ProcessingJobName", "")
     backend = self.sagemaker_backend
+    _throttle(current_runtime())
     if name in backend.processing_jobs:
         from moto.sagemaker.exceptions import ResourceInUseException
 
@@ -68,6 +105,7 @@ def sagemaker_create_processing_job(self: Any) -> Any:
             f"Job name must be unique within an AWS account and region, and a job with this name already "
             f"exists ({backend.processing_jobs[name].arn})"
         )
+    _hold_instances(current_runtime(), ("processing", name, ""), quotas.processing_needs(request))
     result = original(type(self), "create_processing_job")(self)
     sagemaker = _sagemaker(current_runtime())
     if sagemaker is not None:
@@ -88,6 +126,7 @@ def sagemaker_create_training_job(self: Any) -> Any:
     request = _request(self)
     name = request.get("TrainingJobName", "")
     backend = self.sagemaker_backend
+    _throttle(current_runtime())
     if name in backend.training_jobs:
         from moto.sagemaker.exceptions import ResourceInUseException
 
@@ -95,6 +134,7 @@ def sagemaker_create_training_job(self: Any) -> Any:
             f"Training job names must be unique within an AWS account and region, and a training job with this "
             f"name already exists ({backend.training_jobs[name].arn})"
         )
+    _hold_instances(current_runtime(), ("training", name, ""), quotas.training_needs(request))
     result = original(type(self), "create_training_job")(self)
     sagemaker = _sagemaker(current_runtime())
     if sagemaker is not None:
@@ -217,10 +257,13 @@ def sagemaker_create_endpoint(self: Any) -> Any:
     from moto.sagemaker.exceptions import ResourceInUseException
 
     name = self._get_param("EndpointName")
+    _throttle(current_runtime())
     if name in self.sagemaker_backend.endpoints:
         arn = self.sagemaker_backend.endpoints[name].arn
         raise ResourceInUseException(f'Cannot create already existing endpoint "{arn}".')
-    config, model = _endpoint_deployment(self, self._get_param("EndpointConfigName"))
+    config_name = self._get_param("EndpointConfigName")
+    config, model = _endpoint_deployment(self, config_name)
+    _hold_instances(current_runtime(), ("endpoint", name, config_name), quotas.endpoint_needs(config))
     result = original(type(self), "create_endpoint")(self)
     sagemaker = _sagemaker(current_runtime())
     if sagemaker is not None:
@@ -249,6 +292,8 @@ def sagemaker_update_endpoint(self: Any) -> Any:
     if endpoint.endpoint_status not in ("InService", "Failed"):
         raise ValidationError(message=f"Cannot update in-progress endpoint '{endpoint.arn}'.")
     config, model = _endpoint_deployment(self, config_name)
+    # Blue/green: the new fleet is provisioned while the old one serves, so both count.
+    _hold_instances(current_runtime(), ("endpoint", name, config_name), quotas.endpoint_needs(config))
     endpoint.endpoint_status = "Updating"
     endpoint.last_modified_time = dt.datetime.now(dt.UTC)
     sagemaker = _sagemaker(current_runtime())
@@ -261,34 +306,30 @@ def sagemaker_update_endpoint(self: Any) -> Any:
     return ActionResult({"EndpointArn": endpoint.arn})
 
 
-def sagemaker_runtime_invoke_endpoint(self: Any) -> Any:
-    """Wraps moto/sagemakerruntime/responses.py SageMakerRuntimeResponse.invoke_endpoint.
+def sagemaker_delete_endpoint(self: Any) -> Any:
+    """Wraps SageMakerResponse.delete_endpoint: the serve process stops and its instances are
+    released (moto only forgets the endpoint)."""
+    name = self._get_param("EndpointName")
+    result = original(type(self), "delete_endpoint")(self)
+    runtime = current_runtime()
+    runtime.sagemaker_quotas.release("endpoint", name)
+    sagemaker = _sagemaker(runtime)
+    if sagemaker is not None:
+        sagemaker.stop_job("endpoint", name)
+    return result
 
-    moto answers placeholders; here the request goes to the endpoint's local serving process.
-    A missing endpoint is a ValidationError as on AWS; a failing model a ModelError (424)."""
-    sagemaker = _sagemaker(current_runtime())
-    if sagemaker is None:
-        return original(type(self), "invoke_endpoint")(self)
-    from urllib.parse import unquote
 
-    from moto.sagemaker.models import sagemaker_backends
-
-    match = re.search(r"/endpoints/([^/]+)/invocations", self.path)
-    name = unquote(match.group(1)) if match else ""
-    endpoint = sagemaker_backends[self.current_account][self.region].endpoints.get(name)
-    if endpoint is None or endpoint.endpoint_status not in ("InService", "Updating"):
-        status = "not found" if endpoint is None else f"not in service ({endpoint.endpoint_status})"
-        body = {"__type": "ValidationError", "message": f"Endpoint {name} of account {self.current_account} {status}."}
-        return 400, {"Content-Type": "application/json"}, json.dumps(body)
-    content_type = self.headers.get("Content-Type") or "application/json"
-    accept = self.headers.get("Accept") or "*/*"
-    body_bytes = self.body if isinstance(self.body, bytes) else (self.body or "").encode()
-    try:
-        answer, answer_type = sagemaker.invoke_endpoint(name, body_bytes, content_type, accept)
-    except Exception as exc:
-        body = {"__type": "ModelError", "message": f"Received server error from model: {exc}"}
-        return 424, {"Content-Type": "application/json"}, json.dumps(body)
-    return 200, {"Content-Type": answer_type, "x-Amzn-Invoked-Production-Variant": "AllTraffic"}, answer
+def _release_instances(kind: Kind, name: str, status: str, backend: Any) -> None:
+    """A job's instances free when it ends; an endpoint's old fleet when an update ends (InService
+    with the config now serving), all of them when it fails."""
+    runtime = runtime_or_none()
+    if runtime is None:
+        return
+    ended = status == "Failed" if kind == "endpoint" else status in ("Completed", "Failed", "Stopped")
+    if ended:
+        runtime.sagemaker_quotas.release(kind, name)
+    elif kind == "endpoint" and status == "InService" and name in backend.endpoints:
+        runtime.sagemaker_quotas.release(kind, name, keep_generation=backend.endpoints[name].endpoint_config_name)
 
 
 ENDPOINT_EVENT_STATUS = {
@@ -338,6 +379,7 @@ class SageMakerStatusPublisher:
             if detail is None:
                 log.warning("status %s for unknown SageMaker %s %s ignored", status, kind, name)
                 return
+            _release_instances(kind, name, status, backend)
             event = {
                 "Source": "aws.sagemaker",
                 "DetailType": DETAIL_TYPES[kind],
@@ -410,7 +452,6 @@ class SageMakerStatusPublisher:
 
 def patches() -> list[tuple[Any, str, Any]]:
     from moto.sagemaker.responses import SageMakerResponse
-    from moto.sagemakerruntime.responses import SageMakerRuntimeResponse
 
     return [
         (SageMakerResponse, "create_processing_job", sagemaker_create_processing_job),
@@ -421,5 +462,5 @@ def patches() -> list[tuple[Any, str, Any]]:
         (SageMakerResponse, "create_endpoint_config", sagemaker_create_endpoint_config),
         (SageMakerResponse, "create_endpoint", sagemaker_create_endpoint),
         (SageMakerResponse, "update_endpoint", sagemaker_update_endpoint),
-        (SageMakerRuntimeResponse, "invoke_endpoint", sagemaker_runtime_invoke_endpoint),
+        (SageMakerResponse, "delete_endpoint", sagemaker_delete_endpoint),
     ]

@@ -30,10 +30,26 @@ def sfn_start_execution(
     """Wraps moto/stepfunctions/parser/models.py StepFunctionsParserBackend.start_execution.
 
     Without a name moto builds the ARN "<machine>:None" (every unnamed start collides with the
-    first); AWS generates a UUID."""
+    first); AWS generates a UUID. An input over 256 KiB is refused at the API, as AWS's model
+    constraint on `input` does, before the state machine is even looked up."""
+    check_execution_input(execution_input)
     return original(type(self), "start_execution")(
         self, state_machine_arn, name or str(uuid.uuid4()), execution_input, trace_header
     )
+
+
+def check_execution_input(execution_input: Any) -> None:
+    """StartExecution's `input`: "Length Constraints: Maximum length of 262144" bytes in UTF-8
+    (API reference); AWS answers ValidationException with this message (as observed on AWS)."""
+    from moto.stepfunctions.exceptions import ValidationException
+
+    from sdflow.local.services.stepfunctions_limits import MAX_PAYLOAD_BYTES
+
+    if isinstance(execution_input, str) and len(execution_input.encode("utf-8")) > MAX_PAYLOAD_BYTES:
+        raise ValidationException(
+            "1 validation error detected: Value at 'input' failed to satisfy constraint: "
+            f"Member must have size less than or equal to {MAX_PAYLOAD_BYTES} bytes in UTF-8 encoding"
+        )
 
 
 def sfn_reflect_execution_status(self: Any) -> None:
@@ -80,6 +96,12 @@ def sfn_boto_client_for(region: str, service: str, state_credentials: Any = None
     from moto.core.models import botocore_stubber
     from moto.settings import moto_server_port
 
+    from sdflow.local.services import iam
+
+    # Step Functions calls integrated services as the state machine's role (enforced by services/iam.py).
+    as_role = iam.interpreter_client(region, service, state_credentials)
+    if as_role is not None:
+        return as_role
     if botocore_stubber.enabled or state_credentials:  # in-process mock or assumed role: no caching
         return original(boto_client, "boto_client_for")(region, service, state_credentials)
     runtime = runtime_or_none()
@@ -93,7 +115,8 @@ def sfn_boto_client_for(region: str, service: str, state_credentials: Any = None
     return client
 
 
-def _import_interpreter_modules() -> None:
+def import_interpreter_modules() -> None:
+    """Imports every interpreter module, so each `from … import name` copy exists before it is patched."""
     import importlib
     import pkgutil
 
@@ -126,7 +149,7 @@ def patches() -> list[tuple[Any, str, Any]]:
     from moto.stepfunctions.responses import StepFunctionResponse
 
     # Every interpreter module must be imported first, so its `from … import boto_client_for` copy exists.
-    _import_interpreter_modules()
+    import_interpreter_modules()
     return [
         (StepFunctionResponse, "send_task_failure", sfn_send_task_failure),
         (StepFunctionsParserBackend, "start_execution", sfn_start_execution),

@@ -98,3 +98,41 @@ def test_patch_rule_starts_state_machine_with_constant_input(runtime: runtime_mo
 
 
 # ------------------------------------------------------------------------------------ (c) CloudFormation
+
+
+# ------------------------------------------------------------------------------------ PutEvents and aws.* sources
+
+
+def _queue_for(pattern: dict[str, object], name: str = "seen") -> str:
+    queue_url = str(_client("sqs").create_queue(QueueName=name)["QueueUrl"])
+    _client("events").put_rule(Name=name, EventPattern=json.dumps(pattern))
+    _client("events").put_targets(Rule=name, Targets=[{"Id": "q", "Arn": f"arn:aws:sqs:{REGION}:{ACCOUNT}:{name}"}])
+    return queue_url
+
+
+def _bodies(queue_url: str) -> list[dict[str, object]]:
+    messages = _client("sqs").receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", [])
+    return [json.loads(m["Body"]) for m in messages]
+
+
+def test_put_events_aws_source_entry_refused_others_published(runtime: runtime_module.Runtime) -> None:
+    queue_url = _queue_for({"source": ["aws.sagemaker", "demo"]})
+    spoofed = {"Source": "aws.sagemaker", "DetailType": "SageMaker Training Job State Change", "Detail": "{}"}
+    answer = _client("events").put_events(Entries=[spoofed, {"Source": "demo", "DetailType": "d", "Detail": "{}"}])
+    assert answer["FailedEntryCount"] == 1
+    assert answer["Entries"][0] == {
+        "ErrorCode": "NotAuthorizedForSourceException",
+        "ErrorMessage": "Not authorized for the source.",
+    }
+    assert "EventId" in answer["Entries"][1]
+    assert [body["source"] for body in _bodies(queue_url)] == ["demo"]
+
+
+def test_local_publishers_still_publish_aws_sources(runtime: runtime_module.Runtime) -> None:
+    from moto.events.models import events_backends
+
+    queue_url = _queue_for({"source": ["aws.states"]})
+    entry = {"Source": "aws.states", "DetailType": "Step Functions Execution Status Change", "Detail": "{}"}
+    [result] = events_backends[ACCOUNT][REGION].put_events([entry])
+    assert "EventId" in result
+    assert [body["source"] for body in _bodies(queue_url)] == ["aws.states"]

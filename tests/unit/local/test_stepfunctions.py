@@ -15,6 +15,7 @@ from tests.unit.local.conftest import (
     ROLE,
     _client,
     _fail_waiting_task,
+    _wait_for,
 )
 
 
@@ -53,6 +54,8 @@ def test_patch_start_execution_without_name_gets_unique_name(runtime: runtime_mo
 
 class _RecordingExecution:
     """Stands in for moto's Execution and records the order its fields are set in."""
+
+    order: list[str]
 
     def __init__(self, program_state: Any) -> None:
         env = type("Env", (), {"program_state": lambda _self: program_state, "states": None})()
@@ -101,4 +104,53 @@ def test_patch_interpreter_reuses_one_client_per_service(tmp_path: Path) -> None
     assert lambda_eval_utils.boto_client_for is not stepfunctions.sfn_boto_client_for, "uninstall restores moto"
 
 
-# ------------------------------------------------------------------------------------ (e) SageMaker
+# ------------------------------------------------------------------ helpers for test_stepfunctions_<topic>.py
+
+
+def run_machine(definition: dict[str, Any], execution_input: Any = None, name: str = "m") -> dict[str, Any]:
+    """Creates a state machine, runs it to its end and returns DescribeExecution."""
+    sfn = _client("stepfunctions")
+    machine = sfn.create_state_machine(name=name, definition=json.dumps(definition), roleArn=ROLE)["stateMachineArn"]
+    arn = sfn.start_execution(stateMachineArn=machine, input=json.dumps(execution_input or {}))["executionArn"]
+    return finished(arn)
+
+
+def finished(execution_arn: str) -> dict[str, Any]:
+    sfn = _client("stepfunctions")
+    return dict(
+        _wait_for(
+            lambda: (d := sfn.describe_execution(executionArn=execution_arn))["status"] != "RUNNING" and d,
+            what="the execution to end",
+        )
+    )
+
+
+def history(execution_arn: str) -> list[dict[str, Any]]:
+    return list(_client("stepfunctions").get_execution_history(executionArn=execution_arn)["events"])
+
+
+def distributed_map(child_states: dict[str, Any], start_at: str, **fields: Any) -> dict[str, Any]:
+    """A Distributed Map state over $.items (ResultPath null unless given), ending the machine."""
+    return {
+        "Type": "Map",
+        "ItemsPath": "$.items",
+        "ItemProcessor": {
+            "ProcessorConfig": {"Mode": "DISTRIBUTED", "ExecutionType": "STANDARD"},
+            "StartAt": start_at,
+            "States": child_states,
+        },
+        "ResultPath": None,
+        "End": True,
+        **fields,
+    }
+
+
+FAIL_WHEN_ASKED = {
+    "Check": {
+        "Type": "Choice",
+        "Choices": [{"Variable": "$.fail", "BooleanEquals": True, "Next": "Fail"}],
+        "Default": "Done",
+    },
+    "Fail": {"Type": "Fail", "Error": "ShardFailed", "Cause": "the shard could not be read"},
+    "Done": {"Type": "Pass", "Parameters": {"shard.$": "$.shard", "status": "ok"}, "End": True},
+}

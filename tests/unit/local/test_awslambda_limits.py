@@ -1,0 +1,145 @@
+"""Lambda's Invoke limits as AWS documents them: payload sizes, reserved concurrency, memory, timeouts."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from sdflow.local import runtime as runtime_module
+from sdflow.local.lambda_runner import FunctionSpec, LambdaRunner
+from sdflow.local.services import awslambda_limits as limits
+from tests.unit.local.conftest import REGION, ROLE, _client, _records, _wait_for, _zip
+
+LIMITS_HANDLER = """
+import json, os, time
+
+def lambda_handler(event, context):
+    if event.get("sleep"):
+        time.sleep(event["sleep"])
+    if event.get("record"):
+        with open(os.environ["RECORD_FILE"], "a") as out:
+            out.write(json.dumps({"record": event["record"]}) + "\\n")
+    if "size" in event:
+        return "A" * event["size"]
+    return {"memory": context.memory_limit_in_mb, "env_memory": os.environ["AWS_LAMBDA_FUNCTION_MEMORY_SIZE"]}
+"""
+
+
+@pytest.fixture
+def limited(tmp_path: Path, runtime: runtime_module.Runtime) -> str:
+    code = tmp_path / "limited"
+    code.mkdir()
+    (code / "app.py").write_text(LIMITS_HANDLER)
+    _client("lambda").create_function(
+        FunctionName="limited",
+        Runtime="python3.11",
+        Role=ROLE,
+        Handler="app.lambda_handler",
+        Code={"ZipFile": _zip({"app.py": LIMITS_HANDLER})},
+        Timeout=30,
+        MemorySize=512,
+        Environment={"Variables": {"RECORD_FILE": str(tmp_path / "events.jsonl")}},
+    )
+    runtime.register_code("limited", code)
+    return "limited"
+
+
+def _padded(size: int) -> bytes:
+    """A JSON object of exactly `size` bytes."""
+    skeleton = b'{"pad": ""}'
+    return b'{"pad": "' + b"x" * (size - len(skeleton)) + b'"}'
+
+
+def _error(exc: pytest.ExceptionInfo[ClientError]) -> tuple[str, int, str]:
+    response: Any = exc.value.response
+    return response["Error"]["Code"], response["ResponseMetadata"]["HTTPStatusCode"], response["Error"]["Message"]
+
+
+def test_sync_request_over_6_mib_refused_with_413(limited: str) -> None:
+    client = _client("lambda")
+    at_limit = client.invoke(FunctionName=limited, Payload=_padded(limits.SYNC_REQUEST_LIMIT))
+    assert "FunctionError" not in at_limit
+    with pytest.raises(ClientError) as refused:
+        client.invoke(FunctionName=limited, Payload=_padded(limits.SYNC_REQUEST_LIMIT + 1))
+    assert _error(refused) == (
+        "RequestEntityTooLargeException",
+        413,
+        "6291457 byte payload is too large for the RequestResponse invocation type (limit 6291456 bytes)",
+    )
+
+
+def test_async_request_over_1_mib_refused_with_413(limited: str) -> None:
+    client = _client("lambda")
+    accepted = client.invoke(FunctionName=limited, InvocationType="Event", Payload=_padded(limits.ASYNC_REQUEST_LIMIT))
+    assert accepted["StatusCode"] == 202
+    with pytest.raises(ClientError) as refused:
+        client.invoke(FunctionName=limited, InvocationType="Event", Payload=_padded(limits.ASYNC_REQUEST_LIMIT + 1))
+    assert _error(refused) == (
+        "RequestEntityTooLargeException",
+        413,
+        "1048577 byte payload is too large for the Event invocation type (limit 1048576 bytes)",
+    )
+
+
+def test_response_over_limit_is_function_error_response_size_too_large(limited: str) -> None:
+    client = _client("lambda")
+    # A JSON string of n characters is n + 2 bytes; moto alone fails anything over ~6,000,000.
+    fits = client.invoke(FunctionName=limited, Payload=json.dumps({"size": limits.RESPONSE_LIMIT - 2}))
+    assert "FunctionError" not in fits
+    assert len(fits["Payload"].read()) == limits.RESPONSE_LIMIT
+    over = client.invoke(FunctionName=limited, Payload=json.dumps({"size": limits.RESPONSE_LIMIT - 1}))
+    assert (over["StatusCode"], over["FunctionError"]) == (200, "Unhandled")
+    assert json.loads(over["Payload"].read()) == {
+        "errorMessage": "Response payload size exceeded maximum allowed payload size (6291556 bytes).",
+        "errorType": "Function.ResponseSizeTooLarge",
+    }
+
+
+def test_reserved_concurrency_throttles_sync_and_queues_async(
+    limited: str, tmp_path: Path, runtime: runtime_module.Runtime
+) -> None:
+    client = _client("lambda")
+    client.put_function_concurrency(FunctionName=limited, ReservedConcurrentExecutions=1)
+    busy = threading.Thread(target=lambda: client.invoke(FunctionName=limited, Payload=json.dumps({"sleep": 2})))
+    busy.start()
+    _wait_for(lambda: runtime.lambda_concurrency.running(limits.concurrency_key(_fn(limited))) == 1, "the busy call")
+    with pytest.raises(ClientError) as throttled:
+        client.invoke(FunctionName=limited, Payload=b"{}")
+    assert _error(throttled) == ("TooManyRequestsException", 429, "Rate Exceeded.")
+    assert throttled.value.response.get("Reason") == "ReservedFunctionConcurrentInvocationLimitExceeded"
+    queued = client.invoke(FunctionName=limited, InvocationType="Event", Payload=json.dumps({"record": "queued"}))
+    assert queued["StatusCode"] == 202
+    assert not _records(tmp_path / "events.jsonl"), "the event waits for the busy invocation's slot"
+    busy.join()
+    _wait_for(lambda: _records(tmp_path / "events.jsonl"), what="the queued event to run")
+    assert "FunctionError" not in client.invoke(FunctionName=limited, Payload=b"{}")
+
+
+def _fn(name: str) -> Any:
+    from moto.awslambda.utils import get_backend
+
+    return get_backend("123456789012", REGION).get_function(name)
+
+
+def test_memory_size_reaches_the_handler(limited: str) -> None:
+    answer = json.loads(_client("lambda").invoke(FunctionName=limited, Payload=b"{}")["Payload"].read())
+    assert answer == {"memory": 512, "env_memory": "512"}
+
+
+def test_timeout_payload_has_only_aws_platform_error_keys(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text(LIMITS_HANDLER)
+    runner = LambdaRunner("http://127.0.0.1:9", REGION, tmp_path / "logs")
+    spec = FunctionSpec("slow", "arn:aws:lambda:us-east-1:1:function:slow", "app.lambda_handler", tmp_path, timeout_s=1)
+    try:
+        result = runner.invoke(spec, json.dumps({"sleep": 30}), "req-1")
+    finally:
+        runner.shutdown()
+    assert json.loads(result.payload) == {
+        "errorType": "Sandbox.Timedout",
+        "errorMessage": "RequestId: req-1 Error: Task timed out after 1.00 seconds",
+    }

@@ -1,0 +1,110 @@
+"""SageMaker Runtime InvokeEndpoint: answers from the local serving process, errors with AWS's status codes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import boto3
+import pytest
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from sdflow.local import runtime as runtime_module
+from sdflow.local.sagemaker import ContainerError, EndpointUnreachable
+from sdflow.local.services.sagemaker import SageMakerStatusPublisher
+from tests.unit.local.conftest import ACCOUNT, REGION, ROLE, _client
+
+
+def _endpoint(name: str = "e") -> None:
+    sagemaker = _client("sagemaker")
+    sagemaker.create_model(ModelName="m", ExecutionRoleArn=ROLE, PrimaryContainer={"Image": "image:tag"})
+    variant = {"VariantName": "AllTraffic", "ModelName": "m", "InitialInstanceCount": 1, "InstanceType": "ml.m5.xlarge"}
+    sagemaker.create_endpoint_config(EndpointConfigName="c", ProductionVariants=[variant])
+    sagemaker.create_endpoint(EndpointName=name, EndpointConfigName="c")
+
+
+def _invoke(name: str = "e") -> Any:
+    return _client("sagemaker-runtime").invoke_endpoint(EndpointName=name, Body=b'{"prompt": "x"}')
+
+
+def _error(exc: pytest.ExceptionInfo[ClientError]) -> tuple[str, int]:
+    response: Any = exc.value.response
+    return response["Error"]["Code"], response["ResponseMetadata"]["HTTPStatusCode"]
+
+
+def test_moto_gap_tuple_status_ignored_by_call_action() -> None:
+    """Why the old patch answered 200: moto takes the status from headers["status"] only."""
+    from moto.core.responses import BaseResponse
+
+    status, _headers, _body = BaseResponse._transform_response({}, (400, {}, "{}"))
+    assert status == 200
+
+
+def test_unknown_endpoint_validation_error_400(runtime: runtime_module.Runtime) -> None:
+    with pytest.raises(ClientError) as missing:
+        _invoke("nope")
+    assert _error(missing) == ("ValidationError", 400)
+    assert missing.value.response["Error"]["Message"] == f"Endpoint nope of account {ACCOUNT} not found."
+
+
+def test_endpoint_not_in_service_validation_error_400(runtime: runtime_module.Runtime) -> None:
+    _endpoint()
+    with pytest.raises(ClientError) as creating:
+        _invoke()
+    assert _error(creating) == ("ValidationError", 400)
+    assert "Creating" in creating.value.response["Error"]["Message"]
+
+
+def test_model_4xx_is_model_error_424_with_original_status(
+    runtime: runtime_module.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _endpoint()
+    SageMakerStatusPublisher().job_status_changed("endpoint", "e", "InService", {"EndpointConfigName": "c"})
+
+    def refuse(*_args: Any) -> Any:
+        raise ContainerError("e", 400, b'{"error": "prompt: is required"}', "application/json")
+
+    monkeypatch.setattr(runtime.sagemaker, "invoke_endpoint", refuse)
+    with pytest.raises(ClientError) as refused:
+        _invoke()
+    response: Any = refused.value.response
+    assert _error(refused) == ("ModelError", 424)
+    assert response["OriginalStatusCode"] == 400
+    assert response["OriginalMessage"] == '{"error": "prompt: is required"}'
+    assert response["LogStreamArn"] == f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/sagemaker/Endpoints/e"
+    assert response["Error"]["Message"].startswith(
+        'Received client error (400) from primary with message "{"error": "prompt: is required"}". See https://'
+    )
+
+
+def test_model_5xx_server_error_and_dead_container_service_unavailable(
+    runtime: runtime_module.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _endpoint()
+    SageMakerStatusPublisher().job_status_changed("endpoint", "e", "InService", {"EndpointConfigName": "c"})
+
+    def crash(*_args: Any) -> Any:
+        raise ContainerError("e", 500, b"CUDA out of memory", "text/plain")
+
+    monkeypatch.setattr(runtime.sagemaker, "invoke_endpoint", crash)
+    with pytest.raises(ClientError) as failed:
+        _invoke()
+    assert _error(failed) == ("ModelError", 424)
+    assert failed.value.response["Error"]["Message"].startswith("Received server error (500) from primary")
+
+    def gone(*_args: Any) -> Any:
+        raise EndpointUnreachable("endpoint e did not answer: connection refused")
+
+    monkeypatch.setattr(runtime.sagemaker, "invoke_endpoint", gone)
+    client = boto3.client("sagemaker-runtime", region_name=REGION, config=Config(retries={"total_max_attempts": 1}))
+    with pytest.raises(ClientError) as unavailable:
+        client.invoke_endpoint(EndpointName="e", Body=b"{}")
+    assert _error(unavailable) == ("ServiceUnavailable", 503)
+
+
+def test_success_answers_200_with_model_body(runtime: runtime_module.Runtime) -> None:
+    _endpoint()
+    SageMakerStatusPublisher().job_status_changed("endpoint", "e", "InService", {"EndpointConfigName": "c"})
+    answer = _invoke()
+    assert answer["ResponseMetadata"]["HTTPStatusCode"] == 200
+    assert answer["Body"].read() == b'PNG:{"prompt": "x"}'

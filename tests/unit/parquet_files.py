@@ -1,0 +1,32 @@
+"""Real parquet files (written by pyarrow, as img2dataset's inputs are) for the intake checks."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+def parquet_bytes(
+    rows: int = 2,
+    url_column: str = "URL",
+    caption_column: str = "TEXT",
+    url_type: Any = None,
+    **write_options: Any,
+) -> bytes:
+    """A LAION-style file: URL and caption columns plus WIDTH/HEIGHT, `rows` rows."""
+    url_type = pa.string() if url_type is None else url_type
+    urls = [i if pa.types.is_integer(url_type) else f"http://127.0.0.1:9/{i}.jpg" for i in range(rows)]
+    table = pa.table(
+        {
+            url_column: pa.array(urls, url_type),
+            caption_column: pa.array([f"caption {i}" for i in range(rows)], pa.string()),
+            "WIDTH": pa.array([64] * rows, pa.int64()),
+            "HEIGHT": pa.array([64] * rows, pa.int64()),
+        }
+    )
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, **write_options)
+    return buffer.getvalue()

@@ -25,66 +25,12 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import boto3
 import psutil
 
-from sdflow_common.run_document import parse_s3_uri
-
-
-class NoOpSageMaker:
-    """Finishes every job at once, reporting through the same listener as LocalSageMaker."""
-
-    def __init__(self, endpoint_url: str, listener: Any) -> None:
-        self.listener = listener
-        self.s3 = boto3.client(
-            "s3", endpoint_url=endpoint_url, region_name="us-east-1",
-            aws_access_key_id="testing", aws_secret_access_key="testing",
-        )  # fmt: skip
-        self.pool = ThreadPoolExecutor(max_workers=8)
-
-    def _processing(self, request: dict[str, Any]) -> None:
-        output = request["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]["S3Uri"]
-        bucket, key = parse_s3_uri(output)
-        marker = {"samples": 1, "failed": 0, "tar_files": ["00000.tar"]}
-        self.s3.put_object(Bucket=bucket, Key=key.rstrip("/") + "/_SUCCESS", Body=json.dumps(marker).encode())
-        self.listener.job_status_changed("processing", request["ProcessingJobName"], "Completed", {})
-
-    def _training(self, request: dict[str, Any]) -> None:
-        name = request["TrainingJobName"]
-        artifacts = f"{request['OutputDataConfig']['S3OutputPath'].rstrip('/')}/{name}/output/model.tar.gz"
-        fields = {
-            "ModelArtifacts": {"S3ModelArtifacts": artifacts},
-            "FinalMetricDataList": [{"MetricName": "train:loss", "Value": 0.1}],
-        }
-        self.listener.job_status_changed("training", name, "Completed", fields)
-
-    def run_processing_job(self, request: dict[str, Any]) -> None:
-        self.pool.submit(self._processing, request)
-
-    def run_training_job(self, request: dict[str, Any]) -> None:
-        self.pool.submit(self._training, request)
-
-    def deploy_endpoint(self, endpoint_name: str, endpoint_config: dict[str, Any], model: dict[str, Any]) -> None:
-        config = endpoint_config["EndpointConfigName"]
-        self.pool.submit(
-            self.listener.job_status_changed, "endpoint", endpoint_name, "InService", {"EndpointConfigName": config}
-        )
-
-    def invoke_endpoint(self, endpoint_name: str, body: bytes, content_type: str, accept: str) -> tuple[bytes, str]:
-        return b"{}", "application/json"
-
-    def stop_job(self, kind: str, name: str) -> None:
-        pass
-
-    def job_wall_times(self) -> dict[str, float]:
-        return {}
-
-    def shutdown(self) -> None:
-        self.pool.shutdown(wait=True)
+from sdflow.local.noop_sagemaker import NoOpSageMaker
 
 
 def _one_row_parquet(folder: Path) -> bytes:

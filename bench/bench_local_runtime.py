@@ -71,7 +71,7 @@ def run_one(shards: int, concurrency: int) -> dict[str, Any]:
         with LocalCloud(
             Path(workdir),
             port=0,
-            sagemaker_factory=lambda w, url, lis: NoOpSageMaker(url, lis),
+            sagemaker_factory=lambda w, url, lis: NoOpSageMaker(url, lis, direct_s3=True),
             # The account's processing quota equals the run's concurrency: Validate run caps
             # max_concurrency at it, and no shard waits on ResourceLimitExceeded.
             quotas={"processing job": concurrency},

@@ -132,7 +132,8 @@ def sfn_map_run(self: Any, env: Any, eval_input: Any) -> None:
     env.sdflow_map_run_record = record
     previous(DistributedIterationComponent, "_map_run", sfn_map_run)(self, env, eval_input)
     map_state = getattr(env, "sdflow_map_state", None)
-    if map_state is not None and threshold_exceeded(map_state, record):
+    # A stopped execution aborts its Map Run; its aborted children are not failures to count.
+    if map_state is not None and env.is_running() and threshold_exceeded(map_state, record):
         raise _exceeded_error(env)
 
 

@@ -66,6 +66,8 @@ class Runtime:
     sfn_clients: dict[tuple[str, str, str], Any] = field(default_factory=dict)
     sfn_clients_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     sns_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # moto server: host -> backend name, computed once per host (services/moto_server.py).
+    moto_routes: dict[str | None, Any] = field(default_factory=dict)
     # Step Functions: state transitions (state entries and retry attempts, as AWS counts them),
     # Distributed Map children included (services/stepfunctions_limits.py).
     sfn_transitions: int = 0

@@ -24,7 +24,8 @@ from moto import mock_aws
 from moto.awslambda_simple.models import LambdaSimpleBackend
 
 from sdflow_common import errors
-from tests.unit.conftest import ACCOUNT, DATA_BUCKET, REGION
+from tests.unit.conftest import DATA_BUCKET, REGION
+from tests.unit.intake_harness import definition_for_tests
 
 ASL = Path(__file__).resolve().parents[2] / "statemachines" / "pipeline.asl.json"
 FUNCTIONS = (
@@ -46,27 +47,8 @@ Behaviour = Callable[[dict[str, Any]], Any]
 
 def _definition_for_tests() -> str:
     """The real definition with every retry wait cut to one second (moto really sleeps)."""
-    definition = json.loads(ASL.read_text())
-
-    def shrink(node: Any) -> None:
-        if isinstance(node, dict):
-            for retrier in node.get("Retry", []):
-                retrier["IntervalSeconds"] = 1
-                retrier["BackoffRate"] = 1
-                retrier.pop("MaxDelaySeconds", None)
-                retrier.pop("JitterStrategy", None)
-            for value in node.values():
-                shrink(value)
-        elif isinstance(node, list):
-            for value in node:
-                shrink(value)
-
-    shrink(definition)
-    text = json.dumps(definition)
-    for name in FUNCTIONS:
-        text = text.replace(f"${{{name}Arn}}", f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{name}")
-    text = text.replace("${DataBucketName}", DATA_BUCKET)
-    assert "${" not in text, "a DefinitionSubstitution is not replaced by this test"
+    text, functions = definition_for_tests()
+    assert set(functions) == set(FUNCTIONS), functions
     return text
 
 

@@ -123,3 +123,20 @@ def test_runner_serves_concurrent_invocations_with_bounded_pool(tmp_path: Path) 
         runner.shutdown()
     assert len(results) == 4
     assert len({r["pid"] for r in results}) <= 2
+
+
+def test_runner_over_total_worker_cap_stops_least_recently_used_idle_worker(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text(HANDLERS)
+    runner = LambdaRunner("http://127.0.0.1:9", REGION, tmp_path / "logs", max_workers_total=2)
+    specs = [
+        FunctionSpec(name, f"arn:aws:lambda:us-east-1:1:function:{name}", "app.lambda_handler", tmp_path, timeout_s=10)
+        for name in ("first", "second", "third")
+    ]
+    try:
+        pids = [json.loads(runner.invoke(spec, "{}").payload)["pid"] for spec in specs]
+        warm = runner.worker_pids()
+        # "first" was idle longest: its worker made room for "third"; the other two stay warm.
+        assert sorted(warm) == sorted(pids[1:])
+        assert json.loads(runner.invoke(specs[1], "{}").payload)["pid"] == pids[1]
+    finally:
+        runner.shutdown()

@@ -128,19 +128,46 @@ def import_interpreter_modules() -> None:
             importlib.import_module(module.name)
 
 
-def _modules_importing_boto_client_for() -> list[Any]:
-    """Every interpreter module that did `from ...boto_client import boto_client_for`."""
+def interpreter_modules_importing(owner: Any, attribute: str) -> list[Any]:
+    """Every interpreter module other than `owner` that did `from <owner> import <attribute>`:
+    patching `owner` alone leaves their copies of moto's function in place."""
     import sys
 
-    import moto.stepfunctions.parser.asl.utils.boto_client as boto_client
-
-    moto_boto_client_for = original(boto_client, "boto_client_for")
+    moto_function = original(owner, attribute)
     return [
         module
         for name, module in list(sys.modules.items())
         if name.startswith("moto.stepfunctions.parser")
-        and getattr(module, "boto_client_for", None) is moto_boto_client_for
+        and module is not owner
+        and getattr(module, attribute, None) is moto_function
     ]
+
+
+def states_failure(env: Any, error_type: Any, cause: str, *, map_run: bool = False) -> Exception:
+    """The FailureEventException moto's interpreter raises for a `States.*` error (`error_type`, a
+    StatesErrorNameType), recorded as a TaskFailed event, or as MapRunFailed for a Map Run."""
+    from moto.stepfunctions.parser.api import HistoryEventType, MapRunFailedEventDetails, TaskFailedEventDetails
+    from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import (
+        FailureEvent,
+        FailureEventException,
+    )
+    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import StatesErrorName
+    from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
+
+    if map_run:
+        event_type = HistoryEventType.MapRunFailed
+        details = EventDetails(  # type: ignore[typeddict-item]
+            mapRunFailedEventDetails=MapRunFailedEventDetails(error=error_type.to_name(), cause=cause)
+        )
+    else:
+        event_type = HistoryEventType.TaskFailed
+        failed = TaskFailedEventDetails(error=error_type.to_name(), cause=cause)
+        details = EventDetails(taskFailedEventDetails=failed)  # type: ignore[typeddict-item]
+    return FailureEventException(
+        failure_event=FailureEvent(
+            env=env, error_name=StatesErrorName(typ=error_type), event_type=event_type, event_details=details
+        )
+    )
 
 
 @functools.lru_cache(maxsize=4096)
@@ -184,7 +211,6 @@ def patches() -> list[tuple[Any, str, Any]]:
         (result_path, "parse", cached_jsonpath_parse),
         *(
             (module, "boto_client_for", sfn_boto_client_for)
-            for module in _modules_importing_boto_client_for()
-            if module is not boto_client
+            for module in interpreter_modules_importing(boto_client, "boto_client_for")
         ),
     ]

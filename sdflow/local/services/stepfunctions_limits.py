@@ -23,8 +23,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sdflow.local.patching import original, previous
+from sdflow.local.patching import previous
 from sdflow.local.runtime import runtime_or_none
+from sdflow.local.services.stepfunctions import interpreter_modules_importing, states_failure
 
 MAX_PAYLOAD_BYTES = 262_144
 DATA_LIMIT_EXCEEDED = "States.DataLimitExceeded"
@@ -58,29 +59,14 @@ def sfn_is_within_size_quota(value: Any) -> bool:
 
 def data_limit_exceeded(env: Any, name: str) -> Exception:
     """The FailureEventException AWS's States.DataLimitExceeded becomes in moto's interpreter."""
-    from moto.stepfunctions.parser.api import HistoryEventType, TaskFailedEventDetails
-    from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import (
-        FailureEvent,
-        FailureEventException,
-    )
-    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import StatesErrorName
     from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import (
         StatesErrorNameType,
     )
-    from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
 
     cause = (
         f"The state/task '{name}' returned a result with a size exceeding the maximum number of bytes service limit."
     )
-    details = TaskFailedEventDetails(error=DATA_LIMIT_EXCEEDED, cause=cause)
-    return FailureEventException(
-        failure_event=FailureEvent(
-            env=env,
-            error_name=StatesErrorName(typ=StatesErrorNameType.StatesStatesDataLimitExceeded),
-            event_type=HistoryEventType.TaskFailed,
-            event_details=EventDetails(taskFailedEventDetails=details),  # type: ignore[typeddict-item]
-        )
-    )
+    return states_failure(env, StatesErrorNameType.StatesStatesDataLimitExceeded, cause)
 
 
 def sfn_state_entered_event_details(self: Any, env: Any) -> Any:
@@ -205,21 +191,6 @@ def count_transition() -> None:
             runtime.sfn_transitions += 1
 
 
-def _modules_importing_is_within_size_quota() -> list[Any]:
-    import sys
-
-    import moto.stepfunctions.parser.quotas as quotas
-
-    moto_check = original(quotas, "is_within_size_quota")
-    return [
-        module
-        for name, module in list(sys.modules.items())
-        if name.startswith("moto.stepfunctions.parser")
-        and getattr(module, "is_within_size_quota", None) is moto_check
-        and module is not quotas
-    ]
-
-
 def patches() -> list[tuple[Any, str, Any]]:
     import moto.stepfunctions.parser.quotas as quotas
     from moto.stepfunctions.parser.asl.component.common.error_name.error_equals_decl import ErrorEqualsDecl
@@ -241,7 +212,7 @@ def patches() -> list[tuple[Any, str, Any]]:
         (quotas, "is_within_size_quota", sfn_is_within_size_quota),
         *(
             (module, "is_within_size_quota", sfn_is_within_size_quota)
-            for module in _modules_importing_is_within_size_quota()
+            for module in interpreter_modules_importing(quotas, "is_within_size_quota")
         ),
         (CommonStateField, "_get_state_entered_event_details", sfn_state_entered_event_details),
         (StateTaskService, "_before_eval_execution", sfn_before_task_execution),

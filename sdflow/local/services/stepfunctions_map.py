@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sdflow.local.patching import previous
+from sdflow.local.services.stepfunctions import states_failure
 from sdflow.local.services.stepfunctions_limits import check_map_result
 
 EXCEEDED_CAUSE = "The specified tolerated failure threshold was exceeded"
@@ -95,27 +96,11 @@ def threshold_exceeded(map_state: Any, map_run_record: Any) -> bool:
 
 
 def _exceeded_error(env: Any) -> Exception:
-    from moto.stepfunctions.parser.api import HistoryEventType, MapRunFailedEventDetails
-    from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import (
-        FailureEvent,
-        FailureEventException,
-    )
-    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import StatesErrorName
     from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import (
         StatesErrorNameType,
     )
-    from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
 
-    name = StatesErrorNameType.StatesExceedToleratedFailureThreshold
-    details = MapRunFailedEventDetails(error=name.to_name(), cause=EXCEEDED_CAUSE)
-    return FailureEventException(
-        failure_event=FailureEvent(
-            env=env,
-            error_name=StatesErrorName(typ=name),
-            event_type=HistoryEventType.MapRunFailed,
-            event_details=EventDetails(mapRunFailedEventDetails=details),  # type: ignore[typeddict-item]
-        )
-    )
+    return states_failure(env, StatesErrorNameType.StatesExceedToleratedFailureThreshold, EXCEEDED_CAUSE, map_run=True)
 
 
 def sfn_map_run(self: Any, env: Any, eval_input: Any) -> None:
@@ -202,27 +187,11 @@ def _child_entry(child: ChildRecord, map_run_record: Any) -> dict[str, Any]:
 
 
 def _result_writer_failed(env: Any, cause: str) -> Exception:
-    from moto.stepfunctions.parser.api import HistoryEventType, TaskFailedEventDetails
-    from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import (
-        FailureEvent,
-        FailureEventException,
-    )
-    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import StatesErrorName
     from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import (
         StatesErrorNameType,
     )
-    from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
 
-    name = StatesErrorNameType.StatesResultWriterFailed
-    details = TaskFailedEventDetails(error=name.to_name(), cause=cause)
-    return FailureEventException(
-        failure_event=FailureEvent(
-            env=env,
-            error_name=StatesErrorName(typ=name),
-            event_type=HistoryEventType.TaskFailed,
-            event_details=EventDetails(taskFailedEventDetails=details),  # type: ignore[typeddict-item]
-        )
-    )
+    return states_failure(env, StatesErrorNameType.StatesResultWriterFailed, cause)
 
 
 def result_files(map_run_record: Any) -> dict[str, list[dict[str, Any]]]:

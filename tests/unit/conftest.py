@@ -105,6 +105,16 @@ def _deny_service_quotas() -> None:
     aws.client("service-quotas").meta.events.register("before-call.service-quotas", deny)
 
 
+def create_table(name: str, hash_key: str) -> None:
+    """An on-demand table keyed by one string attribute, as the template's tables are."""
+    boto3.client("dynamodb", region_name=REGION).create_table(
+        TableName=name,
+        KeySchema=[{"AttributeName": hash_key, "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": hash_key, "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+
+
 @pytest.fixture
 def mocked_aws(aws_env: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[AwsWorld]:
     """A moto account holding the stack's bucket, token table, idempotency table and topic."""
@@ -113,18 +123,8 @@ def mocked_aws(aws_env: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[AwsWo
         s3 = boto3.client("s3", region_name=REGION)
         s3.create_bucket(Bucket=DATA_BUCKET)
         ddb = boto3.client("dynamodb", region_name=REGION)
-        ddb.create_table(
-            TableName=TOKEN_TABLE,
-            KeySchema=[{"AttributeName": "resource_name", "KeyType": "HASH"}],
-            AttributeDefinitions=[{"AttributeName": "resource_name", "AttributeType": "S"}],
-            BillingMode="PAY_PER_REQUEST",
-        )
-        ddb.create_table(
-            TableName=IDEMPOTENCY_TABLE,
-            KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
-            AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
-            BillingMode="PAY_PER_REQUEST",
-        )
+        create_table(TOKEN_TABLE, "resource_name")
+        create_table(IDEMPOTENCY_TABLE, "id")
         sns = boto3.client("sns", region_name=REGION)
         topic_arn = sns.create_topic(Name="sdflow-notifications-test")["TopicArn"]
         _deny_service_quotas()

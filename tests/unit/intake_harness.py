@@ -24,7 +24,7 @@ from moto.awslambda_simple.models import LambdaSimpleBackend
 
 from sdflow_common import aws
 from tests.conftest import load_function_module
-from tests.unit.conftest import ACCOUNT, DATA_BUCKET, IDEMPOTENCY_TABLE, REGION, FakeLambdaContext
+from tests.unit.conftest import ACCOUNT, DATA_BUCKET, IDEMPOTENCY_TABLE, REGION, FakeLambdaContext, create_table
 
 ASL = Path(__file__).resolve().parents[2] / "statemachines" / "pipeline.asl.json"
 REAL_HANDLERS = {"ValidateRunFunction": "validate_run", "NotifyFunction": "notify"}
@@ -124,12 +124,7 @@ def intake_cloud(monkeypatch: pytest.MonkeyPatch) -> Iterator[Intake]:
         aws.reset_clients()
         s3 = boto3.client("s3", region_name=REGION)
         s3.create_bucket(Bucket=DATA_BUCKET)
-        boto3.client("dynamodb", region_name=REGION).create_table(
-            TableName=IDEMPOTENCY_TABLE,
-            KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
-            AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
-            BillingMode="PAY_PER_REQUEST",
-        )
+        create_table(IDEMPOTENCY_TABLE, "id")
         sns = boto3.client("sns", region_name=REGION)
         topic_arn = sns.create_topic(Name="sdflow-notifications-test")["TopicArn"]
         monkeypatch.setenv("TOPIC_ARN", topic_arn)

@@ -21,84 +21,67 @@ import logging
 import os
 import re
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tarfile
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-import boto3
-from botocore.config import Config
+from sdflow.local.sagemaker_host import (
+    REASON_LIMIT,
+    ContainerError,
+    ContainerProcess,
+    DeploymentFailed,
+    EndpointNotFound,
+    EndpointUnreachable,
+    JobAlreadyRunning,
+    JobSetupError,
+    LocalSageMakerError,
+    S3Transfer,
+    clip_reason,
+    container_path,
+    free_port,
+    link_or_copy,
+    parse_s3_uri,
+    read_text_or_none,
+    rewrite_container_paths,
+    tar_folder,
+    terminate,
+    utc_now,
+)
+
+__all__ = [
+    "ContainerError",
+    "DeploymentFailed",
+    "EndpointNotFound",
+    "EndpointUnreachable",
+    "JobAlreadyRunning",
+    "JobSetupError",
+    "LocalSageMaker",
+    "LocalSageMakerError",
+    "StatusListener",
+    "container_path",
+    "rewrite_container_paths",
+]
 
 LOG = logging.getLogger("sdflow.local.sagemaker")
 
 Kind = Literal["processing", "training", "endpoint"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CONTAINER_OPT_ML = "/opt/ml"
-REASON_LIMIT = 1024  # SageMaker keeps the first 1,024 characters of FailureReason / ExitMessage
 DEFAULT_MAX_RUNTIME_S = 86_400  # SageMaker's default StoppingCondition
-LOG_TAIL_LINES = 40
 POLL_S = 0.2
 # The CLI's progress view: the trainer prints `step=N loss=X` on rank 0 (docs/contracts.md).
 PROGRESS_LINE = re.compile(r"step=(\d+)\s+loss=([-+0-9.eE]+|nan|inf)")
-# A container path argument: /opt/ml as a whole path component, not part of a longer name.
-CONTAINER_PATH = re.compile(r"(?<![\w.-])/opt/ml(?![\w.-])")
 # Only these survive from the parent's environment: the container sees no AWS credentials,
 # no proxy settings and no virtualenv quirks that the real image would not have.
 PASSTHROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TZ", "USER", "LOGNAME")
-
-
-# ---------------------------------------------------------------------------------------
-# Errors
-# ---------------------------------------------------------------------------------------
-
-
-class LocalSageMakerError(RuntimeError):
-    """The local SageMaker cannot do what was asked."""
-
-
-class JobSetupError(LocalSageMakerError):
-    """A request field cannot be honoured (bad S3 URI, unsupported option, no input objects);
-    the message becomes the job's FailureReason after "ClientError: ", as on SageMaker."""
-
-
-class JobAlreadyRunning(LocalSageMakerError):
-    """A job with this name is still running."""
-
-
-class EndpointNotFound(LocalSageMakerError, LookupError):
-    """No serve process answers for this endpoint (never deployed, failed, or deleted)."""
-
-
-class EndpointUnreachable(LocalSageMakerError):
-    """The endpoint's serve process did not answer (it died or hung)."""
-
-
-class ContainerError(LocalSageMakerError):
-    """The serve container answered POST /invocations with an error status; the caller turns
-    it into SageMaker Runtime's ModelError (OriginalStatusCode, OriginalMessage)."""
-
-    def __init__(self, endpoint_name: str, status: int, body: bytes, content_type: str | None) -> None:
-        self.endpoint_name = endpoint_name
-        self.status = status
-        self.body = body
-        self.content_type = content_type
-        super().__init__(f"endpoint {endpoint_name} answered {status}: {body[:500].decode('utf-8', errors='replace')}")
-
-
-class DeploymentFailed(LocalSageMakerError):
-    """A new serve process did not become healthy."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -120,277 +103,6 @@ class StatusListener(Protocol):
 
 
 # ---------------------------------------------------------------------------------------
-# Small helpers
-# ---------------------------------------------------------------------------------------
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
-def _clip(text: str, limit: int = REASON_LIMIT) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def parse_s3_uri(uri: str, field_name: str) -> tuple[str, str]:
-    if not isinstance(uri, str) or not uri.startswith("s3://") or len(uri) <= 5:
-        raise JobSetupError(f"{field_name} must be an s3://bucket/key URI, got {uri!r}")
-    bucket, _, key = uri[5:].partition("/")
-    if not bucket:
-        raise JobSetupError(f"{field_name} has no bucket name: {uri!r}")
-    return bucket, key
-
-
-def container_path(path: str, opt_ml: Path, field_name: str) -> Path:
-    """Where a container path under /opt/ml lives in this job's folder."""
-    clean = os.path.normpath(path)
-    if clean != CONTAINER_OPT_ML and not clean.startswith(CONTAINER_OPT_ML + "/"):
-        raise JobSetupError(f"{field_name} must be a path under {CONTAINER_OPT_ML}, got {path!r}")
-    return opt_ml / os.path.relpath(clean, CONTAINER_OPT_ML)
-
-
-def rewrite_container_paths(argument: str, opt_ml: Path) -> str:
-    """`--output /opt/ml/processing/output` → the job's own folder (also inside `--x=/opt/ml/…`)."""
-    return CONTAINER_PATH.sub(lambda _m: str(opt_ml), argument)
-
-
-def _relative_key(key: str, prefix: str) -> str:
-    """The object's path below the channel: what follows the prefix, or (a prefix that is
-    part of a name, e.g. a single object) what follows the prefix's last '/'."""
-    if key == prefix:
-        return key.rsplit("/", 1)[-1]
-    if prefix == "" or prefix.endswith("/"):
-        return key[len(prefix) :]
-    if key.startswith(prefix + "/"):
-        return key[len(prefix) + 1 :]
-    return key[prefix.rfind("/") + 1 :]
-
-
-def _link_or_copy(source: Path, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copy2(source, target)
-
-
-def _read_text(path: Path) -> str | None:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
-        return None
-    return text or None
-
-
-def _signal_group(pid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signum)
-
-
-# ---------------------------------------------------------------------------------------
-# The local S3, through boto3
-# ---------------------------------------------------------------------------------------
-
-
-class _S3:
-    def __init__(self, endpoint_url: str, region: str, credentials: Mapping[str, str] | None = None) -> None:
-        keys = credentials or {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-        session = boto3.session.Session(
-            aws_access_key_id=keys["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=keys["AWS_SECRET_ACCESS_KEY"],
-            aws_session_token=keys.get("AWS_SESSION_TOKEN"),
-            region_name=region,
-        )
-        self.client = session.client(
-            "s3",
-            endpoint_url=endpoint_url,
-            config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 3, "mode": "standard"}),
-        )
-
-    def list_keys(self, uri: str, field_name: str) -> tuple[str, str, list[str]]:
-        bucket, prefix = parse_s3_uri(uri, field_name)
-        keys: list[str] = []
-        try:
-            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-                keys.extend(o["Key"] for o in page.get("Contents", []) if not o["Key"].endswith("/"))
-        except self.client.exceptions.NoSuchBucket:
-            raise JobSetupError(f"{field_name} {uri}: bucket {bucket!r} does not exist") from None
-        return bucket, prefix, sorted(keys)
-
-    def download_prefix(self, uri: str, dest: Path, field_name: str) -> list[str]:
-        """Every object under the prefix into `dest`, keeping the paths below the prefix;
-        returns the relative paths (none found → JobSetupError, as SageMaker refuses too)."""
-        bucket, prefix, keys = self.list_keys(uri, field_name)
-        if not keys:
-            raise JobSetupError(f"no S3 objects found under {field_name} {uri}")
-        dest.mkdir(parents=True, exist_ok=True)
-        names = []
-        for key in keys:
-            rel = _relative_key(key, prefix)
-            target = (dest / rel).resolve()
-            if not target.is_relative_to(dest.resolve()):
-                raise JobSetupError(f"S3 key {key!r} under {field_name} would escape the channel folder")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            self.client.download_file(bucket, key, str(target))
-            names.append(rel)
-        return names
-
-    def upload_dir(self, source: Path, uri: str, field_name: str) -> int:
-        bucket, prefix = parse_s3_uri(uri, field_name)
-        base = prefix if prefix == "" or prefix.endswith("/") else prefix + "/"
-        count = 0
-        if not source.is_dir():
-            return 0
-        for path in sorted(p for p in source.rglob("*") if p.is_file()):
-            self.client.upload_file(str(path), bucket, base + path.relative_to(source).as_posix())
-            count += 1
-        return count
-
-    def download_file(self, uri: str, dest: Path, field_name: str) -> None:
-        bucket, key = parse_s3_uri(uri, field_name)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self.client.download_file(bucket, key, str(dest))
-        except self.client.exceptions.ClientError as exc:
-            raise JobSetupError(f"{field_name} {uri} cannot be read: {exc}") from None
-
-    def upload_file(self, source: Path, uri: str, field_name: str) -> None:
-        bucket, key = parse_s3_uri(uri, field_name)
-        self.client.upload_file(str(source), bucket, key)
-
-
-# ---------------------------------------------------------------------------------------
-# Processes
-# ---------------------------------------------------------------------------------------
-
-
-class _Process:
-    """A container process in its own process group, its output copied line by line to a log
-    file (and to `on_line`, for metrics) by a reader thread."""
-
-    def __init__(
-        self,
-        label: str,
-        command: list[str],
-        env: dict[str, str],
-        cwd: Path,
-        log_path: Path,
-        on_line: Callable[[str], None] | None = None,
-    ) -> None:
-        self.label = label
-        self.log_path = log_path
-        self.tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
-        self._on_line = on_line
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.started = time.monotonic()
-        self.ended: float | None = None
-        self.popen = subprocess.Popen(
-            command,
-            env=env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own group: a kill reaches torchrun's and img2dataset's children
-        )
-        self._reader = threading.Thread(target=self._read, name=f"sdflow-log-{label}", daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.popen.stdout is not None
-        with self.log_path.open("ab") as log:
-            for raw in self.popen.stdout:
-                log.write(raw)
-                log.flush()
-                line = raw.decode("utf-8", errors="replace").rstrip("\n")
-                self.tail.append(line)
-                if self._on_line is not None:
-                    try:
-                        self._on_line(line)
-                    except Exception:  # a metrics bug must not stop the log copy (and block the child)
-                        LOG.exception("log line handler failed for %s", self.label)
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def poll(self) -> int | None:
-        code = self.popen.poll()
-        if code is not None and self.ended is None:
-            self.ended = time.monotonic()
-            # Whatever the leader left behind in its group (a dataloader worker) goes too.
-            _signal_group(self.pid, signal.SIGKILL)
-        return code
-
-    def alive(self) -> bool:
-        return self.poll() is None
-
-    def finish_log(self, timeout: float = 10.0) -> None:
-        self._reader.join(timeout)
-
-    def tail_text(self) -> str:
-        return "\n".join(self.tail)
-
-    def wall_s(self) -> float:
-        return (self.ended if self.ended is not None else time.monotonic()) - self.started
-
-
-def _descendants(pids: Iterable[int]) -> set[int]:
-    """Every live descendant of these processes (Linux /proc; empty elsewhere). A container's
-    helper may leave the process group (img2dataset's runner calls setsid), and on SageMaker
-    the end of the container takes it along all the same."""
-    children: dict[int, list[int]] = {}
-    with contextlib.suppress(OSError):
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = Path("/proc", entry.name, "stat").read_text()
-                ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found: set[int] = set()
-    todo = list(pids)
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def terminate(processes: Iterable[_Process], grace_s: float) -> None:
-    """SIGTERM every live process group, SIGKILL what is left after `grace_s` (descendants
-    that left the group included), as SageMaker stops a container."""
-    live = [p for p in processes if p.alive()]
-    strays = _descendants(p.pid for p in live)
-    for process in live:
-        _signal_group(process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while any(p.alive() for p in live) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for process in live:
-        if process.alive():
-            LOG.warning("%s ignored SIGTERM for %.0f s; killing it", process.label, grace_s)
-            _signal_group(process.pid, signal.SIGKILL)
-            process.popen.wait()
-        process.poll()
-    for pid in strays:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    for process in live:
-        process.finish_log()
-
-
-# ---------------------------------------------------------------------------------------
 # Jobs and endpoints
 # ---------------------------------------------------------------------------------------
 
@@ -402,7 +114,7 @@ class _Job:
     folder: Path
     request: dict[str, Any]
     stop_requested: threading.Event = field(default_factory=threading.Event)
-    processes: list[_Process] = field(default_factory=list)
+    processes: list[ContainerProcess] = field(default_factory=list)
     thread: threading.Thread | None = None
     status: str = "InProgress"
     secondary_status: str | None = None
@@ -415,7 +127,7 @@ class _Job:
 @dataclass
 class _Outcome:
     result: Literal["completed", "failed", "stopped", "timeout"]
-    failed: _Process | None = None
+    failed: ContainerProcess | None = None
     failed_opt_ml: Path | None = None
 
 
@@ -424,7 +136,7 @@ class _Deployment:
     config_name: str
     folder: Path
     port: int
-    process: _Process
+    process: ContainerProcess
 
 
 @dataclass
@@ -465,11 +177,11 @@ class LocalSageMaker:
         self.ping_timeout_s = ping_timeout_s
         self.stop_grace_s = stop_grace_s
         self.invoke_timeout_s = invoke_timeout_s
-        self._s3 = _S3(endpoint_url, region)
+        self._s3 = S3Transfer(endpoint_url, region)
         # SageMaker moves a job's data with the job's RoleArn (a model's ExecutionRoleArn): when set
         # (LocalCloud, IAM enforced), role ARN -> that role's STS credentials as environment variables.
         self.role_credentials: Callable[[str], Mapping[str, str]] | None = None
-        self._role_s3: dict[str, _S3] = {}
+        self._role_s3: dict[str, S3Transfer] = {}
         self._endpoint_url = endpoint_url
         self._lock = threading.RLock()
         self._jobs: dict[tuple[Kind, str], _Job] = {}
@@ -479,16 +191,18 @@ class LocalSageMaker:
         # The serve processes are plain 127.0.0.1 HTTP: never through a proxy from the environment.
         self._http = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
-    def _job_s3(self, job: _Job) -> _S3:
+    def _job_s3(self, job: _Job) -> S3Transfer:
         return self._s3_for(job.request.get("RoleArn"))
 
-    def _s3_for(self, role_arn: str | None) -> _S3:
+    def _s3_for(self, role_arn: str | None) -> S3Transfer:
         if self.role_credentials is None or not role_arn:
             return self._s3
         with self._lock:
             found = self._role_s3.get(role_arn)
             if found is None:
-                found = self._role_s3[role_arn] = _S3(self._endpoint_url, self.region, self.role_credentials(role_arn))
+                found = self._role_s3[role_arn] = S3Transfer(
+                    self._endpoint_url, self.region, self.role_credentials(role_arn)
+                )
         return found
 
     # -- reporting --------------------------------------------------------------------------
@@ -632,7 +346,7 @@ class LocalSageMaker:
 
     # -- running containers -----------------------------------------------------------------
 
-    def _supervise(self, job: _Job, hosts: list[tuple[_Process, Path]], max_runtime_s: float) -> _Outcome:
+    def _supervise(self, job: _Job, hosts: list[tuple[ContainerProcess, Path]], max_runtime_s: float) -> _Outcome:
         """Wait for every host to exit 0; stop them all on the first failure, a stop request,
         shutdown, or MaxRuntimeInSeconds."""
         deadline = time.monotonic() + max_runtime_s
@@ -661,40 +375,43 @@ class LocalSageMaker:
             self._wall[job.name] = max(p.wall_s() for p in processes)
         return outcome
 
-    def _failure_reason(self, outcome: _Outcome, hosts: list[tuple[_Process, Path]]) -> str:
+    def _failure_reason(self, outcome: _Outcome, hosts: list[tuple[ContainerProcess, Path]]) -> str:
         """The failure file of the failed host (any host's, if it left none), else its output/message,
         else the tail of its log, as SageMaker fills FailureReason."""
         assert outcome.failed is not None
         assert outcome.failed_opt_ml is not None
         candidates = [outcome.failed_opt_ml] + [o for _, o in hosts if o != outcome.failed_opt_ml]
         for opt_ml in candidates:
-            text = _read_text(opt_ml / "output" / "failure")
+            text = read_text_or_none(opt_ml / "output" / "failure")
             if text:
-                return _clip(f"AlgorithmError: {text}")
-        message = _read_text(outcome.failed_opt_ml / "output" / "message")
+                return clip_reason(f"AlgorithmError: {text}")
+        message = read_text_or_none(outcome.failed_opt_ml / "output" / "message")
         if message:
-            return _clip(f"AlgorithmError: {message}")
+            return clip_reason(f"AlgorithmError: {message}")
         code = outcome.failed.popen.returncode
         tail = outcome.failed.tail_text()[-(REASON_LIMIT - 100) :]
-        return _clip(f"AlgorithmError: exit code {code} on {outcome.failed.label}; last log lines:\n{tail}")
+        return clip_reason(f"AlgorithmError: exit code {code} on {outcome.failed.label}; last log lines:\n{tail}")
 
     # -- processing -------------------------------------------------------------------------
 
     def _run_processing(self, job: _Job) -> None:
         name = job.name
-        started = _now()
+        started = utc_now()
         times: dict[str, Any] = {"ProcessingStartTime": started}
         self._report("processing", name, "InProgress", times)
         opt_ml = job.folder / "algo-1"
         try:
             status, fields = self._processing(job, opt_ml)
         except JobSetupError as exc:
-            status, fields = "Failed", {"FailureReason": _clip(f"ClientError: {exc}")}
+            status, fields = "Failed", {"FailureReason": clip_reason(f"ClientError: {exc}")}
         except Exception as exc:
             LOG.exception("processing job %s", name)
-            status, fields = "Failed", {"FailureReason": _clip(f"InternalServerError: {type(exc).__name__}: {exc}")}
+            status, fields = (
+                "Failed",
+                {"FailureReason": clip_reason(f"InternalServerError: {type(exc).__name__}: {exc}")},
+            )
         job.status = status
-        self._report("processing", name, status, times | fields | {"ProcessingEndTime": _now()})
+        self._report("processing", name, status, times | fields | {"ProcessingEndTime": utc_now()})
 
     def _processing(self, job: _Job, opt_ml: Path) -> tuple[str, dict[str, Any]]:
         request = job.request
@@ -723,14 +440,14 @@ class LocalSageMaker:
         env = self._environment(opt_ml, request.get("Environment"), {"PROCESSING_JOB_NAME": job.name})
         max_runtime = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds", DEFAULT_MAX_RUNTIME_S)
         (opt_ml / "output").mkdir(parents=True, exist_ok=True)
-        process = _Process(f"{job.name}/algo-1", command, env, job.folder, job.folder / "algo-1.log")
+        process = ContainerProcess(f"{job.name}/algo-1", command, env, job.folder, job.folder / "algo-1.log")
         job.processes = [process]
         hosts = [(process, opt_ml)]
         outcome = self._supervise(job, hosts, float(max_runtime))
         fields: dict[str, Any] = {}
-        exit_message = _read_text(opt_ml / "output" / "message")
+        exit_message = read_text_or_none(opt_ml / "output" / "message")
         if exit_message:
-            fields["ExitMessage"] = _clip(exit_message)
+            fields["ExitMessage"] = clip_reason(exit_message)
         if outcome.result == "completed":
             for local, uri, where in outputs:  # EndOfJob: after the container exits 0
                 self._job_s3(job).upload_dir(local, uri, where)
@@ -748,18 +465,18 @@ class LocalSageMaker:
 
     def _run_training(self, job: _Job) -> None:
         name = job.name
-        started = _now()
+        started = utc_now()
         base: dict[str, Any] = {"TrainingStartTime": started}
         self._training_status(job, "InProgress", "Starting", base)
         try:
             status, secondary, fields = self._training(job, base)
         except JobSetupError as exc:
-            status, secondary, fields = "Failed", "Failed", {"FailureReason": _clip(f"ClientError: {exc}")}
+            status, secondary, fields = "Failed", "Failed", {"FailureReason": clip_reason(f"ClientError: {exc}")}
         except Exception as exc:
             LOG.exception("training job %s", name)
             status, secondary = "Failed", "Failed"
-            fields = {"FailureReason": _clip(f"InternalServerError: {type(exc).__name__}: {exc}")}
-        ended = _now()
+            fields = {"FailureReason": clip_reason(f"InternalServerError: {type(exc).__name__}: {exc}")}
+        ended = utc_now()
         seconds = max(1, int((ended - started).total_seconds()))
         count = int((job.request.get("ResourceConfig") or {}).get("InstanceCount", 1) or 1)
         fields |= {
@@ -804,7 +521,7 @@ class LocalSageMaker:
                         found[metric] = float(match.group(1))
             if not progress and not found:
                 return
-            ts = _now()
+            ts = utc_now()
             with self._lock:
                 if progress:
                     job.step, job.loss = int(progress.group(1)), float(progress.group(2))
@@ -870,7 +587,7 @@ class LocalSageMaker:
             for channel, (cache, files, sharded) in channel_files.items():
                 mine = files[index::count] if sharded else files
                 for rel in mine:
-                    _link_or_copy(cache / rel, opt_ml / "input" / "data" / channel / rel)
+                    link_or_copy(cache / rel, opt_ml / "input" / "data" / channel / rel)
                 (opt_ml / "input" / "data" / channel).mkdir(parents=True, exist_ok=True)
             local_checkpoints = opt_ml / "checkpoints"
             if checkpoint and checkpoint.get("LocalPath"):
@@ -885,7 +602,7 @@ class LocalSageMaker:
         self._training_status(job, "InProgress", "Training", base)
         master_port = str(free_port())
         script = self._entrypoint("train", "training entrypoint")
-        running: list[tuple[_Process, Path]] = []
+        running: list[tuple[ContainerProcess, Path]] = []
         try:
             for host, opt_ml, _ in layouts:
                 env = self._environment(
@@ -900,7 +617,7 @@ class LocalSageMaker:
                 )
                 # `docker run IMAGE train` runs bin/train with no arguments: hyperparameters come from the file.
                 command = [self.python, str(script)]
-                process = _Process(f"{name}/{host}", command, env, opt_ml, job.folder / f"{host}.log", on_line)
+                process = ContainerProcess(f"{name}/{host}", command, env, opt_ml, job.folder / f"{host}.log", on_line)
                 running.append((process, opt_ml))
                 job.processes.append(process)
         except BaseException:
@@ -931,12 +648,12 @@ class LocalSageMaker:
         self._training_status(job, "InProgress", "Uploading", base)
         model_uri = f"{output_path.rstrip('/')}/{name}/output/model.tar.gz"
         archive = job.folder / "model.tar.gz"
-        _tar_folder(layouts[0][1] / "model", archive)
+        tar_folder(layouts[0][1] / "model", archive)
         self._job_s3(job).upload_file(archive, model_uri, "OutputDataConfig.S3OutputPath")
         data = layouts[0][1] / "output" / "data"
         if any(data.iterdir()):
             output_archive = job.folder / "output.tar.gz"
-            _tar_folder(data, output_archive)
+            tar_folder(data, output_archive)
             self._job_s3(job).upload_file(
                 output_archive,
                 f"{output_path.rstrip('/')}/{name}/output/output.tar.gz",
@@ -1000,7 +717,9 @@ class LocalSageMaker:
             try:
                 deployment = self._start_serving(name, config_name, model)
             except Exception as exc:
-                reason = _clip(str(exc) if isinstance(exc, LocalSageMakerError) else f"{type(exc).__name__}: {exc}")
+                reason = clip_reason(
+                    str(exc) if isinstance(exc, LocalSageMakerError) else f"{type(exc).__name__}: {exc}"
+                )
                 if old is not None:
                     endpoint.status = "RollingBack"
                     self._report(
@@ -1060,7 +779,9 @@ class LocalSageMaker:
             {"SAGEMAKER_BIND_TO_PORT": str(port), "SDFLOW_SERVE_HOST": "127.0.0.1"},
         )
         script = self._entrypoint("serve", "serve entrypoint")
-        process = _Process(f"{name}/{config_name}", [self.python, str(script)], env, folder, folder / "serve.log")
+        process = ContainerProcess(
+            f"{name}/{config_name}", [self.python, str(script)], env, folder, folder / "serve.log"
+        )
         deployment = _Deployment(config_name, folder, port, process)
         try:
             self._wait_healthy(deployment)
@@ -1169,10 +890,3 @@ class LocalSageMaker:
             late = [e.current.process for e in self._endpoints.values() if e.current is not None]
             late += [p for job in self._jobs.values() for p in job.processes]
         terminate(late, self.stop_grace_s)
-
-
-def _tar_folder(folder: Path, archive: Path) -> None:
-    """SageMaker's model.tar.gz: the folder's contents at the archive's root."""
-    with tarfile.open(archive, "w:gz", compresslevel=6) as tar:
-        for child in sorted(folder.iterdir()) if folder.is_dir() else []:
-            tar.add(child, arcname=child.name)

@@ -2,6 +2,8 @@
 
     sdflow local up                  the local cloud, in the foreground
     sdflow run MANIFEST [--api]      start a run (upload the manifest, or StartExecution)
+    sdflow resume EXECUTION [--manifest NEW.json] [--name NAME]
+                                     a new run reusing what EXECUTION finished (docs/run-document.md)
     sdflow status EXECUTION          where a run is
     sdflow watch [EXECUTION]         live progress until the run ends
     sdflow invoke ENDPOINT PROMPT -o out.png
@@ -17,11 +19,13 @@ import base64
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +229,58 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+# Executions still going (ExecutionStatus, Step Functions API Reference): Validate run refuses to resume
+# from them, so the CLI says so before starting anything.
+UNFINISHED = ("RUNNING", "PENDING_REDRIVE")
+MAX_EXECUTION_NAME = 80  # StartExecution's `name`: 1-80 characters
+RESUME_SUFFIX = re.compile(r"-resume-\d{8}T\d{6}$")
+
+
+def resume_name(old_name: str, now: datetime | None = None) -> str:
+    """`<old name>-resume-<UTC time>`; a resumed run's own suffix is replaced, not stacked."""
+    suffix = f"-resume-{(now or datetime.now(UTC)):%Y%m%dT%H%M%S}"
+    base = RESUME_SUFFIX.sub("", old_name)
+    return base[: MAX_EXECUTION_NAME - len(suffix)] + suffix
+
+
+def start_resume(session: Session, execution: str, *, manifest: Path | None = None, name: str | None = None) -> str:
+    """StartExecution of a run that resumes `execution`: its input (or the new manifest's document)
+    with `resume_from` set. Validate run decides what is reused; returns the new execution's ARN."""
+    sfn = session.client("stepfunctions")
+    old_arn = _resolve_execution(session, execution)
+    old = sfn.describe_execution(executionArn=old_arn)
+    if old["status"] in UNFINISHED:
+        raise CliError(
+            f"execution {old['name']} is {old['status']}; resume only from an execution that has ended: "
+            f"wait for it, or stop it with `aws stepfunctions stop-execution --execution-arn {old_arn}`"
+        )
+    source = str(manifest) if manifest else f"the input of {old['name']}"
+    try:
+        document = json.loads(manifest.read_text() if manifest else old.get("input") or "{}")
+    except (OSError, ValueError) as exc:
+        raise CliError(f"cannot read a run document from {source}: {exc}") from None
+    if not isinstance(document, dict):
+        raise CliError(f"{source} is not a JSON object (a run document)")
+    document["resume_from"] = old_arn
+    response = sfn.start_execution(
+        stateMachineArn=old["stateMachineArn"], name=name or resume_name(old["name"]), input=json.dumps(document)
+    )
+    return str(response["executionArn"])
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    session = Session.from_args(args)
+    arn = start_resume(session, args.execution, manifest=args.manifest, name=args.name)
+    print(arn)
+    print(
+        "Validate run reuses every shard whose parquet object and download options are unchanged and whose "
+        "_SUCCESS still exists, and the trained model when nothing that shapes it changed; "
+        f"`sdflow watch {arn.rsplit(':', 1)[-1]}` follows it.",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def _resolve_execution(session: Session, execution: str | None) -> str:
     if execution and execution.startswith("arn:"):
         return execution
@@ -341,6 +397,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--api", action="store_true", help="StartExecution instead of uploading to manifests/")
     run.add_argument("--name", default=None, help="execution name (with --api)")
     run.set_defaults(func=cmd_run)
+
+    resume = commands.add_parser("resume", help="start a run that reuses what an ended run finished")
+    resume.add_argument("execution", help="the earlier execution: name or ARN")
+    resume.add_argument("--manifest", type=Path, default=None, help="a changed run document (default: the old input)")
+    resume.add_argument("--name", default=None, help="execution name (default: <old name>-resume-<UTC time>)")
+    resume.set_defaults(func=cmd_resume)
 
     status = commands.add_parser("status", help="where a run is")
     status.add_argument("execution", nargs="?", default=None, help="execution name or ARN (default: the newest)")

@@ -109,7 +109,20 @@ def run_pipeline(cloud: Any, workdir: Path, options: DemoOptions, out: Any = sys
     execution_arn = start_run(session, manifest_path, api=False)
     print(f"run started by s3://{bucket}/manifests/{manifest_path.name}: {execution_arn}", file=out, flush=True)
     snap = watch(session, execution_arn, out=out)
-    return {"session": session, "progress": snap, "wall_s": time.monotonic() - started, "execution_arn": execution_arn}
+    wall_s = time.monotonic() - started
+    wait_for_notification(cloud, execution_arn.rsplit(":", 1)[-1])
+    return {"session": session, "progress": snap, "wall_s": wall_s, "execution_arn": execution_arn}
+
+
+def wait_for_notification(cloud: Any, execution_name: str, timeout_s: float = 60.0) -> list[dict[str, Any]]:
+    """The run's notifications: they come from the execution's status event (an EventBridge rule
+    invokes the notify function), a moment after the execution has ended."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        mine = [m for m in cloud.sns_messages() if m.get("attributes", {}).get("run_id") == execution_name]
+        if mine or time.monotonic() > deadline:
+            return mine
+        time.sleep(0.2)
 
 
 def critical_path_seconds(wall_times: dict[str, float]) -> float:

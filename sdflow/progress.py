@@ -19,9 +19,8 @@ PIPELINE_STATES = (
     "Download shards",
     "Build dataset index",
     "Train model",
+    "Reuse trained model",
     "Deploy endpoint",
-    "Notify success",
-    "Notify failure",
 )
 STEP_LOSS = re.compile(r"step=(\d+) loss=([0-9.eE+-]+)")
 
@@ -33,6 +32,7 @@ class Progress:
     states: dict[str, str] = field(default_factory=dict)
     shards_total: int | None = None
     shards_done: int = 0
+    shards_reused: int = 0  # a resumed run's shards an earlier run downloaded (counted in shards_done)
     shards_failed: int | None = None
     training_job: str | None = None
     training_step: int | None = None
@@ -89,6 +89,8 @@ def _shards(s3: Any, bucket: str, run_id: str, progress: Progress) -> None:
     if shards is None:
         return
     progress.shards_total = len(shards)
+    # Reused shards' markers lie in the earlier runs' folders, not below this run's prefix.
+    progress.shards_reused = sum(1 for shard in shards if isinstance(shard, dict) and shard.get("cached"))
     index = _read_json(s3, bucket, f"runs/{run_id}/dataset/index.json")
     if index is not None:
         # Once the index exists it has the final counts; no need to list every shard again.
@@ -99,13 +101,13 @@ def _shards(s3: Any, bucket: str, run_id: str, progress: Progress) -> None:
     done = 0
     for page in paginator.paginate(Bucket=bucket, Prefix=f"runs/{run_id}/dataset/shards/"):
         done += sum(1 for obj in page.get("Contents", []) if obj["Key"].endswith("/_SUCCESS"))
-    progress.shards_done = done
+    progress.shards_done = done + progress.shards_reused
 
 
-def _training(workdir: Path | None, execution_arn: str, progress: Progress) -> None:
+def _training(workdir: Path | None, execution_arn: str, start_time: Any, progress: Progress) -> None:
     if workdir is None:
         return
-    pattern = names.training_job_glob(execution_arn)
+    pattern = names.training_job_glob(execution_arn, start_time)
     logs = sorted((workdir / "sagemaker" / "jobs").glob(f"{pattern}/algo-1.log"), key=lambda path: path.stat().st_mtime)
     if not logs:
         return
@@ -128,7 +130,7 @@ def snapshot(sfn: Any, s3: Any, bucket: str, execution_arn: str, workdir: Path |
     progress.cause = description.get("cause")
     _shards(s3, bucket, run_id, progress)
     if progress.states.get("Train model") in {"running", "done", "failed"}:
-        _training(workdir, execution_arn, progress)
+        _training(workdir, execution_arn, description["startDate"], progress)
     return progress
 
 
@@ -145,6 +147,8 @@ def state_lines(progress: Progress) -> dict[str, str]:
         detail = ""
         if state == "Download shards" and progress.shards_total is not None:
             detail = f"  {progress.shards_done}/{progress.shards_total} shards downloaded"
+            if progress.shards_reused:
+                detail += f" ({progress.shards_reused} reused)"
             if progress.shards_failed:
                 detail += f", {progress.shards_failed} failed"
         if state == "Train model" and progress.training_step is not None:

@@ -1,4 +1,4 @@
-"""reconciler: scheduled; resolves task tokens whose SageMaker event was lost."""
+"""reconciler: scheduled; resolves task tokens whose SageMaker event was lost, stops jobs that outlived their task."""
 
 from __future__ import annotations
 

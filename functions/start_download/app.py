@@ -25,7 +25,11 @@ metrics = Metrics()
 @event_parser(model=DownloadTask)
 def lambda_handler(event: DownloadTask, context: LambdaContext) -> dict[str, Any]:
     result = start_download(event, Settings.from_env())
-    # A re-invoked Lambda (same attempt) finds its job and starts nothing.
-    name = "DownloadJobsStarted" if result["created"] else "DownloadJobsReinvoked"
+    # A re-invoked Lambda (same attempt) finds its job and starts nothing; a retried one may
+    # adopt the job an earlier attempt left running.
+    if result.get("adopted"):
+        name = "DownloadJobsAdopted"
+    else:
+        name = "DownloadJobsStarted" if result["created"] else "DownloadJobsReinvoked"
     metrics.add_metric(name=name, unit=MetricUnit.Count, value=1)
     return result

@@ -25,7 +25,11 @@ metrics = Metrics()
 @event_parser(model=TrainingTask)
 def lambda_handler(event: TrainingTask, context: LambdaContext) -> dict[str, Any]:
     result = start_training(event, Settings.from_env())
-    # A re-invoked Lambda (same attempt) finds its job and starts nothing.
-    name = "TrainingJobsStarted" if result["created"] else "TrainingJobsReinvoked"
+    # A re-invoked Lambda (same attempt) finds its job and starts nothing; a retried one may
+    # adopt the job an earlier attempt left running.
+    if result.get("adopted"):
+        name = "TrainingJobsAdopted"
+    else:
+        name = "TrainingJobsStarted" if result["created"] else "TrainingJobsReinvoked"
     metrics.add_metric(name=name, unit=MetricUnit.Count, value=1)
     return result

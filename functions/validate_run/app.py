@@ -24,10 +24,18 @@ metrics = Metrics()
 def lambda_handler(event: ValidateRunRequest, context: LambdaContext) -> dict[str, Any]:
     settings = Settings.from_env()
     settings.require("data_bucket")
-    # InvalidRunDocument / DatasetNotFound propagate: the state's Catch turns them into the
-    # failure notification, with the message naming the field to fix.
+    # InvalidRunDocument / DatasetNotFound propagate: the task fails the execution, and the failure
+    # notification (from the execution's status) shows the message naming the field to fix.
     config = validate_run(event, data_bucket=settings.data_bucket, max_shards=settings.max_shards)
     metrics.add_metric(name="RunsValidated", unit=MetricUnit.Count, value=1)
     metrics.add_metric(name="ShardsListed", unit=MetricUnit.Count, value=config["shard_count"])
-    logger.info("run validated", extra={"run_id": config["run_id"], "shard_count": config["shard_count"]})
+    resume = config.get("resume")
+    if resume is not None:
+        # How much a resume saved: shards not downloaded again, a training job not run again.
+        metrics.add_metric(name="ShardsReused", unit=MetricUnit.Count, value=resume["shards_reused"])
+        metrics.add_metric(name="TrainingReused", unit=MetricUnit.Count, value=int(resume["training_reused"]))
+    logger.info(
+        "run validated",
+        extra={"run_id": config["run_id"], "shard_count": config["shard_count"], "resume": resume},
+    )
     return config

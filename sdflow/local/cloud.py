@@ -30,6 +30,7 @@ from typing import Any, cast
 import boto3
 
 from sdflow.local import moto_logging, patching, template
+from sdflow.local.faults import Faults
 from sdflow.local.lambda_runner import DEFAULT_MAX_WORKERS_PER_FUNCTION, LambdaRunner
 from sdflow.local.runtime import Runtime, SageMakerRuntime
 from sdflow.local.services import awslambda, sagemaker_quotas, scheduler, sns
@@ -323,6 +324,12 @@ class LocalCloud:
     def sns_messages(self, topic_name: str | None = None) -> list[dict[str, Any]]:
         """Messages published to a topic (default: the stack's notification topic), oldest first."""
         return sns.read_sns_messages(self.workdir, topic_name or self.topic_name)
+
+    @property
+    def faults(self) -> Faults:
+        """Fault injection for tests: kill a job or a Lambda worker, crash a handler after a call,
+        fail training for capacity, deliver an event twice (sdflow/local/faults.py)."""
+        return Faults(self)
 
     def wait_idle(self, timeout_s: float = 30.0) -> bool:
         """Wait until no asynchronous Lambda invocation (event delivery) is running."""

@@ -65,14 +65,16 @@ class OutputSink(Protocol):
     """Where a worker's output lines go besides its log file (sdflow/local/services/logs.py:
     CloudWatch Logs and EMF metrics). `writer` is called once per worker, from the pool."""
 
-    def writer(self, function_name: str, log_stream: str) -> Callable[[bytes], None]: ...
+    def writer(self, function_name: str, log_stream: str, log_group: str | None = None) -> Callable[[bytes], None]: ...
 
 
-def log_stream_name(now: float | None = None) -> str:
+def log_stream_name(now: float | None = None, function_name: str = "") -> str:
     """Lambda's stream name for a new execution environment: YYYY/MM/DD/[version]<32 hex>
-    ("How CloudWatch structures logs", AWS Lambda operator guide)."""
+    ("How CloudWatch structures logs", AWS Lambda operator guide); in a custom log group
+    (LoggingConfig.LogGroup) YYYY/MM/DD/<function name>[version]<32 hex>, so that functions
+    sharing a group stay apart ("Configuring CloudWatch log groups", AWS Lambda developer guide)."""
     day = time.strftime("%Y/%m/%d", time.gmtime(time.time() if now is None else now))
-    return f"{day}/[$LATEST]{uuid.uuid4().hex}"
+    return f"{day}/{function_name}[$LATEST]{uuid.uuid4().hex}"
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,8 @@ class FunctionSpec:
     runtime: str = "python3.11"
     # The role's STS credentials (AWS_ACCESS_KEY_ID, …) when the local cloud enforces IAM.
     credentials: Mapping[str, str] = field(default_factory=dict)
+    # LoggingConfig.LogGroup; "" is Lambda's default group, /aws/lambda/<name>.
+    log_group: str = ""
 
     def fingerprint(self) -> str:
         """Workers are reused only for an identical configuration (code, handler, env, timeout)."""
@@ -168,6 +172,7 @@ class _Worker:
         )
         self._copier.start()
         self.ready = False
+        self.busy = False  # running an invocation (or its init) now
         self.released_at = 0.0  # time.monotonic() of its last release to the idle list
 
     def _copy_output(self, log_path: Path, output: Callable[[bytes], None] | None) -> None:
@@ -256,6 +261,8 @@ class LambdaRunner:
         # Busy workers too: shutdown() must not leave a worker whose handler is still running.
         self._all_workers: weakref.WeakSet[_Worker] = weakref.WeakSet()
         self.stats = {"invocations": 0, "errors": 0, "timeouts": 0, "cold_starts": 0}
+        # Function name -> extra environment for its new workers (sdflow/local/faults.py).
+        self.fault_env: dict[str, dict[str, str]] = {}
 
     # ------------------------------------------------------------------ environment
 
@@ -273,8 +280,9 @@ class LambdaRunner:
             "AWS_LAMBDA_FUNCTION_VERSION": "$LATEST",
             "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(spec.memory_mb),
             "AWS_LAMBDA_FUNCTION_TIMEOUT": str(int(spec.timeout_s)),
-            "AWS_LAMBDA_LOG_GROUP_NAME": f"/aws/lambda/{spec.name}",
-            "AWS_LAMBDA_LOG_STREAM_NAME": log_stream_name(),  # a new one per execution environment
+            "AWS_LAMBDA_LOG_GROUP_NAME": spec.log_group or f"/aws/lambda/{spec.name}",
+            # A new one per execution environment.
+            "AWS_LAMBDA_LOG_STREAM_NAME": log_stream_name(function_name=spec.name if spec.log_group else ""),
             "AWS_LAMBDA_INITIALIZATION_TYPE": "on-demand",
             "AWS_REGION": self.region,
             "AWS_DEFAULT_REGION": self.region,
@@ -292,12 +300,15 @@ class LambdaRunner:
             "SDFLOW_LAMBDA_PATH": os.pathsep.join([str(spec.code_dir), *(str(d) for d in spec.layer_dirs)]),
         }
         env.update({str(k): str(v) for k, v in spec.environment.items()})
+        env.update(self.fault_env.get(spec.name, {}))
         return env
 
     # ------------------------------------------------------------------ pool
 
     def _pool(self, spec: FunctionSpec) -> tuple[str, _Pool]:
-        key = f"{spec.name}:{spec.fingerprint()}"
+        # Workers started before a fault was set (or cleared) are not reused under the new setting.
+        fault = json.dumps(sorted(self.fault_env.get(spec.name, {}).items()))
+        key = f"{spec.name}:{spec.fingerprint()}:{hashlib.sha256(fault.encode()).hexdigest()[:8]}"
         with self._lock:
             if self._closed:
                 raise LambdaRunnerError("the Lambda runner was shut down; start the local cloud again")
@@ -324,7 +335,8 @@ class LambdaRunner:
             log_path = self.log_dir / f"{spec.name}.log"
             env = self.environment_for(spec)
             sink = self.output_sink
-            output = sink.writer(spec.name, env["AWS_LAMBDA_LOG_STREAM_NAME"]) if sink is not None else None
+            stream, group = env["AWS_LAMBDA_LOG_STREAM_NAME"], env["AWS_LAMBDA_LOG_GROUP_NAME"]
+            output = sink.writer(spec.name, stream, group) if sink is not None else None
             worker = _Worker(spec, env, self.python, log_path, output)
             with self._lock:
                 self._all_workers.add(worker)
@@ -387,6 +399,7 @@ class LambdaRunner:
         _, pool = self._pool(spec)
         self.stats["invocations"] += 1
         worker = self._acquire(spec, pool)
+        worker.busy = True
         try:
             if not worker.ready:
                 init_error = self._wait_ready(worker, request_id)
@@ -398,6 +411,8 @@ class LambdaRunner:
         except BaseException:
             self._discard(pool, worker)
             raise
+        finally:
+            worker.busy = False
         if reusable:
             self._release(pool, worker)
         else:
@@ -475,6 +490,13 @@ class LambdaRunner:
         for worker in busy:  # its invocation answers Runtime.ExitError, as when a sandbox dies
             worker.kill()
 
+    def busy_worker_pids(self, function_name: str) -> list[int]:
+        """Pids of this function's workers running an invocation now (fault injection: a worker
+        killed mid-invocation answers Runtime.ExitError, as a crashed Lambda sandbox does)."""
+        with self._lock:
+            workers = list(self._all_workers)
+        return [w.proc.pid for w in workers if w.spec.name == function_name and w.busy and w.alive()]
+
     def worker_pids(self) -> list[int]:
         """Pids of the idle (warm) workers, for tests and diagnostics."""
         with self._lock:
@@ -526,6 +548,48 @@ def report_line(request_id: str, duration_ms: float, memory_mb: int, init_ms: fl
     return line
 
 
+EXIT_AFTER_ENV = "SDFLOW_FAULT_EXIT_AFTER"  # "<service>.<Operation>", e.g. "sagemaker.CreateProcessingJob"
+EXIT_TIMES_ENV = "SDFLOW_FAULT_EXIT_TIMES"  # how many invocations crash, across all workers
+EXIT_CLAIMS_ENV = "SDFLOW_FAULT_EXIT_CLAIMS"  # a folder: one file per crash already done
+
+
+def _claim_crash(claims: Path, times: int) -> bool:
+    """One of the `times` crashes, claimed atomically across worker processes (O_EXCL files)."""
+    claims.mkdir(parents=True, exist_ok=True)
+    for i in range(times):
+        try:
+            os.close(os.open(claims / str(i), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            continue
+        return True
+    return False
+
+
+def install_exit_after(target: str, claims: Path, times: int) -> None:
+    """Fault injection (sdflow/local/faults.py): the process exits (status 1, no answer) right after
+    a successful boto3 call of `target`, so the invocation fails with Runtime.ExitError after the
+    call's side effect, as a Lambda sandbox that crashes there. Wraps botocore's BaseClient, so
+    every client of every session in the worker is covered."""
+    import botocore.client
+
+    service, _, operation = target.partition(".")
+    client_class: Any = botocore.client.BaseClient
+    call = client_class._make_api_call
+
+    def make_api_call(client: Any, operation_name: str, api_params: Any) -> Any:
+        result = call(client, operation_name, api_params)
+        if (
+            operation_name == operation
+            and client.meta.service_model.service_name == service
+            and _claim_crash(claims, times)
+        ):
+            print(f"sdflow fault: exiting after {target}", file=sys.stderr, flush=True)
+            os._exit(1)
+        return result
+
+    client_class._make_api_call = make_api_call
+
+
 def _worker_main() -> None:  # pragma: no cover - runs in the worker process
     # Keep the protocol on the original stdout; anything the handler prints goes to stderr (the log).
     protocol: IO[str] = os.fdopen(os.dup(1), "w", buffering=1)
@@ -535,6 +599,9 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
         if entry:
             sys.path.insert(0, entry)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    if os.environ.get(EXIT_AFTER_ENV):
+        exit_claims = Path(os.environ[EXIT_CLAIMS_ENV])
+        install_exit_after(os.environ[EXIT_AFTER_ENV], exit_claims, int(os.environ.get(EXIT_TIMES_ENV, "1")))
     handler: Any = None
     init_ms: float | None = None
     memory_mb = int(os.environ.get("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "128"))

@@ -22,6 +22,10 @@ MOTO_LOGGER = "moto"
 CONSOLE_LINE_CHARS = 200
 # moto's messages end with " at '<repr of the component>'": the part worth a console line is before it.
 _COMPONENT_MARK = " at '"
+# A Choice rule's IsPresent test on a missing path ("Check trained model" when the run resumes
+# nothing) is logged as NoSuchJsonPathError although it is the rule's normal `false`; a path that
+# really is missing fails the state with States.Runtime, which is logged (and shown) on its own.
+_QUIET_SUMMARIES = ("Exception=NoSuchJsonPathError",)
 
 
 class Writable(Protocol):
@@ -44,7 +48,7 @@ class ConsoleSummary(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             summary = record.getMessage().split(_COMPONENT_MARK, 1)[0].replace("\n", " ")
-            if getattr(self._last, "summary", None) == summary:
+            if getattr(self._last, "summary", None) == summary or summary.startswith(_QUIET_SUMMARIES):
                 return
             self._last.summary = summary
             if len(summary) > CONSOLE_LINE_CHARS:

@@ -4,7 +4,9 @@ Everything around it stays real (the patched SageMaker API with its quotas and r
 status events, job_events resolving each token); only the job's content is skipped. A download
 job writes the `_SUCCESS` marker build_index reads, a training job reports artifacts and a
 loss, an endpoint goes InService. `job_seconds` holds each job that long, so concurrency and
-quotas are exercised; `peak_running` records the most processing jobs ever running at once."""
+quotas are exercised; `peak_running` records the most processing jobs ever running at once.
+StopProcessingJob / StopTrainingJob end a held job at once as Stopped (no `_SUCCESS`, no
+artifacts); the fault `kill_job` ends it at once as Failed, as a killed container would."""
 
 from __future__ import annotations
 
@@ -36,6 +38,9 @@ class NoOpSageMaker:
         self.direct_s3 = direct_s3
         self.account_id = account_id
         self.job_seconds = job_seconds
+        # Per kind ("processing", "training"), overriding job_seconds: a test holds training long
+        # enough to stop it while downloads stay quick.
+        self.seconds_by_kind: dict[str, float] = {}
         self.s3 = boto3.client(
             "s3", endpoint_url=endpoint_url, region_name="us-east-1",
             aws_access_key_id="testing", aws_secret_access_key="testing",
@@ -45,14 +50,57 @@ class NoOpSageMaker:
         self.running = 0
         self.peak_running = 0
         self.processing_jobs: list[str] = []
+        # (kind, name) -> the job's end request: "stopped" (StopJob) or "killed" (kill_job).
+        self._ends: dict[tuple[str, str], str] = {}
+        self._wakeups: dict[tuple[str, str], threading.Event] = {}
+        self._queued: set[tuple[str, str]] = set()  # submitted, waiting for a pool thread
+
+    def _hold(self, kind: str, name: str) -> str | None:
+        """Hold the job `job_seconds`, or less when it is stopped or killed; returns why it ended early."""
+        key = (kind, name)
+        with self._lock:
+            self._queued.discard(key)
+            wakeup = self._wakeups.setdefault(key, threading.Event())
+            if key in self._ends:
+                wakeup.set()  # stopped while it waited for a pool thread
+        wakeup.wait(self.seconds_by_kind.get(kind, self.job_seconds))
+        with self._lock:
+            self._wakeups.pop(key, None)
+            return self._ends.pop(key, None)
+
+    def _end_early(self, kind: str, name: str, why: str) -> bool:
+        key = (kind, name)
+        with self._lock:
+            wakeup = self._wakeups.get(key)
+            if wakeup is None and (key not in self._queued or why != "stopped"):
+                return False
+            self._ends[key] = why
+        if wakeup is not None:
+            wakeup.set()
+        return True
+
+    def _report_early_end(self, kind: str, name: str, why: str) -> None:
+        if why == "stopped":
+            fields: dict[str, Any] = {"SecondaryStatus": "Stopped"} if kind == "training" else {}
+            self.listener.job_status_changed(kind, name, "Stopped", fields)
+            return
+        reason = f"AlgorithmError: exit code 137 (killed by SIGKILL) on {name}/algo-1; the no-op job was killed"
+        fields = {"FailureReason": reason}
+        if kind == "training":
+            fields["SecondaryStatus"] = "Failed"
+        self.listener.job_status_changed(kind, name, "Failed", fields)
 
     def _processing(self, request: dict[str, Any]) -> None:
+        name = request["ProcessingJobName"]
         with self._lock:
             self.running += 1
             self.peak_running = max(self.peak_running, self.running)
-            self.processing_jobs.append(request["ProcessingJobName"])
+            self.processing_jobs.append(name)
         try:
-            time.sleep(self.job_seconds)
+            why = self._hold("processing", name)
+            if why is not None:
+                self._report_early_end("processing", name, why)
+                return
             output = request["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]["S3Uri"]
             bucket, key = parse_s3_uri(output)
             marker = {"samples": 1, "failed": 0, "tar_files": ["00000.tar"]}
@@ -73,8 +121,11 @@ class NoOpSageMaker:
             self.s3.put_object(Bucket=bucket, Key=key, Body=body)
 
     def _training(self, request: dict[str, Any]) -> None:
-        time.sleep(self.job_seconds)
         name = request["TrainingJobName"]
+        why = self._hold("training", name)
+        if why is not None:
+            self._report_early_end("training", name, why)
+            return
         artifacts = f"{request['OutputDataConfig']['S3OutputPath'].rstrip('/')}/{name}/output/model.tar.gz"
         fields = {
             "ModelArtifacts": {"S3ModelArtifacts": artifacts},
@@ -83,9 +134,13 @@ class NoOpSageMaker:
         self.listener.job_status_changed("training", name, "Completed", fields)
 
     def run_processing_job(self, request: dict[str, Any]) -> None:
+        with self._lock:
+            self._queued.add(("processing", request["ProcessingJobName"]))
         self.pool.submit(self._processing, request)
 
     def run_training_job(self, request: dict[str, Any]) -> None:
+        with self._lock:
+            self._queued.add(("training", request["TrainingJobName"]))
         self.pool.submit(self._training, request)
 
     def deploy_endpoint(self, endpoint_name: str, endpoint_config: dict[str, Any], model: dict[str, Any]) -> None:
@@ -98,7 +153,20 @@ class NoOpSageMaker:
         return b"{}", "application/json"
 
     def stop_job(self, kind: str, name: str) -> None:
-        """Nothing to stop: a no-op job ends by itself."""
+        """StopProcessingJob / StopTrainingJob: a held job ends now as Stopped; one that already
+        ended is left as it is (its end status is already reported)."""
+        if kind != "endpoint":
+            self._end_early(kind, name, "stopped")
+
+    def kill_job(self, kind: str, name: str, host: str = "algo-1", timeout_s: float = 60.0) -> int:
+        """Fault injection, as LocalSageMaker.kill_job: the held job ends now as Failed. Returns 0
+        (there is no process). Waits up to `timeout_s` for the job to be submitted to the pool."""
+        deadline = time.monotonic() + timeout_s
+        while not self._end_early(kind, name, "killed"):
+            if time.monotonic() > deadline:
+                raise LookupError(f"no running no-op {kind} job named {name}")
+            time.sleep(0.02)
+        return 0
 
     def job_wall_times(self) -> dict[str, float]:
         return {}

@@ -81,6 +81,9 @@ class Runtime:
     # Every API call the local cloud served, by (IAM service prefix, operation) (services/iam.py).
     api_calls: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
     api_calls_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # Fault injection (sdflow/local/faults.py): CreateTrainingJob calls still to fail for capacity.
+    training_capacity_failures: int = 0
+    faults_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _inflight: int = field(default=0, repr=False)
     _idle: threading.Condition = field(default_factory=threading.Condition, repr=False)
 

@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import sys
 import tarfile
 import threading
@@ -51,6 +52,7 @@ from sdflow.local.sagemaker_host import (
     parse_s3_uri,
     read_text_or_none,
     rewrite_container_paths,
+    signal_group,
     tar_folder,
     terminate,
     utc_now,
@@ -146,6 +148,7 @@ class _Endpoint:
     current: _Deployment | None = None
     status: str = "Creating"
     threads: list[threading.Thread] = field(default_factory=list)
+    deleted: threading.Event = field(default_factory=threading.Event)  # DeleteEndpoint came
 
 
 class LocalSageMaker:
@@ -311,6 +314,25 @@ class LocalSageMaker:
             raise LocalSageMakerError(f"no {kind} job named {name}")
         job.stop_requested.set()
 
+    def kill_job(self, kind: Kind, name: str, host: str = "algo-1", timeout_s: float = 60.0) -> int:
+        """Fault injection: SIGKILL the container process group of one host of a running job, as
+        when its instance dies or the kernel's OOM killer strikes; the job then fails as SageMaker
+        reports a killed algorithm (exit code 137). Waits up to `timeout_s` for the container to
+        start (inputs are downloaded first). Returns the pid killed."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                job = self._jobs.get((kind, name))
+                process = next((p for p in job.processes if p.label == f"{name}/{host}"), None) if job else None
+            if job is None or job.done.is_set():
+                raise LocalSageMakerError(f"no running {kind} job named {name}")
+            if process is not None and process.alive():
+                signal_group(process.pid, signal.SIGKILL)
+                return process.pid
+            if time.monotonic() > deadline:
+                raise LocalSageMakerError(f"{kind} job {name} started no container on {host} within {timeout_s:g} s")
+            time.sleep(0.05)
+
     def wait(self, kind: Kind, name: str, timeout: float | None = None) -> str:
         """Block until the job ends; returns its final status (for tests and the CLI)."""
         with self._lock:
@@ -389,8 +411,13 @@ class LocalSageMaker:
         if message:
             return clip_reason(f"AlgorithmError: {message}")
         code = outcome.failed.popen.returncode
+        if code < 0:
+            # A container killed by a signal exits 128 + N under Docker, as on SageMaker.
+            code_text = f"exit code {128 - code} (killed by {signal.Signals(-code).name})"
+        else:
+            code_text = f"exit code {code}"
         tail = outcome.failed.tail_text()[-(REASON_LIMIT - 100) :]
-        return clip_reason(f"AlgorithmError: exit code {code} on {outcome.failed.label}; last log lines:\n{tail}")
+        return clip_reason(f"AlgorithmError: {code_text} on {outcome.failed.label}; last log lines:\n{tail}")
 
     # -- processing -------------------------------------------------------------------------
 
@@ -420,12 +447,9 @@ class LocalSageMaker:
             s3_input = item.get("S3Input")
             if s3_input is None:
                 raise JobSetupError(f"{where}: only S3Input is supported locally, not DatasetDefinition")
-            if s3_input.get("S3DataType", "S3Prefix") != "S3Prefix":
-                raise JobSetupError(
-                    f"{where}: S3DataType {s3_input['S3DataType']!r} is not supported locally; use S3Prefix"
-                )
             local = container_path(s3_input["LocalPath"], opt_ml, f"{where}.S3Input.LocalPath")
-            self._job_s3(job).download_prefix(s3_input["S3Uri"], local, f"{where}.S3Input.S3Uri")
+            data_type = s3_input.get("S3DataType", "S3Prefix")
+            self._job_s3(job).download_input(data_type, s3_input["S3Uri"], local, f"{where}.S3Input.S3Uri")
         outputs = []
         for i, item in enumerate((request.get("ProcessingOutputConfig") or {}).get("Outputs") or []):
             where = f"ProcessingOutputConfig.Outputs[{i}] ({item.get('OutputName', '?')})"
@@ -674,12 +698,9 @@ class LocalSageMaker:
             source = (channel.get("DataSource") or {}).get("S3DataSource")
             if source is None:
                 raise JobSetupError(f"{where}.DataSource: only S3DataSource is supported locally")
-            if source.get("S3DataType", "S3Prefix") != "S3Prefix":
-                raise JobSetupError(
-                    f"{where}: S3DataType {source['S3DataType']!r} is not supported locally; use S3Prefix"
-                )
             cache = job.folder / "_channels" / name
-            files = self._job_s3(job).download_prefix(source["S3Uri"], cache, f"{where}.S3Uri")
+            data_type = source.get("S3DataType", "S3Prefix")
+            files = self._job_s3(job).download_input(data_type, source["S3Uri"], cache, f"{where}.S3Uri")
             sharded = source.get("S3DataDistributionType", "FullyReplicated") == "ShardedByS3Key"
             result[name] = (cache, files, sharded)
         return result
@@ -715,8 +736,11 @@ class LocalSageMaker:
             endpoint.status = status
             self._report("endpoint", name, status, {"EndpointConfigName": old.config_name if old else config_name})
             try:
-                deployment = self._start_serving(name, config_name, model)
+                deployment = self._start_serving(name, config_name, model, endpoint.deleted)
             except Exception as exc:
+                if endpoint.deleted.is_set():
+                    self._drop_deleted(endpoint, [old.process] if old else [])
+                    return
                 reason = clip_reason(
                     str(exc) if isinstance(exc, LocalSageMakerError) else f"{type(exc).__name__}: {exc}"
                 )
@@ -740,6 +764,9 @@ class LocalSageMaker:
                         "endpoint", name, "Failed", {"EndpointConfigName": config_name, "FailureReason": reason}
                     )
                 return
+            if endpoint.deleted.is_set():
+                self._drop_deleted(endpoint, [deployment.process] + ([old.process] if old else []))
+                return
             with self._lock:
                 endpoint.current = deployment  # traffic moves here: invoke reads `current`
             if old is not None:
@@ -747,7 +774,16 @@ class LocalSageMaker:
             endpoint.status = "InService"
             self._report("endpoint", name, "InService", {"EndpointConfigName": config_name})
 
-    def _start_serving(self, name: str, config_name: str, model: dict[str, Any]) -> _Deployment:
+    def _drop_deleted(self, endpoint: _Endpoint, processes: list[ContainerProcess]) -> None:
+        """A deployment that ends after DeleteEndpoint: nothing of it keeps running."""
+        terminate(processes, self.stop_grace_s)
+        with self._lock:
+            endpoint.current = None
+        LOG.info("endpoint %s was deleted while %s; its processes are stopped", endpoint.name, endpoint.status)
+
+    def _start_serving(
+        self, name: str, config_name: str, model: dict[str, Any], cancelled: threading.Event | None = None
+    ) -> _Deployment:
         container = model.get("PrimaryContainer") or (model.get("Containers") or [None])[0]
         if not container:
             raise DeploymentFailed(f"model {model.get('ModelName')} has no PrimaryContainer")
@@ -784,7 +820,7 @@ class LocalSageMaker:
         )
         deployment = _Deployment(config_name, folder, port, process)
         try:
-            self._wait_healthy(deployment)
+            self._wait_healthy(deployment, cancelled)
         except BaseException:
             terminate([process], self.stop_grace_s)
             raise
@@ -792,13 +828,15 @@ class LocalSageMaker:
             self._wall[config_name] = process.wall_s()
         return deployment
 
-    def _wait_healthy(self, deployment: _Deployment) -> None:
+    def _wait_healthy(self, deployment: _Deployment, cancelled: threading.Event | None = None) -> None:
         url = f"http://127.0.0.1:{deployment.port}/ping"
         deadline = time.monotonic() + self.ping_timeout_s
         last = "no answer"
         while time.monotonic() < deadline:
             if self._closing.is_set():
                 raise DeploymentFailed("the local SageMaker is shutting down")
+            if cancelled is not None and cancelled.is_set():
+                raise DeploymentFailed("the endpoint was deleted while it was being deployed")
             code = deployment.process.poll()
             if code is not None:
                 deployment.process.finish_log()
@@ -855,15 +893,22 @@ class LocalSageMaker:
             raise EndpointUnreachable(f"endpoint {endpoint_name} did not answer: {exc}") from None
 
     def delete_endpoint(self, endpoint_name: str) -> None:
-        """Stop the endpoint's serve process (DeleteEndpoint); unknown names are ignored."""
+        """Stop the endpoint's serve process (DeleteEndpoint); unknown names are ignored. Returns at
+        once: a deployment in progress (Creating / Updating) sees `deleted` and stops its own
+        processes, old and new, when it ends."""
         with self._lock:
             endpoint = self._endpoints.pop(endpoint_name, None)
         if endpoint is None:
             return
-        with endpoint.lock:  # after any deployment in progress
+        endpoint.deleted.set()
+        if not endpoint.lock.acquire(blocking=False):
+            return
+        try:
             if endpoint.current is not None:
                 terminate([endpoint.current.process], self.stop_grace_s)
                 endpoint.current = None
+        finally:
+            endpoint.lock.release()
 
     # -- shutdown ---------------------------------------------------------------------------
 

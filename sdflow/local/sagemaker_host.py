@@ -10,6 +10,7 @@ sdflow.local.sagemaker runs jobs and endpoints with these pieces."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import boto3
 from botocore.config import Config
+from botocore.exceptions import ClientError
 
 LOG = logging.getLogger("sdflow.local.sagemaker")
 
@@ -202,6 +204,50 @@ class S3Transfer:
             names.append(rel)
         return names
 
+    def download_input(self, data_type: str, uri: str, dest: Path, field_name: str) -> list[str]:
+        """A File-mode S3 input of either S3DataType a training channel or a processing input takes."""
+        if data_type == "S3Prefix":
+            return self.download_prefix(uri, dest, field_name)
+        if data_type == "ManifestFile":
+            return self.download_manifest(uri, dest, field_name)
+        raise JobSetupError(
+            f"{field_name}: S3DataType {data_type!r} is not supported locally; use S3Prefix or ManifestFile"
+        )
+
+    def download_manifest(self, uri: str, dest: Path, field_name: str) -> list[str]:
+        """S3DataType ManifestFile (SageMaker API Reference, S3DataSource): `uri` is a JSON array
+        `[{"prefix": "s3://bucket/some/prefix/"}, "relative/key", ...]`; SageMaker appends each suffix to
+        the prefix, and the complete set of those objects is the input, each copied into `dest` under its
+        suffix. Every object must be readable by the job's role: this client holds the role's
+        credentials, so the local IAM checks s3:GetObject on the manifest and on each object, and a
+        missing or unreadable object fails the job (a ClientError FailureReason), as SageMaker's does."""
+        bucket, key = parse_s3_uri(uri, field_name)
+        try:
+            body = self.client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except ClientError as exc:
+            raise JobSetupError(f"{field_name} {uri}: the manifest cannot be read: {_s3_error(exc)}") from None
+        prefix_bucket, prefix_key, suffixes = parse_manifest(body, uri, field_name)
+        dest.mkdir(parents=True, exist_ok=True)
+        root = dest.resolve()
+        for suffix in suffixes:
+            target = (dest / suffix).resolve()
+            if not target.is_relative_to(root) or target == root:
+                raise JobSetupError(
+                    f"manifest {uri} entry {suffix!r} (in {field_name}) would escape the channel folder"
+                )
+            target.parent.mkdir(parents=True, exist_ok=True)
+            source = f"s3://{prefix_bucket}/{prefix_key}{suffix}"
+            try:
+                stream = self.client.get_object(Bucket=prefix_bucket, Key=prefix_key + suffix)["Body"]
+                with stream, target.open("wb") as out:
+                    shutil.copyfileobj(stream, out, 1 << 20)
+            except ClientError as exc:
+                raise JobSetupError(
+                    f"Data download failed: {source}, listed in the manifest {uri} ({field_name}), cannot be read: "
+                    f"{_s3_error(exc)}"
+                ) from None
+        return suffixes
+
     def upload_dir(self, source: Path, uri: str, field_name: str) -> int:
         bucket, prefix = parse_s3_uri(uri, field_name)
         base = prefix if prefix == "" or prefix.endswith("/") else prefix + "/"
@@ -224,6 +270,37 @@ class S3Transfer:
     def upload_file(self, source: Path, uri: str, field_name: str) -> None:
         bucket, key = parse_s3_uri(uri, field_name)
         self.client.upload_file(str(source), bucket, key)
+
+
+def _s3_error(exc: ClientError) -> str:
+    error = exc.response.get("Error", {})
+    return f"{error.get('Code', '?')}: {error.get('Message', '')}".rstrip(": ")
+
+
+def parse_manifest(body: bytes, uri: str, field_name: str) -> tuple[str, str, list[str]]:
+    """(bucket, key prefix, suffixes) of a ManifestFile, checked as the S3DataSource reference
+    describes it: a JSON array, its first element `{"prefix": <a valid non-empty S3 URI>}` (one bucket
+    for every object), followed by one or more suffixes. A suffix listed twice is one object."""
+    where = f"{field_name} manifest {uri}"
+    try:
+        document = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise JobSetupError(f"{where} is not valid JSON: {exc}") from None
+    if not isinstance(document, list) or not document:
+        raise JobSetupError(f'{where} must be a JSON array: [{{"prefix": "s3://bucket/prefix/"}}, "key", ...]')
+    head = document[0]
+    if not isinstance(head, dict) or not isinstance(head.get("prefix"), str):
+        raise JobSetupError(f'{where}: its first element must be {{"prefix": "s3://bucket/prefix/"}}, got {head!r}')
+    bucket, prefix_key = parse_s3_uri(head["prefix"], f"{where} prefix")
+    suffixes = document[1:]
+    if not suffixes:
+        raise JobSetupError(f"{where} lists no objects after its prefix: at least one relative key is required")
+    for position, suffix in enumerate(suffixes, start=1):
+        if not isinstance(suffix, str) or not suffix:
+            raise JobSetupError(
+                f"{where}: element {position} must be a non-empty key relative to the prefix, got {suffix!r}"
+            )
+    return bucket, prefix_key, list(dict.fromkeys(suffixes))
 
 
 # ---------------------------------------------------------------------------------------

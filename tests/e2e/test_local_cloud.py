@@ -119,7 +119,9 @@ def test_local_cloud_deploys_every_template_resource_on_loopback(cloud: LocalClo
     [s3_pattern] = [p for p in patterns if p["source"] == ["aws.s3"]]
     assert s3_pattern["detail"]["bucket"]["name"] == [cloud.bucket]
     assert s3_pattern["detail"]["object"]["key"] == [{"wildcard": "manifests/*.json"}]
-    assert len(rules) == 4
+    assert len(rules) == 5
+    [run_ended] = [p for p in patterns if p["source"] == ["aws.states"]]
+    assert run_ended["detail"]["stateMachineArn"] == [cloud.state_machine_arn]
     assert cloud.client("scheduler").list_schedules()["Schedules"], "the reconciler's schedule exists"
     assert cloud.client("s3").get_bucket_versioning(Bucket=cloud.bucket)["Status"] == "Enabled"
 
@@ -233,9 +235,10 @@ def test_local_cloud_job_state_change_event_resolves_waiting_task(
         lambda: (d := sfn.describe_execution(executionArn=execution_arn))["status"] != "RUNNING" and d,
         what="the run to end",
     )
-    # The fake job wrote no shard, so the real build_index refuses the dataset and Notify failure runs.
+    # The fake job wrote no shard, so the real build_index refuses the dataset; the execution's
+    # FAILED status event reaches the notify function.
     assert ended["status"] == "FAILED"
-    assert ended["cause"].startswith("NoUsableShards")
+    assert ended["error"] == "NoUsableShards"
     _wait_for(lambda: [m for m in cloud.sns_messages() if "events-run" in m["subject"]], what="the failure notice")
 
 

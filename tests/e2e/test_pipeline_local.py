@@ -84,11 +84,11 @@ def test_pipeline_training_failure_notifies_and_deploys_no_endpoint(
         result = run_pipeline(cloud, tmp_path, options)
 
         assert result["progress"].status == "FAILED"
-        assert result["progress"].cause.startswith("TrainingJobFailed: ")
+        assert result["progress"].error == "TrainingJobFailed"
         [message] = cloud.sns_messages()
         assert message["subject"].endswith("FAILED")
         assert message["attributes"]["error"] == "TrainingJobFailed"
-        assert "during: Train model" in message["message"]
+        assert "in state: Train model" in message["message"]
         assert "gemini" in message["message"].lower()
         assert _endpoint_names(cloud) == []
         jobs = cloud.client("sagemaker").list_training_jobs()["TrainingJobSummaries"]

@@ -55,7 +55,7 @@ def _document(cloud: LocalCloud, **download: Any) -> dict[str, Any]:
         "base_model_uri": f"s3://{cloud.bucket}/models/tiny/",
         "download": download,
         "training": {"instance_type": "ml.m5.xlarge"},
-        "endpoint": {"name": "strict", "instance_type": "ml.m5.large"},
+        "endpoint": {"name": "sdflow-strict", "instance_type": "ml.m5.large"},
     }
 
 

@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
-from train_fixtures import write_dataset_channel, write_job_config
+from train_fixtures import index_in_channel, write_dataset_channel, write_job_config
 
 from sdflow_image import train as train_module
-from sdflow_image.data import load_index, split_work
+from sdflow_image.data import DatasetIndexError, load_index, split_work
 from sdflow_image.tiny_model import build_tiny_pipeline
 from tests.conftest import free_port
 
@@ -29,8 +29,12 @@ REPO = Path(__file__).resolve().parents[2]
 BIN_TRAIN = REPO / "training_image" / "bin" / "train"
 STEP_LINE = re.compile(r"^step=(\d+) loss=([0-9.eE+-]+)$", re.MULTILINE)
 RUN_TIMEOUT = 240
+# The channel as SageMaker lays out build_index's manifest for a resumed run: this run's index.json
+# under `<run>/dataset/`, half of the shards reused from an earlier run's folder.
+RUN, EARLIER_RUN = "cats-v2-0123456789", "cats-v1-9876543210"
 
 BASE_HP = {
+    "dataset_index": index_in_channel(RUN),
     "plugin": "torch_ddp",
     "mixed_precision": "no",
     "resolution": "64",
@@ -56,7 +60,9 @@ def tiny_base_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def dataset_channel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_dataset_channel(tmp_path_factory.mktemp("dataset"), shards=2, samples_per_shard=6)
+    return write_dataset_channel(
+        tmp_path_factory.mktemp("dataset"), shards=2, samples_per_shard=6, run=RUN, reused_from=EARLIER_RUN
+    )
 
 
 def _env(opt_ml: Path, **extra: str) -> dict[str, str]:
@@ -257,7 +263,7 @@ def test_train_gemini_on_cpu_fails_with_plugin_error(
 ) -> None:
     args = train_module.parse_args(
         ["--dataset_dir", str(dataset_channel), "--pretrained_model_name_or_path", str(tiny_base_model)],
-        hyperparameters={"plugin": "gemini", "mixed_precision": "bf16"},
+        hyperparameters={"plugin": "gemini", "mixed_precision": "bf16", "dataset_index": index_in_channel(RUN)},
     )
     with pytest.raises(train_module.PluginError, match="plugin=gemini needs CUDA"):
         train_module.check_inputs(args, cuda=False)
@@ -312,8 +318,64 @@ def test_split_work_enough_shards_gives_each_rank_different_shards() -> None:
     assert set(rank0) | set(rank1) == set(shards)
 
 
-def test_load_index_resolves_tar_paths_under_channel(dataset_channel: Path) -> None:
-    index = load_index(dataset_channel)
-    assert len(index.shards) == 2
-    assert all(p.is_file() and p.is_relative_to(dataset_channel) for p in index.shards)
+def test_load_index_manifest_layout_resolves_tars_of_earlier_runs(dataset_channel: Path) -> None:
+    index = load_index(dataset_channel, index_in_channel(RUN))
+    assert index.shards == [
+        dataset_channel / EARLIER_RUN / "dataset" / "shards" / "00000" / "00000.tar",
+        dataset_channel / RUN / "dataset" / "shards" / "00001" / "00000.tar",
+    ]
+    assert all(p.is_file() for p in index.shards)
     assert index.total_samples == 12
+
+
+def test_load_index_flat_layout_still_reads_index_at_channel_root(tmp_path: Path) -> None:
+    channel = write_dataset_channel(tmp_path / "dataset", shards=2, samples_per_shard=3)
+    index = load_index(channel)
+    assert index.shards == [channel / "shards" / f"{i:05d}" / "00000.tar" for i in range(2)]
+    assert index.total_samples == 6
+
+
+def test_load_index_manifest_layout_without_dataset_index_names_the_hyperparameter(dataset_channel: Path) -> None:
+    with pytest.raises(DatasetIndexError, match=r"index\.json is missing: .*dataset_index \(now 'index\.json'\)"):
+        load_index(dataset_channel)
+
+
+@pytest.mark.parametrize("index_path", ["../index.json", "/etc/index.json", ""])
+def test_load_index_index_path_outside_channel_raises(dataset_channel: Path, index_path: str) -> None:
+    with pytest.raises(DatasetIndexError, match="must be a path relative to the dataset channel"):
+        load_index(dataset_channel, index_path)
+
+
+def test_load_index_tar_path_outside_channel_raises(tmp_path: Path) -> None:
+    channel = write_dataset_channel(tmp_path / "dataset", shards=1, samples_per_shard=2)
+    index = json.loads((channel / "index.json").read_text())
+    index["shards"][0]["tar_files"] = ["../elsewhere/00000.tar"]
+    (channel / "index.json").write_text(json.dumps(index))
+    with pytest.raises(DatasetIndexError, match=r"tar file '\.\./elsewhere/00000\.tar' must be a path relative"):
+        load_index(channel)
+
+
+def test_load_index_tar_missing_from_channel_raises_naming_it(tmp_path: Path) -> None:
+    channel = write_dataset_channel(tmp_path / "dataset", shards=2, samples_per_shard=2, run=RUN)
+    (channel / RUN / "dataset" / "shards" / "00001" / "00000.tar").unlink()
+    with pytest.raises(DatasetIndexError, match=r"1 tar file\(s\) listed in .* are missing, e\.g\. .*00001/00000\.tar"):
+        load_index(channel, index_in_channel(RUN))
+
+
+def test_check_inputs_reads_index_at_dataset_index_hyperparameter(tiny_base_model: Path, dataset_channel: Path) -> None:
+    args = train_module.parse_args(
+        ["--dataset_dir", str(dataset_channel), "--pretrained_model_name_or_path", str(tiny_base_model)],
+        hyperparameters={"dataset_index": index_in_channel(RUN)},
+    )
+    assert args.dataset_index == f"{RUN}/dataset/index.json"
+    train_module.check_inputs(args, cuda=False)  # raises ChannelError when the index is not found
+    default = train_module.parse_args(["--dataset_dir", str(dataset_channel)], hyperparameters={})
+    assert default.dataset_index == "index.json"
+    with pytest.raises(train_module.ChannelError, match="dataset_index"):
+        train_module.check_inputs(
+            train_module.parse_args(
+                ["--dataset_dir", str(dataset_channel), "--pretrained_model_name_or_path", str(tiny_base_model)],
+                hyperparameters={},
+            ),
+            cuda=False,
+        )

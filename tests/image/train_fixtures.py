@@ -18,14 +18,27 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 def write_dataset_channel(
-    root: str | Path, shards: int = 2, samples_per_shard: int = 8, image_size: int = 64, seed: int = 0
+    root: str | Path,
+    shards: int = 2,
+    samples_per_shard: int = 8,
+    image_size: int = 64,
+    seed: int = 0,
+    *,
+    run: str | None = None,
+    reused_from: str | None = None,
 ) -> Path:
-    """Write `root/shards/<id>/00000.tar` like img2dataset, plus `root/index.json` like build_index."""
+    """Write `root/shards/<id>/00000.tar` like img2dataset, plus `root/index.json` like build_index.
+
+    With `run`, the layout SageMaker makes of build_index's manifest (prefix `s3://<bucket>/runs/`):
+    `root/<run>/dataset/index.json`, and each shard under `root/<run>/dataset/shards/<id>/`, or, for
+    the even shards when `reused_from` is given, under that earlier run's folder (a resumed run)."""
     root = Path(root)
     entries: list[dict[str, Any]] = []
     for shard in range(shards):
         shard_id = f"{shard:05d}"
-        folder = root / "shards" / shard_id
+        owner = reused_from if reused_from and shard % 2 == 0 else run
+        relative = f"{owner}/dataset/shards/{shard_id}" if owner else f"shards/{shard_id}"
+        folder = root / relative
         folder.mkdir(parents=True, exist_ok=True)
         # Not square on purpose (up to a quarter wider or taller): the loader must resize and crop.
         images = samples.make_images(
@@ -39,9 +52,7 @@ def write_dataset_channel(
                 _add(tar, f"{key}.jpg", image.data)
                 _add(tar, f"{key}.txt", caption.encode())
                 _add(tar, f"{key}.json", json.dumps({"key": key, "caption": caption, "status": "success"}).encode())
-        entries.append(
-            {"shard_id": shard_id, "tar_files": [f"shards/{shard_id}/00000.tar"], "samples": samples_per_shard}
-        )
+        entries.append({"shard_id": shard_id, "tar_files": [f"{relative}/00000.tar"], "samples": samples_per_shard})
     index = {
         "version": 1,
         "run_id": "test-run",
@@ -50,8 +61,15 @@ def write_dataset_channel(
         "failed_shards": [],
         "image_size": image_size,
     }
-    (root / "index.json").write_text(json.dumps(index))
+    index_file = root / index_in_channel(run)
+    index_file.parent.mkdir(parents=True, exist_ok=True)
+    index_file.write_text(json.dumps(index))
     return root
+
+
+def index_in_channel(run: str | None) -> str:
+    """The `dataset_index` hyperparameter for a channel write_dataset_channel made."""
+    return f"{run}/dataset/index.json" if run else "index.json"
 
 
 def write_job_config(

@@ -1,13 +1,16 @@
 """The pipeline's intake in moto: the real state machine, the real validate_run and notify handlers.
 
-Every other task's function is a recorder that answers `{}`: intake must never reach it. What is
-under test is what a user sees after StartExecution with any input: the execution's end, the
-notification that reached the topic, and that no job was started."""
+Every other task's function is a recorder that answers `{}`: intake must never reach it. The
+notify handler gets the execution's "Step Functions Execution Status Change" event, as the
+template's rule delivers it, once the execution has ended. What is under test is what a user
+sees after StartExecution with any input: the execution's end, the notification that reached the
+topic, and that no job was started."""
 
 from __future__ import annotations
 
 import json
 import re
+import tempfile
 import threading
 import time
 from collections import defaultdict
@@ -20,14 +23,25 @@ from typing import Any
 import boto3
 import pytest
 from moto import mock_aws
-from moto.awslambda_simple.models import LambdaSimpleBackend
 
+from sdflow.local import patching
+from sdflow.local.lambda_runner import InvocationResult
+from sdflow.local.runtime import Runtime
 from sdflow_common import aws
 from tests.conftest import load_function_module
-from tests.unit.conftest import ACCOUNT, DATA_BUCKET, IDEMPOTENCY_TABLE, REGION, FakeLambdaContext, create_table
+from tests.unit.conftest import (
+    ACCOUNT,
+    DATA_BUCKET,
+    IDEMPOTENCY_TABLE,
+    REGION,
+    TOKEN_TABLE,
+    FakeLambdaContext,
+    create_table,
+)
 
 ASL = Path(__file__).resolve().parents[2] / "statemachines" / "pipeline.asl.json"
 REAL_HANDLERS = {"ValidateRunFunction": "validate_run", "NotifyFunction": "notify"}
+STATUS_CHANGE = "Step Functions Execution Status Change"
 
 
 def definition_for_tests() -> tuple[str, list[str]]:
@@ -77,13 +91,49 @@ class Intake:
         )
 
     def wait(self, execution_arn: str, timeout: float = 60) -> dict[str, Any]:
+        """The execution's end, after its status event reached the notify handler (the rule's target)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             description = self.sfn.describe_execution(executionArn=execution_arn)
             if description["status"] != "RUNNING":
+                self.deliver_status_event(dict(description))
                 return dict(description)
             time.sleep(0.02)
         raise AssertionError(f"execution still running after {timeout} s")
+
+    def deliver_status_event(self, description: dict[str, Any]) -> Any:
+        """What EventBridge hands the notify function for this execution's end."""
+        detail = {
+            "executionArn": description["executionArn"],
+            "stateMachineArn": description["stateMachineArn"],
+            "name": description["name"],
+            "status": description["status"],
+            "startDate": int(description["startDate"].timestamp() * 1000),
+            "stopDate": int(description["stopDate"].timestamp() * 1000),
+            "input": description.get("input"),
+            "output": description.get("output"),
+            "inputDetails": {"included": True},
+            "outputDetails": {"included": True} if "output" in description else None,
+            "error": description.get("error"),
+            "cause": description.get("cause"),
+            "redriveCount": description.get("redriveCount", 0),
+        }
+        event = {
+            "version": "0",
+            "id": f"event-{time.monotonic_ns()}",
+            "detail-type": STATUS_CHANGE,
+            "source": "aws.states",
+            "account": ACCOUNT,
+            "time": description["stopDate"].strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "region": REGION,
+            "resources": [description["executionArn"]],
+            "detail": detail,
+        }
+        with self.lock:
+            self.calls["NotifyFunction"].append(event)
+        handler = _handler_for("NotifyFunction")
+        assert handler is not None
+        return handler(event, FakeLambdaContext(function_name="NotifyFunction"))
 
     def notifications(self) -> list[dict[str, Any]]:
         """SNS envelopes that reached the topic since the last call."""
@@ -116,6 +166,31 @@ def _handler_for(name: str) -> Callable[[dict[str, Any], Any], Any] | None:
     return load_function_module(purpose).lambda_handler if purpose else None
 
 
+class InProcessRunner:
+    """Stands in for sdflow.local.lambda_runner.LambdaRunner: runs the real handlers (or a
+    recorder answering {}) in this process, recording every payload."""
+
+    def __init__(self, intake: Intake) -> None:
+        self.intake = intake
+
+    def invoke(self, spec: Any, event: bytes | str, request_id: str | None = None) -> InvocationResult:
+        payload = json.loads(event.decode() if isinstance(event, bytes) else event)
+        with self.intake.lock:
+            self.intake.calls[spec.name].append(payload)
+        handler = _handler_for(spec.name)
+        if handler is None:
+            return InvocationResult(b"{}")
+        try:
+            result = handler(payload, FakeLambdaContext(function_name=spec.name))
+        except Exception as exc:  # what the Lambda runtime does with any unhandled exception
+            body = json.dumps({"errorMessage": str(exc), "errorType": type(exc).__name__}).encode()
+            return InvocationResult(body, "Unhandled")
+        return InvocationResult(json.dumps(result).encode())
+
+    def shutdown(self) -> None:
+        """Nothing runs in the background."""
+
+
 @contextmanager
 def intake_cloud(monkeypatch: pytest.MonkeyPatch) -> Iterator[Intake]:
     """moto with state machine execution on; the caller has set the functions' environment (aws_env)."""
@@ -125,6 +200,7 @@ def intake_cloud(monkeypatch: pytest.MonkeyPatch) -> Iterator[Intake]:
         s3 = boto3.client("s3", region_name=REGION)
         s3.create_bucket(Bucket=DATA_BUCKET)
         create_table(IDEMPOTENCY_TABLE, "id")
+        create_table(TOKEN_TABLE, "resource_name")
         sns = boto3.client("sns", region_name=REGION)
         topic_arn = sns.create_topic(Name="sdflow-notifications-test")["TopicArn"]
         monkeypatch.setenv("TOPIC_ARN", topic_arn)
@@ -136,40 +212,32 @@ def intake_cloud(monkeypatch: pytest.MonkeyPatch) -> Iterator[Intake]:
         iam = boto3.client("iam", region_name=REGION)
         role = iam.create_role(RoleName="fn", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
         text, functions = definition_for_tests()
-        awslambda = boto3.client("lambda", region_name=REGION)
-        for name in functions:
-            awslambda.create_function(
-                FunctionName=name, Runtime="python3.11", Role=role, Handler="app.lambda_handler", Code={"ZipFile": b"x"}
-            )
         sfn = boto3.client("stepfunctions", region_name=REGION)
-        arn = sfn.create_state_machine(name="sdflow-intake-test", definition=text, roleArn=role)["stateMachineArn"]
         intake = Intake(
             sfn=sfn,
             s3=s3,
             sqs=sqs,
             sagemaker=boto3.client("sagemaker", region_name=REGION),
-            arn=arn,
+            arn="",
             inbox_url=inbox_url,
         )
-        handlers = {name: _handler_for(name) for name in functions}
-
-        def invoke(
-            backend: Any, function_name: str, qualifier: Any, body: Any, headers: Any, response_headers: Any
-        ) -> bytes:
-            name = function_name.split(":")[-1]
-            payload = json.loads(body.decode() if isinstance(body, bytes) else body)
-            with intake.lock:
-                intake.calls[name].append(payload)
-            handler = handlers[name]
-            if handler is None:
-                return b"{}"
-            try:
-                result = handler(payload, FakeLambdaContext(function_name=name))
-            except Exception as exc:  # what the Lambda runtime does with any unhandled exception
-                response_headers["x-amz-function-error"] = "Unhandled"
-                return json.dumps({"errorMessage": str(exc), "errorType": type(exc).__name__}).encode()
-            return json.dumps(result).encode()
-
-        monkeypatch.setattr(LambdaSimpleBackend, "invoke", invoke)
-        yield intake
+        # The definition runs on the local cloud's Step Functions (as under `sdflow local up`);
+        # the functions run in this process.
+        with tempfile.TemporaryDirectory() as workdir:
+            runtime = Runtime(workdir=Path(workdir), lambda_runner=InProcessRunner(intake), async_retry_delays_s=())  # type: ignore[arg-type]
+            with patching.patched(runtime):
+                awslambda = boto3.client("lambda", region_name=REGION)
+                for name in functions:
+                    awslambda.create_function(
+                        FunctionName=name,
+                        Runtime="python3.11",
+                        Role=role,
+                        Handler="app.lambda_handler",
+                        Code={"ZipFile": b"x"},
+                    )
+                    runtime.register_code(name, Path(workdir))
+                intake.arn = sfn.create_state_machine(name="sdflow-intake-test", definition=text, roleArn=role)[
+                    "stateMachineArn"
+                ]
+                yield intake
         aws.reset_clients()

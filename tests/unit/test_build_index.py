@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from sdflow_common.build_index import FAILED_SHARDS_IN_SUMMARY, BuildIndexRequest, build_index
+from sdflow_common.dataset_manifest import OutsideRunsFolder
 from sdflow_common.errors import NoUsableShards
 from sdflow_common.run_document import parse_run_document
 from sdflow_common.sagemaker_jobs import task_timeouts
@@ -17,7 +18,8 @@ from tests.unit.conftest import ACCOUNT, DATA_BUCKET, REGION, AwsWorld, FakeLamb
 from tests.unit.parquet_files import parquet_bytes
 
 RUN_ID = "demo-0123456789abcdef"
-CONTRACT_SUMMARY_KEYS = {"index_uri", "total_samples", "shards_ok", "shards_failed", "failed_shards"}
+EARLIER_RUN = "demo-fedcba9876543210"
+CONTRACT_SUMMARY_KEYS = {"index_uri", "manifest_uri", "total_samples", "shards_ok", "shards_failed", "failed_shards"}
 
 
 def make_config(world: AwsWorld, shard_count: int, tolerated: float = 10.0) -> RunConfig:
@@ -45,7 +47,9 @@ def make_config(world: AwsWorld, shard_count: int, tolerated: float = 10.0) -> R
     )
 
 
-def finish_shard(world: AwsWorld, shard_id: str, samples: int = 10, tars: int = 1, with_id: bool = True) -> None:
+def finish_shard(
+    world: AwsWorld, shard_id: str, samples: int = 10, tars: int = 1, with_id: bool = True, run_id: str = RUN_ID
+) -> None:
     success: dict[str, Any] = {
         "samples": samples,
         "failed": 2,
@@ -57,11 +61,16 @@ def finish_shard(world: AwsWorld, shard_id: str, samples: int = 10, tars: int = 
     }
     if with_id:
         success["shard_id"] = shard_id
-    world.put_json(f"runs/{RUN_ID}/dataset/shards/{shard_id}/_SUCCESS", success)
+    world.put_json(f"runs/{run_id}/dataset/shards/{shard_id}/_SUCCESS", success)
 
 
 def index_of(world: AwsWorld) -> dict[str, Any]:
     return world.get_json(f"runs/{RUN_ID}/dataset/index.json")
+
+
+def manifest_of(world: AwsWorld) -> list[Any]:
+    manifest: list[Any] = world.get_json(f"runs/{RUN_ID}/dataset/manifest.json")
+    return manifest
 
 
 def test_build_index_all_shards_ok_writes_contract_index(mocked_aws: AwsWorld) -> None:
@@ -75,6 +84,7 @@ def test_build_index_all_shards_ok_writes_contract_index(mocked_aws: AwsWorld) -
     assert set(summary) == CONTRACT_SUMMARY_KEYS
     assert summary == {
         "index_uri": f"s3://{DATA_BUCKET}/runs/{RUN_ID}/dataset/index.json",
+        "manifest_uri": f"s3://{DATA_BUCKET}/runs/{RUN_ID}/dataset/manifest.json",
         "total_samples": 22,
         "shards_ok": 3,
         "shards_failed": 0,
@@ -86,12 +96,64 @@ def test_build_index_all_shards_ok_writes_contract_index(mocked_aws: AwsWorld) -
     assert index["total_samples"] == 22
     assert index["image_size"] == 64
     assert index["failed_shards"] == []
+    # Relative to the manifest's prefix s3://<bucket>/runs/: where SageMaker puts them in the channel.
     assert index["shards"][0] == {
         "shard_id": "00000",
-        "tar_files": ["shards/00000/00000.tar", "shards/00000/00001.tar"],
+        "tar_files": [f"{RUN_ID}/dataset/shards/00000/00000.tar", f"{RUN_ID}/dataset/shards/00000/00001.tar"],
         "samples": 10,
     }
     assert [s["shard_id"] for s in index["shards"]] == ["00000", "00001", "00002"]
+    assert manifest_of(mocked_aws) == [
+        {"prefix": f"s3://{DATA_BUCKET}/runs/"},
+        f"{RUN_ID}/dataset/index.json",
+        f"{RUN_ID}/dataset/shards/00000/00000.tar",
+        f"{RUN_ID}/dataset/shards/00000/00001.tar",
+        f"{RUN_ID}/dataset/shards/00001/00000.tar",
+        f"{RUN_ID}/dataset/shards/00002/00000.tar",
+    ]
+
+
+def test_build_index_reused_shards_of_earlier_run_are_in_index_and_manifest(mocked_aws: AwsWorld) -> None:
+    """A resumed run's shards.json points cached shards at the earlier run's folder (resume.py)."""
+    config = make_config(mocked_aws, 3)
+    items = mocked_aws.get_json(config.shard_list_key)
+    for item in items[:2]:
+        item["cached"] = True
+        item["output_uri"] = f"s3://{DATA_BUCKET}/runs/{EARLIER_RUN}/dataset/shards/{item['shard_id']}/"
+    mocked_aws.put_json(config.shard_list_key, items)
+    finish_shard(mocked_aws, "00000", samples=4, run_id=EARLIER_RUN)
+    finish_shard(mocked_aws, "00001", samples=0, tars=0, run_id=EARLIER_RUN)  # reused, but holds nothing
+    finish_shard(mocked_aws, "00002", samples=5)
+    mocked_aws.put_json(f"runs/{RUN_ID}/dataset/shards/00000/_SUCCESS", {"samples": 99, "tar_files": ["x.tar"]})
+
+    summary = build_index(BuildIndexRequest(config=config))
+
+    assert (summary["shards_ok"], summary["total_samples"]) == (3, 9)
+    assert [s["tar_files"] for s in index_of(mocked_aws)["shards"]] == [
+        [f"{EARLIER_RUN}/dataset/shards/00000/00000.tar"],
+        [f"{RUN_ID}/dataset/shards/00002/00000.tar"],
+    ]
+    assert manifest_of(mocked_aws) == [
+        {"prefix": f"s3://{DATA_BUCKET}/runs/"},
+        f"{RUN_ID}/dataset/index.json",
+        f"{EARLIER_RUN}/dataset/shards/00000/00000.tar",
+        f"{RUN_ID}/dataset/shards/00002/00000.tar",
+    ]
+
+
+def test_build_index_shard_outside_runs_folder_raises_naming_shard(mocked_aws: AwsWorld) -> None:
+    config = make_config(mocked_aws, 1)
+    items = mocked_aws.get_json(config.shard_list_key)
+    items[0]["output_uri"] = f"s3://{DATA_BUCKET}/elsewhere/00000/"
+    mocked_aws.put_json(config.shard_list_key, items)
+    mocked_aws.put_json("elsewhere/00000/_SUCCESS", {"samples": 3, "tar_files": ["00000.tar"]})
+
+    with pytest.raises(OutsideRunsFolder) as caught:
+        build_index(BuildIndexRequest(config=config))
+
+    message = str(caught.value)
+    assert message.startswith(f"shard 00000: output_uri s3://{DATA_BUCKET}/elsewhere/00000/ is not below s3://")
+    assert f"s3://{DATA_BUCKET}/runs/<execution>/dataset/shards/<shard id>/" in message
 
 
 def test_build_index_failures_within_tolerance_train_on_the_rest(mocked_aws: AwsWorld) -> None:

@@ -65,7 +65,7 @@ def sfn(mocked_aws: AwsWorld, monkeypatch: pytest.MonkeyPatch) -> StepFunctionsC
 
 @pytest.fixture
 def store(mocked_aws: AwsWorld) -> TokenStore:
-    return TokenStore(TOKEN_TABLE, 3600)
+    return TokenStore(TOKEN_TABLE)
 
 
 @pytest.fixture
@@ -77,7 +77,7 @@ def handle(mocked_aws: AwsWorld) -> Any:
 def claim_for(store: TokenStore, event: dict[str, Any], kind: str, **context: str) -> str:
     detail = event["detail"]
     name = detail.get("ProcessingJobName") or detail.get("TrainingJobName") or detail["EndpointName"]
-    store.claim(name, TOKEN, EXECUTION_ARN, kind, context)  # type: ignore[arg-type]
+    store.claim(name, TOKEN, EXECUTION_ARN, kind, context, timeout_seconds=3600)  # type: ignore[arg-type]
     return str(name)
 
 
@@ -170,6 +170,38 @@ def test_training_failed_sends_training_job_failed(handle: Any, sfn: StepFunctio
     operation, params = sfn.only()
     assert (operation, params["error"]) == ("SendTaskFailure", "TrainingJobFailed")
     assert "CUDA out of memory" in params["cause"]
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "CapacityError: Unable to provision requested ML compute capacity. Please retry using a different ML "
+        "instance type.",
+        "InsufficientCapacityError: We currently do not have sufficient ml.p4d.24xlarge capacity.",
+    ],
+)
+def test_training_failed_for_capacity_sends_training_capacity_unavailable(
+    handle: Any, sfn: StepFunctionsCalls, store: TokenStore, reason: str
+) -> None:
+    # SageMaker's RetryStrategy does not retry capacity; the state does, on this error name.
+    event = load_event("sagemaker_training_failed.json")
+    event["detail"]["FailureReason"] = reason
+    claim_for(store, event, "training")
+    handle(event)
+    operation, params = sfn.only()
+    assert (operation, params["error"]) == ("SendTaskFailure", "TrainingCapacityUnavailable")
+    assert reason in params["cause"]
+
+
+def test_training_stopped_with_capacity_words_stays_training_job_failed(
+    handle: Any, sfn: StepFunctionsCalls, store: TokenStore
+) -> None:
+    event = load_event("sagemaker_training_failed.json")
+    event["detail"]["TrainingJobStatus"] = "Stopped"
+    event["detail"]["FailureReason"] = "CapacityError: Unable to provision requested ML compute capacity."
+    claim_for(store, event, "training")
+    handle(event)
+    assert sfn.only()[1]["error"] == "TrainingJobFailed"
 
 
 def test_training_failure_reason_is_truncated_to_step_functions_limit(

@@ -10,27 +10,37 @@ from typing import Any
 import aws_xray_sdk.core  # noqa: F401
 import pytest
 from botocore.exceptions import ClientError
+from moto.sagemaker.models import sagemaker_backends
+from pydantic import ValidationError
 
-from sdflow_common import aws, names
+from sdflow_common import aws, names, sagemaker_jobs
 from sdflow_common.errors import (
     DownloadJobFailed,
     EndpointBusy,
     EndpointDeployFailed,
+    JobNameTaken,
+    RunEnded,
     SageMakerQuotaExceeded,
     SageMakerThrottled,
     TrainingJobFailed,
 )
+from sdflow_common.run_document import DownloadOptions
 from sdflow_common.token_store import TokenStore
 from tests.conftest import load_function_module
 from tests.unit.conftest import (
     ACCOUNT,
     REGION,
+    SAGEMAKER_ROLE_ARN,
     TOKEN_TABLE,
     TRAINING_IMAGE_URI,
     AwsWorld,
     FakeLambdaContext,
     load_event,
 )
+
+# The execution the events/ payloads belong to (execution:sdflow-pipeline-test:pokemon-sd15-v2-…).
+PIPELINE = "sdflow-pipeline-test"
+RUN_NAME = "pokemon-sd15-v2-7f3a9c2e41"
 
 
 @pytest.fixture
@@ -40,7 +50,44 @@ def context() -> FakeLambdaContext:
 
 @pytest.fixture
 def store(mocked_aws: AwsWorld) -> TokenStore:
-    return TokenStore(TOKEN_TABLE, 3600)
+    return TokenStore(TOKEN_TABLE)
+
+
+@pytest.fixture(autouse=True)
+def running_execution(mocked_aws: AwsWorld) -> str:
+    """The run the payloads name, RUNNING in moto (moto leaves a started execution RUNNING), so
+    the starters' DescribeExecution check passes unless a test stops it."""
+    machine = mocked_aws.sfn.create_state_machine(
+        name=PIPELINE,
+        definition='{"StartAt": "Wait", "States": {"Wait": {"Type": "Pass", "End": true}}}',
+        roleArn=f"arn:aws:iam::{ACCOUNT}:role/sdflow-states",
+    )["stateMachineArn"]
+    return str(mocked_aws.sfn.start_execution(stateMachineArn=machine, name=RUN_NAME)["executionArn"])
+
+
+def run_hash(event: dict[str, Any]) -> str:
+    return names.run_hash(event["execution_arn"], event["start_time"])
+
+
+def download_name(event: dict[str, Any], attempt: int = 0, redrive: int = 0) -> str:
+    return names.download_job_name(run_hash(event), event["run_id"], event["shard"]["shard_id"], redrive, attempt)
+
+
+def training_name(event: dict[str, Any], attempt: int = 0) -> str:
+    return names.training_job_name(run_hash(event), event["config"]["run_id"], 0, attempt)
+
+
+def set_processing_status(name: str, status: str) -> None:
+    """moto completes jobs at once; a test that needs a running job says so."""
+    sagemaker_backends[ACCOUNT][REGION].processing_jobs[name].processing_job_status = status
+
+
+def tags_of(world: AwsWorld, arn: str) -> dict[str, str]:
+    return {tag["Key"]: tag["Value"] for tag in world.sagemaker.list_tags(ResourceArn=arn)["Tags"]}
+
+
+def retry_of(event: dict[str, Any], attempt: int) -> dict[str, Any]:
+    return {**copy.deepcopy(event), "attempt": attempt, "token": f"{event['token']}-retry-{attempt}"}
 
 
 def sagemaker_client() -> Any:
@@ -64,17 +111,24 @@ def test_start_download_creates_named_job_and_claims_token(
 ) -> None:
     event = load_event("start_download_task.json")
     result = load_function_module("start_download").lambda_handler(event, context)
-    expected = names.download_job_name(event["execution_arn"], event["run_id"], "00001", 0)
+    expected = download_name(event)
+    assert run_hash(event) in expected
     assert result == {"resource_name": expected, "created": True}
     assert download_job_names(mocked_aws) == [expected]
     job = mocked_aws.sagemaker.describe_processing_job(ProcessingJobName=expected)
     assert job["AppSpecification"]["ContainerEntrypoint"] == ["download"]
     assert job["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]["S3Uri"] == event["shard"]["output_uri"]
+    assert tags_of(mocked_aws, job["ProcessingJobArn"]) == {
+        "sdflow:execution": event["run_id"],
+        "sdflow:run": run_hash(event),
+        "sdflow:shard": "00001",
+    }
     record = store.get(expected)
     assert record is not None
     assert record.task_token == event["token"]
     assert record.kind == "download"
     assert record.context["shard_id"] == "00001"
+    assert record.deadline - record.created_at == event["timeout_seconds"]
 
 
 def test_start_download_reinvoked_same_attempt_creates_one_job(
@@ -96,15 +150,194 @@ def test_start_download_reinvoked_same_attempt_creates_one_job(
     assert len(download_job_names(mocked_aws)) == 1
 
 
-def test_start_download_retry_attempt_creates_distinct_job(mocked_aws: AwsWorld, context: FakeLambdaContext) -> None:
+def test_start_download_retry_after_failed_attempt_creates_distinct_job(
+    mocked_aws: AwsWorld, context: FakeLambdaContext
+) -> None:
     handler = load_function_module("start_download").lambda_handler
     first = load_event("start_download_task.json")
-    retry = {**copy.deepcopy(first), "attempt": 1, "token": first["token"] + "-retry"}
     name_0 = handler(first, context)["resource_name"]
-    name_1 = handler(retry, context)["resource_name"]
+    set_processing_status(name_0, "Failed")
+    name_1 = handler(retry_of(first, 1), context)["resource_name"]
     assert name_0 != name_1
-    assert name_1.endswith("-a1")
+    assert name_1.endswith("-r0-a1")
     assert download_job_names(mocked_aws) == sorted([name_0, name_1])
+
+
+def test_start_download_redrive_counts_of_parent_and_child_are_summed(
+    mocked_aws: AwsWorld, context: FakeLambdaContext
+) -> None:
+    event = {**load_event("start_download_task.json"), "redrive_count": 1, "child_redrive_count": 2}
+    result = load_function_module("start_download").lambda_handler(event, context)
+    assert result["resource_name"] == download_name(event, redrive=3)
+
+
+def test_start_download_starter_died_after_create_retry_adopts_the_running_job(
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext
+) -> None:
+    handler = load_function_module("start_download").lambda_handler
+    first = load_event("start_download_task.json")
+    # Attempt 0 created its job, then its Lambda died (Runtime.ExitError): the state retries.
+    handler(first, context)
+    set_processing_status(download_name(first), "InProgress")
+    retry = retry_of(first, 1)
+    result = handler(retry, context)
+    assert result == {"resource_name": download_name(first), "created": False, "adopted": True}
+    assert download_job_names(mocked_aws) == [download_name(first)], "exactly one job for the task"
+    record = store.get(download_name(first))
+    assert record is not None
+    assert record.task_token == retry["token"], "the job's event must answer the live attempt"
+    assert store.get(download_name(first, attempt=1)) is None
+
+
+def test_start_download_two_earlier_attempts_running_adopts_newest_stops_the_other(
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext
+) -> None:
+    handler = load_function_module("start_download").lambda_handler
+    first = load_event("start_download_task.json")
+    handler(first, context)
+    set_processing_status(download_name(first), "InProgress")
+    # A job of attempt 1 that some earlier bug left beside attempt 0's, claimed by nobody.
+    mocked_aws.sagemaker.create_processing_job(**stray_request(first, attempt=1))
+    set_processing_status(download_name(first, attempt=1), "InProgress")
+    result = handler(retry_of(first, 2), context)
+    assert result["resource_name"] == download_name(first, attempt=1)
+    assert sagemaker_backends[ACCOUNT][REGION].processing_jobs[download_name(first)].processing_job_status == "Stopped"
+    assert len(download_job_names(mocked_aws)) == 2, "no third job"
+
+
+def test_start_download_retry_cannot_list_earlier_attempts_raises_throttled_without_a_job(
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sagemaker_client(), "list_processing_jobs", throttle)
+    event = retry_of(load_event("start_download_task.json"), 1)
+    with pytest.raises(SageMakerThrottled, match="ListProcessingJobs"):
+        load_function_module("start_download").lambda_handler(event, context)
+    assert download_job_names(mocked_aws) == [], "no second job while the first may still run"
+    assert store.get(download_name(event, attempt=1)) is None
+
+
+def stray_request(event: dict[str, Any], attempt: int, run: str | None = None) -> dict[str, Any]:
+    return sagemaker_jobs.processing_job_request(
+        job_name=download_name(event, attempt=attempt),
+        run_id=event["run_id"],
+        run_hash=run or run_hash(event),
+        shard_id=event["shard"]["shard_id"],
+        parquet_uri=event["shard"]["parquet_uri"],
+        output_uri=event["shard"]["output_uri"],
+        options=DownloadOptions(),
+        url_column="URL",
+        caption_column="TEXT",
+        image_uri=TRAINING_IMAGE_URI,
+        role_arn=SAGEMAKER_ROLE_ARN,
+    )
+
+
+@pytest.fixture
+def unique_job_names(mocked_aws: AwsWorld, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SageMaker refuses a second job of one name; moto 5.2.5 replaces the first. The refusal as
+    SageMaker words it (for training jobs: "Training job names must be unique within an AWS
+    account and region, and a training job with this name already exists (<arn>)")."""
+    original = sagemaker_client().create_processing_job
+
+    def create(**request: Any) -> Any:
+        existing = sagemaker_backends[ACCOUNT][REGION].processing_jobs.get(request["ProcessingJobName"])
+        if existing is not None:
+            message = (
+                "Processing job names must be unique within an AWS account and region, and a processing job "
+                f"with this name already exists ({existing.arn})"
+            )
+            raise ClientError({"Error": {"Code": "ResourceInUse", "Message": message}}, "CreateProcessingJob")
+        return original(**request)
+
+    monkeypatch.setattr(sagemaker_client(), "create_processing_job", create)
+
+
+@pytest.mark.usefixtures("unique_job_names")
+def test_start_download_existing_job_of_this_run_is_adopted_for_a_new_claim(
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext
+) -> None:
+    event = load_event("start_download_task.json")
+    # The job exists, its claim is gone (resolved, or expired): the name is this run's all the same.
+    mocked_aws.sagemaker.create_processing_job(**stray_request(event, attempt=0))
+    result = load_function_module("start_download").lambda_handler(event, context)
+    assert result == {"resource_name": download_name(event), "created": False}
+    assert store.get(download_name(event)).task_token == event["token"]  # type: ignore[union-attr]
+
+
+@pytest.mark.usefixtures("unique_job_names")
+def test_start_download_existing_job_of_another_run_raises_job_name_taken(
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext
+) -> None:
+    event = load_event("start_download_task.json")
+    mocked_aws.sagemaker.create_processing_job(**stray_request(event, attempt=0, run="0123456789"))
+    with pytest.raises(JobNameTaken, match=r"belongs to run 0123456789.*new execution name"):
+        load_function_module("start_download").lambda_handler(event, context)
+    assert store.get(download_name(event)) is None, "another run's job must not answer this task"
+
+
+def test_start_download_run_stopped_during_create_stops_the_job(
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext, running_execution: str
+) -> None:
+    # StopExecution landed while the starter ran: the run-ended cleanup may have listed the run's
+    # jobs before this one existed, so the starter must stop it itself.
+    mocked_aws.sfn.stop_execution(executionArn=running_execution)
+    event = load_event("start_download_task.json")
+    with pytest.raises(RunEnded, match=r"ABORTED.*the job was stopped"):
+        load_function_module("start_download").lambda_handler(event, context)
+    job = mocked_aws.sagemaker.describe_processing_job(ProcessingJobName=download_name(event))
+    assert job["ProcessingJobStatus"] == "Stopped"
+    assert store.get(download_name(event)) is None
+
+
+def test_start_download_run_status_throttled_keeps_the_job_for_the_retry_to_adopt(
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    handler = load_function_module("start_download").lambda_handler
+    sfn = aws.client("stepfunctions")
+    real = sfn.describe_execution
+    monkeypatch.setattr(sfn, "describe_execution", throttle)
+    event = load_event("start_download_task.json")
+    with pytest.raises(SageMakerThrottled, match="the retry adopts the job"):
+        handler(event, context)
+    set_processing_status(download_name(event), "InProgress")
+    monkeypatch.setattr(sfn, "describe_execution", real)
+    assert handler(retry_of(event, 1), context)["adopted"] is True
+    assert download_job_names(mocked_aws) == [download_name(event)]
+
+
+def test_start_download_run_status_unreadable_stops_the_job_and_fails_the_step(
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def denied(**_kwargs: Any) -> None:
+        raise ClientError({"Error": {"Code": "AccessDeniedException", "Message": "no"}}, "DescribeExecution")
+
+    monkeypatch.setattr(aws.client("stepfunctions"), "describe_execution", denied)
+    stops: list[str] = []
+    monkeypatch.setattr(sagemaker_client(), "stop_processing_job", lambda **kw: stops.append(kw["ProcessingJobName"]))
+    event = load_event("start_download_task.json")
+    with pytest.raises(DownloadJobFailed, match="AccessDeniedException"):
+        load_function_module("start_download").lambda_handler(event, context)
+    assert stops == [download_name(event)]
+    assert store.get(download_name(event)) is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [("start_time", "last tuesday", "start_time"), ("timeout_seconds", 0, "timeout_seconds")],
+)
+def test_start_download_bad_payload_field_is_named(
+    mocked_aws: AwsWorld, context: FakeLambdaContext, field: str, value: Any, message: str
+) -> None:
+    event = {**load_event("start_download_task.json"), field: value}
+    with pytest.raises(ValidationError, match=message):
+        load_function_module("start_download").lambda_handler(event, context)
+
+
+def test_start_download_payload_without_start_time_is_refused(mocked_aws: AwsWorld, context: FakeLambdaContext) -> None:
+    event = load_event("start_download_task.json")
+    del event["start_time"]
+    with pytest.raises(ValidationError, match="start_time"):
+        load_function_module("start_download").lambda_handler(event, context)
 
 
 def test_start_download_throttled_raises_and_releases_claim(
@@ -114,7 +347,7 @@ def test_start_download_throttled_raises_and_releases_claim(
     event = load_event("start_download_task.json")
     with pytest.raises(SageMakerThrottled, match="Rate exceeded"):
         load_function_module("start_download").lambda_handler(event, context)
-    assert store.get(names.download_job_name(event["execution_arn"], event["run_id"], "00001", 0)) is None
+    assert store.get(download_name(event)) is None
     assert download_job_names(mocked_aws) == []
 
 
@@ -130,7 +363,7 @@ def test_start_download_refused_request_raises_download_job_failed(
     event = load_event("start_download_task.json")
     with pytest.raises(DownloadJobFailed, match="Role cannot be assumed"):
         load_function_module("start_download").lambda_handler(event, context)
-    assert store.get(names.download_job_name(event["execution_arn"], event["run_id"], "00001", 0)) is None
+    assert store.get(download_name(event)) is None
 
 
 def test_start_download_missing_role_setting_names_variable(
@@ -144,18 +377,36 @@ def test_start_download_missing_role_setting_names_variable(
 # ---------------------------------------------------------------------------- training
 
 
+def test_start_training_retry_adopts_running_job_of_dead_starter(
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext
+) -> None:
+    handler = load_function_module("start_training").lambda_handler
+    event = load_event("start_training_task.json")
+    handler(event, context)
+    sagemaker_backends[ACCOUNT][REGION].training_jobs[training_name(event)].training_job_status = "InProgress"
+    retry = retry_of(event, 1)
+    assert handler(retry, context) == {"resource_name": training_name(event), "created": False, "adopted": True}
+    jobs = mocked_aws.sagemaker.list_training_jobs()["TrainingJobSummaries"]
+    assert [job["TrainingJobName"] for job in jobs] == [training_name(event)], "one job shares the checkpoints"
+    assert store.get(training_name(event)).task_token == retry["token"]  # type: ignore[union-attr]
+
+
 def test_start_training_creates_job_with_run_options(
     mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext
 ) -> None:
     event = load_event("start_training_task.json")
     result = load_function_module("start_training").lambda_handler(event, context)
-    expected = names.training_job_name(event["execution_arn"], event["config"]["run_id"], 0)
+    expected = training_name(event)
     assert result == {"resource_name": expected, "created": True}
     job = mocked_aws.sagemaker.describe_training_job(TrainingJobName=expected)
     assert job["AlgorithmSpecification"]["TrainingImage"] == TRAINING_IMAGE_URI
     assert job["ResourceConfig"]["InstanceCount"] == event["config"]["run"]["training"]["instance_count"]
     assert job["HyperParameters"]["max_train_steps"] == str(event["config"]["run"]["training"]["max_train_steps"])
     assert job["EnableManagedSpotTraining"] is True
+    # Per job: a retry's or a redrive's job never overwrites this one's checkpoints.
+    bucket, run_id = event["config"]["bucket"], event["config"]["run_id"]
+    assert job["CheckpointConfig"]["S3Uri"] == f"s3://{bucket}/runs/{run_id}/checkpoints/{expected}/"
+    assert tags_of(mocked_aws, job["TrainingJobArn"])["sdflow:run"] == run_hash(event)
     record = store.get(expected)
     assert record is not None
     assert record.kind == "training"
@@ -169,7 +420,7 @@ def test_start_training_throttled_raises_and_releases_claim(
     event = load_event("start_training_task.json")
     with pytest.raises(SageMakerThrottled):
         load_function_module("start_training").lambda_handler(event, context)
-    assert store.get(names.training_job_name(event["execution_arn"], event["config"]["run_id"], 0)) is None
+    assert store.get(training_name(event)) is None
 
 
 def over_quota(limit: int, used: int, delta: int) -> Any:
@@ -194,7 +445,7 @@ def test_start_training_quota_in_use_raises_quota_exceeded_and_releases_claim(
     with pytest.raises(SageMakerQuotaExceeded, match="ResourceLimitExceeded") as raised:
         load_function_module("start_training").lambda_handler(event, context)
     assert not isinstance(raised.value, SageMakerThrottled), "a quota gets its own, longer Retry"
-    assert store.get(names.training_job_name(event["execution_arn"], event["config"]["run_id"], 0)) is None
+    assert store.get(training_name(event)) is None
 
 
 def test_start_training_request_above_quota_fails_at_once_with_advice(
@@ -253,7 +504,7 @@ def test_deploy_endpoint_missing_endpoint_is_created(
     event = load_event("deploy_endpoint_task.json")
     result = load_function_module("deploy_endpoint").lambda_handler(event, context)
     endpoint = endpoint_name(event)
-    deployment = names.deployment_name(endpoint, event["execution_arn"], 0)
+    deployment = names.deployment_name(endpoint, run_hash(event), 0, 0)
     assert result["action"] == "create"
     assert result["endpoint_config_name"] == deployment
     described = mocked_aws.sagemaker.describe_endpoint(EndpointName=endpoint)
@@ -269,6 +520,8 @@ def test_deploy_endpoint_missing_endpoint_is_created(
         "run_id": event["config"]["run_id"],
         "action": "create",
     }
+    for arn in (described["EndpointArn"], model["ModelArn"]):
+        assert tags_of(mocked_aws, arn)["sdflow:run"] == run_hash(event)
 
 
 def test_deploy_endpoint_existing_endpoint_is_updated_blue_green(
@@ -281,7 +534,7 @@ def test_deploy_endpoint_existing_endpoint_is_updated_blue_green(
     # moto has no UpdateEndpoint; record the request instead.
     monkeypatch.setattr(sagemaker_client(), "update_endpoint", lambda **kw: updates.append(kw) or {})
     result = load_function_module("deploy_endpoint").lambda_handler(event, context)
-    deployment = names.deployment_name(endpoint, event["execution_arn"], 0)
+    deployment = names.deployment_name(endpoint, run_hash(event), 0, 0)
     assert result["action"] == "update"
     assert len(updates) == 1
     assert updates[0]["EndpointName"] == endpoint
@@ -289,7 +542,9 @@ def test_deploy_endpoint_existing_endpoint_is_updated_blue_green(
     policy = updates[0]["DeploymentConfig"]["BlueGreenUpdatePolicy"]
     assert policy["TrafficRoutingConfiguration"]["Type"] == "ALL_AT_ONCE"
     assert mocked_aws.sagemaker.describe_endpoint_config(EndpointConfigName=deployment)["ProductionVariants"]
-    assert store.get(endpoint).context["action"] == "update"  # type: ignore[union-attr]
+    claimed = store.get(endpoint).context  # type: ignore[union-attr]
+    # What a rollback restores if the run ends without succeeding.
+    assert (claimed["action"], claimed["previous_endpoint_config"]) == ("update", "previous-config")
 
 
 def test_deploy_endpoint_rollback_alarms_from_environment(
@@ -318,6 +573,38 @@ def test_deploy_endpoint_reinvoked_same_attempt_creates_once(
     assert creates == []
 
 
+def test_deploy_endpoint_retry_after_crash_adopts_the_earlier_attempts_rollout(
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attempt 0 died after CreateEndpoint (Runtime.ExitError; its claim stays): attempt 1 takes
+    the creating endpoint over instead of waiting to update it a second time."""
+    handler = load_function_module("deploy_endpoint").lambda_handler
+    event = load_event("deploy_endpoint_task.json")
+    handler(event, context)
+    endpoint = endpoint_name(event)
+    first_config = names.deployment_name(endpoint, run_hash(event), 0, 0)
+    monkeypatch.setattr(
+        sagemaker_client(),
+        "describe_endpoint",
+        lambda **_kw: {"EndpointName": endpoint, "EndpointStatus": "Creating", "EndpointConfigName": first_config},
+    )
+    retry = {**copy.deepcopy(event), "attempt": 1, "token": "token-of-attempt-1"}
+
+    result = handler(retry, context)
+
+    assert result == {
+        "resource_name": endpoint,
+        "endpoint_config_name": first_config,
+        "created": False,
+        "adopted": True,
+    }
+    record = store.get(endpoint)
+    assert record is not None
+    assert record.task_token == "token-of-attempt-1"
+    assert record.context["endpoint_config_name"] == first_config
+    assert record.context["action"] == "create"
+
+
 @pytest.mark.parametrize("status", ["Creating", "Updating", "RollingBack", "SystemUpdating"])
 def test_deploy_endpoint_changing_endpoint_raises_busy_and_releases_claim(
     mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext, monkeypatch: pytest.MonkeyPatch, status: str
@@ -340,7 +627,7 @@ def test_deploy_endpoint_held_by_other_run_raises_busy(
     event = load_event("deploy_endpoint_task.json")
     endpoint = endpoint_name(event)
     other = f"arn:aws:states:{REGION}:{ACCOUNT}:execution:sdflow-pipeline-test:other-run"
-    store.claim(endpoint, "other-token", other, "endpoint", {"action": "update"})
+    store.claim(endpoint, "other-token", other, "endpoint", {"action": "update"}, timeout_seconds=3600)
     with pytest.raises(EndpointBusy, match="other-run"):
         load_function_module("deploy_endpoint").lambda_handler(event, context)
     assert store.get(endpoint).task_token == "other-token"  # type: ignore[union-attr]

@@ -1,6 +1,9 @@
-"""SageMaker resource names: valid, ≤ 63 characters, deterministic, distinct per run/item/attempt."""
+"""SageMaker resource names: valid, ≤ 63 characters, deterministic, distinct per run/item/redrive/attempt."""
 
 from __future__ import annotations
+
+import fnmatch
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -8,7 +11,9 @@ from sdflow_common import names
 from sdflow_common.names import NAME_PATTERN, InvalidNameInput
 
 ARN = "arn:aws:states:us-east-1:123456789012:execution:sdflow-pipeline:{}"
+START = "2026-11-23T16:48:03.123Z"
 LONG_RUN_ID = "a-very-long-run-name-that-goes-on-and-on-" + "x" * 38  # 80 characters, SFN's maximum
+HASH = names.run_hash(ARN.format("demo"), START)
 
 
 def assert_valid(name: str) -> None:
@@ -16,79 +21,149 @@ def assert_valid(name: str) -> None:
     assert NAME_PATTERN.match(name), name
 
 
+# ---------------------------------------------------------------------------- run identity
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "2026-11-23T16:48:03.123Z",  # $$.Execution.StartTime
+        "2026-11-23T16:48:03.123+00:00",
+        "2026-11-23T17:48:03.123456+01:00",  # another offset, more precision: floor to the ms
+        "2026-11-23T16:48:03.123999999Z",  # nanoseconds
+        "2026-11-23T16:48:03.123",  # no offset = UTC
+        1795452483123,  # EventBridge startDate (epoch ms)
+        1795452483123.9,
+        datetime(2026, 11, 23, 16, 48, 3, 123456, tzinfo=UTC),  # DescribeExecution startDate
+        datetime(2026, 11, 23, 18, 48, 3, 123000, tzinfo=timezone(timedelta(hours=2))),
+    ],
+)
+def test_start_millis_every_spelling_of_one_instant_agrees(spelling: str | int | float | datetime) -> None:
+    assert names.start_millis(spelling) == 1795452483123
+
+
+@pytest.mark.parametrize("bad", ["yesterday", "", "2026-13-40T00:00:00Z", True, None, float("nan")])
+def test_start_millis_unreadable_time_raises_naming_the_source(bad: object) -> None:
+    with pytest.raises(InvalidNameInput, match="start_time"):
+        names.start_millis(bad)  # type: ignore[arg-type]
+
+
+def test_run_hash_same_for_redrives_and_spellings_differs_for_reused_execution_name() -> None:
+    arn = ARN.format("demo")
+    assert names.run_hash(arn, START) == names.run_hash(arn, 1795452483123)
+    assert len(names.run_hash(arn, START)) == names.HASH_LENGTH
+    # Step Functions allows the name again 90 days later: same ARN, another start time.
+    assert names.run_hash(arn, START) != names.run_hash(arn, "2027-02-21T16:48:03.123Z")
+    assert names.run_hash(arn, START) != names.run_hash(ARN.format("demo-2"), START)
+
+
+def test_run_hash_empty_execution_arn_raises() -> None:
+    with pytest.raises(InvalidNameInput, match="execution_arn"):
+        names.run_hash("", START)
+
+
+# ---------------------------------------------------------------------------- names
+
+
 @pytest.mark.parametrize("run_id", ["demo", LONG_RUN_ID, "Run_With.Odd--chars__", "___"])
-@pytest.mark.parametrize("attempt", [0, 7, 123])
-def test_download_job_name_any_run_id_is_valid_sagemaker_name(run_id: str, attempt: int) -> None:
-    name = names.download_job_name(ARN.format(run_id), run_id, "00042", attempt)
+@pytest.mark.parametrize(("redrive", "attempt"), [(0, 0), (3, 7), (1000, 123), (12345, 99999999)])
+def test_download_job_name_any_run_id_is_valid_and_contains_the_run_hash(
+    run_id: str, redrive: int, attempt: int
+) -> None:
+    name = names.download_job_name(HASH, run_id, "00042", redrive, attempt)
     assert_valid(name)
     assert name.startswith("sdf-dl-")
-    assert name.endswith(f"-00042-a{attempt}")
+    assert f"-{HASH}-00042-r{redrive}-a{attempt}" in name
+    assert name.endswith(f"-00042-r{redrive}-a{attempt}")
 
 
 def test_download_job_name_same_inputs_same_name() -> None:
-    first = names.download_job_name(ARN.format("demo"), "demo", "00001", 0)
-    assert first == names.download_job_name(ARN.format("demo"), "demo", "00001", 0)
+    assert names.download_job_name(HASH, "demo", "00001", 0, 0) == names.download_job_name(HASH, "demo", "00001", 0, 0)
 
 
-def test_download_job_name_retry_attempt_changes_name() -> None:
-    attempts = {names.download_job_name(ARN.format("demo"), "demo", "00001", n) for n in range(5)}
-    assert len(attempts) == 5
+def test_download_job_name_attempt_redrive_shard_and_run_each_change_the_name() -> None:
+    base = names.download_job_name(HASH, "demo", "00001", 0, 0)
+    others = {
+        names.download_job_name(HASH, "demo", "00001", 0, 1),
+        names.download_job_name(HASH, "demo", "00001", 1, 0),
+        names.download_job_name(HASH, "demo", "00002", 0, 0),
+        names.download_job_name(names.run_hash(ARN.format("demo"), "2027-01-01T00:00:00Z"), "demo", "00001", 0, 0),
+    }
+    assert base not in others
+    assert len(others) == 4
 
 
-def test_download_job_name_differs_per_shard_and_per_execution() -> None:
-    base = names.download_job_name(ARN.format("demo"), "demo", "00001", 0)
-    assert base != names.download_job_name(ARN.format("demo"), "demo", "00002", 0)
-    assert base != names.download_job_name(ARN.format("demo-2"), "demo", "00001", 0)
+def test_download_job_name_readable_part_is_cut_the_same_for_every_attempt() -> None:
+    # Attempt 9 and attempt 10 differ in width; the slug must not, or NameContains of the
+    # task's key would still work but a human could not line the attempts up.
+    slugs = {names.download_job_name(HASH, LONG_RUN_ID, "00001", 0, n).split(f"-{HASH}-")[0] for n in (0, 9, 10, 999)}
+    assert len(slugs) == 1
 
 
-def test_download_job_name_runs_sharing_a_truncated_prefix_still_differ() -> None:
-    # Both run ids are cut to the same readable slug; only the hash can tell them apart.
-    run_a, run_b = LONG_RUN_ID + "-a", LONG_RUN_ID + "-b"
-    name_a = names.download_job_name(ARN.format(run_a), run_a, "00001", 0)
-    name_b = names.download_job_name(ARN.format(run_b), run_b, "00001", 0)
-    assert_valid(name_a)
-    assert name_a != name_b
-
-
-def test_training_job_name_is_valid_and_distinct_per_attempt() -> None:
-    first = names.training_job_name(ARN.format(LONG_RUN_ID), LONG_RUN_ID, 0)
-    retry = names.training_job_name(ARN.format(LONG_RUN_ID), LONG_RUN_ID, 1)
+def test_training_job_name_is_valid_and_distinct_per_attempt_and_redrive() -> None:
+    first = names.training_job_name(HASH, LONG_RUN_ID, 0, 0)
     assert_valid(first)
-    assert_valid(retry)
     assert first.startswith("sdf-tr-a-very-long")
-    assert first != retry
+    assert first.endswith(f"-{HASH}-r0-a0")
+    assert first != names.training_job_name(HASH, LONG_RUN_ID, 0, 1)
+    assert first != names.training_job_name(HASH, LONG_RUN_ID, 1, 0)
 
 
 def test_deployment_name_longest_endpoint_name_fits() -> None:
     endpoint = "E" * 48  # EndpointOptions.name allows 48 characters
-    name = names.deployment_name(endpoint, ARN.format("demo"), 99)
+    name = names.deployment_name(endpoint, HASH, 1000, 99)
     assert_valid(name)
     assert name.startswith("e" * 20)
-    assert name.endswith("-a99")
+    assert name.endswith(f"-{HASH}-r1000-a99")
 
 
-def test_deployment_name_differs_per_execution_and_attempt() -> None:
-    base = names.deployment_name("sdflow", ARN.format("one"), 0)
-    assert base != names.deployment_name("sdflow", ARN.format("two"), 0)
-    assert base != names.deployment_name("sdflow", ARN.format("one"), 1)
+def test_deployment_name_differs_per_run_redrive_and_attempt() -> None:
+    base = names.deployment_name("sdflow", HASH, 0, 0)
+    other_run = names.run_hash(ARN.format("two"), START)
+    assert base not in {
+        names.deployment_name("sdflow", other_run, 0, 0),
+        names.deployment_name("sdflow", HASH, 0, 1),
+        names.deployment_name("sdflow", HASH, 1, 0),
+    }
 
 
-def test_names_negative_attempt_raises() -> None:
-    with pytest.raises(InvalidNameInput, match="RetryCount"):
-        names.training_job_name(ARN.format("demo"), "demo", -1)
+@pytest.mark.parametrize(("redrive", "attempt", "source"), [(0, -1, "RetryCount"), (-1, 0, "RedriveCount")])
+def test_names_negative_counter_raises_naming_its_source(redrive: int, attempt: int, source: str) -> None:
+    with pytest.raises(InvalidNameInput, match=source):
+        names.training_job_name(HASH, "demo", redrive, attempt)
 
 
 def test_download_job_name_shard_without_alphanumerics_raises() -> None:
     with pytest.raises(InvalidNameInput, match="shard_id"):
-        names.download_job_name(ARN.format("demo"), "demo", "--", 0)
+        names.download_job_name(HASH, "demo", "--", 0, 0)
 
 
-def test_training_job_glob_matches_every_attempt_of_its_execution_only() -> None:
-    import fnmatch
+# ---------------------------------------------------------------------------- lookups
 
-    execution = "arn:aws:states:us-east-1:123456789012:execution:sdflow-pipeline:" + "r" * 80
-    other = "arn:aws:states:us-east-1:123456789012:execution:sdflow-pipeline:other"
-    pattern = names.training_job_glob(execution)
-    for attempt in (0, 9, 10, 123):
-        assert fnmatch.fnmatchcase(names.training_job_name(execution, "r" * 80, attempt), pattern)
-    assert not fnmatch.fnmatchcase(names.training_job_name(other, "r" * 80, 0), pattern)
+
+def test_same_task_key_is_shared_by_every_attempt_of_one_task_only() -> None:
+    attempts = [names.download_job_name(HASH, LONG_RUN_ID, "00001", 2, n) for n in (0, 1, 10)]
+    keys = {names.same_task_key(name, HASH) for name in attempts}
+    assert keys == {f"{HASH}-00001-r2-a"}
+    for other in (
+        names.download_job_name(HASH, LONG_RUN_ID, "00002", 2, 0),
+        names.download_job_name(HASH, LONG_RUN_ID, "00001", 20, 0),  # r20 must not match r2
+        names.download_job_name(HASH, LONG_RUN_ID, "00001", 1, 0),
+    ):
+        assert f"{HASH}-00001-r2-a" not in other, other
+    assert names.attempt_of(attempts[2]) == 10
+
+
+def test_same_task_key_of_a_foreign_name_raises() -> None:
+    with pytest.raises(InvalidNameInput, match="-a<attempt>"):
+        names.same_task_key("someone-elses-job", HASH)
+
+
+def test_training_job_glob_matches_every_attempt_and_redrive_of_its_run_only() -> None:
+    execution = ARN.format("r" * 80)
+    pattern = names.training_job_glob(execution, START)
+    run = names.run_hash(execution, START)
+    for redrive, attempt in ((0, 0), (0, 9), (1, 10), (1000, 123)):
+        assert fnmatch.fnmatchcase(names.training_job_name(run, "r" * 80, redrive, attempt), pattern)
+    reused = names.run_hash(execution, "2027-02-21T16:48:03.123Z")
+    assert not fnmatch.fnmatchcase(names.training_job_name(reused, "r" * 80, 0, 0), pattern)

@@ -10,6 +10,7 @@ from tests.unit.conftest import DATA_BUCKET, AwsWorld
 
 EXECUTION = "arn:aws:states:us-east-1:123456789012:execution:sdflow-pipeline:demo-1"
 OTHER = "arn:aws:states:us-east-1:123456789012:execution:sdflow-pipeline:demo-2"
+START = "2026-11-23T16:48:03.123Z"
 
 
 def _log(workdir: Path, job: str, text: str) -> None:
@@ -19,13 +20,14 @@ def _log(workdir: Path, job: str, text: str) -> None:
 
 
 def test_progress_training_reads_this_executions_job_not_another(tmp_path: Path) -> None:
-    _log(tmp_path, names.training_job_name(OTHER, "demo-2", 0), "step=9 loss=0.9\n")
-    _log(tmp_path, names.training_job_name(EXECUTION, "demo-1", 1), "step=1 loss=0.5\nstep=2 loss=0.25\n")
+    mine = names.training_job_name(names.run_hash(EXECUTION, START), "demo-1", 0, 1)
+    _log(tmp_path, names.training_job_name(names.run_hash(OTHER, START), "demo-2", 0, 0), "step=9 loss=0.9\n")
+    _log(tmp_path, mine, "step=1 loss=0.5\nstep=2 loss=0.25\n")
     snap = progress.Progress(execution_arn=EXECUTION, status="RUNNING")
 
-    progress._training(tmp_path, EXECUTION, snap)
+    progress._training(tmp_path, EXECUTION, START, snap)
 
-    assert snap.training_job == names.training_job_name(EXECUTION, "demo-1", 1)
+    assert snap.training_job == mine
     assert (snap.training_step, snap.training_loss) == (2, 0.25)
 
 

@@ -1,4 +1,5 @@
-"""reconciler: old claims whose resource is terminal get resolved as if the event had arrived."""
+"""reconciler: only claims near or past their deadline are looked at; a terminal resource resolves its
+token as if the event had arrived, a job that outlived its task is stopped."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from typing import Any
 import aws_xray_sdk.core  # noqa: F401
 import pytest
 from botocore.exceptions import ClientError
+from moto.sagemaker.models import sagemaker_backends
 
 from sdflow_common import aws, sagemaker_jobs
 from sdflow_common.errors import ReconcileIncomplete
 from sdflow_common.run_document import DownloadOptions, RunDocument
-from sdflow_common.token_store import TokenStore
+from sdflow_common.token_store import Kind, TokenStore
 from tests.conftest import load_function_module
 from tests.unit.conftest import (
     ACCOUNT,
@@ -32,7 +34,9 @@ from tests.unit.conftest import (
 
 EXECUTION_ARN = f"arn:aws:states:{REGION}:{ACCOUNT}:execution:sdflow-pipeline-test:run-under-test"
 RUN_ID = "run-under-test"
-AN_HOUR_AGO = 3600
+RUN_HASH = "0123456789"
+TIMEOUT = 4500  # the task's TimeoutSeconds
+LEAD = 1200  # RECONCILE_LEAD_SECONDS
 
 
 @dataclass
@@ -45,6 +49,7 @@ class Resolutions:
 
 @pytest.fixture
 def sfn(mocked_aws: AwsWorld, monkeypatch: pytest.MonkeyPatch) -> Resolutions:
+    monkeypatch.setenv("RECONCILE_LEAD_SECONDS", str(LEAD))
     recorder = Resolutions()
     client = aws.client("stepfunctions")
     monkeypatch.setattr(client, "send_task_success", lambda **kw: recorder.calls.append(("success", kw)) or {})
@@ -52,14 +57,33 @@ def sfn(mocked_aws: AwsWorld, monkeypatch: pytest.MonkeyPatch) -> Resolutions:
     return recorder
 
 
-def claims_made(seconds_ago: int) -> TokenStore:
-    """A store whose claims carry a creation time in the past."""
-    return TokenStore(TOKEN_TABLE, 14 * 24 * 3600, clock=lambda: time.time() - seconds_ago)
+@pytest.fixture
+def sagemaker_calls(mocked_aws: AwsWorld) -> list[str]:
+    """Every SageMaker API call the functions' client makes, by operation name."""
+    calls: list[str] = []
+    aws.client("sagemaker").meta.events.register(
+        "before-call.sagemaker.*", lambda model, **_kw: calls.append(model.name)
+    )
+    return calls
+
+
+def claim(name: str, token: str, kind: Kind, *, deadline_in: int, context: dict[str, str] | None = None) -> None:
+    """A claim whose task's deadline is `deadline_in` seconds from now (negative: passed)."""
+    store = TokenStore(TOKEN_TABLE, clock=lambda: time.time() + deadline_in - TIMEOUT)
+    store.claim(name, token, EXECUTION_ARN, kind, context, timeout_seconds=TIMEOUT)
 
 
 def reconcile() -> dict[str, int]:
     handler = load_function_module("reconciler").lambda_handler
     return handler(load_event("scheduled_reconciler.json"), FakeLambdaContext())  # type: ignore[no-any-return]
+
+
+def set_status(name: str, status: str) -> None:
+    backend = sagemaker_backends[ACCOUNT][REGION]
+    if name in backend.processing_jobs:
+        backend.processing_jobs[name].processing_job_status = status
+    else:
+        backend.training_jobs[name].training_job_status = status
 
 
 def create_training_job(world: AwsWorld, name: str) -> None:
@@ -70,6 +94,7 @@ def create_training_job(world: AwsWorld, name: str) -> None:
         **sagemaker_jobs.training_job_request(
             job_name=name,
             run_id=RUN_ID,
+            run_hash=RUN_HASH,
             bucket=DATA_BUCKET,
             dataset_prefix_uri=f"s3://{DATA_BUCKET}/runs/{RUN_ID}/dataset/",
             run=run,
@@ -84,6 +109,7 @@ def create_processing_job(world: AwsWorld, name: str) -> None:
         **sagemaker_jobs.processing_job_request(
             job_name=name,
             run_id=RUN_ID,
+            run_hash=RUN_HASH,
             shard_id="00000",
             parquet_uri=f"s3://{DATA_BUCKET}/d/part-0.parquet",
             output_uri=f"s3://{DATA_BUCKET}/runs/{RUN_ID}/dataset/shards/00000/",
@@ -96,46 +122,103 @@ def create_processing_job(world: AwsWorld, name: str) -> None:
     )
 
 
-def test_reconciler_resolves_training_job_whose_event_was_missed(mocked_aws: AwsWorld, sfn: Resolutions) -> None:
+def test_reconciler_resolves_training_job_whose_event_was_missed_before_its_deadline(
+    mocked_aws: AwsWorld, sfn: Resolutions
+) -> None:
     create_training_job(mocked_aws, "sdf-tr-missed-a0")  # moto completes jobs at once
-    claims_made(AN_HOUR_AGO).claim("sdf-tr-missed-a0", "token-missed", EXECUTION_ARN, "training")
+    claim("sdf-tr-missed-a0", "token-missed", "training", deadline_in=LEAD - 60)
     counts = reconcile()
     operation, params = sfn.by_token()["token-missed"]
     assert operation == "success"
     output = json.loads(params["output"])
     assert output["job_name"] == "sdf-tr-missed-a0"
     assert output["model_data_url"].endswith("sdf-tr-missed-a0/output/model.tar.gz")
-    assert counts == {"checked": 1, "resolved": 1, "pending": 0, "vanished": 0, "errors": 0}
-    assert TokenStore(TOKEN_TABLE, 60).get("sdf-tr-missed-a0") is None
+    assert counts == {"checked": 1, "resolved": 1, "pending": 0, "vanished": 0, "stopped": 0, "errors": 0}
+    assert TokenStore(TOKEN_TABLE).get("sdf-tr-missed-a0") is None
 
 
-def test_reconciler_leaves_running_job_and_young_claims_alone(
-    mocked_aws: AwsWorld, sfn: Resolutions, monkeypatch: pytest.MonkeyPatch
+def test_reconciler_normal_path_makes_no_sagemaker_call(
+    mocked_aws: AwsWorld, sfn: Resolutions, sagemaker_calls: list[str]
 ) -> None:
-    create_processing_job(mocked_aws, "sdf-dl-running-00000-a0")
-    create_processing_job(mocked_aws, "sdf-dl-young-00000-a0")
-    claims_made(AN_HOUR_AGO).claim("sdf-dl-running-00000-a0", "token-running", EXECUTION_ARN, "download")
-    claims_made(60).claim("sdf-dl-young-00000-a0", "token-young", EXECUTION_ARN, "download")
-    original = aws.client("sagemaker").describe_processing_job
-    monkeypatch.setattr(
-        aws.client("sagemaker"),
-        "describe_processing_job",
-        lambda **kw: {**original(**kw), "ProcessingJobStatus": "InProgress"},
-    )
+    # 50 shards in flight, their events on time: nothing is due, nothing is described.
+    for index in range(50):
+        create_processing_job(mocked_aws, f"sdf-dl-run-{index:05d}-r0-a0")
+        claim(f"sdf-dl-run-{index:05d}-r0-a0", f"token-{index}", "download", deadline_in=LEAD + 600)
+    sagemaker_calls.clear()
+    counts = reconcile()
+    assert sagemaker_calls == []
+    assert sfn.calls == []
+    assert counts["checked"] == 0
+
+
+def test_reconciler_running_job_before_its_deadline_is_left_alone(
+    mocked_aws: AwsWorld, sfn: Resolutions, sagemaker_calls: list[str]
+) -> None:
+    create_processing_job(mocked_aws, "sdf-dl-running-00000-r0-a0")
+    set_status("sdf-dl-running-00000-r0-a0", "InProgress")
+    claim("sdf-dl-running-00000-r0-a0", "token-running", "download", deadline_in=LEAD - 60)
+    sagemaker_calls.clear()
     counts = reconcile()
     assert sfn.calls == []
-    assert counts == {"checked": 1, "resolved": 0, "pending": 1, "vanished": 0, "errors": 0}
-    assert TokenStore(TOKEN_TABLE, 60).get("sdf-dl-running-00000-a0") is not None
+    assert sagemaker_calls == ["DescribeProcessingJob"]
+    assert counts == {"checked": 1, "resolved": 0, "pending": 1, "vanished": 0, "stopped": 0, "errors": 0}
+    assert TokenStore(TOKEN_TABLE).get("sdf-dl-running-00000-r0-a0") is not None
+
+
+def test_reconciler_job_running_past_its_deadline_is_stopped_and_its_task_failed(
+    mocked_aws: AwsWorld, sfn: Resolutions
+) -> None:
+    create_processing_job(mocked_aws, "sdf-dl-late-00000-r0-a0")
+    set_status("sdf-dl-late-00000-r0-a0", "InProgress")
+    claim("sdf-dl-late-00000-r0-a0", "token-late", "download", deadline_in=-30)
+    counts = reconcile()
+    job = mocked_aws.sagemaker.describe_processing_job(ProcessingJobName="sdf-dl-late-00000-r0-a0")
+    assert job["ProcessingJobStatus"] == "Stopped"
+    operation, params = sfn.by_token()["token-late"]
+    assert (operation, params["error"]) == ("failure", "DownloadJobFailed")
+    assert "outlived its task" in params["cause"]
+    assert counts["stopped"] == 1
+    assert TokenStore(TOKEN_TABLE).get("sdf-dl-late-00000-r0-a0") is None
+
+
+def test_reconciler_training_job_past_its_deadline_is_stopped(
+    mocked_aws: AwsWorld, sfn: Resolutions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    create_training_job(mocked_aws, "sdf-tr-late-r0-a0")
+    set_status("sdf-tr-late-r0-a0", "InProgress")
+    claim("sdf-tr-late-r0-a0", "token-late", "training", deadline_in=-30)
+    stops: list[str] = []
+    # moto 5.2.5 has no StopTrainingJob.
+    monkeypatch.setattr(aws.client("sagemaker"), "stop_training_job", lambda **kw: stops.append(kw["TrainingJobName"]))
+    reconcile()
+    assert stops == ["sdf-tr-late-r0-a0"]
+    assert sfn.by_token()["token-late"][1]["error"] == "TrainingJobFailed"
+
+
+def test_reconciler_endpoint_still_changing_past_its_deadline_keeps_its_claim(
+    mocked_aws: AwsWorld, sfn: Resolutions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        aws.client("sagemaker"),
+        "describe_endpoint",
+        lambda **_kw: {"EndpointName": "sdflow", "EndpointStatus": "Updating", "EndpointConfigName": "old"},
+    )
+    context = {"endpoint_config_name": "sdflow-dep-a0", "model_name": "sdflow-dep-a0", "action": "update"}
+    claim("sdflow", "token-endpoint", "endpoint", deadline_in=-30, context=context)
+    counts = reconcile()
+    assert sfn.calls == []
+    assert counts["pending"] == 1
+    assert TokenStore(TOKEN_TABLE).get("sdflow") is not None, "its settling event rolls the update back"
 
 
 def test_reconciler_fails_task_whose_job_vanished(mocked_aws: AwsWorld, sfn: Resolutions) -> None:
-    claims_made(AN_HOUR_AGO).claim("sdf-dl-ghost-00000-a0", "token-ghost", EXECUTION_ARN, "download")
+    claim("sdf-dl-ghost-00000-r0-a0", "token-ghost", "download", deadline_in=-30)
     counts = reconcile()
     operation, params = sfn.by_token()["token-ghost"]
     assert (operation, params["error"]) == ("failure", "DownloadJobFailed")
     assert "vanished" in params["cause"]
     assert counts["vanished"] == 1
-    assert TokenStore(TOKEN_TABLE, 60).get("sdf-dl-ghost-00000-a0") is None
+    assert TokenStore(TOKEN_TABLE).get("sdf-dl-ghost-00000-r0-a0") is None
 
 
 def test_reconciler_resolves_endpoint_through_describe(mocked_aws: AwsWorld, sfn: Resolutions) -> None:
@@ -154,7 +237,7 @@ def test_reconciler_resolves_endpoint_through_describe(mocked_aws: AwsWorld, sfn
     )  # fmt: skip
     sm.create_endpoint(EndpointName="sdflow", EndpointConfigName="sdflow-dep-a0")
     context = {"endpoint_config_name": "sdflow-dep-a0", "model_name": "sdflow-dep-a0", "action": "create"}
-    claims_made(AN_HOUR_AGO).claim("sdflow", "token-endpoint", EXECUTION_ARN, "endpoint", context)
+    claim("sdflow", "token-endpoint", "endpoint", deadline_in=LEAD - 60, context=context)
     reconcile()
     operation, params = sfn.by_token()["token-endpoint"]
     assert operation == "success"
@@ -165,9 +248,8 @@ def test_reconciler_one_broken_claim_does_not_block_the_others(
     mocked_aws: AwsWorld, sfn: Resolutions, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     create_training_job(mocked_aws, "sdf-tr-ok-a0")
-    older = claims_made(AN_HOUR_AGO)
-    older.claim("sdf-tr-ok-a0", "token-ok", EXECUTION_ARN, "training")
-    older.claim("sdf-dl-broken-00000-a0", "token-broken", EXECUTION_ARN, "download")
+    claim("sdf-tr-ok-a0", "token-ok", "training", deadline_in=-30)
+    claim("sdf-dl-broken-00000-a0", "token-broken", "download", deadline_in=-30)
 
     def access_denied(**_kwargs: Any) -> None:
         raise ClientError({"Error": {"Code": "AccessDeniedException", "Message": "no"}}, "DescribeProcessingJob")

@@ -328,3 +328,24 @@ def test_run_document_spot_with_warm_pool_is_rejected_naming_keep_alive() -> Non
     [problem] = json.loads(str(excinfo.value))
     assert problem["field"] == "training"
     assert "keep_alive_seconds" in problem["message"]
+
+
+def test_parse_resume_from_execution_arn_is_accepted() -> None:
+    arn = "arn:aws:states:eu-west-1:123456789012:execution:sdflow-pipeline:cats-v1"
+    assert parse_run_document({**minimal(), "resume_from": arn}).resume_from == arn
+    assert parse_run_document(minimal()).resume_from is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "cats-v1",  # a name, not an ARN
+        "arn:aws:states:eu-west-1:123456789012:stateMachine:sdflow-pipeline",  # the state machine
+        "arn:aws:states:eu-west-1:123456789012:execution:sdflow-pipeline/Download:0a1b",  # a Map child
+        "arn:aws:lambda:eu-west-1:123456789012:function:sdflow-validate",
+    ],
+)
+def test_parse_resume_from_that_is_not_an_execution_arn_names_field_and_form(value: str) -> None:
+    [problem] = errors_of({**minimal(), "resume_from": value})
+    assert problem["field"] == "resume_from"
+    assert "arn:aws:states:<region>:<account>:execution:<pipeline>:<name>" in problem["message"]

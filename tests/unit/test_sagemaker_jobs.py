@@ -14,6 +14,7 @@ from sdflow_common.run_document import DownloadOptions, EndpointOptions, RunDocu
 from tests.unit.conftest import DATA_BUCKET, SAGEMAKER_ROLE_ARN, TRAINING_IMAGE_URI
 
 RUN_ID = "demo-0123456789"
+RUN_HASH = "47de834dd8"
 SAGEMAKER_MODEL = botocore.session.get_session().get_service_model("sagemaker")
 
 
@@ -35,6 +36,7 @@ def processing_request(options: DownloadOptions) -> dict[str, Any]:
     return sagemaker_jobs.processing_job_request(
         job_name="sdf-dl-demo-0123456789-00003-a0",
         run_id=RUN_ID,
+        run_hash=RUN_HASH,
         shard_id="00003",
         parquet_uri=f"s3://{DATA_BUCKET}/datasets/part-00003.parquet",
         output_uri=f"s3://{DATA_BUCKET}/runs/{RUN_ID}/dataset/shards/00003/",
@@ -50,6 +52,7 @@ def training_request(run: RunDocument) -> dict[str, Any]:
     return sagemaker_jobs.training_job_request(
         job_name="sdf-tr-demo-0123456789-a0",
         run_id=RUN_ID,
+        run_hash=RUN_HASH,
         bucket=DATA_BUCKET,
         dataset_prefix_uri=f"s3://{DATA_BUCKET}/runs/{RUN_ID}/dataset/",
         run=run,
@@ -90,6 +93,7 @@ def test_processing_job_request_follows_download_contract() -> None:
     assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 3600}
     assert request["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 1
     assert {"Key": "sdflow:execution", "Value": RUN_ID} in request["Tags"]
+    assert {"Key": "sdflow:run", "Value": RUN_HASH} in request["Tags"]
 
 
 @pytest.mark.parametrize("max_runtime", [60, 600, 3600, 28 * 24 * 3600])
@@ -108,14 +112,15 @@ def test_training_job_request_on_demand_has_no_spot_fields() -> None:
     assert request["ResourceConfig"]["InstanceCount"] == 2
     assert request["HyperParameters"]["plugin"] == "torch_ddp"
     assert all(isinstance(value, str) for value in request["HyperParameters"].values())
-    channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in request["InputDataConfig"]}
-    assert channels == {
-        "dataset": f"s3://{DATA_BUCKET}/runs/{RUN_ID}/dataset/",
+    channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"] for c in request["InputDataConfig"]}
+    assert {name: source["S3Uri"] for name, source in channels.items()} == {
+        "dataset": f"s3://{DATA_BUCKET}/runs/{RUN_ID}/dataset/manifest.json",
         "base_model": f"s3://{DATA_BUCKET}/models/tiny-sd/",
     }
+    assert channels["base_model"]["S3DataType"] == "S3Prefix"
     assert request["OutputDataConfig"] == {"S3OutputPath": f"s3://{DATA_BUCKET}/runs/{RUN_ID}/training/"}
     assert request["CheckpointConfig"] == {
-        "S3Uri": f"s3://{DATA_BUCKET}/runs/{RUN_ID}/checkpoints/",
+        "S3Uri": f"s3://{DATA_BUCKET}/runs/{RUN_ID}/checkpoints/sdf-tr-demo-0123456789-a0/",
         "LocalPath": "/opt/ml/checkpoints",
     }
     assert request["AlgorithmSpecification"]["MetricDefinitions"] == [
@@ -124,6 +129,35 @@ def test_training_job_request_on_demand_has_no_spot_fields() -> None:
     assert request["EnableNetworkIsolation"] is True
     assert request["EnableInterContainerTrafficEncryption"] is True
     assert request["RetryStrategy"] == {"MaximumRetryAttempts": 2}
+
+
+def test_training_job_request_dataset_channel_is_the_manifest_and_names_the_index() -> None:
+    """A resumed run's shards live in earlier runs' folders: only build_index's manifest (prefix
+    `s3://<bucket>/runs/`) reaches them, and the container finds index.json at `dataset_index`."""
+    request = training_request(run_document())
+    assert_valid_request("CreateTrainingJob", request)
+    dataset = next(c for c in request["InputDataConfig"] if c["ChannelName"] == "dataset")
+    assert dataset == {
+        "ChannelName": "dataset",
+        "DataSource": {
+            "S3DataSource": {
+                "S3DataType": "ManifestFile",
+                "S3Uri": f"s3://{DATA_BUCKET}/runs/{RUN_ID}/dataset/manifest.json",
+                "S3DataDistributionType": "FullyReplicated",
+            }
+        },
+        "InputMode": "File",
+    }
+    assert request["HyperParameters"]["dataset_index"] == f"{RUN_ID}/dataset/index.json"
+
+
+def test_training_job_request_dataset_outside_runs_folder_raises_naming_it() -> None:
+    with pytest.raises(ValueError, match=r"s3://elsewhere/x/dataset/index\.json is not below s3://"):
+        sagemaker_jobs.training_job_request(
+            job_name="j", run_id=RUN_ID, run_hash=RUN_HASH, bucket=DATA_BUCKET,
+            dataset_prefix_uri="s3://elsewhere/x/dataset/", run=run_document(),
+            image_uri=TRAINING_IMAGE_URI, role_arn=SAGEMAKER_ROLE_ARN,
+        )  # fmt: skip
 
 
 def test_training_job_request_spot_sets_max_wait() -> None:
@@ -143,11 +177,17 @@ def test_training_job_request_keep_alive_sets_warm_pool() -> None:
 def test_deploy_requests_are_valid_and_use_one_variant() -> None:
     options = EndpointOptions(name="sdflow-test", instance_type="ml.g5.2xlarge", initial_instance_count=2)
     model = sagemaker_jobs.model_request(
-        model_name="m", run_id=RUN_ID, image_uri=TRAINING_IMAGE_URI, model_data_url="s3://b/m.tar.gz",
-        role_arn=SAGEMAKER_ROLE_ARN,
+        model_name="m", run_id=RUN_ID, run_hash=RUN_HASH, image_uri=TRAINING_IMAGE_URI,
+        model_data_url="s3://b/m.tar.gz", role_arn=SAGEMAKER_ROLE_ARN,
     )  # fmt: skip
-    config = sagemaker_jobs.endpoint_config_request(config_name="c", model_name="m", run_id=RUN_ID, options=options)
-    create = sagemaker_jobs.create_endpoint_request(endpoint_name="sdflow-test", config_name="c", run_id=RUN_ID)
+    config = sagemaker_jobs.endpoint_config_request(
+        config_name="c", model_name="m", run_id=RUN_ID, run_hash=RUN_HASH, options=options
+    )
+    create = sagemaker_jobs.create_endpoint_request(
+        endpoint_name="sdflow-test", config_name="c", run_id=RUN_ID, run_hash=RUN_HASH
+    )
+    for request in (model, config, create):
+        assert {"Key": "sdflow:run", "Value": RUN_HASH} in request["Tags"]
     assert_valid_request("CreateModel", model)
     assert_valid_request("CreateEndpointConfig", config)
     assert_valid_request("CreateEndpoint", create)
@@ -249,3 +289,24 @@ def test_is_already_exists_and_is_not_found_match_sagemaker_messages() -> None:
     assert not sagemaker_jobs.is_already_exists(client_error("ValidationException", "bad instance type"))
     assert sagemaker_jobs.is_not_found(client_error("ValidationException", "Could not find endpoint 'x'."))
     assert not sagemaker_jobs.is_not_found(client_error("ValidationException", "bad instance type"))
+
+
+@pytest.mark.parametrize(
+    ("reason", "capacity"),
+    [
+        ("CapacityError: Unable to provision requested ML compute capacity. Please retry using a different "
+         "ML instance type.", True),
+        ("InsufficientCapacityError: We currently do not have sufficient capacity in the Availability Zone "
+         "you requested.", True),
+        ("EC2InsufficientCapacityError: Instance type 'ml.g5.48xlarge' is temporarily unavailable in supported "
+         "availability zones [euw1-az1]. Try again in a few minutes, or try a different instance type.", True),
+        ("Unable to provision requested ML compute capacity", True),
+        ("AlgorithmError: CapacityError: the script printed this", False),
+        ("AlgorithmError: ExecuteUserScriptError: CUDA out of memory", False),
+        ("ClientError: Data download failed: NoSuchKey", False),
+        (None, False),
+        ("", False),
+    ],
+)  # fmt: skip
+def test_is_capacity_failure_matches_sagemakers_capacity_reasons_only(reason: str | None, capacity: bool) -> None:
+    assert sagemaker_jobs.is_capacity_failure(reason) is capacity

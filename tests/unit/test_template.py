@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis.strategies import from_regex
 
 from sdflow.local.template import load_template
 
@@ -85,23 +87,45 @@ def test_template_definition_hard_codes_no_arn_and_avoids_sync_and_jsonata(defin
     assert definition.get("QueryLanguage", "JSONPath") == "JSONPath"
 
 
-def test_template_callback_tasks_time_out_and_catch(definition: dict[str, Any]) -> None:
+def test_template_callback_tasks_time_out_and_carry_the_execution_identity(definition: dict[str, Any]) -> None:
     states = _all_states(definition["States"])
     callbacks = {n: s for n, s in states.items() if str(s.get("Resource", "")).endswith(".waitForTaskToken")}
     assert set(callbacks) == {"Download shard", "Train model", "Deploy endpoint"}
     for name, state in callbacks.items():
         assert "TimeoutSecondsPath" in state or "TimeoutSeconds" in state, name
-        assert state["Catch"][0]["ErrorEquals"] == ["States.ALL"], name
-        assert state["Parameters"]["Payload"]["token.$"] == "$$.Task.Token", name
-        assert state["Parameters"]["Payload"]["attempt.$"] == "$$.State.RetryCount", name
+        payload = state["Parameters"]["Payload"]
+        assert payload["token.$"] == "$$.Task.Token", name
+        assert payload["attempt.$"] == "$$.State.RetryCount", name
+        # Job names hash the execution ARN and start time, and carry the redrive count.
+        assert {"execution_arn.$", "start_time.$", "redrive_count.$", "timeout_seconds.$"} <= set(payload), name
 
 
-def test_template_every_failure_reaches_notify_failure(definition: dict[str, Any]) -> None:
-    for name, state in definition["States"].items():
-        if state["Type"] in {"Task", "Map"} and not name.startswith("Notify"):
-            targets = {c["Next"] for c in state.get("Catch", []) if "States.ALL" in c["ErrorEquals"]}
-            assert targets == {"Notify failure"}, name
-    assert definition["States"]["Notify failure"]["Next"] == "Fail run"
+def test_template_no_state_catches_so_a_failed_step_can_be_redriven(definition: dict[str, Any]) -> None:
+    """A caught failure ends its state successfully, and redrive-execution re-runs only the
+    unsuccessful states: notifications and cleanup come from the execution's status event."""
+    states = _all_states(definition["States"])
+    assert {name for name, state in states.items() if state.get("Catch")} == set()
+    assert not [name for name, state in states.items() if state["Type"] == "Fail"]
+    assert definition["States"]["Download shards"]["ToleratedFailurePercentagePath"] == (
+        "$.config.run.download.tolerated_failure_percent"
+    )
+
+
+@pytest.mark.parametrize(
+    "state", ["Validate run", "Download shard", "Build dataset index", "Train model", "Deploy endpoint"]
+)
+def test_template_every_lambda_task_retries_a_crashed_runtime(definition: dict[str, Any], state: str) -> None:
+    retried = {error for r in _all_states(definition["States"])[state]["Retry"] for error in r["ErrorEquals"]}
+    assert {"Runtime.ExitError", "Lambda.Unknown", "Lambda.ServiceException"} <= retried
+
+
+def test_template_execution_status_rule_notifies_and_cleans_up(template: dict[str, Any]) -> None:
+    events = template["Resources"]["NotifyFunction"]["Properties"]["Events"]
+    [rule] = [e["Properties"] for e in events.values() if e["Type"] == "EventBridgeRule"]
+    pattern = rule["Pattern"]
+    assert pattern["source"] == ["aws.states"]
+    assert pattern["detail-type"] == ["Step Functions Execution Status Change"]
+    assert set(pattern["detail"]["status"]) == {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}
 
 
 def test_template_distributed_map_reads_shards_from_s3_and_discards_results(definition: dict[str, Any]) -> None:
@@ -124,7 +148,7 @@ def test_template_distributed_map_writes_child_results_to_the_runs_prefix(defini
 def test_template_map_children_return_empty_objects(definition: dict[str, Any]) -> None:
     children = definition["States"]["Download shards"]["ItemProcessor"]["States"]
     ends = {name: state for name, state in children.items() if state.get("End")}
-    assert set(ends) == {"Download shard", "Record failed shard"}
+    assert set(ends) == {"Download shard", "Reuse downloaded shard"}
     for name, state in ends.items():
         assert "OutputPath" in state, f"{name} must return {{}}"
         assert state["OutputPath"] is None, f"{name} must return {{}}"
@@ -167,7 +191,7 @@ def test_template_retried_and_caught_error_names_exist(definition: dict[str, Any
         for state in _all_states(definition["States"]).values()
         for handler in state.get("Retry", []) + state.get("Catch", [])
         for error in handler["ErrorEquals"]
-        if not error.startswith(("States.", "Lambda."))
+        if not error.startswith(("States.", "Lambda.", "Runtime."))
     }
     assert named
     assert all(isinstance(getattr(errors, name, None), type) for name in named), named
@@ -220,6 +244,7 @@ def test_template_pass_role_only_for_sagemaker_role_to_sagemaker(template: dict[
 
 
 STACK = "sdflow"
+ENDPOINT_PREFIX = "team-a-"  # not the default: the tests below tell the stack's name from the prefix
 PIPELINE = f"arn:aws:states:us-east-1:123456789012:stateMachine:{STACK}-pipeline"
 
 
@@ -233,6 +258,7 @@ def _resolve(value: Any) -> str:
             "AWS::AccountId": "123456789012",
             "AWS::StackName": STACK,
             "DataBucket.Arn": "arn:aws:s3:::sdflow-data",
+            "EndpointNamePrefix": ENDPOINT_PREFIX,
         }.items():
             text = text.replace(f"${{{name}}}", actual)
         assert "${" not in text, text
@@ -283,6 +309,34 @@ def test_template_state_machine_may_write_map_results_under_runs(template: dict[
 def test_template_validate_run_may_read_service_quotas(template: dict[str, Any]) -> None:
     for action in ("servicequotas:ListServiceQuotas", "servicequotas:ListAWSDefaultServiceQuotas"):
         assert _allows(template, "ValidateRunFunction", action, "*"), action
+
+
+@pytest.mark.parametrize(
+    ("function", "resource_type", "noun"),
+    [
+        ("StartDownloadFunction", "processing-job", "ProcessingJob"),
+        ("StartTrainingFunction", "training-job", "TrainingJob"),
+    ],
+)
+def test_template_starters_may_find_stop_and_check_their_jobs(
+    template: dict[str, Any], function: str, resource_type: str, noun: str
+) -> None:
+    job = f"arn:aws:sagemaker:us-east-1:123456789012:{resource_type}/sdf-x-0123456789-r0-a1"
+    for action in (f"sagemaker:Stop{noun}", "sagemaker:ListTags"):
+        assert _allows(template, function, action, job), action
+        assert not _allows(template, function, action, job.replace("/sdf-", "/other-")), action
+    # List*Jobs has no resource-level permissions: "*" or nothing.
+    assert _allows(template, function, f"sagemaker:List{noun}s", "*")
+    execution = f"arn:aws:states:us-east-1:123456789012:execution:{STACK}-pipeline:run-1"
+    assert _allows(template, function, "states:DescribeExecution", execution)
+    assert not _allows(template, function, "states:DescribeExecution", execution.replace(STACK, "other"))
+
+
+def test_template_reconciler_may_stop_only_sdflow_jobs(template: dict[str, Any]) -> None:
+    for resource_type, noun in (("processing-job", "ProcessingJob"), ("training-job", "TrainingJob")):
+        job = f"arn:aws:sagemaker:us-east-1:123456789012:{resource_type}/sdf-dl-x-0123456789-00001-r0-a0"
+        assert _allows(template, "ReconcilerFunction", f"sagemaker:Stop{noun}", job)
+        assert not _allows(template, "ReconcilerFunction", f"sagemaker:Stop{noun}", job.replace("/sdf-", "/team-"))
 
 
 def test_template_no_mutating_action_on_star_resource(template: dict[str, Any]) -> None:
@@ -387,8 +441,9 @@ def test_template_job_event_rules_match_the_names_sdflow_gives_jobs(template: di
     events = template["Resources"]["JobEventsFunction"]["Properties"]["Events"]
     processing = events["ProcessingJobEnded"]["Properties"]["Pattern"]["detail"]
     training = events["TrainingJobEnded"]["Properties"]["Pattern"]["detail"]
-    download_name = names.download_job_name("arn:aws:states:us-east-1:1:execution:p:r", "r", "00001", 0)
-    training_name = names.training_job_name("arn:aws:states:us-east-1:1:execution:p:r", "r", 0)
+    run_hash = names.run_hash("arn:aws:states:us-east-1:1:execution:p:r", "2026-11-23T16:48:03.123Z")
+    download_name = names.download_job_name(run_hash, "r", "00001", 0, 0)
+    training_name = names.training_job_name(run_hash, "r", 0, 0)
     assert download_name.startswith(processing["ProcessingJobName"][0]["prefix"])
     assert training_name.startswith(training["TrainingJobName"][0]["prefix"])
     assert (
@@ -418,3 +473,152 @@ def test_template_sam_build_without_docker_packages_layer_and_handlers(tmp_path:
     assert (layer / "aws_lambda_powertools").is_dir()
     for function in ("StartPipelineFunction", "JobEventsFunction", "NotifyFunction"):
         assert (build_dir / function / "app.py").exists(), function
+
+
+# ------------------------------------------------------------------ issue 8: log retention, endpoint prefix, redrive
+def test_template_every_function_logs_to_its_own_group_kept_log_retention_days(template: dict[str, Any]) -> None:
+    functions = _resources(template, "AWS::Serverless::Function")
+    groups = _resources(template, "AWS::Logs::LogGroup")
+    used = []
+    for name, function in functions.items():
+        ref = function["Properties"].get("LoggingConfig", {}).get("LogGroup")
+        assert isinstance(ref, dict), f"{name} has no LoggingConfig.LogGroup"
+        assert ref.get("Ref") in groups, f"{name} logs to a group the stack does not create"
+        group = groups[ref["Ref"]]["Properties"]
+        # Named without the function's own name: the group must exist before the function, or
+        # Lambda may create it first (first invocation) and the stack fails with "already exists".
+        assert "Fn::Sub" in group["LogGroupName"], name
+        assert _resolve(group["LogGroupName"]).startswith(f"/aws/lambda/{STACK}-"), name
+        assert "${" + name not in group["LogGroupName"]["Fn::Sub"], name
+        used.append(ref["Ref"])
+    assert len(set(used)) == len(functions), "each function has a group of its own"
+    for name, group in groups.items():
+        assert group["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionDays"}, name
+
+
+def test_template_deployed_functions_log_to_the_groups_with_retention(tmp_path: Path) -> None:
+    """The template as the local cloud translates it (aws-sam-translator, as `sam deploy` does):
+    LoggingConfig reaches AWS::Lambda::Function and each group gets the parameter's retention."""
+    from sdflow.local.template import parameter_values, translate
+
+    raw = load_template(TEMPLATE)
+    for resource in raw["Resources"].values():  # what packaging does: code in S3, not in folders
+        for uri in ("CodeUri", "ContentUri", "DefinitionUri"):
+            if uri in resource.get("Properties", {}):
+                resource["Properties"][uri] = "s3://artifacts/code.zip"
+    values = parameter_values(raw, {"LogRetentionDays": "14"})
+    translated = translate(raw, values, region="us-east-1", account_id="123456789012", stack_name=STACK)
+    resources = translated["Resources"]
+    functions = {n: r for n, r in resources.items() if r["Type"] == "AWS::Lambda::Function"}
+    assert functions
+    for name, function in functions.items():
+        ref = function["Properties"]["LoggingConfig"]["LogGroup"]["Ref"]
+        assert resources[ref]["Type"] == "AWS::Logs::LogGroup", name
+        assert resources[ref]["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionDays"}
+    assert values["LogRetentionDays"] == "14"
+
+
+ENDPOINT_ARN = "arn:aws:sagemaker:us-east-1:123456789012:{kind}/{name}"
+DEPLOY_ACTIONS = {
+    "endpoint": ["sagemaker:CreateEndpoint", "sagemaker:UpdateEndpoint", "sagemaker:DescribeEndpoint"],
+    "endpoint-config": ["sagemaker:CreateEndpointConfig", "sagemaker:DescribeEndpointConfig"],
+    "model": ["sagemaker:CreateModel", "sagemaker:DescribeModel"],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(DEPLOY_ACTIONS))
+def test_template_deploy_role_may_touch_only_endpoints_under_the_prefix(template: dict[str, Any], kind: str) -> None:
+    for action in DEPLOY_ACTIONS[kind]:
+        ours = ENDPOINT_ARN.format(kind=kind, name=f"{ENDPOINT_PREFIX}cats-3f1c2a9e01-r0-a0")
+        assert _allows(template, "DeployEndpointFunction", action, ours), action
+        for other in ("other-team-cats", "cats", f"x{ENDPOINT_PREFIX}cats"):
+            assert not _allows(template, "DeployEndpointFunction", action, ENDPOINT_ARN.format(kind=kind, name=other))
+
+
+def test_template_every_endpoint_model_and_config_resource_is_under_the_prefix(template: dict[str, Any]) -> None:
+    scoped = 0
+    for name, statement in _statements(template):
+        resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+        for resource in resources:
+            text = json.dumps(resource)
+            for kind in (":endpoint/", ":endpoint-config/", ":model/"):
+                if ":sagemaker:" in text and kind in text:
+                    assert kind + "${EndpointNamePrefix}*" in text, f"{name}: {text}"
+                    scoped += 1
+    assert scoped >= 4  # the deploy role's three and job_events' DescribeEndpoint at least
+    assert _allows(template, "JobEventsFunction", "sagemaker:DescribeEndpoint", ENDPOINT_ARN.format(
+        kind="endpoint", name=f"{ENDPOINT_PREFIX}cats"))  # fmt: skip
+    assert not _allows(template, "JobEventsFunction", "sagemaker:DescribeEndpoint", ENDPOINT_ARN.format(
+        kind="endpoint", name="cats"))  # fmt: skip
+
+
+def test_template_endpoint_rule_wakes_job_events_only_for_endpoints_under_the_prefix(template: dict[str, Any]) -> None:
+    events = template["Resources"]["JobEventsFunction"]["Properties"]["Events"]
+    pattern = events["EndpointChanged"]["Properties"]["Pattern"]
+    assert pattern["detail"]["EndpointName"] == [{"prefix": {"Ref": "EndpointNamePrefix"}}]
+
+
+def test_template_endpoint_name_prefix_reaches_every_function_and_settings(
+    template: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sdflow_common.settings import Settings
+
+    variables = template["Globals"]["Function"]["Environment"]["Variables"]
+    assert variables["ENDPOINT_NAME_PREFIX"] == {"Ref": "EndpointNamePrefix"}
+    monkeypatch.setenv("ENDPOINT_NAME_PREFIX", "team-a-")
+    assert Settings.from_env().endpoint_name_prefix == "team-a-"
+    monkeypatch.delenv("ENDPOINT_NAME_PREFIX")
+    assert Settings.from_env().endpoint_name_prefix == template["Parameters"]["EndpointNamePrefix"]["Default"]
+
+
+@pytest.mark.parametrize("prefix", ["sdflow", "team-a-", "a", "ml-2024", "x" * 20])
+def test_template_endpoint_name_prefix_accepts_lower_case_single_hyphen_prefixes(
+    template: dict[str, Any], prefix: str
+) -> None:
+    parameter = template["Parameters"]["EndpointNamePrefix"]
+    assert re.fullmatch(parameter["AllowedPattern"], prefix)
+    assert parameter["MinLength"] <= len(prefix) <= parameter["MaxLength"]
+
+
+@pytest.mark.parametrize("prefix", ["Sdflow", "team--a", "-team", "team_a", "team.a", "", "team a"])
+def test_template_endpoint_name_prefix_refuses_what_could_escape_the_iam_scope(
+    template: dict[str, Any], prefix: str
+) -> None:
+    assert not re.fullmatch(template["Parameters"]["EndpointNamePrefix"]["AllowedPattern"], prefix)
+
+
+PREFIX_PATTERN = load_template(TEMPLATE)["Parameters"]["EndpointNamePrefix"]["AllowedPattern"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    prefix=from_regex(r"\A[a-z0-9]{1,8}(-[a-z0-9]{1,5}){0,2}-?\Z"),
+    rest=from_regex(r"\A[a-zA-Z0-9](-*[a-zA-Z0-9]){0,25}\Z"),
+)
+def test_template_names_derived_from_an_endpoint_under_the_prefix_stay_under_it(prefix: str, rest: str) -> None:
+    """Model and endpoint-config names are `slug(endpoint name)-<tail>` (sdflow_common.names), and
+    SageMaker's ARNs carry names lower-cased: both must still start with the prefix the IAM
+    resources name, for every prefix the parameter allows."""
+    from sdflow_common import names
+    from sdflow_common.run_document import ENDPOINT_NAME
+
+    pattern = PREFIX_PATTERN
+    assume(re.fullmatch(pattern, prefix) and len(prefix) <= 20)
+    endpoint = prefix + rest
+    assume(ENDPOINT_NAME.fullmatch(endpoint) and len(endpoint) <= 48)
+    assert names.slug(endpoint, 40).startswith(prefix)
+    assert endpoint.lower().startswith(prefix)
+
+
+def test_template_state_machine_may_redrive_its_map_run_children(template: dict[str, Any]) -> None:
+    # "IAM permission to redrive a Map Run" (Step Functions developer guide, "Redriving Map Runs"):
+    # states:RedriveExecution on execution:<state machine>/<Map Run label>:<child id>.
+    execution = PIPELINE.replace(":stateMachine:", ":execution:")
+    child = f"{execution}/Download-shards:5e0d1c2b-0000-4000-8000-000000000000"
+    assert _allows(template, "PipelineStateMachine", "states:RedriveExecution", child)
+    for other in (
+        f"{execution}:run-1",  # the parent: redriven by the user, not by the state machine's role
+        f"{execution}-v2/Download-shards:5e0d1c2b",
+        child.replace(STACK, "other"),
+    ):
+        assert not _allows(template, "PipelineStateMachine", "states:RedriveExecution", other), other

@@ -6,6 +6,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from sdflow_common import validate_run as validate_module
 from sdflow_common.errors import DatasetNotFound, InvalidRunDocument
@@ -85,20 +87,23 @@ def test_validate_parquet_list_writes_sorted_shards_and_returns_contract_config(
     shards = world.get_json(config["shard_list_key"])
     assert [s["parquet_uri"] for s in shards] == sorted(uris)
     assert [s["shard_id"] for s in shards] == ["00000", "00001", "00002"]
-    assert shards[1] == {
+    assert {k: v for k, v in shards[1].items() if k != "cache_key"} == {
         "shard_id": "00001",
         "parquet_uri": f"s3://{DATA_BUCKET}/datasets/laion/b.parquet",
         "output_uri": f"s3://{DATA_BUCKET}/runs/{EXECUTION}/dataset/shards/00001/",
+        "cached": False,
     }
+    assert len({s["cache_key"] for s in shards}) == 3
 
 
 def test_validate_writes_normalized_run_document_with_defaults(world: AwsWorld) -> None:
     uris = put_parquet(world, "datasets/a.parquet")
     config = run(document(parquet_uris=uris))
     stored = world.get_json(f"runs/{EXECUTION}/run.json")
-    assert stored == config["run"]
-    assert stored["training"]["plugin"] == "gemini"  # defaults filled in
-    assert stored["dataset"]["url_column"] == "URL"
+    assert stored == {"execution_arn": EXECUTION_ARN, "start_time": "2025-06-02T09:15:43.512Z", "run": config["run"]}
+    assert stored["run"]["training"]["plugin"] == "gemini"  # defaults filled in
+    assert stored["run"]["dataset"]["url_column"] == "URL"
+    assert "resume" not in config
 
 
 def test_validate_config_is_parsed_back_by_run_config(world: AwsWorld) -> None:
@@ -237,3 +242,108 @@ def test_handler_raises_named_error_for_step_functions_catch(world: AwsWorld) ->
         app.lambda_handler(payload, FakeLambdaContext())
     assert type(caught.value).__name__ == "InvalidRunDocument"
     assert "dataset.prefix" in problems(caught)
+
+
+# ------------------------------------------------------------------ reserved folders, endpoint prefix (H6)
+def _locations(dataset: dict[str, Any], endpoint: str = "sdflow-cats", prefix: str = "sdflow") -> None:
+    raw = {"dataset": dataset, "base_model_uri": MODEL_URI, "endpoint": {"name": endpoint}}
+    validate_module.check_locations(RunDocument.model_validate(raw), DATA_BUCKET, prefix)
+
+
+def _location_problems(
+    dataset: dict[str, Any], endpoint: str = "sdflow-cats", prefix: str = "sdflow"
+) -> dict[str, str]:
+    with pytest.raises(InvalidRunDocument) as caught:
+        _locations(dataset, endpoint, prefix)
+    return problems(caught)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "runs",  # listed as runs/: S3's own reading
+        "runs/",
+        "//runs/",
+        "/runs",
+        "./runs",
+        "datasets/../runs/",
+        "../runs/x/",
+        "runs/../x/",  # S3 reads the key literally: under runs/
+        "datasets/./../rejected",
+        "manifests",
+        ".",
+        "//",
+        "datasets/..",
+    ],
+)
+def test_check_locations_prefix_reaching_pipeline_files_in_any_spelling_is_invalid(key: str) -> None:
+    found = _location_problems({"prefix": f"s3://{DATA_BUCKET}/{key}"})
+    assert "would include the pipeline's own files" in found["dataset.prefix"]
+    assert f"s3://{DATA_BUCKET}/datasets/<name>/" in found["dataset.prefix"]
+
+
+@pytest.mark.parametrize("key", ["RUNS/", "Runs", "runs-old/", "runsx", "datasets/runs/", "datasets/cats", "my.runs/"])
+def test_check_locations_prefix_beside_reserved_folders_is_accepted(key: str) -> None:
+    # S3 keys are case-sensitive ("Naming Amazon S3 objects"): RUNS/ never lists an object under runs/.
+    _locations({"prefix": f"s3://{DATA_BUCKET}/{key}"})
+
+
+# Path pieces that a path-normalising tool reduces to nothing: "", ".", "..", "<name>/..".
+NOISE = st.lists(st.sampled_from(["", ".", "..", "datasets/..", "cats/./.."]), max_size=4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    reserved=st.sampled_from(["runs", "rejected", "manifests"]),
+    before=NOISE,
+    after=st.lists(st.sampled_from(["", ".", "old-run", "dataset"]), max_size=3),
+    leading_slashes=st.integers(min_value=0, max_value=2),
+)
+def test_check_locations_prefix_normalising_into_a_reserved_folder_is_invalid(
+    reserved: str, before: list[str], after: list[str], leading_slashes: int
+) -> None:
+    key = "/" * leading_slashes + "/".join([*before, reserved, *after])
+    assert "dataset.prefix" in _location_problems({"prefix": f"s3://{DATA_BUCKET}/{key}"}), key
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.from_regex(r"\A[A-Za-z0-9_-]{1,12}\Z"), min_size=1, max_size=4))
+def test_check_locations_plain_folder_outside_reserved_ones_is_accepted(parts: list[str]) -> None:
+    assume(parts[0] not in ("runs", "rejected", "manifests"))
+    _locations({"prefix": f"s3://{DATA_BUCKET}/{'/'.join(parts)}/"})
+
+
+def test_check_locations_endpoint_outside_the_prefix_is_invalid_naming_field_and_prefix() -> None:
+    found = _location_problems({"prefix": f"s3://{DATA_BUCKET}/datasets/cats/"}, endpoint="cats", prefix="team-a-")
+    assert set(found) == {"endpoint.name"}
+    assert "'cats' does not start with 'team-a-'" in found["endpoint.name"]
+    assert "EndpointNamePrefix" in found["endpoint.name"]
+    assert "e.g. 'team-a-cats'" in found["endpoint.name"]
+
+
+@pytest.mark.parametrize("endpoint", ["Team-a-cats", "team-cats", "xteam-a-cats"])
+def test_check_locations_endpoint_prefix_compared_exactly(endpoint: str) -> None:
+    found = _location_problems({"prefix": f"s3://{DATA_BUCKET}/datasets/cats/"}, endpoint=endpoint, prefix="team-a-")
+    assert "endpoint.name" in found
+
+
+def test_check_locations_endpoint_under_the_prefix_is_accepted() -> None:
+    _locations({"prefix": f"s3://{DATA_BUCKET}/datasets/cats/"}, endpoint="team-a-cats", prefix="team-a-")
+
+
+def test_check_locations_reports_endpoint_and_prefix_problems_together() -> None:
+    found = _location_problems({"prefix": f"s3://{DATA_BUCKET}/runs"}, endpoint="cats")
+    assert set(found) == {"dataset.prefix", "endpoint.name"}
+
+
+def test_validate_endpoint_prefix_comes_from_the_function_environment(
+    world: AwsWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    put_parquet(world, "datasets/cats/a.parquet")
+    raw = {**document(prefix=f"s3://{DATA_BUCKET}/datasets/cats/"), "endpoint": {"name": "sdflow-cats"}}
+    monkeypatch.setenv("ENDPOINT_NAME_PREFIX", "team-a-")
+    with pytest.raises(InvalidRunDocument) as caught:
+        run(raw)
+    assert "does not start with 'team-a-'" in problems(caught)["endpoint.name"]
+    monkeypatch.delenv("ENDPOINT_NAME_PREFIX")  # the template's default, sdflow
+    assert run(raw)["shard_count"] == 1

@@ -1,7 +1,11 @@
 """Streaming image-caption data for training: the webdataset shards the dataset index lists.
 
 The dataset channel holds `index.json` (docs/contracts.md) and the tar shards img2dataset
-wrote; tar paths in the index are relative to the channel root. Samples stream from the
+wrote; tar paths in the index are relative to the channel root. The channel is a SageMaker
+manifest over the data bucket's `runs/` folder (a resumed run reuses shards from earlier runs'
+folders), so index.json sits at `<run>/dataset/index.json` below the root: the training job
+names it in the `dataset_index` hyperparameter. `index.json` at the root (the default) is the
+layout of a plain S3Prefix channel over one run's dataset/ folder. Samples stream from the
 tars (nothing is unpacked), go through a shuffle buffer, are resized and center-cropped to
 the training resolution, normalised to [-1, 1], and their captions tokenized.
 
@@ -27,6 +31,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
 CAPTION_KEYS = ("txt", "caption", "text")
+DEFAULT_INDEX = "index.json"  # at the channel root: the layout of an S3Prefix channel over dataset/
 
 
 class DatasetIndexError(ValueError):
@@ -44,36 +49,49 @@ class DatasetIndex:
     image_size: int | None
 
 
-def load_index(dataset_dir: str | Path) -> DatasetIndex:
-    """Read and check `index.json`; every listed tar must exist under the channel."""
+def _inside(root: Path, relative: str, what: str) -> Path:
+    """`root / relative`, refusing a path that is absolute or climbs out of the channel."""
+    candidate = Path(relative)
+    if not relative or candidate.is_absolute() or ".." in candidate.parts:
+        raise DatasetIndexError(f"{what} {relative!r} must be a path relative to the dataset channel, without '..'")
+    return root / candidate
+
+
+def load_index(dataset_dir: str | Path, index_path: str = DEFAULT_INDEX) -> DatasetIndex:
+    """Read and check the index at `index_path` below the channel; every listed tar must exist there."""
     root = Path(dataset_dir)
     if not root.is_dir():
         raise DatasetIndexError(f"dataset channel {root} does not exist: the training job needs a 'dataset' channel")
-    index_path = root / "index.json"
-    if not index_path.is_file():
+    index_file = _inside(root, index_path, "dataset_index")
+    if not index_file.is_file():
         raise DatasetIndexError(
-            f"{index_path} is missing: the dataset channel must be the run's dataset/ prefix written by build_index"
+            f"{index_file} is missing: the 'dataset' channel must be the run's dataset/manifest.json (written by "
+            f"build_index) and the hyperparameter dataset_index (now {index_path!r}) index.json's path below the "
+            "channel root, e.g. '<run>/dataset/index.json'"
         )
     try:
-        index = json.loads(index_path.read_text())
+        index = json.loads(index_file.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise DatasetIndexError(f"{index_path} is not valid JSON: {exc}") from exc
+        raise DatasetIndexError(f"{index_file} is not valid JSON: {exc}") from exc
     if not isinstance(index, dict) or not isinstance(index.get("shards"), list):
-        raise DatasetIndexError(f"{index_path} has no 'shards' list")
+        raise DatasetIndexError(f"{index_file} has no 'shards' list")
     tars: list[Path] = []
     for shard in index["shards"]:
         files = shard.get("tar_files") if isinstance(shard, dict) else None
         if not isinstance(files, list):
-            raise DatasetIndexError(f"{index_path}: shard entry {shard!r} has no 'tar_files' list")
-        tars.extend(root / rel for rel in files)
+            raise DatasetIndexError(f"{index_file}: shard entry {shard!r} has no 'tar_files' list")
+        tars.extend(_inside(root, str(rel), f"{index_file}: tar file") for rel in files)
     if not tars:
-        raise DatasetIndexError(f"{index_path} lists no tar files: every shard failed to download, nothing to train on")
+        raise DatasetIndexError(f"{index_file} lists no tar files: every shard failed to download, nothing to train on")
     missing = [str(t) for t in tars if not t.is_file()]
     if missing:
-        raise DatasetIndexError(f"{len(missing)} tar file(s) listed in {index_path} are missing, e.g. {missing[0]}")
+        raise DatasetIndexError(
+            f"{len(missing)} tar file(s) listed in {index_file} are missing, e.g. {missing[0]}: the channel's "
+            "manifest must list every tar file the index names (build_index writes both)"
+        )
     total = index.get("total_samples")
     if isinstance(total, int) and total <= 0:
-        raise DatasetIndexError(f"{index_path} says total_samples={total}: nothing to train on")
+        raise DatasetIndexError(f"{index_file} says total_samples={total}: nothing to train on")
     size = index.get("image_size")
     return DatasetIndex(
         shards=tars,
@@ -268,9 +286,10 @@ def make_dataloader(
     seed: int = 0,
     center_crop: bool = True,
     random_flip: bool = False,
+    index_path: str = DEFAULT_INDEX,
 ) -> tuple[DataLoader, DatasetIndex]:
-    """A DataLoader of this rank's batches over the shards in `dataset_dir/index.json`."""
-    index = load_index(dataset_dir)
+    """A DataLoader of this rank's batches over the shards the index at `dataset_dir/index_path` lists."""
+    index = load_index(dataset_dir, index_path)
     stream = ImageCaptionStream(
         index.shards,
         CaptionTokenizer(tokenizer),

@@ -165,6 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
             "base model folder (diffusers layout); default: the base_model channel",
         ),
         ("dataset_dir", str, None, "dataset channel folder holding index.json; default: the dataset channel"),
+        (
+            "dataset_index",
+            str,
+            "index.json",
+            "index.json's path below dataset_dir (the pipeline's manifest channel: <run>/dataset/index.json)",
+        ),
         ("output_dir", str, None, "where the fine-tuned pipeline goes; default: $SDFLOW_OPT_ML/model"),
         ("checkpoints_dir", str, None, "periodic checkpoints; default: $SDFLOW_OPT_ML/checkpoints"),
         (
@@ -273,7 +279,7 @@ def check_inputs(args: argparse.Namespace, cuda: bool) -> None:
             f"base model {base} is not a diffusers StableDiffusionPipeline folder: missing {', '.join(missing)}"
         )
     try:
-        load_index(args.dataset_dir)
+        load_index(args.dataset_dir, args.dataset_index)
     except DatasetIndexError as exc:
         raise ChannelError(str(exc)) from None
     if args.plugin in ("low_level_zero", "gemini") and not cuda:
@@ -691,6 +697,7 @@ def _train(args: argparse.Namespace, stop: StopFlag, cuda: bool) -> dict[str, An
         seed=args.seed + 7919 * state.step,
         center_crop=args.center_crop,
         random_flip=args.random_flip,
+        index_path=args.dataset_index,
     )
     generator = torch.Generator(device=device).manual_seed(args.seed * 100_003 + rank * 1_009 + state.step)
     if rank == 0:

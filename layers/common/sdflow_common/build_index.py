@@ -3,7 +3,11 @@ and decide whether enough shards succeeded to train.
 
 The Distributed Map lets every iteration fail on its own and keeps no results (its result would
 grow with the number of shards), so this task is where the run's tolerated failure percentage is
-applied: a shard counts as done exactly when its download job wrote `_SUCCESS`, which it does last."""
+applied: a shard counts as done exactly when its download job wrote `_SUCCESS`, which it does last.
+
+It also writes `dataset/manifest.json`, the training job's `dataset` channel (sdflow_common.dataset_manifest):
+a resumed run's reused shards stay in the earlier run's folder, and the manifest lists them next to
+this run's own, so every tar path is relative to `s3://<bucket>/runs/`."""
 
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ from typing import Any
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict
 
-from sdflow_common import aws
+from sdflow_common import aws, dataset_manifest
+from sdflow_common.dataset_manifest import OutsideRunsFolder
 from sdflow_common.errors import NoUsableShards
 from sdflow_common.run_document import parse_s3_uri
 from sdflow_common.validate_run import RunConfig
@@ -83,12 +88,17 @@ def read_shard_results(items: list[dict[str, str]]) -> list[ShardResult]:
         return list(pool.map(_read_success, items))
 
 
-def _relative_folder(output_uri: str, dataset_prefix_uri: str) -> str:
-    """`shards/00003/`: the shard folder relative to the dataset channel root."""
-    if not output_uri.startswith(dataset_prefix_uri):
-        raise ValueError(f"shard output {output_uri} is not below the dataset prefix {dataset_prefix_uri}")
-    folder = output_uri.removeprefix(dataset_prefix_uri)
-    return folder if folder.endswith("/") else f"{folder}/"
+def _relative_folder(result: ShardResult, bucket: str) -> str:
+    """`<run>/dataset/shards/00003/`: the shard folder relative to the manifest's prefix (`runs/`), which
+    is where SageMaker puts it in the dataset channel. A reused shard's folder is an earlier run's."""
+    folder = result.output_uri if result.output_uri.endswith("/") else f"{result.output_uri}/"
+    try:
+        return dataset_manifest.channel_key(folder, bucket)
+    except OutsideRunsFolder as exc:
+        raise OutsideRunsFolder(
+            f"shard {result.shard_id}: output_uri {exc}. Its shards.json entry must point at a shard folder "
+            f"s3://{bucket}/runs/<execution>/dataset/shards/<shard id>/ (validate_run and resume write only such)"
+        ) from None
 
 
 def build_index_document(config: RunConfig, results: list[ShardResult]) -> dict[str, Any]:
@@ -103,7 +113,7 @@ def build_index_document(config: RunConfig, results: list[ShardResult]) -> dict[
             image_size = int(result.success["image_size"])
         if samples == 0 or not tar_files:
             continue  # the job succeeded but every URL failed: nothing to train on
-        folder = _relative_folder(result.output_uri, config.dataset_prefix_uri)
+        folder = _relative_folder(result, config.bucket)
         shards.append(
             {
                 "shard_id": result.shard_id,
@@ -146,6 +156,17 @@ def check_tolerance(results: list[ShardResult], tolerated_percent: float, total_
         )
 
 
+def write_manifest(config: RunConfig, index: dict[str, Any]) -> str:
+    """`runs/<run>/dataset/manifest.json`: index.json first, then every tar file of every usable shard."""
+    keys = [dataset_manifest.index_in_channel(config.dataset_prefix_uri, config.bucket)]
+    keys.extend(name for shard in index["shards"] for name in shard["tar_files"])
+    uri = dataset_manifest.manifest_uri(config.dataset_prefix_uri)
+    bucket, key = parse_s3_uri(uri)
+    body = json.dumps(dataset_manifest.manifest_document(config.bucket, keys)).encode()
+    aws.client("s3").put_object(Bucket=bucket, Key=key, Body=body, ContentType="application/json")
+    return uri
+
+
 def build_index(request: BuildIndexRequest) -> dict[str, Any]:
     """Write `runs/<exec>/dataset/index.json`; return the `$.dataset` summary (docs/contracts.md)."""
     config = request.config
@@ -153,10 +174,10 @@ def build_index(request: BuildIndexRequest) -> dict[str, Any]:
     items = json.loads(s3.get_object(Bucket=config.bucket, Key=config.shard_list_key)["Body"].read())
     results = read_shard_results(items)
     index = build_index_document(config, results)
-    index_bucket, index_prefix = parse_s3_uri(config.dataset_prefix_uri)
-    index_key = f"{index_prefix.rstrip('/')}/index.json"
+    index_bucket, index_key = parse_s3_uri(dataset_manifest.index_uri(config.dataset_prefix_uri))
     # Written before the tolerance check, so a failed run still leaves a record of which shards failed.
     s3.put_object(Bucket=index_bucket, Key=index_key, Body=json.dumps(index).encode(), ContentType="application/json")
+    manifest_uri = write_manifest(config, index)
     failed = index["failed_shards"]
     log.info(
         "run %s: %d shards ok, %d failed, %d samples",
@@ -168,6 +189,7 @@ def build_index(request: BuildIndexRequest) -> dict[str, Any]:
     check_tolerance(results, config.run.download.tolerated_failure_percent, index["total_samples"])
     return {
         "index_uri": f"s3://{index_bucket}/{index_key}",
+        "manifest_uri": manifest_uri,
         "total_samples": index["total_samples"],
         "shards_ok": len(results) - len(failed),
         "shards_failed": len(failed),

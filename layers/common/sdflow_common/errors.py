@@ -34,6 +34,22 @@ class TrainingJobFailed(SdflowError):
     """The SageMaker training job ended Failed or Stopped."""
 
 
+class TrainingCapacityUnavailable(SdflowError):
+    """The training job failed because SageMaker could not provision its instances
+    (FailureReason "CapacityError: Unable to provision requested ML compute capacity…").
+    SageMaker's RetryStrategy does not retry this, so the state retries with a new job, slowly."""
+
+
+class JobNameTaken(SdflowError):
+    """A new task's job name exists already and belongs to another run (its `sdflow:run` tag
+    differs): the job is not adopted, since its results are not this run's."""
+
+
+class RunEnded(SdflowError):
+    """The run's execution stopped (or failed, or timed out) while a starter was creating its
+    job; the starter stopped the job it had just created so that nothing runs on unobserved."""
+
+
 class EndpointDeployFailed(SdflowError):
     """The endpoint create/update ended Failed, or the update was rolled back."""
 

@@ -7,7 +7,9 @@ SendTaskFailure (a named error and the FailureReason), then the claim is deleted
 
 SageMaker may send an event more than once and events may be late, so everything here is
 idempotent: an unknown resource is ignored, and a token Step Functions no longer knows
-(TaskDoesNotExist / InvalidToken / TaskTimedOut) is logged, not raised. The reconciler feeds
+(TaskDoesNotExist / InvalidToken / TaskTimedOut) is logged, not raised. An endpoint is the
+exception: a deployment that settles after its run failed, timed out or was stopped (or whose
+claim carries run_cleanup's `rollback=requested`) is rolled back (sdflow_common.rollback). The reconciler feeds
 details built from Describe* responses through the same `TaskResolver.resolve`."""
 
 from __future__ import annotations
@@ -23,8 +25,14 @@ from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, Field
 
-from sdflow_common import aws, sagemaker_jobs
-from sdflow_common.errors import DownloadJobFailed, EndpointDeployFailed, SdflowError, TrainingJobFailed
+from sdflow_common import aws, rollback, sagemaker_jobs
+from sdflow_common.errors import (
+    DownloadJobFailed,
+    EndpointDeployFailed,
+    SdflowError,
+    TrainingCapacityUnavailable,
+    TrainingJobFailed,
+)
 from sdflow_common.settings import Settings
 from sdflow_common.token_store import Kind, TokenRecord, TokenStore
 
@@ -166,7 +174,7 @@ SageMakerStateChange = Annotated[SageMakerStateChangeEvent, Field(discriminator=
 
 # ---------------------------------------------------------------------------- resolution
 
-Outcome = Literal["succeeded", "failed", "ignored", "unknown", "stale_token"]
+Outcome = Literal["succeeded", "failed", "ignored", "unknown", "stale_token", "rolled_back"]
 
 
 @dataclass(frozen=True)
@@ -234,7 +242,7 @@ class TaskResolver:
         if detail.succeeded():
             return self.succeed(record, self._job_summary(record, detail), status)
         cause = f"{kind} job {name} ended {status}: {detail.reason}"
-        return self.fail(record, FAILURE_ERRORS[kind], cause, status)
+        return self.fail(record, _failure_error(detail), cause, status)
 
     # -- summaries --------------------------------------------------------------------
 
@@ -283,6 +291,9 @@ class TaskResolver:
             # A late event from before the current change; the change's own event follows.
             logger.info("endpoint still changing; event ignored", extra={"endpoint": name, "status": status})
             return Resolution("ignored", name, "endpoint", status)
+        if rollback.is_requested(record):
+            # The run ended while this deployment was under way (run_cleanup): undo it now.
+            return self._roll_back(record, status, described)
         wanted = record.context.get("endpoint_config_name", "")
         serving = str(described.get("EndpointConfigName", ""))
         reason = described.get("FailureReason") or detail.failure_reason
@@ -314,6 +325,8 @@ class TaskResolver:
             self.sfn.send_task_success(taskToken=record.task_token, output=compact_json(summary))
         except ClientError as exc:
             outcome = self._stale_or_raise(exc, record)
+        if outcome == "stale_token" and record.kind == "endpoint":
+            return self._after_stale_endpoint(record, status)
         self.store.delete(record.resource_name, token=record.task_token)
         logger.info("task resolved", extra={"resource_name": record.resource_name, "outcome": outcome})
         return Resolution(outcome, record.resource_name, record.kind, status)
@@ -328,12 +341,39 @@ class TaskResolver:
             )
         except ClientError as exc:
             outcome = self._stale_or_raise(exc, record)
+        if outcome == "stale_token" and record.kind == "endpoint":
+            return self._after_stale_endpoint(record, status)
         self.store.delete(record.resource_name, token=record.task_token)
         logger.info(
             "task failed",
             extra={"resource_name": record.resource_name, "outcome": outcome, "error": error.__name__},
         )
         return Resolution(outcome, record.resource_name, record.kind, status, error=error.__name__)
+
+    # -- endpoint rollback --------------------------------------------------------------
+
+    def _after_stale_endpoint(self, record: TokenRecord, status: str) -> Resolution:
+        """The deploy task is gone. If its run FAILED, TIMED_OUT or was ABORTED, the deployment
+        that just settled is undone; a stale token of a run still running (a retried attempt
+        took over) or that succeeded (a duplicate event) leaves the endpoint alone."""
+        if rollback.execution_ended_unsuccessfully(self.sfn, record.execution_arn):
+            return self._roll_back(record, status, None)
+        self.store.delete(record.resource_name, token=record.task_token)
+        return Resolution("stale_token", record.resource_name, record.kind, status)
+
+    def _roll_back(self, record: TokenRecord, status: str, described: dict[str, Any] | None) -> Resolution:
+        result = rollback.roll_back(record, self.sagemaker, described)
+        name = record.resource_name
+        if result.keeps_claim:
+            # Changing again: its next state-change event comes back here.
+            logger.info("endpoint still changing; rollback waits", extra={"endpoint": name, "detail": result.text})
+            return Resolution("ignored", name, record.kind, status)
+        if result.outcome == "manual":
+            logger.error("endpoint rollback needs a person", extra={"endpoint": name, "detail": result.text})
+        else:
+            logger.info("endpoint deployment rolled back", extra={"endpoint": name, "detail": result.text})
+        self.store.delete(name, token=record.task_token)
+        return Resolution("rolled_back", name, record.kind, status)
 
     @staticmethod
     def _stale_or_raise(exc: ClientError, record: TokenRecord) -> Outcome:
@@ -344,6 +384,15 @@ class TaskResolver:
         # or late event. Nothing waits any more, so the claim is cleaned up all the same.
         logger.warning("task token no longer valid", extra={"resource_name": record.resource_name, "code": code})
         return "stale_token"
+
+
+def _failure_error(detail: ProcessingJobDetail | TrainingJobDetail) -> type[SdflowError]:
+    """The step's error; a training job SageMaker could not find instances for gets its own, which
+    the state retries with a new job later (SageMaker's RetryStrategy does not cover capacity)."""
+    failed = normalize_status(detail.status) == "failed"
+    if isinstance(detail, TrainingJobDetail) and failed and sagemaker_jobs.is_capacity_failure(detail.failure_reason):
+        return TrainingCapacityUnavailable
+    return FAILURE_ERRORS[detail.kind]
 
 
 def _predates_deployment(record: TokenRecord, event_time: datetime) -> bool:

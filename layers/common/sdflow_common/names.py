@@ -1,11 +1,16 @@
-"""Deterministic SageMaker resource names.
+"""Deterministic SageMaker resource names, one set per run.
 
 SageMaker job names are unique per account and region for ever (a finished job's name can
-never be reused), at most 63 characters, `^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$`. So a name is
-built from:
+never be reused), at most 63 characters, `^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$`. A name is built
+from:
 - a readable prefix and a slug of the run id, for humans browsing the console;
-- a hash of the execution ARN and the item, so two runs (or two shards) never collide even
-  when their readable parts are cut short;
+- the run hash: a hash of the execution ARN and its start time. Step Functions lets an
+  execution name be used again 90 days after the first execution closed, and the rerun has
+  the same ARN: only the start time tells the two runs apart, so a rerun can never meet (and
+  adopt) the jobs of the old one. Every name of a run contains the hash verbatim, so
+  `ListProcessingJobs(NameContains=<run hash>)` finds all of a run's jobs;
+- the redrive count as `-r<n>`: a redriven execution keeps its ARN and start time, and re-runs
+  its failed states from RetryCount 0, whose old names are taken for ever;
 - the Step Functions retry count (`$$.State.RetryCount`) as `-a<n>`, because a retried task
   must create a new job: the failed attempt's name is taken for ever.
 The same inputs always give the same name, which is what makes a re-invoked Lambda find the
@@ -14,7 +19,9 @@ job its first invocation created instead of starting a second one."""
 from __future__ import annotations
 
 import hashlib
+import math
 import re
+from datetime import UTC, datetime, timedelta
 
 MAX_NAME_LENGTH = 63
 NAME_PATTERN = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
@@ -23,9 +30,17 @@ HASH_LENGTH = 10
 DOWNLOAD_PREFIX = "sdf-dl"
 TRAINING_PREFIX = "sdf-tr"
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ATTEMPT_TAIL = re.compile(r"-a(\d+)$")
+# The readable slug is cut as if the counters had this many digits, so that it is the same for
+# every attempt and redrive of a task (Step Functions allows 1,000 redrives of an execution and a
+# retrier's MaxAttempts is at most 99,999,999; names with counters wider than this are still
+# valid, their slug is just cut shorter).
+_COUNTER_ROOM = len("r1000-a1000")
+
 
 class InvalidNameInput(ValueError):
-    """An input cannot make a valid name (empty item, negative attempt)."""
+    """An input cannot make a valid name (empty item, negative attempt, unreadable start time)."""
 
 
 def short_hash(*parts: str, length: int = HASH_LENGTH) -> str:
@@ -47,58 +62,132 @@ def execution_name(execution_arn: str) -> str:
     return execution_arn.rsplit(":", 1)[-1]
 
 
-def _attempt_suffix(attempt: int) -> str:
-    if attempt < 0:
-        raise InvalidNameInput(f"attempt must be ≥ 0 ($$.State.RetryCount), got {attempt}")
-    return f"a{attempt}"
+# ---------------------------------------------------------------------------- run identity
 
 
-def _assemble(prefix: str, readable: str, fixed_tail: list[str]) -> str:
-    """`prefix-<slug>-<tail…>`, the slug cut so the whole fits in 63 characters.
+def start_millis(start_time: str | int | float | datetime) -> int:
+    """The execution's start as epoch milliseconds (floor), from any of its three spellings:
+    `$$.Execution.StartTime` (ISO 8601, any precision, `Z`, an offset or none = UTC), the
+    "Step Functions Execution Status Change" event's `startDate` (epoch ms, a number) and
+    DescribeExecution's `startDate` (a datetime). Floor, not round, so that a microsecond
+    ISO time and the millisecond number of the same instant agree."""
+    if isinstance(start_time, bool):
+        raise InvalidNameInput(f"start_time must be a time, got the boolean {start_time}")
+    if isinstance(start_time, int):
+        return start_time
+    if isinstance(start_time, float):
+        if not math.isfinite(start_time):
+            raise InvalidNameInput(f"start_time must be epoch milliseconds, got {start_time}")
+        return math.floor(start_time)
+    if isinstance(start_time, datetime):
+        moment = start_time if start_time.tzinfo else start_time.replace(tzinfo=UTC)
+        # Integer arithmetic: a float timestamp could land one millisecond off.
+        return (moment - _EPOCH) // timedelta(milliseconds=1)
+    if isinstance(start_time, str):
+        text = start_time.strip()
+        if text.isdigit():
+            return int(text)
+        try:
+            parsed = datetime.fromisoformat(text)
+        except ValueError:
+            raise InvalidNameInput(
+                f"start_time '{start_time}' is not an ISO 8601 time such as 2026-11-23T16:48:03.123Z "
+                "(pass $$.Execution.StartTime)"
+            ) from None
+        return start_millis(parsed)
+    raise InvalidNameInput(f"start_time must be an ISO string, epoch milliseconds or a datetime, got {start_time!r}")
 
-    The tail (hash, item, attempt) is what makes the name unique, so only the readable part
-    is ever shortened; when there is no room for it at all it is left out."""
-    tail = "-".join(part for part in fixed_tail if part)
-    room = MAX_NAME_LENGTH - len(prefix) - len(tail) - 2  # two joining hyphens
-    readable_slug = slug(readable, room)
-    parts = [prefix, readable_slug, tail] if readable_slug else [prefix, tail]
-    name = "-".join(part for part in parts if part)
+
+def run_hash(execution_arn: str, start_time: str | int | float | datetime) -> str:
+    """10 hex characters naming one run: the same for every redrive of the execution, different
+    for a later execution that reuses its name (it starts at another time)."""
+    if not execution_arn:
+        raise InvalidNameInput("execution_arn must not be empty ($$.Execution.Id)")
+    return short_hash(execution_arn, str(start_millis(start_time)))
+
+
+# ---------------------------------------------------------------------------- names
+
+
+def _counter(letter: str, value: int, source: str) -> str:
+    if value < 0:
+        raise InvalidNameInput(f"{source} must be ≥ 0, got {value}")
+    return f"{letter}{value}"
+
+
+def _counters(redrive: int, attempt: int) -> str:
+    redrive_part = _counter("r", redrive, "redrive ($$.Execution.RedriveCount)")
+    return f"{redrive_part}-{_counter('a', attempt, 'attempt ($$.State.RetryCount)')}"
+
+
+def _check(name: str, parts: object) -> str:
     if len(name) > MAX_NAME_LENGTH or not NAME_PATTERN.match(name):
         raise InvalidNameInput(f"could not build a valid SageMaker name from {parts!r} (got '{name}')")
     return name
 
 
-def download_job_name(execution_arn: str, run_id: str, shard_id: str, attempt: int) -> str:
-    """Processing job for one shard: `sdf-dl-<run slug>-<hash10>-<shard>-a<attempt>`."""
+def _assemble(prefix: str, readable: str, key: str, counters: str) -> str:
+    """`prefix-<slug>-<key>-<counters>`, the slug cut so the whole fits in 63 characters.
+
+    The key (run hash, item) and the counters make the name unique, so only the readable part
+    is ever shortened, by the same amount for every attempt; with no room left it is dropped."""
+    fixed = len(prefix) + len(key) + 3  # three joining hyphens
+    room = MAX_NAME_LENGTH - fixed - max(len(counters), _COUNTER_ROOM)
+    readable_slug = slug(readable, room)
+    parts = [prefix, readable_slug, key, counters]
+    return _check("-".join(part for part in parts if part), parts)
+
+
+def _shard_part(shard_id: str) -> str:
     shard = slug(shard_id, 12)
     if not shard:
         raise InvalidNameInput(f"shard_id '{shard_id}' has no letters or digits")
-    digest = short_hash(execution_arn, "download", shard_id)
-    return _assemble(DOWNLOAD_PREFIX, run_id, [digest, shard, _attempt_suffix(attempt)])
+    return shard
 
 
-def training_job_name(execution_arn: str, run_id: str, attempt: int) -> str:
-    """Training job of a run: `sdf-tr-<run slug>-<hash10>-a<attempt>`."""
-    digest = short_hash(execution_arn, "training")
-    return _assemble(TRAINING_PREFIX, run_id, [digest, _attempt_suffix(attempt)])
+def download_job_name(hash_: str, run_id: str, shard_id: str, redrive: int, attempt: int) -> str:
+    """Processing job for one shard: `sdf-dl-<run slug>-<run hash>-<shard>-r<redrive>-a<attempt>`."""
+    key = f"{hash_}-{_shard_part(shard_id)}"
+    return _assemble(DOWNLOAD_PREFIX, run_id, key, _counters(redrive, attempt))
 
 
-def training_job_glob(execution_arn: str) -> str:
-    """A glob matching every attempt's training job name of the execution (the slug may be
-    shortened differently per attempt; the hash never is)."""
-    return f"{TRAINING_PREFIX}-*-{short_hash(execution_arn, 'training')}-a*"
+def training_job_name(hash_: str, run_id: str, redrive: int, attempt: int) -> str:
+    """Training job of a run: `sdf-tr-<run slug>-<run hash>-r<redrive>-a<attempt>`."""
+    return _assemble(TRAINING_PREFIX, run_id, hash_, _counters(redrive, attempt))
 
 
-def deployment_name(endpoint_name: str, execution_arn: str, attempt: int) -> str:
-    """Model and endpoint-config name of one deployment: `<endpoint>-<hash10>-a<attempt>`.
+def deployment_name(endpoint_name: str, hash_: str, redrive: int, attempt: int) -> str:
+    """Model and endpoint-config name of one deployment: `<endpoint slug>-<run hash>-r<n>-a<n>`.
 
     Models and endpoint configs live in separate namespaces, so both use this one name; a
-    reader of `describe-endpoint` sees at once which deployment an endpoint serves."""
-    digest = short_hash(execution_arn, "deploy", endpoint_name)
-    tail = f"{digest}-{_attempt_suffix(attempt)}"
-    room = MAX_NAME_LENGTH - len(tail) - 1
+    reader of `describe-endpoint` sees at once which run's deployment an endpoint serves."""
+    counters = _counters(redrive, attempt)
+    tail = f"{hash_}-{counters}"
+    room = MAX_NAME_LENGTH - len(hash_) - 2 - max(len(counters), _COUNTER_ROOM)
     head = slug(endpoint_name, room) or "sdf-ep"
-    name = f"{head}-{tail}"
-    if not NAME_PATTERN.match(name):
-        raise InvalidNameInput(f"could not build a valid model name from endpoint '{endpoint_name}'")
-    return name
+    return _check(f"{head}-{tail}", [head, tail])
+
+
+# ---------------------------------------------------------------------------- lookups
+
+
+def attempt_of(name: str) -> int | None:
+    """The `-a<n>` counter at the end of a name built here, or None."""
+    match = _ATTEMPT_TAIL.search(name)
+    return int(match.group(1)) if match else None
+
+
+def same_task_key(name: str, hash_: str) -> str:
+    """The part every attempt of one task's name shares and no other task's name contains:
+    from the run hash up to and including `-a` (e.g. `<hash>-00001-r0-a`). It is what
+    ListProcessingJobs / ListTrainingJobs `NameContains` look for before a retry starts."""
+    start = name.find(hash_)
+    match = _ATTEMPT_TAIL.search(name)
+    if start < 0 or match is None:
+        raise InvalidNameInput(f"'{name}' is not a name of run {hash_} with an -a<attempt> suffix")
+    return name[start : match.start()] + "-a"
+
+
+def training_job_glob(execution_arn: str, start_time: str | int | float | datetime) -> str:
+    """A glob matching the training job name of every attempt and redrive of one run."""
+    return f"{TRAINING_PREFIX}-*{run_hash(execution_arn, start_time)}-r*-a*"

@@ -1,9 +1,13 @@
 """The run notification: a message a person can act on, published to the run topic.
 
-It reads only what the pipeline itself wrote into the state: `config` (Validate run), `dataset`
-(Build dataset index), `training` (Train model), `endpoint` (Deploy endpoint) and `error` (the
-Catch). The execution input never reaches it (the first state drops it), and a line whose data
-is not there is left out rather than printed with placeholders."""
+It is composed from the "Step Functions Execution Status Change" event (EventBridge) of the
+pipeline's execution: the event's status, error and cause; for a run that did not succeed, the
+state it was in and what it had built, read back from its execution history
+(sdflow_common.execution_history), and what the cleanup stopped or rolled back
+(sdflow_common.run_cleanup); for a run that succeeded, its output. The state holds only what the
+pipeline itself wrote: `config` (Validate run), `dataset` (Build dataset index), `training`
+(Train model), `endpoint` (Deploy endpoint); a line whose data is not there is left out rather
+than printed with placeholders."""
 
 from __future__ import annotations
 
@@ -13,36 +17,122 @@ import re
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from pydantic import BaseModel, ConfigDict, Field
 
-from sdflow_common import aws
+from sdflow_common import aws, execution_history, run_cleanup
 from sdflow_common.run_document import RUN_NAME, printable
+from sdflow_common.token_store import TokenStore
 
 # SNS allows 100 characters of subject; a cause can be long, the mail should not be.
 SUBJECT_LIMIT = 100
 CAUSE_LIMIT = 2000
 
 # Which step was running, judged by the results the steps before it wrote: (key, a key its
-# result always has, the step that runs next). $.endpoint only exists once the run has
-# succeeded, so it never names a failed step.
+# result always has, the step that runs next). Only a fallback for when the execution history
+# names no state. $.endpoint only exists once the run has succeeded, so it never names a failed step.
 _PROGRESS = (
     ("training", "job_name", "Deploy endpoint"),
     ("dataset", "index_uri", "Train model"),
 )
 _AFTER_VALIDATION = "Download shards / Build dataset index"
 _VALIDATION = "Validate run"
+# States that run before anything is started in SageMaker.
+_BEFORE_ANY_JOB = frozenset({_VALIDATION, "Prepare input"})
+
+Outcome = Literal["succeeded", "failed", "timed_out", "aborted"]
+OUTCOMES: dict[str, Outcome] = {
+    "SUCCEEDED": "succeeded",
+    "FAILED": "failed",
+    "TIMED_OUT": "timed_out",
+    "ABORTED": "aborted",
+}
+
+
+# ---------------------------------------------------------------------------- the event
+
+
+class ExecutionDataDetails(BaseModel):
+    """`inputDetails` / `outputDetails`: `included` is false when Step Functions left the data out
+    of the event (over EventBridge's size limit; Step Functions developer guide, "EventBridge
+    payloads"): DescribeExecution still has it."""
+
+    model_config = ConfigDict(extra="ignore")
+    included: bool = True
+
+
+class ExecutionStatusDetail(BaseModel):
+    """The detail of "Step Functions Execution Status Change" (Step Functions developer guide,
+    "EventBridge (CloudWatch Events) for Step Functions execution status changes"). Dates are
+    epoch milliseconds; input and output are JSON strings or null."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
+
+    execution_arn: str = Field(alias="executionArn")
+    state_machine_arn: str = Field(alias="stateMachineArn")
+    name: str
+    status: Literal["RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED", "PENDING_REDRIVE"]
+    start_date: int = Field(alias="startDate")
+    stop_date: int | None = Field(default=None, alias="stopDate")
+    input: str | None = None
+    output: str | None = None
+    input_details: ExecutionDataDetails | None = Field(default=None, alias="inputDetails")
+    output_details: ExecutionDataDetails | None = Field(default=None, alias="outputDetails")
+    error: str | None = None
+    cause: str | None = None
+    # Absent from events of executions that were never redriven in some examples: 0 then.
+    redrive_count: int = Field(default=0, alias="redriveCount")
+
+    @property
+    def outcome(self) -> Outcome | None:
+        return OUTCOMES.get(self.status)
+
+
+class ExecutionStatusChange(EventBridgeModel):
+    detail_type: Literal["Step Functions Execution Status Change"] = Field(alias="detail-type")
+    detail: ExecutionStatusDetail
+
+
+def _iso(epoch_ms: int | None) -> str | None:
+    if epoch_ms is None:
+        return None
+    return datetime.fromtimestamp(epoch_ms / 1000, tz=UTC).isoformat().replace("+00:00", "Z")
+
+
+# ---------------------------------------------------------------------------- the message
 
 
 class NotifyRequest(BaseModel):
-    """Payload of the "Notify success" / "Notify failure" states."""
+    """Everything the message says, gathered by the handler."""
 
     model_config = ConfigDict(extra="ignore")
 
-    outcome: Literal["succeeded", "failed"]
+    outcome: Outcome
     execution_arn: str
     execution_name: str
     start_time: str | None = None
+    stop_time: str | None = None
     state: dict[str, Any] = Field(default_factory=dict)
+    running_state: str | None = None
+    error: str | None = None
+    cause: str | None = None
+    cleanup: list[str] = Field(default_factory=list)
+    redrive_count: int = 0
+
+    @classmethod
+    def from_event(cls, detail: ExecutionStatusDetail, **found: Any) -> NotifyRequest:
+        outcome = detail.outcome
+        if outcome is None:
+            raise ValueError(f"execution status {detail.status} is not an end of the run; nothing to notify")
+        return cls(
+            outcome=outcome,
+            execution_arn=detail.execution_arn,
+            execution_name=detail.name,
+            start_time=_iso(detail.start_date),
+            stop_time=_iso(detail.stop_date),
+            redrive_count=detail.redrive_count,
+            **found,
+        )
 
 
 class Notification(BaseModel):
@@ -51,13 +141,11 @@ class Notification(BaseModel):
     attributes: dict[str, str]
 
 
-def _duration(start_time: str | None, now: datetime) -> str:
-    if not start_time:
+def _duration(start_time: str | None, end: datetime) -> str:
+    started = _parse_time(start_time)
+    if started is None:
         return "unknown time"
-    started = datetime.fromisoformat(start_time.replace("Z", "+00:00"))
-    if started.tzinfo is None:
-        started = started.replace(tzinfo=UTC)
-    seconds = max(0, int((now - started).total_seconds()))
+    seconds = max(0, int((end - started).total_seconds()))
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
     if hours:
@@ -168,54 +256,143 @@ def sns_subject(text: str) -> str:
     return ascii_only if len(ascii_only) < SUBJECT_LIMIT else ascii_only[: SUBJECT_LIMIT - 4] + "..."
 
 
-def compose(request: NotifyRequest, now: datetime | None = None) -> Notification:
-    now = now or datetime.now(UTC)
-    state = request.state
-    label = _run_label(request)
-    duration = _duration(request.start_time, now)
-    attributes = {"outcome": request.outcome, "run_id": printable(request.execution_name)}
-    lines: list[str] = []
-    step = failed_step(state)
-    if request.outcome == "succeeded":
-        subject = f"[sdflow] Run {label} succeeded"
-        lines.append(f"sdflow run {label} SUCCEEDED in {duration}.")
+_HEADLINES: dict[Outcome, tuple[str, str]] = {
+    "succeeded": ("succeeded", "SUCCEEDED in {duration}."),
+    "failed": ("FAILED", "FAILED after {duration}"),
+    "timed_out": (
+        "TIMED OUT",
+        "TIMED OUT after {duration}: the run exceeded its time limit (the state machine's TimeoutSeconds)",
+    ),
+    "aborted": ("STOPPED", "was STOPPED after {duration} (StopExecution)"),
+}
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _headline(request: NotifyRequest, label: str, now: datetime) -> tuple[str, str]:
+    subject_word, text = _HEADLINES[request.outcome]
+    end = _parse_time(request.stop_time) or now
+    line = f"sdflow run {label} " + text.format(duration=_duration(request.start_time, end))
+    if request.outcome != "succeeded":
+        line += f", in state: {_running_step(request)}."
+    if request.redrive_count:
+        line += f" (redrive {request.redrive_count})"
+    return f"[sdflow] Run {label} {subject_word}", line
+
+
+def _running_step(request: NotifyRequest) -> str:
+    return request.running_state or failed_step(request.state)
+
+
+def _error_lines(request: NotifyRequest) -> list[str]:
+    if request.outcome == "aborted" and not request.error and not request.cause:
+        return ["Stopped by a StopExecution call that gave no error or cause."]
+    default_error = "States.Timeout" if request.outcome == "timed_out" else "UnknownError"
+    lines = [f"Error:     {printable(request.error or default_error)}"]
+    if request.outcome == "aborted" and request.cause:
+        lines.append(f"Stopped by / because: {_readable_cause(request.cause)}")
     else:
-        subject = f"[sdflow] Run {label} FAILED"
-        error = _written(state, "error", "Error") or {}
-        error_name = printable(str(error.get("Error", "UnknownError")))
-        attributes["error"] = error_name
-        lines.append(f"sdflow run {label} FAILED after {duration}, during: {step}.")
-        lines.append("")
-        lines.append(f"Error:     {error_name}")
         lines.append("Cause:")
-        lines.append(_readable_cause(str(error.get("Cause", "(no cause given)"))))
-    lines.append("")
+        lines.append(_readable_cause(request.cause or "(no cause given)"))
+    return lines
+
+
+def _endpoint_lines(endpoint: dict[str, Any], attributes: dict[str, str]) -> list[str]:
+    name = str(endpoint["endpoint_name"])
+    attributes["endpoint"] = name
+    action = "updated blue/green" if endpoint.get("action") == "update" else "created"
+    config_name = f", config {endpoint['endpoint_config_name']}" if endpoint.get("endpoint_config_name") else ""
+    return [
+        f"Endpoint:  {name} ({action}{config_name})",
+        f"Invoke:    aws sagemaker-runtime invoke-endpoint --endpoint-name {name} "
+        "--content-type application/json --accept image/png "
+        '--body \'{"prompt": "a photo of a cat"}\' --cli-binary-format raw-in-base64-out out.png',
+    ]
+
+
+def _progress_lines(state: dict[str, Any], attributes: dict[str, str]) -> list[str]:
     config = _config(state)
-    dataset = _written(state, "dataset", "index_uri") if config else None
-    training = _written(state, "training", "job_name") if config else None
-    lines.extend(_warning_lines(config))
+    if config is None:
+        return []
+    lines = _warning_lines(config)
+    dataset = _written(state, "dataset", "index_uri")
     if dataset:
         lines.extend(_dataset_lines(dataset))
+    training = _written(state, "training", "job_name")
     if training:
         lines.extend(_training_lines(training))
-    endpoint = _written(state, "endpoint", "endpoint_name") if config else None
+    endpoint = _written(state, "endpoint", "endpoint_name")
     if endpoint:
-        name = str(endpoint["endpoint_name"])
-        attributes["endpoint"] = name
-        action = "updated blue/green" if endpoint.get("action") == "update" else "created"
-        config_name = f", config {endpoint['endpoint_config_name']}" if endpoint.get("endpoint_config_name") else ""
-        lines.append(f"Endpoint:  {name} ({action}{config_name})")
-        lines.append(
-            f"Invoke:    aws sagemaker-runtime invoke-endpoint --endpoint-name {name} "
-            "--content-type application/json --accept image/png "
-            '--body \'{"prompt": "a photo of a cat"}\' --cli-binary-format raw-in-base64-out out.png'
+        lines.extend(_endpoint_lines(endpoint, attributes))
+    return lines
+
+
+def _next_step_lines(request: NotifyRequest) -> list[str]:
+    if _running_step(request) in _BEFORE_ANY_JOB and _config(request.state) is None:
+        return ["Next:      nothing was started; fix the run document as the cause says and start the run again."]
+    return [
+        "Next:      re-run only what did not finish (same input, finished steps kept):",
+        f"             aws stepfunctions redrive-execution --execution-arn {request.execution_arn}",
+        "           or start a new run that reuses every finished shard and model (optionally with a new manifest):",
+        f"             sdflow resume {request.execution_arn} [--manifest NEW.json]",
+    ]
+
+
+def compose(request: NotifyRequest, now: datetime | None = None) -> Notification:
+    now = now or datetime.now(UTC)
+    label = _run_label(request)
+    subject, headline = _headline(request, label, now)
+    attributes = {"outcome": request.outcome, "run_id": printable(request.execution_name)}
+    lines = [headline, ""]
+    if request.outcome != "succeeded":
+        attributes["error"] = printable(
+            request.error or ("States.Timeout" if request.outcome == "timed_out" else "UnknownError")
         )
-    if request.outcome == "failed" and step == _VALIDATION:
-        lines.append("Nothing was started: fix the run document as the cause says and start the run again.")
-    elif request.outcome == "failed":
-        lines.append("Nothing was deployed by this run; its jobs ended with it (see the console for each one).")
+        lines.extend(_error_lines(request))
+        lines.append("")
+    lines.extend(_progress_lines(request.state, attributes))
+    if request.outcome != "succeeded":
+        lines.append("Cleanup:   " + ("\n           ".join(request.cleanup) or "nothing to clean up."))
+        lines.extend(_next_step_lines(request))
     lines.append(f"Console:   {console_link(request.execution_arn)}")
     return Notification(subject=sns_subject(subject), message="\n".join(lines) + "\n", attributes=attributes)
+
+
+def _json_object(text: str | None) -> dict[str, Any]:
+    try:
+        decoded = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return decoded if isinstance(decoded, dict) else {}
+
+
+def gather(
+    detail: ExecutionStatusDetail, *, sfn: Any, sagemaker: Any, store: TokenStore
+) -> tuple[NotifyRequest, run_cleanup.CleanupReport | None]:
+    """The message's facts; for a run that did not succeed, the cleanup is done first, so the
+    message can say what it stopped."""
+    if detail.outcome == "succeeded":
+        output = detail.output
+        if output is None or (detail.output_details is not None and not detail.output_details.included):
+            output = sfn.describe_execution(executionArn=detail.execution_arn).get("output")
+        return NotifyRequest.from_event(detail, state=_json_object(output)), None
+    report = run_cleanup.clean_up_run(detail.execution_arn, detail.start_date, sagemaker=sagemaker, store=store)
+    history = execution_history.read_history(sfn, detail.execution_arn)
+    request = NotifyRequest.from_event(
+        detail,
+        state=history.state,
+        running_state=history.running_state,
+        # The event's own error and cause when it carries them; the history's otherwise.
+        error=detail.error or history.error,
+        cause=detail.cause or history.cause,
+        cleanup=report.lines(),
+    )
+    return request, report
 
 
 def publish(notification: Notification, topic_arn: str) -> str:

@@ -24,12 +24,17 @@ S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])/(?P<ke
 ENDPOINT_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 INSTANCE_TYPE = r"^ml\.[a-z0-9]+\.[a-z0-9]+$"
 RUN_NAME = r"^[a-zA-Z0-9\-_]{1,40}$"
+# A Standard execution's ARN: arn:<partition>:states:<region>:<account>:execution:<state machine>:<name>.
+# No "/" in the state machine part: Distributed Map children (<machine>/<label>) are not runs.
+EXECUTION_ARN = r"^arn:aws[a-z-]*:states:[a-z0-9-]+:[0-9]{12}:execution:[^:/\s]{1,80}:[^:/\s]{1,80}$"
 # What each pattern means, in words: pydantic's own message would show the user the raw regex.
 PATTERN_HELP = {
     ENDPOINT_NAME.pattern: "use letters, digits and hyphens, starting and ending with a letter or digit "
     "(a SageMaker endpoint name), e.g. 'sdflow-cats'",
     INSTANCE_TYPE: "use a SageMaker instance type of the form ml.<family>.<size>, e.g. 'ml.g5.xlarge'",
     RUN_NAME: "use 1-40 letters, digits, '-' or '_', e.g. 'cats-v1'",
+    EXECUTION_ARN: "give the ARN of an earlier execution of this pipeline, as `aws stepfunctions "
+    "list-executions` prints it: arn:aws:states:<region>:<account>:execution:<pipeline>:<name>",
 }
 # A report lists at most this many problems: its text travels as a Step Functions error cause
 # (kept in 256 KB state) and an SNS message (256 KB), and a few are enough to start fixing.
@@ -223,6 +228,13 @@ class RunDocument(_Strict):
     notify_email_subject_prefix: str = Field(
         default="[sdflow]", max_length=40, description="Prefix of the notification subjects."
     )
+    resume_from: str | None = Field(
+        default=None,
+        pattern=EXECUTION_ARN,
+        max_length=256,
+        description="ARN of an earlier, ended execution of this pipeline whose finished shards (and, when "
+        "nothing that shapes the model changed, its trained model) this run reuses (docs/run-document.md).",
+    )
 
     @field_validator("base_model_uri")
     @classmethod
@@ -275,8 +287,14 @@ def _pattern_message(item: Any) -> str:
     return f"'{shown}' is not allowed here; {advice}"
 
 
+def _field_part(part: Any) -> str:
+    shown = printable(str(part))
+    # A blank key (`{" ": 1}`) would name no field at all: quote it so the user sees what to remove.
+    return shown if shown.strip() else json.dumps(str(part))
+
+
 def field_path(loc: tuple[Any, ...]) -> str:
-    return ".".join(printable(str(part)) for part in loc) or "(document)"
+    return ".".join(_field_part(part) for part in loc) or "(document)"
 
 
 def format_errors(error: ValidationError) -> list[dict[str, str]]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from sdflow_common import dataset_manifest
 from sdflow_common.run_document import DownloadOptions, EndpointOptions, RunDocument, TrainingOptions
 
 # Container paths of the download job (docs/contracts.md "The download job").
@@ -27,6 +28,8 @@ DOWNLOAD_INSTANCE_COUNT = 1
 LOSS_METRIC = {"Name": "train:loss", "Regex": "loss=([0-9.eE+-]+)"}
 VARIANT_NAME = "AllTraffic"
 TAG_EXECUTION = "sdflow:execution"
+# The run hash (sdflow_common.names.run_hash): tells a run from an older one of the same name.
+TAG_RUN = "sdflow:run"
 TAG_SHARD = "sdflow:shard"
 
 # Callback-task margins on top of the job's own limit: instance provisioning, image pull and
@@ -117,6 +120,27 @@ def is_already_exists(exc: ClientError) -> bool:
     return error_code(exc) == "ResourceInUse" or "already exist" in error_message(exc).lower()
 
 
+# A training job that failed because SageMaker found no instances says so at the start of its
+# FailureReason: "CapacityError: Unable to provision requested ML compute capacity. Please retry
+# using a different ML instance type." (AWS Batch's user guide, "Jobs stuck in RUNNABLE due to
+# capacity": a SageMaker training job FAILED whose failedReason begins with CapacityError), or
+# "InsufficientCapacityError: …" / "EC2InsufficientCapacityError: Instance type … is temporarily
+# unavailable". A container's own failure file arrives as "AlgorithmError: …", so the codes are
+# matched only at the start: text a training script printed cannot pass for a capacity failure.
+_CAPACITY_FAILURE = re.compile(
+    r"^\s*(?:[A-Za-z0-9]*CapacityError|InsufficientCapacity[A-Za-z]*)\b"
+    r"|^\s*Unable to provision requested ML compute capacity",
+    re.IGNORECASE,
+)
+# Job statuses that still hold instances (and bill): such a job is stopped, adopted or waited for.
+ACTIVE_JOB_STATUSES = frozenset({"InProgress", "Stopping"})
+
+
+def is_capacity_failure(failure_reason: str | None) -> bool:
+    """The job failed for want of instances, not because of anything in it: worth a new job later."""
+    return bool(failure_reason) and _CAPACITY_FAILURE.search(failure_reason or "") is not None
+
+
 def is_not_found(exc: ClientError) -> bool:
     """Describe* of a missing resource: ValidationException 'Could not find …' (or ResourceNotFound)."""
     message = error_message(exc).lower()
@@ -126,10 +150,15 @@ def is_not_found(exc: ClientError) -> bool:
 # ---------------------------------------------------------------------------- requests
 
 
-def _tags(run_id: str, **extra: str) -> list[dict[str, str]]:
-    tags = [{"Key": TAG_EXECUTION, "Value": run_id}]
+def _tags(run_id: str, run_hash: str, **extra: str) -> list[dict[str, str]]:
+    tags = [{"Key": TAG_EXECUTION, "Value": run_id}, {"Key": TAG_RUN, "Value": run_hash}]
     tags.extend({"Key": f"sdflow:{key}", "Value": value} for key, value in extra.items())
     return tags
+
+
+def checkpoint_uri(bucket: str, run_id: str, job_name: str) -> str:
+    """`runs/<run>/checkpoints/<job name>/`: CheckpointConfig of one training job."""
+    return f"s3://{bucket}/runs/{run_id}/checkpoints/{job_name}/"
 
 
 def download_deadline_seconds(max_runtime_seconds: int) -> int:
@@ -160,6 +189,7 @@ def processing_job_request(
     *,
     job_name: str,
     run_id: str,
+    run_hash: str,
     shard_id: str,
     parquet_uri: str,
     output_uri: str,
@@ -211,7 +241,7 @@ def processing_job_request(
         },
         "NetworkConfig": {"EnableNetworkIsolation": False},
         "RoleArn": role_arn,
-        "Tags": _tags(run_id, shard=shard_id),
+        "Tags": _tags(run_id, run_hash, shard=shard_id),
     }
 
 
@@ -219,6 +249,7 @@ def training_job_request(
     *,
     job_name: str,
     run_id: str,
+    run_hash: str,
     bucket: str,
     dataset_prefix_uri: str,
     run: RunDocument,
@@ -238,13 +269,13 @@ def training_job_request(
     if options.use_spot and options.max_wait_seconds is not None:
         stopping["MaxWaitTimeInSeconds"] = options.max_wait_seconds
 
-    def channel(name: str, uri: str) -> dict[str, Any]:
+    def channel(name: str, uri: str, data_type: str = "S3Prefix") -> dict[str, Any]:
         # FullyReplicated: every node gets the whole index; the container picks its own shards.
         return {
             "ChannelName": name,
             "DataSource": {
                 "S3DataSource": {
-                    "S3DataType": "S3Prefix",
+                    "S3DataType": data_type,
                     "S3Uri": uri,
                     "S3DataDistributionType": "FullyReplicated",
                 }
@@ -260,29 +291,35 @@ def training_job_request(
             "MetricDefinitions": [dict(LOSS_METRIC)],
         },
         "RoleArn": role_arn,
-        "HyperParameters": options.hyperparameters(),
+        # The dataset channel is build_index's manifest (sdflow_common.dataset_manifest): it holds this run's
+        # index.json and every shard it trains on, a resumed run's reused shards from earlier runs' folders
+        # included; the container finds index.json at `dataset_index` below the channel root.
+        "HyperParameters": options.hyperparameters()
+        | {"dataset_index": dataset_manifest.index_in_channel(dataset_prefix_uri, bucket)},
         "InputDataConfig": [
-            channel("dataset", dataset_prefix_uri),
+            channel("dataset", dataset_manifest.manifest_uri(dataset_prefix_uri), "ManifestFile"),
             channel("base_model", run.base_model_uri),
         ],
         "OutputDataConfig": {"S3OutputPath": f"s3://{bucket}/runs/{run_id}/training/"},
         "ResourceConfig": resources,
         "StoppingCondition": stopping,
         "EnableManagedSpotTraining": options.use_spot,
+        # Per job: two jobs of one run (a retry, a redrive) must never overwrite each other's
+        # checkpoints; resuming from an earlier job's checkpoints is a deliberate act, not an accident.
         "CheckpointConfig": {
-            "S3Uri": f"s3://{bucket}/runs/{run_id}/checkpoints/",
+            "S3Uri": checkpoint_uri(bucket, run_id, job_name),
             "LocalPath": CHECKPOINT_LOCAL_PATH,
         },
         "RetryStrategy": {"MaximumRetryAttempts": options.max_retry_attempts},
         # The training job reads only S3 channels and writes only /opt/ml: no internet needed.
         "EnableNetworkIsolation": True,
         "EnableInterContainerTrafficEncryption": True,
-        "Tags": _tags(run_id),
+        "Tags": _tags(run_id, run_hash),
     }
 
 
 def model_request(
-    *, model_name: str, run_id: str, image_uri: str, model_data_url: str, role_arn: str
+    *, model_name: str, run_id: str, run_hash: str, image_uri: str, model_data_url: str, role_arn: str
 ) -> dict[str, Any]:
     """CreateModel: the training image serves the artifact (`docker run IMAGE serve`)."""
     return {
@@ -290,12 +327,12 @@ def model_request(
         "PrimaryContainer": {"Image": image_uri, "ModelDataUrl": model_data_url},
         "ExecutionRoleArn": role_arn,
         "EnableNetworkIsolation": True,
-        "Tags": _tags(run_id),
+        "Tags": _tags(run_id, run_hash),
     }
 
 
 def endpoint_config_request(
-    *, config_name: str, model_name: str, run_id: str, options: EndpointOptions
+    *, config_name: str, model_name: str, run_id: str, run_hash: str, options: EndpointOptions
 ) -> dict[str, Any]:
     return {
         "EndpointConfigName": config_name,
@@ -307,12 +344,13 @@ def endpoint_config_request(
                 "InitialInstanceCount": options.initial_instance_count,
             }
         ],
-        "Tags": _tags(run_id),
+        "Tags": _tags(run_id, run_hash),
     }
 
 
-def create_endpoint_request(*, endpoint_name: str, config_name: str, run_id: str) -> dict[str, Any]:
-    return {"EndpointName": endpoint_name, "EndpointConfigName": config_name, "Tags": _tags(run_id)}
+def create_endpoint_request(*, endpoint_name: str, config_name: str, run_id: str, run_hash: str) -> dict[str, Any]:
+    """The endpoint's tags are those of the run that created it; an update changes only its config."""
+    return {"EndpointName": endpoint_name, "EndpointConfigName": config_name, "Tags": _tags(run_id, run_hash)}
 
 
 def blue_green_timeout_seconds(options: EndpointOptions) -> int:

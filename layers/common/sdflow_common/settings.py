@@ -7,6 +7,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+# template.yaml's EndpointNamePrefix default, for a function run outside the template (tests).
+DEFAULT_ENDPOINT_NAME_PREFIX = "sdflow"
+
 
 def _required(name: str) -> str:
     value = os.environ.get(name, "")
@@ -25,8 +28,11 @@ class Settings:
     training_image_uri: str
     idempotency_table: str
     max_shards: int
-    token_ttl_seconds: int
-    reconcile_after_seconds: int
+    # How long before a waiting task's deadline the reconciler describes its resource itself.
+    reconcile_lead_seconds: int
+    # Every endpoint a run may create or update starts with this (template parameter
+    # EndpointNamePrefix; the deploy role's IAM is scoped to it).
+    endpoint_name_prefix: str
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -39,14 +45,12 @@ class Settings:
             training_image_uri=os.environ.get("TRAINING_IMAGE_URI", ""),
             idempotency_table=os.environ.get("IDEMPOTENCY_TABLE", ""),
             max_shards=int(os.environ.get("MAX_SHARDS", "10000")),
-            # The template speaks in days and minutes (CloudFormation cannot multiply);
-            # the *_SECONDS forms win so tests and the local runtime can use short values.
-            token_ttl_seconds=int(
-                os.environ.get("TOKEN_TTL_SECONDS") or int(os.environ.get("TOKEN_TTL_DAYS", "30")) * 86400
+            # The template speaks in minutes (CloudFormation cannot multiply); the *_SECONDS
+            # form wins so tests and the local runtime can use short values.
+            reconcile_lead_seconds=int(
+                os.environ.get("RECONCILE_LEAD_SECONDS") or int(os.environ.get("RECONCILE_LEAD_MINUTES", "20")) * 60
             ),
-            reconcile_after_seconds=int(
-                os.environ.get("RECONCILE_AFTER_SECONDS") or int(os.environ.get("RECONCILE_AFTER_MINUTES", "30")) * 60
-            ),
+            endpoint_name_prefix=os.environ.get("ENDPOINT_NAME_PREFIX") or DEFAULT_ENDPOINT_NAME_PREFIX,
         )
 
     def require(self, *names: str) -> None:

@@ -3,7 +3,11 @@
 A starter Lambda claims `resource_name → task token` before it creates the resource; the
 job_events Lambda (or the reconciler) looks the token up when the resource reaches a
 terminal state and deletes the item once the token is resolved. Item shape: docs/contracts.md
-"Task tokens"; `expires_at` is the table's TTL attribute, so forgotten items clean themselves up."""
+"Task tokens". Each claim carries its task's `deadline` (claim time + the task's TimeoutSeconds:
+by then the task has timed out), which is when the reconciler looks at the resource itself; the
+table's TTL attribute `expires_at` is a day after the deadline, so a claim outlives its task
+however long the task may wait (up to SageMaker's 28 days) and forgotten items still clean
+themselves up."""
 
 from __future__ import annotations
 
@@ -20,6 +24,11 @@ from sdflow_common.settings import Settings
 
 Kind = Literal["download", "training", "endpoint"]
 KINDS: tuple[Kind, ...] = ("download", "training", "endpoint")
+# How long a claim is kept after its task's deadline: room for the reconciler to stop a job that
+# outlived its task and for a late event to find its (dead) token, which it then cleans up.
+EXPIRY_SLACK_SECONDS = 86_400
+# Step Functions' largest TimeoutSeconds (99,999,999 s); a callback task cannot wait longer.
+MAX_TIMEOUT_SECONDS = 99_999_999
 
 
 @dataclass(frozen=True)
@@ -29,6 +38,7 @@ class TokenRecord:
     execution_arn: str
     kind: Kind
     created_at: int
+    deadline: int
     expires_at: int
     context: dict[str, str] = field(default_factory=dict)
 
@@ -48,6 +58,7 @@ def _to_item(record: TokenRecord) -> dict[str, Any]:
         "execution_arn": {"S": record.execution_arn},
         "kind": {"S": record.kind},
         "created_at": {"N": str(record.created_at)},
+        "deadline": {"N": str(record.deadline)},
         "expires_at": {"N": str(record.expires_at)},
         "context": {"M": {key: {"S": value} for key, value in record.context.items()}},
     }
@@ -58,12 +69,15 @@ def _from_item(item: Mapping[str, Any]) -> TokenRecord:
     if kind not in KINDS:
         raise ValueError(f"token item {item['resource_name']['S']} has unknown kind '{kind}'")
     context = {key: value.get("S", "") for key, value in item.get("context", {}).get("M", {}).items()}
+    created_at = int(item["created_at"]["N"])
     return TokenRecord(
         resource_name=item["resource_name"]["S"],
         task_token=item["task_token"]["S"],
         execution_arn=item["execution_arn"]["S"],
         kind=kind,
-        created_at=int(item["created_at"]["N"]),
+        created_at=created_at,
+        # Claims written before deadlines existed count as due at once: the reconciler checks them.
+        deadline=int(item.get("deadline", {}).get("N", created_at)),
         expires_at=int(item["expires_at"]["N"]),
         context=context,
     )
@@ -80,7 +94,7 @@ class TokenStore:
     def __init__(
         self,
         table_name: str,
-        ttl_seconds: int,
+        slack_seconds: int = EXPIRY_SLACK_SECONDS,
         *,
         client: Any | None = None,
         clock: Callable[[], float] = time.time,
@@ -88,13 +102,13 @@ class TokenStore:
         if not table_name:
             raise RuntimeError("TOKEN_TABLE is not set; template.yaml must give the function the table name")
         self.table_name = table_name
-        self.ttl_seconds = ttl_seconds
+        self.slack_seconds = slack_seconds
         self._client = client
         self._clock = clock
 
     @classmethod
     def from_settings(cls, settings: Settings) -> TokenStore:
-        return cls(settings.token_table, settings.token_ttl_seconds)
+        return cls(settings.token_table)
 
     @property
     def client(self) -> Any:
@@ -110,8 +124,11 @@ class TokenStore:
         execution_arn: str,
         kind: Kind,
         context: Mapping[str, str] | None = None,
+        *,
+        timeout_seconds: int,
     ) -> Claim:
-        """Bind resource_name to token, once.
+        """Bind resource_name to token, once, until the task's deadline (now + timeout_seconds,
+        the task's TimeoutSeconds) and a day beyond.
 
         - nobody holds the name (or the holder's TTL passed) → stored, `new=True`;
         - this token already holds it → `new=False` (the same task invoked again);
@@ -119,14 +136,20 @@ class TokenStore:
           Functions runs one attempt of a task at a time, so the earlier token is dead;
         - another execution holds it → TokenConflict, or EndpointBusy for an endpoint (another
           run is deploying to it; the state's Retry waits for it to finish)."""
+        if not 0 < timeout_seconds <= MAX_TIMEOUT_SECONDS:
+            raise ValueError(
+                f"timeout_seconds must be the task's TimeoutSeconds, 1 to {MAX_TIMEOUT_SECONDS}; got {timeout_seconds}"
+            )
         now = self._now()
+        deadline = now + timeout_seconds
         record = TokenRecord(
             resource_name=resource_name,
             task_token=token,
             execution_arn=execution_arn,
             kind=kind,
             created_at=now,
-            expires_at=now + self.ttl_seconds,
+            deadline=deadline,
+            expires_at=deadline + self.slack_seconds,
             context=dict(context or {}),
         )
         held = None
@@ -224,18 +247,36 @@ class TokenStore:
             raise
         return True
 
-    def older_than(self, seconds: int, *, page_size: int | None = None) -> Iterator[TokenRecord]:
-        """Claims created more than `seconds` ago (a scan: the table holds one item per
-        running job, so it stays small; pages are followed all the same)."""
-        cutoff = self._now() - seconds
+    def _scan(self, page_size: int | None, **filters: Any) -> Iterator[TokenRecord]:
+        """Every item matching the filter. A scan: the table holds one item per waiting task, so
+        it stays small (10,000 shards = 10,000 small items); pages are followed all the same."""
         paginator = self.client.get_paginator("scan")
         pages = paginator.paginate(
             TableName=self.table_name,
-            FilterExpression="created_at < :cutoff",
-            ExpressionAttributeValues={":cutoff": {"N": str(cutoff)}},
             ConsistentRead=True,
             PaginationConfig={"PageSize": page_size} if page_size else {},
+            **filters,
         )
         for page in pages:
             for item in page.get("Items", []):
                 yield _from_item(item)
+
+    def past_deadline(self, *, lead_seconds: int = 0, page_size: int | None = None) -> Iterator[TokenRecord]:
+        """Claims whose deadline has passed, or passes within `lead_seconds` (the reconciler looks
+        a little before the task times out, so a finished job whose event was lost still answers
+        a live task). Claims without a deadline (written before deadlines existed) are due."""
+        horizon = self._now() + lead_seconds
+        return self._scan(
+            page_size,
+            FilterExpression="attribute_not_exists(deadline) OR deadline <= :horizon",
+            ExpressionAttributeValues={":horizon": {"N": str(horizon)}},
+        )
+
+    def for_execution(self, execution_arn: str, *, page_size: int | None = None) -> Iterator[TokenRecord]:
+        """The claims of one run: its execution's ARN (download claims carry the parent execution's
+        ARN, not the Map child's), for the cleanup when the run fails, is stopped or times out."""
+        return self._scan(
+            page_size,
+            FilterExpression="execution_arn = :arn",
+            ExpressionAttributeValues={":arn": {"S": execution_arn}},
+        )

@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
-from sdflow_common import aws, dataset_files, quotas
+from sdflow_common import aws, dataset_files, names, quotas
 from sdflow_common.errors import DatasetNotFound, InvalidRunDocument
+from sdflow_common.resume import ResumeInfo, add_cache_keys, apply_resume
 from sdflow_common.run_document import RunDocument, invalid, parse_run_document, parse_s3_uri
 from sdflow_common.sagemaker_jobs import task_timeouts
+from sdflow_common.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,16 @@ class RunConfig(BaseModel):
     run: RunDocument
     # Tolerated problems found at intake (a few unreadable parquet files), shown in the notification.
     warnings: list[dict[str, str]] = Field(default_factory=list)
+    # Only when the document resumes an earlier run: absent, not null, otherwise (the state machine's
+    # Choice tests `$.config.resume.training` IsPresent).
+    resume: ResumeInfo | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_resume(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("resume") is None:
+            data.pop("resume", None)
+        return data
 
     @property
     def run_prefix(self) -> str:
@@ -70,10 +82,10 @@ def run_prefix(execution_name: str) -> str:
     return f"runs/{execution_name}/"
 
 
-def shard_items(parquet_uris: list[str], bucket: str, execution_name: str) -> list[dict[str, str]]:
+def shard_items(parquet_uris: list[str], bucket: str, execution_name: str) -> list[dict[str, Any]]:
     """Shard items per docs/contracts.md: sorted by URI, `shard_id` = 5-digit position."""
     dataset_root = f"s3://{bucket}/{run_prefix(execution_name)}dataset/shards/"
-    items = []
+    items: list[dict[str, Any]] = []
     for position, uri in enumerate(sorted(parquet_uris)):
         shard_id = f"{position:05d}"
         items.append({"shard_id": shard_id, "parquet_uri": uri, "output_uri": f"{dataset_root}{shard_id}/"})
@@ -96,8 +108,56 @@ def _outside_bucket(field: str, uri: str, data_bucket: str, folder: str) -> dict
     }
 
 
-def check_locations(document: RunDocument, data_bucket: str) -> None:
-    """Every input must live in the stack's bucket, and a dataset prefix not among the pipeline's outputs."""
+def folder_readings(key: str) -> tuple[str, str]:
+    """The folders a dataset prefix's key can mean: S3's own reading and a path tool's.
+
+    S3 keys are literal and case-sensitive ("Naming Amazon S3 objects", S3 user guide): `runs`
+    is listed as `runs/` (list_parquet adds the slash), while `/runs/`, `./runs/` or `x/../runs/`
+    are other keys to S3. Tools that treat keys as paths (the AWS CLI's and fsspec's path
+    handling, URL dot-segment removal) collapse `//`, drop `.` and resolve `..`, and read those
+    as `runs/`. Both readings are returned, each ending in "/" ("" is the whole bucket)."""
+    literal = key if not key or key.endswith("/") else f"{key}/"
+    parts: list[str] = []
+    for part in key.split("/"):
+        if part == "..":
+            if parts:
+                parts.pop()
+        elif part not in ("", "."):
+            parts.append(part)
+    normalised = "/".join(parts) + "/" if parts else ""
+    return literal, normalised
+
+
+def is_reserved_folder(key: str) -> bool:
+    """Whether a dataset prefix could reach the pipeline's own files under either reading.
+
+    Case is kept: S3 keys are case-sensitive, so `RUNS/` can never list an object under `runs/`
+    and is an ordinary folder of the user's."""
+    return any(not folder or folder.startswith(RESERVED_PREFIXES) for folder in folder_readings(key))
+
+
+def _endpoint_problems(document: RunDocument, endpoint_name_prefix: str) -> list[dict[str, str]]:
+    """The endpoint must be one of this stack's: its deploy role may touch only names under the prefix."""
+    name = document.endpoint.name
+    if name.startswith(endpoint_name_prefix):
+        return []
+    suggestion = f"{endpoint_name_prefix.rstrip('-')}-{name}"[:48].rstrip("-")
+    return [
+        {
+            "field": "endpoint.name",
+            "message": f"'{name}' does not start with '{endpoint_name_prefix}', the prefix this stack may deploy "
+            f"(template parameter EndpointNamePrefix; the deploy role can create or update no other endpoint); "
+            f"name it e.g. '{suggestion}'",
+        }
+    ]
+
+
+def check_locations(document: RunDocument, data_bucket: str, endpoint_name_prefix: str | None = None) -> None:
+    """Every input must live in the stack's bucket, a dataset prefix not among the pipeline's
+    outputs, and the endpoint under the stack's endpoint name prefix (default: the function's
+    ENDPOINT_NAME_PREFIX, through Settings)."""
+    if endpoint_name_prefix is None:
+        endpoint_name_prefix = Settings.from_env().endpoint_name_prefix
     problems: list[dict[str, str]] = []
     bucket, _key = parse_s3_uri(document.base_model_uri)
     if bucket != data_bucket:
@@ -112,14 +172,16 @@ def check_locations(document: RunDocument, data_bucket: str) -> None:
         bucket, key = parse_s3_uri(dataset.prefix)
         if bucket != data_bucket:
             problems.append(_outside_bucket("dataset.prefix", dataset.prefix, data_bucket, "datasets"))
-        elif not key or key.startswith(RESERVED_PREFIXES):
+        elif is_reserved_folder(key):
             problems.append(
                 {
                     "field": "dataset.prefix",
-                    "message": f"'{dataset.prefix}' would include the pipeline's own files; give the folder "
-                    f"that holds only your parquet files, e.g. s3://{data_bucket}/datasets/<name>/",
+                    "message": f"'{dataset.prefix}' would include the pipeline's own files (the bucket's root, "
+                    f"{', '.join(RESERVED_PREFIXES)}, however written); give the folder that holds only your "
+                    f"parquet files, e.g. s3://{data_bucket}/datasets/<name>/",
                 }
             )
+    problems += _endpoint_problems(document, endpoint_name_prefix)
     if problems:
         raise _invalid(problems)
 
@@ -208,15 +270,68 @@ def check_inputs(document: RunDocument, *, data_bucket: str, max_shards: int) ->
     return CheckedInputs(parquet_uris=parquet_uris, warnings=warnings)
 
 
+def _same_start(stored: Any, current: str) -> bool:
+    try:
+        return names.start_millis(stored) == names.start_millis(current)
+    except (TypeError, ValueError):
+        return False
+
+
+def check_run_prefix(request: ValidateRunRequest, data_bucket: str) -> None:
+    """`runs/<execution name>/` belongs to one execution: its run.json names the execution's ARN and
+    start time. Step Functions lets a closed execution's name be used again after 90 days (StartExecution,
+    Step Functions API Reference); that new execution must not find the old run's `_SUCCESS` markers,
+    checkpoints and model. A redrive (same ARN, same start time) or a retried Validate run passes."""
+    key = f"{run_prefix(request.execution_name)}run.json"
+    try:
+        stored = json.loads(aws.client("s3").get_object(Bucket=data_bucket, Key=key)["Body"].read())
+    except ClientError as exc:
+        if str(exc.response.get("Error", {}).get("Code", "")) in ("NoSuchKey", "404"):
+            return
+        raise
+    except ValueError:
+        stored = None
+    if (
+        isinstance(stored, dict)
+        and stored.get("execution_arn") == request.execution_arn
+        and _same_start(stored.get("start_time"), request.start_time)
+    ):
+        return
+    earlier = (
+        f"the execution started at {stored.get('start_time')}"
+        if isinstance(stored, dict) and stored.get("start_time")
+        else "an earlier execution"
+    )
+    name = request.execution_name
+    message = (
+        f"execution name '{name}' was used before: s3://{data_bucket}/{key} belongs to {earlier} "
+        f"(Step Functions allows a name again 90 days after its execution closed), and its files must not "
+        f"count for this run; start this run under a new name, e.g. '{name[:76]}-new'"
+    )
+    raise _invalid([{"field": "(execution name)", "message": message}])
+
+
+def run_record(request: ValidateRunRequest, document: RunDocument) -> dict[str, Any]:
+    """runs/<name>/run.json: which execution owns the prefix, and the normalized document it ran."""
+    record: dict[str, Any] = {"execution_arn": request.execution_arn, "start_time": request.start_time}
+    if document.resume_from is not None:
+        record["resume_from"] = document.resume_from
+    record["run"] = document.model_dump(mode="json")
+    return record
+
+
 def validate_run(request: ValidateRunRequest, *, data_bucket: str, max_shards: int) -> dict[str, Any]:
     """Validate, resolve, write run.json and shards.json; return `$.config` (docs/contracts.md)."""
     document = parse_run_document(request.run, max_shards=max_shards)
+    check_run_prefix(request, data_bucket)
     checked = check_inputs(document, data_bucket=data_bucket, max_shards=max_shards)
     parquet_uris = checked.parquet_uris
     shards = shard_items(parquet_uris, data_bucket, request.execution_name)
+    add_cache_keys(shards, document)
+    resume = apply_resume(document, shards, bucket=data_bucket, execution_arn=request.execution_arn)
 
     prefix = run_prefix(request.execution_name)
-    run_json = document.model_dump(mode="json")
+    run_json = run_record(request, document)
     s3 = aws.client("s3")
     s3.put_object(
         Bucket=data_bucket,
@@ -249,5 +364,6 @@ def validate_run(request: ValidateRunRequest, *, data_bucket: str, max_shards: i
         timeouts=task_timeouts(document),
         run=document,
         warnings=checked.warnings,
+        resume=resume,
     )
     return quotas.apply_instance_quotas(config.model_dump(mode="json"))

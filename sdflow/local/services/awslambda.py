@@ -69,6 +69,7 @@ def function_spec(runtime: Runtime, fn: Any) -> FunctionSpec:
         runtime=fn.run_time or "python3.11",
         # Lambda runs the handler with its execution role's session, named after the function.
         credentials=runtime.iam.credentials_for_role(fn.role, fn.function_name) if runtime.iam and fn.role else {},
+        log_group=str((getattr(fn, "logging_config", None) or {}).get("LogGroup") or ""),
     )
 
 
@@ -188,6 +189,8 @@ def lambda_create_from_cloudformation_json(
     fn = get_backend(account_id, region_name).create_function(spec)
     # Not a LambdaFunction attribute in moto: the async path reads it with getattr.
     setattr(fn, "dead_letter_config", properties.get("DeadLetterConfig"))  # noqa: B010
+    # moto drops LoggingConfig too; its LogGroup is where the function's output goes (services/logs.py).
+    setattr(fn, "logging_config", properties.get("LoggingConfig"))  # noqa: B010
     return fn
 
 

@@ -11,7 +11,11 @@ The local workers' output reaches `CloudWatchSink.writer()` line by line
 (sdflow/local/lambda_runner.py); lines are buffered and written straight into moto's logs and
 cloudwatch backends (no HTTP) by one flusher thread, about once a second, so a 10,000-shard run
 (~30,000 invocations) costs one backend call per stream and second, not one per line.
-Not emulated: log retention, metric filters, EMF's own limits beyond what is checked below."""
+A function with LoggingConfig.LogGroup (template.yaml gives each its own group, with retention)
+writes there instead, in streams named YYYY/MM/DD/<function name>[$LATEST]<id> (AWS Lambda
+developer guide, "Configuring CloudWatch log groups").
+Not emulated: expiry by retention (the group's retentionInDays is kept and reported), metric
+filters, EMF's own limits beyond what is checked below."""
 
 from __future__ import annotations
 
@@ -76,8 +80,10 @@ class CloudWatchSink:
 
     # ------------------------------------------------------------------ writers
 
-    def writer(self, function_name: str, log_stream: str) -> Callable[[bytes], None]:
-        key = (log_group_for(function_name), log_stream)
+    def writer(self, function_name: str, log_stream: str, log_group: str | None = None) -> Callable[[bytes], None]:
+        """Lines of one execution environment; `log_group` is the function's LoggingConfig.LogGroup
+        (the template's group, with its retention) or None for Lambda's default group."""
+        key = (log_group or log_group_for(function_name), log_stream)
 
         def write(raw: bytes) -> None:
             message = raw.decode("utf-8", errors="replace").rstrip("\n")
@@ -128,7 +134,9 @@ class CloudWatchSink:
                 return
             logs = logs_backends[self.account_id][self.region]
             for (group, stream), events in buffer.events.items():
-                logs.ensure_log_group(group)  # as Lambda does when the template has no AWS::Logs::LogGroup
+                # As Lambda does for a group the template does not create (it creates a custom
+                # LoggingConfig group too, given logs:CreateLogGroup, which SAM's role has).
+                logs.ensure_log_group(group)
                 logs.ensure_log_stream(group, stream)
                 events.sort(key=lambda event: event["timestamp"])  # PutLogEvents wants them in order
                 for start in range(0, len(events), MAX_EVENTS_PER_BATCH):

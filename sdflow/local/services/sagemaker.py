@@ -7,6 +7,7 @@ import datetime as dt
 import json
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,7 @@ from sdflow.local.runtime import (
     current_runtime,
     runtime_or_none,
 )
+from sdflow.local.services import sagemaker_capacity as capacity
 from sdflow.local.services import sagemaker_quotas as quotas
 
 log = logging.getLogger(__name__)
@@ -150,15 +152,18 @@ def sagemaker_create_training_job(self: Any) -> Any:
             # moto overwrites the caller's MetricDefinitions with its own sample.
             job.algorithm_specification["MetricDefinitions"] = request["AlgorithmSpecification"]["MetricDefinitions"]
         current_runtime().sagemaker_where[("training", name)] = (self.current_account, self.region)
-        sagemaker.run_training_job(request)
+        if capacity.take_capacity_failure(current_runtime()):
+            capacity.fail_for_capacity(_publisher(current_runtime()), name)
+        else:
+            sagemaker.run_training_job(request)
     return result
 
 
 def sagemaker_stop_processing_job(self: Any) -> Any:
     """Wraps moto/sagemaker/responses.py SageMakerResponse.stop_processing_job.
 
-    moto flips the status to Stopped; here the job goes Stopping and LocalSageMaker stops its
-    processes (the final Stopped comes from the listener)."""
+    moto flips the status to Stopped; here the job goes Stopping (with its state-change event)
+    and LocalSageMaker stops its processes (the final Stopped comes from the listener)."""
     from moto.core.responses import EmptyResult
 
     name = self._get_param("ProcessingJobName")
@@ -166,44 +171,57 @@ def sagemaker_stop_processing_job(self: Any) -> Any:
     sagemaker = _sagemaker(current_runtime())
     if sagemaker is None:
         return original(type(self), "stop_processing_job")(self)
-    _refuse_unless_in_progress(job.processing_job_status, name)
-    job.processing_job_status = "Stopping"
+    _refuse_unless_in_progress(job.processing_job_status, "processing job")
+    _publisher(current_runtime()).job_status_changed("processing", name, "Stopping", {})
     sagemaker.stop_job("processing", name)
     return EmptyResult()
 
 
 def sagemaker_stop_training_job(self: Any) -> Any:
-    """Adds SageMakerResponse.stop_training_job (moto 5.2.5 has none: NotImplemented)."""
+    """Adds SageMakerResponse.stop_training_job (moto 5.2.5 has none: NotImplemented).
+
+    As StopTrainingJob documents: the job goes Stopping (SecondaryStatus Stopping, with its
+    state-change event), SageMaker sends the algorithm SIGTERM and kills it after the grace
+    (LocalSageMaker.stop_grace_s; 120 s on AWS), then the job is Stopped."""
     from moto.core.responses import EmptyResult
 
     name = self._get_param("TrainingJobName")
     job = _job_or_error(self.sagemaker_backend.training_jobs, name, "training job", self)
-    _refuse_unless_in_progress(job.training_job_status, name)
-    job.training_job_status = "Stopping"
-    job.secondary_status = "Stopping"
+    _refuse_unless_in_progress(job.training_job_status, "training job")
     sagemaker = _sagemaker(current_runtime())
     if sagemaker is not None:
+        _publisher(current_runtime()).job_status_changed("training", name, "Stopping", {"SecondaryStatus": "Stopping"})
         sagemaker.stop_job("training", name)
     else:
         job.training_job_status = job.secondary_status = "Stopped"
     return EmptyResult()
 
 
+def _publisher(runtime: Runtime) -> Any:
+    """The StatusListener the local SageMaker reports to (LocalCloud's, with its `published`
+    record), or a fresh one when the runtime's SageMaker has none (tests' fakes)."""
+    return getattr(runtime.sagemaker, "listener", None) or SageMakerStatusPublisher()
+
+
 def _job_or_error(jobs: Mapping[str, Any], name: str, what: str, response: Any) -> Any:
-    from moto.sagemaker.exceptions import ValidationError
+    """StopProcessingJob / StopTrainingJob document ResourceNotFound for a job that does not exist."""
+    from moto.sagemaker.exceptions import ResourceNotFound
 
     if name not in jobs:
         kind = what.replace(" ", "-")
         arn = f"arn:aws:sagemaker:{response.region}:{response.current_account}:{kind}/{name}"
-        raise ValidationError(message=f"Could not find {what} '{arn}'.")
+        raise ResourceNotFound(message=f"Could not find {what} '{arn}'.")
     return jobs[name]
 
 
-def _refuse_unless_in_progress(status: str, name: str) -> None:
+def _refuse_unless_in_progress(status: str, what: str) -> None:
+    """AWS refuses to stop a job that is not InProgress with ValidationException "The request
+    was rejected because the training job is in status Stopped." (quoted in
+    awslabs/benchmark-ai#928)."""
     from moto.sagemaker.exceptions import ValidationError
 
     if status != "InProgress":
-        raise ValidationError(message=f"The job {name} is not in progress (status {status}); it cannot be stopped.")
+        raise ValidationError(message=f"The request was rejected because the {what} is in status {status}.")
 
 
 def sagemaker_create_model(self: Any) -> Any:
@@ -385,17 +403,22 @@ class SageMakerStatusPublisher:
                 "DetailType": DETAIL_TYPES[kind],
                 "Detail": json.dumps(_epoch_ms(detail), default=str),
                 "Resources": [detail.get("ProcessingJobArn") or detail.get("TrainingJobArn") or detail["EndpointArn"]],
+                # Kept with the event id below, so that a redelivery (sdflow/local/faults.py) is the same event.
+                "Time": time.time(),
             }
             self.published.append(event)
         from moto.events.models import events_backends
 
-        events_backends[account][region].put_events([event])
+        [entry] = events_backends[account][region].put_events([event])
+        event["EventId"] = entry.get("EventId")
 
     @staticmethod
     def _update_processing(backend: Any, name: str, status: str, fields: Mapping[str, Any]) -> dict[str, Any] | None:
         job = backend.processing_jobs.get(name)
         if job is None:
             return None
+        if status == "InProgress" and job.processing_job_status == "Stopping":
+            status = "Stopping"  # a stop that came before the job's own start report stands
         job.processing_job_status = status
         for key, attribute in (
             ("FailureReason", "failure_reason"),
@@ -414,8 +437,10 @@ class SageMakerStatusPublisher:
         if job is None:
             return None
         now = dt.datetime.now(dt.UTC)
-        job.training_job_status = status
         secondary = fields.get("SecondaryStatus") or {"InProgress": "Training"}.get(status, status)
+        if status == "InProgress" and job.training_job_status == "Stopping":
+            status = secondary = "Stopping"  # a stop that came before the job's own progress reports stands
+        job.training_job_status = status
         if secondary != job.secondary_status:
             for transition in job.secondary_status_transitions:
                 transition.setdefault("EndTime", now)

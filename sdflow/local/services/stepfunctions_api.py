@@ -50,10 +50,13 @@ def _is_express(execution: Any) -> bool:
 
 def execution_detail(execution: Any, status: str) -> dict[str, Any]:
     """The `detail` of a status-change event: "the same information as the DescribeExecution API"
-    (Step Functions Developer Guide, EventBridge events for Step Functions execution status changes)."""
+    (Step Functions Developer Guide, EventBridge events for Step Functions execution status changes),
+    redrive members included (stepfunctions_redrive.py)."""
+    from sdflow.local.services.stepfunctions_redrive import redrive_fields_of
+
     # The interpreter keeps the output as a value: a string result is still JSON-encoded.
     output = maprun.compact_json(execution.output) if status == "SUCCEEDED" else None
-    return maprun.status_detail(
+    detail = maprun.status_detail(
         execution_arn=execution.execution_arn,
         state_machine_arn=execution.state_machine.arn,
         name=execution.name,
@@ -65,6 +68,10 @@ def execution_detail(execution: Any, status: str) -> dict[str, Any]:
         error=execution.error,
         cause=execution.cause,
     )
+    redrive = redrive_fields_of(execution, status)
+    if "redriveDate" in redrive:
+        redrive["redriveDate"] = maprun.epoch_ms(redrive["redriveDate"])
+    return {**detail, **redrive}
 
 
 def _publish_execution(execution: Any, status: str) -> None:
@@ -112,6 +119,11 @@ def sfn_evaluation_environment(self: Any) -> Any:
     return env
 
 
+# For stepfunctions_redrive.py, which continues an execution's history, lock and events.
+execution_lock = _lock
+publish_execution = _publish_execution
+
+
 def _event_manager(execution: Any) -> Any:
     worker = execution.exec_worker
     if worker is None:
@@ -140,6 +152,9 @@ def _history(execution: Any) -> list[dict[str, Any]]:
         "executionAbortedEventDetails": details,
     }
     return [*events[:length], aborted]
+
+
+history = _history
 
 
 # ---------------------------------------------------------------- StopExecution and task tokens

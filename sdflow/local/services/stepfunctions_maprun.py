@@ -63,6 +63,9 @@ def _epoch_ms(value: dt.datetime | None) -> int | None:
     return None if value is None else int(value.timestamp() * 1000)
 
 
+epoch_ms = _epoch_ms
+
+
 def _iso(value: dt.datetime) -> str:
     from moto.core.utils import iso_8601_datetime_with_milliseconds
 
@@ -204,6 +207,22 @@ class ChildExecution:
     output_text: str | None = None
     error: str | None = None
     cause: str | None = None
+    index: int = -1  # the item's index in the Map Run
+    # Redriven with its Map Run (stepfunctions_redrive_map.py): the same execution, run again.
+    redrive_count: int = 0
+    redrive_date: dt.datetime | None = None
+
+    def redrive_fields(self) -> dict[str, Any]:
+        """DescribeExecution's redrive members (API reference) for a STANDARD child."""
+        fields: dict[str, Any] = {"redriveCount": self.redrive_count}
+        if self.redrive_date is not None:
+            fields["redriveDate"] = self.redrive_date
+        if self.status in ("RUNNING", "SUCCEEDED"):
+            fields["redriveStatus"] = "NOT_REDRIVABLE"
+            fields["redriveStatusReason"] = f"Execution is {self.status} and cannot be redriven"
+        else:
+            fields["redriveStatus"] = "REDRIVABLE"
+        return fields
 
     def list_item(self) -> dict[str, Any]:
         item: dict[str, Any] = {
@@ -217,6 +236,9 @@ class ChildExecution:
         }
         if self.stop_date is not None:
             item["stopDate"] = self.stop_date
+        item["redriveCount"] = self.redrive_count
+        if self.redrive_date is not None:
+            item["redriveDate"] = self.redrive_date
         return item
 
     def describe(self) -> dict[str, Any]:
@@ -235,10 +257,14 @@ class ChildExecution:
         if self.output_text is not None:
             described.update(output=self.output_text, outputDetails={"included": True})
         described.update({key: value for key, value in (("error", self.error), ("cause", self.cause)) if value})
+        described.update(self.redrive_fields())
         return described
 
     def detail(self) -> dict[str, Any]:
-        return status_detail(
+        redrive = self.redrive_fields()
+        if "redriveDate" in redrive:
+            redrive["redriveDate"] = _epoch_ms(redrive["redriveDate"])
+        return redrive | status_detail(
             execution_arn=self.arn,
             state_machine_arn=self.state_machine_arn,
             name=self.name,
@@ -267,7 +293,7 @@ class MapRunChildren:
         parts = self.record.map_run_arn.split(":")  # arn:aws:states:<region>:<account>:mapRun:…
         return parts[4], parts[3]
 
-    def start(self, item: Any) -> ChildExecution:
+    def start(self, item: Any, index: int = -1) -> ChildExecution:
         name = str(uuid.uuid4())
         # "arn:…:execution:<machine>/<label>:<id>": the Map Run's state machine ARN, as an execution.
         machine = self.record.map_state_machine_arn
@@ -278,9 +304,22 @@ class MapRunChildren:
             map_run_arn=self.record.map_run_arn,
             start_date=dt.datetime.now(dt.UTC),
             input_text=compact_json(item),
+            index=index,
         )
         with self.lock:
             self.children.append(child)
+        if self.standard:
+            publish_status_change(*self.where, child.detail)
+        return child
+
+    def restart(self, child: ChildExecution) -> ChildExecution:
+        """The Map Run is redriven: the same child execution runs again (Developer Guide,
+        "Redriving Map Runs": STANDARD children are redriven with RedriveExecution)."""
+        with self.lock:
+            child.status, child.stop_date = "RUNNING", None
+            child.output_text = child.error = child.cause = None
+            child.redrive_count += 1
+            child.redrive_date = dt.datetime.now(dt.UTC)
         if self.standard:
             publish_status_change(*self.where, child.detail)
         return child
@@ -366,7 +405,8 @@ def sfn_eval_child(self: Any, env: Any, job: Any) -> None:
     if not env.is_running() or getattr(self._map_run_record, "_sdflow_aborted_at", None) is not None:
         job.job_output = None
         return
-    child = runs.start(job.job_input)
+    redriven = getattr(job, "sdflow_redriven", None)  # set by stepfunctions_redrive_map.py
+    child = runs.restart(redriven) if redriven is not None else runs.start(job.job_input, job.job_index)
     job.sdflow_child = child  # its name, for whatever else reports on this child (ResultWriter)
     try:
         previous(DistributedItemProcessorWorker, "_eval_job", sfn_eval_child)(self, env, job)
@@ -458,6 +498,10 @@ def _status_override(record: Any, shown: dict[str, Any]) -> dict[str, Any]:
 
 def describe_map_run(record: Any, described: dict[str, Any]) -> dict[str, Any]:
     described = _status_override(record, dict(described))
+    # API reference, DescribeMapRun: redriveCount (0 until redriven) and redriveDate.
+    described["redriveCount"] = getattr(record, "sdflow_redrive_count", 0)
+    if getattr(record, "sdflow_redrive_date", None) is not None:
+        described["redriveDate"] = _iso(record.sdflow_redrive_date)
     runs = getattr(record, "_sdflow_children", None)
     if runs is not None:
         counts = runs.counts(map_run_running=described.get("status") == "RUNNING")

@@ -149,6 +149,26 @@ def test_patch_cloudformation_function_keeps_layers_and_runs_from_deployed_zip(r
     assert answer["greeting"] == "from-template"
 
 
+def test_patch_cloudformation_function_logs_to_its_logging_config_group(runtime: runtime_module.Runtime) -> None:
+    resources = _function_stack_resources()
+    resources["FnLogGroup"] = {
+        "Type": "AWS::Logs::LogGroup",
+        "Properties": {"LogGroupName": "/aws/lambda/s-Fn", "RetentionInDays": 14},
+    }
+    resources["Fn"]["Properties"]["LoggingConfig"] = {"LogGroup": {"Ref": "FnLogGroup"}}
+    _stack(resources)
+    assert awslambda.function_spec(runtime, _lambda_model("fn")).log_group == "/aws/lambda/s-Fn"
+    (group,) = _client("logs").describe_log_groups(logGroupNamePrefix="/aws/lambda/s-Fn")["logGroups"]
+    assert group["retentionInDays"] == 14
+
+
+def test_patch_cloudformation_function_without_logging_config_uses_the_default_group(
+    runtime: runtime_module.Runtime,
+) -> None:
+    _stack(_function_stack_resources())
+    assert awslambda.function_spec(runtime, _lambda_model("fn")).log_group == ""
+
+
 QUEUE_STATEMENT = {
     "Effect": "Allow",
     "Principal": {"Service": "events.amazonaws.com"},

@@ -224,3 +224,25 @@ def test_report_line_billed_duration_rounded_up_to_the_millisecond() -> None:
 def test_log_stream_name_lambda_format() -> None:
     assert STREAM.match(log_stream_name())
     assert log_stream_name(0).startswith("1970/01/01/[$LATEST]")
+
+
+def test_function_with_logging_config_logs_to_its_group_in_streams_named_after_it(
+    tmp_path: Path, sink: logs.CloudWatchSink
+) -> None:
+    group = "/aws/lambda/stack-Fn"
+    _client("logs").create_log_group(logGroupName=group)
+    _client("logs").put_retention_policy(logGroupName=group, retentionInDays=14)
+    runner, spec = _runner(tmp_path, sink, HANDLERS + "\nprint('to the custom group')\n")
+    spec = FunctionSpec(**{**spec.__dict__, "log_group": group})
+    assert runner.environment_for(spec)["AWS_LAMBDA_LOG_GROUP_NAME"] == group
+    try:
+        runner.invoke(spec, "{}")
+    finally:
+        runner.shutdown()
+    _wait_for(lambda: _events(group, "REPORT"), what="the REPORT line in the custom group")
+    assert any("to the custom group" in e["message"] for e in _events(group))
+    (stream,) = _client("logs").describe_log_streams(logGroupName=group)["logStreams"]
+    assert re.match(r"^\d{4}/\d{2}/\d{2}/fn\[\$LATEST\][0-9a-f]{32}$", stream["logStreamName"])
+    (described,) = _client("logs").describe_log_groups(logGroupNamePrefix=group)["logGroups"]
+    assert described["retentionInDays"] == 14
+    assert not _client("logs").describe_log_groups(logGroupNamePrefix="/aws/lambda/fn")["logGroups"]

@@ -1,0 +1,515 @@
+"""Faults injected into runs on the strict local cloud, and what the run does about each.
+
+Every test injects one fault through `cloud.faults` (a real SIGKILL, a real crashed Lambda
+worker, a disabled rule: sdflow/local/faults.py), then asserts the run's outcome and that nothing
+is left running: no processing or training job InProgress or Stopping, no endpoint changing, no
+no-op job held. SageMaker jobs are no-ops (sdflow.local.noop_sagemaker): what is under test is
+the run lifecycle around them. Each test records its recovery time in RECOVERY, printed at the end
+of the module (the closing note's table comes from that print)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sdflow import cli, samples
+from sdflow.local.cloud import LocalCloud
+from sdflow.local.noop_sagemaker import NoOpSageMaker
+from sdflow_common import names
+from tests.conftest import wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+SHARDS = 3
+RECOVERY: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module")
+def noop() -> dict[str, NoOpSageMaker]:
+    return {}
+
+
+@pytest.fixture(scope="module")
+def cloud(tmp_path_factory: pytest.TempPathFactory, noop: dict[str, NoOpSageMaker]) -> Iterator[LocalCloud]:
+    workdir = tmp_path_factory.mktemp("fault-cloud")
+
+    def factory(_workdir: Path, url: str, listener: Any) -> NoOpSageMaker:
+        noop["sagemaker"] = NoOpSageMaker(url, listener, job_seconds=0.3)
+        return noop["sagemaker"]
+
+    # The runs here update one endpoint blue/green (two instances while both fleets are up) and
+    # create a second: above the default endpoint quota of 2, whose waits are not under test.
+    quotas = {"endpoint": 8}
+    with LocalCloud(workdir, sagemaker_factory=factory, async_retry_delays_s=(0.5, 1.0), quotas=quotas) as running:
+        s3 = running.client("s3")
+        row = samples.SampleRow("http://127.0.0.1:9/a.png", "a red circle", 64, 64)
+        parquet = samples.write_parquet(workdir / "one.parquet", [row]).read_bytes()
+        for i in range(SHARDS):
+            s3.put_object(Bucket=running.bucket, Key=f"datasets/faults/part-{i:05d}.parquet", Body=parquet)
+        s3.put_object(Bucket=running.bucket, Key="models/tiny/model_index.json", Body=b"{}")
+        running.prewarm().join(timeout=120)
+        yield running
+    if RECOVERY:
+        print("\nfault | outcome | time to recover | leftovers")
+        for line in RECOVERY.values():
+            print(line)
+
+
+@pytest.fixture
+def sagemaker(noop: dict[str, NoOpSageMaker], cloud: LocalCloud) -> Iterator[NoOpSageMaker]:
+    """The no-op SageMaker, with quick jobs again after each test."""
+    fake = noop["sagemaker"]
+    yield fake
+    fake.seconds_by_kind.clear()
+    fake.job_seconds = 0.3
+
+
+def _document(cloud: LocalCloud, **download: Any) -> dict[str, Any]:
+    return {
+        "dataset": {"prefix": f"s3://{cloud.bucket}/datasets/faults/"},
+        "base_model_uri": f"s3://{cloud.bucket}/models/tiny/",
+        "download": {"max_concurrency": 3, **download},
+        "training": {"instance_type": "ml.m5.xlarge"},
+        "endpoint": {"name": "sdflow-faults", "instance_type": "ml.m5.large"},
+    }
+
+
+def _start(cloud: LocalCloud, name: str, document: Any | None = None) -> str:
+    return str(
+        cloud.client("stepfunctions").start_execution(
+            stateMachineArn=cloud.state_machine_arn, name=name, input=json.dumps(document or _document(cloud))
+        )["executionArn"]
+    )
+
+
+def _ended(cloud: LocalCloud, arn: str, timeout_s: float = 180.0) -> dict[str, Any]:
+    sfn = cloud.client("stepfunctions")
+
+    def done() -> dict[str, Any] | None:
+        described = sfn.describe_execution(executionArn=arn)
+        return described if described["status"] != "RUNNING" else None
+
+    return dict(wait_for(done, timeout_s=timeout_s, what=f"execution {arn} to end", interval_s=0.2))
+
+
+def _run_hash(cloud: LocalCloud, arn: str) -> str:
+    described = cloud.client("stepfunctions").describe_execution(executionArn=arn)
+    return names.run_hash(arn, described["startDate"])
+
+
+def _jobs(cloud: LocalCloud, kind: str, contains: str, status: str | None = None) -> list[str]:
+    sagemaker = cloud.client("sagemaker")
+    call = sagemaker.list_processing_jobs if kind == "processing" else sagemaker.list_training_jobs
+    key = "ProcessingJobSummaries" if kind == "processing" else "TrainingJobSummaries"
+    name_key = "ProcessingJobName" if kind == "processing" else "TrainingJobName"
+    found: list[str] = []
+    kwargs: dict[str, Any] = {"NameContains": contains, "MaxResults": 100}
+    if status:
+        kwargs["StatusEquals"] = status
+    while True:
+        page = call(**kwargs)
+        found.extend(job[name_key] for job in page[key])
+        if not page.get("NextToken"):
+            return found
+        kwargs["NextToken"] = page["NextToken"]
+
+
+def _wait_for_job(
+    cloud: LocalCloud, kind: str, contains: str, timeout_s: float = 60.0, status: str | None = "InProgress"
+) -> str:
+    def running() -> str | None:
+        jobs = _jobs(cloud, kind, contains, status)
+        return jobs[0] if jobs else None
+
+    return str(wait_for(running, timeout_s=timeout_s, what=f"a {kind} job named *{contains}*", interval_s=0.1))
+
+
+def _leftovers(cloud: LocalCloud, sagemaker: NoOpSageMaker) -> list[str]:
+    """Whatever still runs or bills: jobs InProgress or Stopping, endpoints changing, held no-op jobs."""
+    left = [
+        f"{kind} job {name} {status}"
+        for kind in ("processing", "training")
+        for status in ("InProgress", "Stopping")
+        for name in _jobs(cloud, kind, "sdf-", status)
+    ]
+    endpoints = cloud.client("sagemaker").list_endpoints()["Endpoints"]
+    left += [
+        f"endpoint {e['EndpointName']} {e['EndpointStatus']}"
+        for e in endpoints
+        if e["EndpointStatus"] in ("Creating", "Updating", "RollingBack", "SystemUpdating")
+    ]
+    if sagemaker.running:
+        left.append(f"{sagemaker.running} no-op job(s) held")
+    return left
+
+
+def _settled(cloud: LocalCloud, sagemaker: NoOpSageMaker, timeout_s: float = 45.0) -> list[str]:
+    """Leftovers once the run's end has been handled (the notify function runs on its status event)."""
+    with contextlib.suppress(AssertionError):  # the caller asserts on what is left
+        wait_for(lambda: not _leftovers(cloud, sagemaker), timeout_s=timeout_s, what="nothing left", interval_s=0.5)
+    cloud.wait_idle(30.0)
+    return _leftovers(cloud, sagemaker)
+
+
+def _notification(cloud: LocalCloud, execution_name: str, timeout_s: float = 60.0) -> dict[str, Any]:
+    """The run's notification as the local SNS records it: subject, message, attributes."""
+
+    def find() -> dict[str, Any] | None:
+        mine = [m for m in cloud.sns_messages() if m["attributes"].get("run_id") == execution_name]
+        return mine[-1] if mine else None
+
+    return dict(wait_for(find, timeout_s=timeout_s, what=f"the notification of {execution_name}", interval_s=0.2))
+
+
+def _record(fault: str, outcome: str, started: float, leftovers: list[str]) -> None:
+    RECOVERY[fault] = f"{fault} | {outcome} | {time.monotonic() - started:.1f} s | {len(leftovers)}"
+
+
+# ---------------------------------------------------------------------------- SageMaker jobs
+
+
+def test_download_job_killed_is_retried_and_run_succeeds(cloud: LocalCloud, sagemaker: NoOpSageMaker) -> None:
+    sagemaker.seconds_by_kind["processing"] = 3.0
+    arn = _start(cloud, "kill-download")
+    run_hash = _run_hash(cloud, arn)
+    victim = _wait_for_job(cloud, "processing", run_hash)
+    cloud.faults.kill_job("processing", victim)
+    killed_at = time.monotonic()
+
+    described = _ended(cloud, arn)
+
+    assert described["status"] == "SUCCEEDED", described.get("cause")
+    jobs = _jobs(cloud, "processing", run_hash)
+    assert len(jobs) == SHARDS + 1, f"one retry for the killed shard: {jobs}"
+    assert victim.replace("-a0", "-a1") in jobs
+    leftovers = _settled(cloud, sagemaker)
+    assert leftovers == []
+    _record("SIGKILL of a download job", "shard retried, run SUCCEEDED", killed_at, leftovers)
+
+
+def test_training_job_killed_fails_run_with_notification_and_nothing_left(
+    cloud: LocalCloud, sagemaker: NoOpSageMaker
+) -> None:
+    sagemaker.seconds_by_kind["training"] = 30.0
+    arn = _start(cloud, "kill-training")
+    run_hash = _run_hash(cloud, arn)
+    victim = _wait_for_job(cloud, "training", run_hash)
+    cloud.faults.kill_job("training", victim)
+    killed_at = time.monotonic()
+
+    described = _ended(cloud, arn)
+
+    assert described["status"] == "FAILED"
+    assert described["error"] == "TrainingJobFailed"
+    assert "exit code 137" in described["cause"]
+    message = _notification(cloud, "kill-training")
+    assert message["attributes"]["outcome"] == "failed"
+    assert message["attributes"]["error"] == "TrainingJobFailed"
+    assert "Train model" in message["message"]
+    leftovers = _settled(cloud, sagemaker)
+    assert leftovers == []
+    _record("SIGKILL of a training job", "run FAILED (TrainingJobFailed), notified", killed_at, leftovers)
+
+
+def test_stop_execution_during_training_stops_the_job_within_30_s(cloud: LocalCloud, sagemaker: NoOpSageMaker) -> None:
+    sagemaker.seconds_by_kind["training"] = 120.0
+    arn = _start(cloud, "stop-training")
+    run_hash = _run_hash(cloud, arn)
+    job = _wait_for_job(cloud, "training", run_hash)
+
+    cloud.client("stepfunctions").stop_execution(executionArn=arn, error="UserStopped", cause="changed my mind")
+    stopped_at = time.monotonic()
+
+    def job_stopped() -> bool:
+        status = cloud.client("sagemaker").describe_training_job(TrainingJobName=job)["TrainingJobStatus"]
+        return status == "Stopped"
+
+    wait_for(job_stopped, timeout_s=30.0, what=f"training job {job} Stopped", interval_s=0.2)
+    took = time.monotonic() - stopped_at
+    assert took < 30.0
+    message = _notification(cloud, "stop-training")
+    assert message["attributes"]["outcome"] in ("aborted", "failed")
+    assert job in message["message"], "the notification says what was stopped"
+    leftovers = _settled(cloud, sagemaker)
+    assert leftovers == []
+    _record("StopExecution during training", f"job Stopped after {took:.1f} s, notified", stopped_at, leftovers)
+
+
+def test_lost_job_event_is_resolved_by_the_reconciler_after_the_deadline(
+    cloud: LocalCloud, sagemaker: NoOpSageMaker
+) -> None:
+    events = cloud.client("events")
+    rule = next(
+        r["Name"] for r in events.list_rules()["Rules"] if "TrainingJobEnded" in r["Name"] or "Training" in r["Name"]
+    )
+    events.disable_rule(Name=rule)
+    try:
+        arn = _start(cloud, "lost-event")
+        run_hash = _run_hash(cloud, arn)
+        job = _wait_for_job(cloud, "training", run_hash, status=None)  # a no-op job ends within a second
+
+        def completed() -> bool:
+            described = cloud.client("sagemaker").describe_training_job(TrainingJobName=job)
+            return described["TrainingJobStatus"] == "Completed"
+
+        wait_for(completed, timeout_s=30.0, what=f"training job {job} Completed", interval_s=0.2)
+        lost_at = time.monotonic()
+        # Time passes: the claim's deadline (its task's timeout) is reached.
+        table = cloud.outputs.get("TokenTableName") or _token_table(cloud)
+        cloud.client("dynamodb").update_item(
+            TableName=table,
+            Key={"resource_name": {"S": job}},
+            UpdateExpression="SET deadline = :past",
+            ExpressionAttributeValues={":past": {"N": str(int(time.time()) - 1)}},
+        )
+        # The reconciler's schedule fires (every 10 minutes on AWS).
+        assert any("Reconciler" in arn for arn in cloud.fire_schedules())
+
+        described = _ended(cloud, arn)
+    finally:
+        events.enable_rule(Name=rule)
+
+    assert described["status"] == "SUCCEEDED", described.get("cause")
+    leftovers = _settled(cloud, sagemaker)
+    assert leftovers == []
+    _record("training event lost (rule disabled)", "reconciler resolved it, run SUCCEEDED", lost_at, leftovers)
+
+
+def _token_table(cloud: LocalCloud) -> str:
+    tables = cloud.client("dynamodb").list_tables()["TableNames"]
+    return next(name for name in tables if "TokenTable" in name)
+
+
+def test_job_event_delivered_twice_has_one_effect(cloud: LocalCloud, sagemaker: NoOpSageMaker) -> None:
+    sagemaker.seconds_by_kind["training"] = 2.0
+    arn = _start(cloud, "twice")
+    run_hash = _run_hash(cloud, arn)
+    _wait_for_job(cloud, "training", run_hash)
+    downloads = _jobs(cloud, "processing", run_hash)
+    started = time.monotonic()
+    for job in downloads:
+        cloud.faults.redeliver_sagemaker_event(job, status="Completed")
+
+    described = _ended(cloud, arn)
+
+    assert described["status"] == "SUCCEEDED", described.get("cause")
+    assert len(_jobs(cloud, "processing", run_hash)) == SHARDS
+    assert len(_jobs(cloud, "training", run_hash)) == 1
+    cloud.wait_idle(30.0)
+    assert len([m for m in cloud.sns_messages() if m["attributes"].get("run_id") == "twice"]) == 1
+    leftovers = _settled(cloud, sagemaker)
+    assert leftovers == []
+    _record("the same job event delivered twice", "one effect, run SUCCEEDED", started, leftovers)
+
+
+def test_training_capacity_failure_is_retried_with_a_new_job(cloud: LocalCloud, sagemaker: NoOpSageMaker) -> None:
+    """The capacity Retry waits 300 s on AWS; this only checks the first failure is named for it."""
+    cloud.faults.fail_next_training_jobs(1)
+    arn = _start(cloud, "capacity")
+    run_hash = _run_hash(cloud, arn)
+    started = time.monotonic()
+
+    def first_failed() -> bool:
+        jobs = _jobs(cloud, "training", run_hash, "Failed")
+        return bool(jobs)
+
+    wait_for(first_failed, timeout_s=60.0, what="the capacity-failed training job", interval_s=0.2)
+    history = cloud.client("stepfunctions").get_execution_history(executionArn=arn, reverseOrder=True)["events"]
+
+    def failure_seen() -> bool:
+        events = cloud.client("stepfunctions").get_execution_history(executionArn=arn, reverseOrder=True)["events"]
+        return any(
+            e["type"] == "TaskFailed" and e["taskFailedEventDetails"]["error"] == "TrainingCapacityUnavailable"
+            for e in events
+        )
+
+    wait_for(failure_seen, timeout_s=30.0, what="TrainingCapacityUnavailable in the history", interval_s=0.2)
+    assert history is not None
+    cloud.client("stepfunctions").stop_execution(executionArn=arn, cause="test over: the retry waits minutes")
+    leftovers = _settled(cloud, sagemaker)
+    assert leftovers == []
+    _record("training capacity failure", "TrainingCapacityUnavailable, retried after backoff", started, leftovers)
+
+
+# ---------------------------------------------------------------------------- Lambda
+
+
+def test_lambda_worker_killed_mid_run_run_survives(cloud: LocalCloud, sagemaker: NoOpSageMaker) -> None:
+    sagemaker.job_seconds = 1.0
+    arn = _start(cloud, "kill-worker")
+    cloud.faults.kill_lambda_worker("JobEventsFunction", timeout_s=60.0)
+    killed_at = time.monotonic()
+
+    described = _ended(cloud, arn)
+
+    assert described["status"] == "SUCCEEDED", described.get("cause")
+    leftovers = _settled(cloud, sagemaker)
+    assert leftovers == []
+    _record("a Lambda worker killed mid-run", "event redelivered, run SUCCEEDED", killed_at, leftovers)
+
+
+def test_lambda_runtime_crash_in_every_task_is_retried_and_run_survives(
+    cloud: LocalCloud, sagemaker: NoOpSageMaker
+) -> None:
+    crashes = {
+        "ValidateRunFunction": "s3.PutObject",
+        "StartDownloadFunction": "sagemaker.CreateProcessingJob",
+        "BuildIndexFunction": "s3.PutObject",
+        "StartTrainingFunction": "sagemaker.CreateTrainingJob",
+        "DeployEndpointFunction": "sagemaker.CreateEndpoint",
+    }
+    claims = {function: cloud.faults.crash_lambda_after(function, call) for function, call in crashes.items()}
+    # Jobs outlast the Retry's wait (at most 5 s for a download, 10 s for training), as real ones do.
+    sagemaker.seconds_by_kind.update(processing=8.0, training=15.0)
+    document = _document(cloud)
+    document["endpoint"]["name"] = "sdflow-crash"  # a new endpoint: CreateEndpoint, not an update
+    try:
+        started = time.monotonic()
+        arn = _start(cloud, "crash-everywhere", document)
+        described = _ended(cloud, arn)
+    finally:
+        for function in crashes:
+            cloud.faults.clear_lambda_crash(function)
+
+    assert described["status"] == "SUCCEEDED", described.get("cause")
+    assert {function: cloud.faults.crashes_done(path) for function, path in claims.items()} == dict.fromkeys(crashes, 1)
+    run_hash = _run_hash(cloud, arn)
+    assert len(_jobs(cloud, "processing", run_hash)) == SHARDS, "the crashed starter's job was adopted"
+    assert len(_jobs(cloud, "training", run_hash)) == 1, "the crashed starter's job was adopted"
+    leftovers = _settled(cloud, sagemaker)
+    assert leftovers == []
+    _record("a Lambda runtime crash in every task", "each retried, run SUCCEEDED", started, leftovers)
+
+
+def test_starter_crash_after_create_leaves_exactly_one_job(cloud: LocalCloud, sagemaker: NoOpSageMaker) -> None:
+    claims = cloud.faults.crash_lambda_after("StartTrainingFunction", "sagemaker.CreateTrainingJob")
+    sagemaker.seconds_by_kind["training"] = 15.0  # still running when the Retry comes (at most 10 s)
+    try:
+        started = time.monotonic()
+        arn = _start(cloud, "crash-after-create")
+        described = _ended(cloud, arn)
+    finally:
+        cloud.faults.clear_lambda_crash("StartTrainingFunction")
+
+    assert described["status"] == "SUCCEEDED", described.get("cause")
+    assert cloud.faults.crashes_done(claims) == 1
+    jobs = _jobs(cloud, "training", _run_hash(cloud, arn))
+    assert len(jobs) == 1, jobs
+    leftovers = _settled(cloud, sagemaker)
+    assert leftovers == []
+    _record("starter crash after CreateTrainingJob", "job adopted by the retry: 1 job", started, leftovers)
+
+
+# ---------------------------------------------------------------------------- names, redrive, resume
+
+
+def test_execution_name_reused_adopts_no_old_job(cloud: LocalCloud, sagemaker: NoOpSageMaker) -> None:
+    first = _start(cloud, "reused")
+    assert _ended(cloud, first)["status"] == "SUCCEEDED"
+    old_jobs = set(_jobs(cloud, "processing", "sdf-dl-reused"))
+    _forget_execution(first)  # Step Functions frees a name 90 days after its execution closed
+    started = time.monotonic()
+
+    second = _start(cloud, "reused")
+    described = _ended(cloud, second)
+
+    assert second == first
+    assert described["status"] == "FAILED"
+    assert described["error"] == "InvalidRunDocument"
+    assert "reused" in described["cause"]
+    assert set(_jobs(cloud, "processing", "sdf-dl-reused")) == old_jobs, "nothing adopted, nothing started"
+    leftovers = _settled(cloud, sagemaker)
+    assert leftovers == []
+    _record("an execution name reused", "refused at validation, no old job adopted", started, leftovers)
+
+
+def _forget_execution(execution_arn: str) -> None:
+    """What 90 days do: Step Functions no longer knows the closed execution, so its name is free."""
+    from moto.stepfunctions.responses import get_backend
+
+    from sdflow.local.cloud import ACCOUNT_ID, REGION
+
+    for machine in get_backend(ACCOUNT_ID, REGION).state_machines:
+        machine.executions = [e for e in machine.executions if e.execution_arn != execution_arn]
+
+
+def test_redrive_after_training_failure_reruns_only_training(cloud: LocalCloud, sagemaker: NoOpSageMaker) -> None:
+    sagemaker.seconds_by_kind["training"] = 30.0
+    arn = _start(cloud, "redrive-training")
+    run_hash = _run_hash(cloud, arn)
+    cloud.faults.kill_job("training", _wait_for_job(cloud, "training", run_hash))
+    assert _ended(cloud, arn)["status"] == "FAILED"
+    downloads = _jobs(cloud, "processing", run_hash)
+    sagemaker.seconds_by_kind.clear()
+    started = time.monotonic()
+
+    cloud.client("stepfunctions").redrive_execution(executionArn=arn)
+    described = _ended(cloud, arn)
+
+    assert described["status"] == "SUCCEEDED", described.get("cause")
+    assert described.get("redriveCount") == 1
+    assert _jobs(cloud, "processing", run_hash) == downloads, "no shard downloaded again"
+    training = _jobs(cloud, "training", run_hash)
+    assert len(training) == 2
+    assert any("-r1-" in name for name in training), training
+    leftovers = _settled(cloud, sagemaker)
+    assert leftovers == []
+    _record("training failed, then redrive-execution", "only Train model re-ran, SUCCEEDED", started, leftovers)
+
+
+def test_redrive_after_shard_failure_reruns_only_the_failed_shard(cloud: LocalCloud, sagemaker: NoOpSageMaker) -> None:
+    sagemaker.seconds_by_kind["processing"] = 3.0
+    arn = _start(cloud, "redrive-shard", _document(cloud, tolerated_failure_percent=0))
+    run_hash = _run_hash(cloud, arn)
+    first = _wait_for_job(cloud, "processing", run_hash)
+    shard_stem = first.rsplit("-a", 1)[0]
+    cloud.faults.kill_job("processing", first)
+    cloud.faults.kill_job("processing", _wait_for_job(cloud, "processing", f"{shard_stem}-a1"))
+    failed = _ended(cloud, arn)
+    assert failed["status"] == "FAILED"
+    before = set(_jobs(cloud, "processing", run_hash))
+    sagemaker.seconds_by_kind.clear()
+    started = time.monotonic()
+
+    cloud.client("stepfunctions").redrive_execution(executionArn=arn)
+    described = _ended(cloud, arn)
+
+    assert described["status"] == "SUCCEEDED", described.get("cause")
+    new_jobs = set(_jobs(cloud, "processing", run_hash)) - before
+    assert len(new_jobs) == 1, f"only the failed shard downloads again: {sorted(new_jobs)}"
+    assert next(iter(new_jobs)).split("-")[-3] == shard_stem.split("-")[-2]
+    leftovers = _settled(cloud, sagemaker)
+    assert leftovers == []
+    _record("a shard failed past tolerance, then redrive", "only that shard re-ran, SUCCEEDED", started, leftovers)
+
+
+def test_resume_after_training_failure_starts_no_download_job(
+    cloud: LocalCloud, sagemaker: NoOpSageMaker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sagemaker.seconds_by_kind["training"] = 30.0
+    failed = _start(cloud, "resume-me")
+    cloud.faults.kill_job("training", _wait_for_job(cloud, "training", _run_hash(cloud, failed)))
+    assert _ended(cloud, failed)["status"] == "FAILED"
+    sagemaker.seconds_by_kind.clear()
+    for key, value in cloud.cli_env().items():
+        monkeypatch.setenv(key, value)
+    started = time.monotonic()
+
+    assert cli.main(["resume", failed, "--name", "resumed"]) == 0
+    resumed = failed.rsplit(":", 1)[0] + ":resumed"
+    described = _ended(cloud, resumed)
+
+    assert described["status"] == "SUCCEEDED", described.get("cause")
+    assert _jobs(cloud, "processing", _run_hash(cloud, resumed)) == [], "every shard reused"
+    config = json.loads(described["output"])["config"]
+    assert config["resume"]["from_execution_arn"] == failed
+    assert config["resume"]["shards_reused"] == SHARDS
+    leftovers = _settled(cloud, sagemaker)
+    assert leftovers == []
+    _record("training failed, then sdflow resume", "0 download jobs, run SUCCEEDED", started, leftovers)

@@ -1,0 +1,336 @@
+"""Nothing left running: a failed, stopped or timed-out run's jobs are stopped, its endpoint
+deployment rolled back (now, or by job_events when the endpoint settles), its claims released."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sdflow_common import names, rollback, run_cleanup
+from sdflow_common.job_events import EndpointDetail, TaskResolver
+from sdflow_common.token_store import TokenStore
+from tests.unit.conftest import ACCOUNT, REGION, TOKEN_TABLE, AwsWorld
+from tests.unit.sagemaker_fake import FakeSageMakerClient, client_error
+
+EXECUTION_ARN = f"arn:aws:states:{REGION}:{ACCOUNT}:execution:sdflow-pipeline-test:cats-v1-abc"
+OTHER_ARN = f"arn:aws:states:{REGION}:{ACCOUNT}:execution:sdflow-pipeline-test:dogs-v2-xyz"
+START_MS = 1795341600000
+RUN_HASH = names.run_hash(EXECUTION_ARN, START_MS)
+# The same execution name used again 90 days later: another run.
+OLD_RUN_HASH = names.run_hash(EXECUTION_ARN, START_MS - 91 * 86_400_000)
+ENDPOINT = "sdflow-cats"
+OURS = names.deployment_name(ENDPOINT, RUN_HASH, 0, 0)
+
+
+def _download(shard: str, run_hash: str = RUN_HASH, attempt: int = 0) -> str:
+    return names.download_job_name(run_hash, "cats-v1-abc", shard, 0, attempt)
+
+
+def _training(run_hash: str = RUN_HASH, attempt: int = 0) -> str:
+    return names.training_job_name(run_hash, "cats-v1-abc", 0, attempt)
+
+
+@pytest.fixture
+def store(mocked_aws: AwsWorld) -> TokenStore:
+    return TokenStore(TOKEN_TABLE)
+
+
+@pytest.fixture
+def sagemaker() -> FakeSageMakerClient:
+    return FakeSageMakerClient()
+
+
+def _claim(
+    store: TokenStore, name: str, kind: Any, context: dict[str, str] | None = None, arn: str = EXECUTION_ARN
+) -> str:
+    token = f"token-{name}"
+    store.claim(name, token, arn, kind, context, timeout_seconds=3600)
+    return token
+
+
+def _clean(sagemaker: FakeSageMakerClient, store: TokenStore) -> run_cleanup.CleanupReport:
+    return run_cleanup.clean_up_run(EXECUTION_ARN, START_MS, sagemaker=sagemaker, store=store)
+
+
+# ---------------------------------------------------------------------------- jobs
+
+
+def test_clean_up_run_in_progress_jobs_of_the_run_are_stopped_and_no_other(
+    sagemaker: FakeSageMakerClient, store: TokenStore
+) -> None:
+    ours = [_download(f"0000{i}") for i in range(3)]
+    for name in ours:
+        sagemaker.add_job("processing", name)
+    sagemaker.add_job("processing", _download("00009"), status="Completed")
+    sagemaker.add_job("training", _training())
+    sagemaker.add_job("processing", _download("00001", run_hash=OLD_RUN_HASH))
+    sagemaker.add_job("training", _training(run_hash=OLD_RUN_HASH))
+
+    report = _clean(sagemaker, store)
+
+    assert report.stopped == {"download job": ours, "training job": [_training()]}
+    assert sagemaker.jobs["processing"][_download("00001", run_hash=OLD_RUN_HASH)] == "InProgress"
+    assert sagemaker.jobs["training"][_training(run_hash=OLD_RUN_HASH)] == "InProgress"
+    assert sagemaker.jobs["processing"][_download("00009")] == "Completed"
+    assert report.lines()[0] == f"Stopped: 3 download jobs ({', '.join(ours)}); 1 training job ({_training()})"
+    assert report.errors == []
+    listed = sagemaker.called("ListProcessingJobs")[0]
+    assert listed["NameContains"] == RUN_HASH
+    assert listed["StatusEquals"] == "InProgress"
+
+
+def test_clean_up_run_more_jobs_than_a_page_every_page_is_stopped(
+    sagemaker: FakeSageMakerClient, store: TokenStore
+) -> None:
+    for i in range(230):
+        sagemaker.add_job("processing", _download(f"{i:05d}"))
+
+    report = _clean(sagemaker, store)
+
+    assert len(report.stopped["download job"]) == 230
+    assert set(sagemaker.jobs["processing"].values()) == {"Stopping"}
+    assert len(sagemaker.called("ListProcessingJobs")) == 3
+    assert "and 220 more" in report.lines()[0]
+
+
+def test_clean_up_run_job_ended_before_its_stop_is_neither_stopped_nor_an_error(
+    sagemaker: FakeSageMakerClient, store: TokenStore
+) -> None:
+    sagemaker.add_job("training", _training())
+    sagemaker.ends_before_stop.add(_training())
+
+    report = _clean(sagemaker, store)
+
+    assert report.stopped == {}
+    assert report.errors == []
+    assert report.lines() == ["Nothing was left running."]
+
+
+def test_clean_up_run_one_stop_throttled_the_others_are_stopped_and_the_error_reported(
+    sagemaker: FakeSageMakerClient, store: TokenStore
+) -> None:
+    first, second = _download("00001"), _download("00002")
+    sagemaker.add_job("processing", first)
+    sagemaker.add_job("processing", second)
+    sagemaker.fail_next(
+        "StopProcessingJob", first, client_error("ThrottlingException", "Rate exceeded", "StopProcessingJob")
+    )
+
+    report = _clean(sagemaker, store)
+
+    assert report.stopped == {"download job": [second]}
+    [error] = report.errors
+    assert first in error
+    assert "Rate exceeded" in error
+    assert f"aws sagemaker stop-processing-job --processing-job-name {first}" in error
+    assert any(line.startswith("NOT cleaned up:") for line in report.lines())
+
+
+def test_clean_up_run_twice_second_time_nothing_is_left(sagemaker: FakeSageMakerClient, store: TokenStore) -> None:
+    sagemaker.add_job("training", _training())
+    _claim(store, _training(), "training")
+
+    _clean(sagemaker, store)
+    sagemaker.jobs["training"][_training()] = "Stopped"
+    again = _clean(sagemaker, store)
+
+    assert again.stopped == {}
+    assert again.errors == []
+    assert again.claims_deleted == 0
+    assert again.lines() == ["Nothing was left running."]
+
+
+# ---------------------------------------------------------------------------- claims and endpoints
+
+
+def test_clean_up_run_claims_of_the_run_are_deleted_and_other_runs_kept(
+    sagemaker: FakeSageMakerClient, store: TokenStore
+) -> None:
+    _claim(store, _download("00001"), "download")
+    _claim(store, _training(), "training")
+    other = names.training_job_name(names.run_hash(OTHER_ARN, START_MS), "dogs-v2-xyz", 0, 0)
+    _claim(store, other, "training", arn=OTHER_ARN)
+
+    report = _clean(sagemaker, store)
+
+    assert report.claims_deleted == 2
+    assert store.get(_download("00001")) is None
+    assert store.get(_training()) is None
+    assert store.get(other) is not None
+
+
+def test_clean_up_run_endpoint_the_run_created_is_deleted(sagemaker: FakeSageMakerClient, store: TokenStore) -> None:
+    sagemaker.add_endpoint(ENDPOINT, "InService", OURS)
+    _claim(store, ENDPOINT, "endpoint", {"endpoint_config_name": OURS, "action": "create"})
+
+    report = _clean(sagemaker, store)
+
+    assert ENDPOINT not in sagemaker.endpoints
+    assert f"endpoint {ENDPOINT} deleted (this run had created it)" in report.lines()
+    assert store.get(ENDPOINT) is None
+
+
+def test_clean_up_run_endpoint_still_creating_is_marked_for_rollback_and_claim_kept(
+    sagemaker: FakeSageMakerClient, store: TokenStore
+) -> None:
+    sagemaker.add_endpoint(ENDPOINT, "Creating", OURS)
+    _claim(store, ENDPOINT, "endpoint", {"endpoint_config_name": OURS, "action": "create"})
+
+    report = _clean(sagemaker, store)
+
+    assert sagemaker.called("DeleteEndpoint") == []
+    held = store.get(ENDPOINT)
+    assert held is not None
+    assert rollback.is_requested(held)
+    assert f"endpoint {ENDPOINT} is Creating; it will be deleted when it settles" in report.lines()
+    assert report.errors == []
+
+
+def test_clean_up_run_endpoint_the_run_updated_goes_back_to_its_previous_config(
+    sagemaker: FakeSageMakerClient, store: TokenStore
+) -> None:
+    sagemaker.add_endpoint(ENDPOINT, "InService", OURS)
+    context = {"endpoint_config_name": OURS, "action": "update", rollback.PREVIOUS_CONFIG_KEY: "sdflow-cats-old"}
+    _claim(store, ENDPOINT, "endpoint", context)
+
+    report = _clean(sagemaker, store)
+
+    assert sagemaker.called("UpdateEndpoint") == [{"EndpointName": ENDPOINT, "EndpointConfigName": "sdflow-cats-old"}]
+    assert f"endpoint {ENDPOINT} rolled back to config sdflow-cats-old" in report.lines()
+    assert store.get(ENDPOINT) is None
+
+
+def test_clean_up_run_update_sagemaker_already_rolled_back_leaves_the_endpoint_alone(
+    sagemaker: FakeSageMakerClient, store: TokenStore
+) -> None:
+    sagemaker.add_endpoint(ENDPOINT, "InService", "sdflow-cats-old")
+    context = {"endpoint_config_name": OURS, "action": "update", rollback.PREVIOUS_CONFIG_KEY: "sdflow-cats-old"}
+    _claim(store, ENDPOINT, "endpoint", context)
+
+    report = _clean(sagemaker, store)
+
+    assert sagemaker.called("UpdateEndpoint") == []
+    assert sagemaker.called("DeleteEndpoint") == []
+    assert report.lines() == ["Nothing was left running."]
+    assert store.get(ENDPOINT) is None
+
+
+def test_clean_up_run_update_without_previous_config_is_reported_for_a_person(
+    sagemaker: FakeSageMakerClient, store: TokenStore
+) -> None:
+    sagemaker.add_endpoint(ENDPOINT, "InService", OURS)
+    _claim(store, ENDPOINT, "endpoint", {"endpoint_config_name": OURS, "action": "update"})
+
+    report = _clean(sagemaker, store)
+
+    assert sagemaker.called("UpdateEndpoint") == []
+    [error] = report.errors
+    assert "previous config is unknown" in error
+    assert f"update-endpoint --endpoint-name {ENDPOINT}" in error
+
+
+def test_clean_up_run_endpoint_of_another_deployment_is_not_touched(
+    sagemaker: FakeSageMakerClient, store: TokenStore
+) -> None:
+    sagemaker.add_endpoint(ENDPOINT, "InService", "someone-elses-config")
+    _claim(store, ENDPOINT, "endpoint", {"endpoint_config_name": OURS, "action": "create"})
+
+    report = _clean(sagemaker, store)
+
+    assert ENDPOINT in sagemaker.endpoints
+    assert report.lines() == ["Nothing was left running."]
+
+
+# ---------------------------------------------------------------------------- job_events finishes a deferred rollback
+
+
+class FakeStepFunctions:
+    """send_task_* answer as for a task whose execution ended; describe_execution its status."""
+
+    def __init__(self, status: str) -> None:
+        self.status = status
+        self.sent: list[str] = []
+
+    def send_task_success(self, **params: Any) -> None:
+        self.sent.append("success")
+        raise client_error("TaskTimedOut", "Task Timed Out", "SendTaskSuccess")
+
+    def send_task_failure(self, **params: Any) -> None:
+        self.sent.append("failure")
+        raise client_error("TaskTimedOut", "Task Timed Out", "SendTaskFailure")
+
+    def describe_execution(self, executionArn: str) -> dict[str, Any]:
+        return {"executionArn": executionArn, "status": self.status}
+
+
+def _endpoint_event(status: str = "IN_SERVICE") -> EndpointDetail:
+    return EndpointDetail.model_validate({"EndpointName": ENDPOINT, "EndpointStatus": status})
+
+
+def test_job_events_requested_rollback_endpoint_settles_it_is_deleted_without_answering_the_task(
+    sagemaker: FakeSageMakerClient, store: TokenStore
+) -> None:
+    sagemaker.add_endpoint(ENDPOINT, "Creating", OURS)
+    _claim(store, ENDPOINT, "endpoint", {"endpoint_config_name": OURS, "action": "create"})
+    _clean(sagemaker, store)
+    sagemaker.endpoints[ENDPOINT]["EndpointStatus"] = "InService"
+    sfn = FakeStepFunctions("FAILED")
+
+    resolution = TaskResolver(store, sfn, sagemaker).resolve(_endpoint_event())
+
+    assert resolution.outcome == "rolled_back"
+    assert ENDPOINT not in sagemaker.endpoints
+    assert sfn.sent == []
+    assert store.get(ENDPOINT) is None
+
+
+def test_job_events_stale_token_of_a_failed_run_rolls_the_update_back(
+    sagemaker: FakeSageMakerClient, store: TokenStore
+) -> None:
+    sagemaker.add_endpoint(ENDPOINT, "InService", OURS)
+    context = {"endpoint_config_name": OURS, "action": "update", rollback.PREVIOUS_CONFIG_KEY: "sdflow-cats-old"}
+    _claim(store, ENDPOINT, "endpoint", context)
+
+    resolution = TaskResolver(store, FakeStepFunctions("TIMED_OUT"), sagemaker).resolve(_endpoint_event())
+
+    assert resolution.outcome == "rolled_back"
+    assert sagemaker.called("UpdateEndpoint") == [{"EndpointName": ENDPOINT, "EndpointConfigName": "sdflow-cats-old"}]
+    assert store.get(ENDPOINT) is None
+
+
+def test_job_events_stale_token_of_a_run_still_running_leaves_the_endpoint(
+    sagemaker: FakeSageMakerClient, store: TokenStore
+) -> None:
+    sagemaker.add_endpoint(ENDPOINT, "InService", OURS)
+    _claim(store, ENDPOINT, "endpoint", {"endpoint_config_name": OURS, "action": "create"})
+
+    resolution = TaskResolver(store, FakeStepFunctions("RUNNING"), sagemaker).resolve(_endpoint_event())
+
+    assert resolution.outcome == "stale_token"
+    assert ENDPOINT in sagemaker.endpoints
+    assert store.get(ENDPOINT) is None
+
+
+def test_job_events_requested_rollback_endpoint_still_updating_waits_for_the_next_event(
+    sagemaker: FakeSageMakerClient, store: TokenStore
+) -> None:
+    sagemaker.add_endpoint(ENDPOINT, "Updating", "sdflow-cats-old", pending=OURS)
+    context = {"endpoint_config_name": OURS, "action": "update", rollback.PREVIOUS_CONFIG_KEY: "sdflow-cats-old"}
+    _claim(store, ENDPOINT, "endpoint", context)
+    _clean(sagemaker, store)
+
+    # A late IN_SERVICE event from before the update: the endpoint is still Updating.
+    resolution = TaskResolver(store, FakeStepFunctions("FAILED"), sagemaker).resolve(_endpoint_event())
+
+    assert resolution.outcome == "ignored"
+    held = store.get(ENDPOINT)
+    assert held is not None
+    assert rollback.is_requested(held)
+    assert sagemaker.called("UpdateEndpoint") == []
+
+    sagemaker.add_endpoint(ENDPOINT, "InService", OURS)
+    settled = TaskResolver(store, FakeStepFunctions("FAILED"), sagemaker).resolve(_endpoint_event())
+
+    assert settled.outcome == "rolled_back"
+    assert sagemaker.called("UpdateEndpoint") == [{"EndpointName": ENDPOINT, "EndpointConfigName": "sdflow-cats-old"}]

@@ -167,28 +167,38 @@ def _handler_for(name: str) -> Callable[[dict[str, Any], Any], Any] | None:
 
 
 class InProcessRunner:
-    """Stands in for sdflow.local.lambda_runner.LambdaRunner: runs the real handlers (or a
-    recorder answering {}) in this process, recording every payload."""
+    """Stands in for sdflow.local.lambda_runner.LambdaRunner: the patched Lambda service hands each
+    invocation here and `handle(function name, payload)` answers it in this process. An exception
+    becomes Lambda's error payload, its `error_type` attribute (or class name) the errorType that
+    Retry and Catch match, as the Lambda runtime reports an unhandled exception."""
 
-    def __init__(self, intake: Intake) -> None:
-        self.intake = intake
+    def __init__(self, handle: Callable[[str, dict[str, Any]], Any]) -> None:
+        self.handle = handle
 
     def invoke(self, spec: Any, event: bytes | str, request_id: str | None = None) -> InvocationResult:
-        payload = json.loads(event.decode() if isinstance(event, bytes) else event)
-        with self.intake.lock:
-            self.intake.calls[spec.name].append(payload)
-        handler = _handler_for(spec.name)
-        if handler is None:
-            return InvocationResult(b"{}")
+        text = event.decode() if isinstance(event, bytes) else event
         try:
-            result = handler(payload, FakeLambdaContext(function_name=spec.name))
-        except Exception as exc:  # what the Lambda runtime does with any unhandled exception
-            body = json.dumps({"errorMessage": str(exc), "errorType": type(exc).__name__}).encode()
+            result = self.handle(spec.name, json.loads(text) if text else {})
+        except Exception as exc:
+            error_type = getattr(exc, "error_type", type(exc).__name__)
+            body = json.dumps({"errorMessage": str(exc), "errorType": error_type}).encode()
             return InvocationResult(body, "Unhandled")
         return InvocationResult(json.dumps(result).encode())
 
     def shutdown(self) -> None:
         """Nothing runs in the background."""
+
+
+def _answer_with_real_handlers(intake: Intake) -> Callable[[str, dict[str, Any]], Any]:
+    """Validate run and notify run for real; any other function records its payload and answers {}."""
+
+    def handle(name: str, payload: dict[str, Any]) -> Any:
+        with intake.lock:
+            intake.calls[name].append(payload)
+        handler = _handler_for(name)
+        return {} if handler is None else handler(payload, FakeLambdaContext(function_name=name))
+
+    return handle
 
 
 @contextmanager
@@ -224,7 +234,11 @@ def intake_cloud(monkeypatch: pytest.MonkeyPatch) -> Iterator[Intake]:
         # The definition runs on the local cloud's Step Functions (as under `sdflow local up`);
         # the functions run in this process.
         with tempfile.TemporaryDirectory() as workdir:
-            runtime = Runtime(workdir=Path(workdir), lambda_runner=InProcessRunner(intake), async_retry_delays_s=())  # type: ignore[arg-type]
+            runtime = Runtime(
+                workdir=Path(workdir),
+                lambda_runner=InProcessRunner(_answer_with_real_handlers(intake)),  # type: ignore[arg-type]
+                async_retry_delays_s=(),
+            )
             with patching.patched(runtime):
                 awslambda = boto3.client("lambda", region_name=REGION)
                 for name in functions:

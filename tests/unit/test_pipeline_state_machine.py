@@ -23,11 +23,10 @@ import pytest
 from moto import mock_aws
 
 from sdflow.local import patching
-from sdflow.local.lambda_runner import InvocationResult
 from sdflow.local.runtime import Runtime
 from sdflow_common import errors, names
 from tests.unit.conftest import DATA_BUCKET, REGION
-from tests.unit.intake_harness import definition_for_tests
+from tests.unit.intake_harness import InProcessRunner, definition_for_tests
 
 ASL = Path(__file__).resolve().parents[2] / "statemachines" / "pipeline.asl.json"
 FUNCTIONS = (
@@ -73,9 +72,8 @@ class Pipeline:
     tokens: queue.Queue[tuple[str, dict[str, Any]]] = field(default_factory=queue.Queue)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def invoke(self, function_name: str, body: str) -> Any:
+    def invoke(self, function_name: str, payload: dict[str, Any]) -> Any:
         name = function_name.split(":")[-1]
-        payload = json.loads(body) if body else {}
         with self.lock:
             self.calls[name].append(payload)
         result = self.behaviours[name](payload)
@@ -188,26 +186,6 @@ def _answer_all_success(name: str, payload: dict[str, Any]) -> tuple[str, Any]:
     }
 
 
-class DoubleRunner:
-    """Stands in for sdflow.local.lambda_runner.LambdaRunner: the patched Lambda service hands
-    each invocation here, and the harness's doubles answer it."""
-
-    def __init__(self, harness: Pipeline) -> None:
-        self.harness = harness
-
-    def invoke(self, spec: Any, event: bytes | str, request_id: str | None = None) -> InvocationResult:
-        text = event.decode() if isinstance(event, bytes) else event
-        try:
-            result = self.harness.invoke(spec.name, text)
-        except LambdaError as exc:
-            body = json.dumps({"errorMessage": str(exc), "errorType": exc.error_type}).encode()
-            return InvocationResult(body, "Unhandled")
-        return InvocationResult(json.dumps(result).encode())
-
-    def shutdown(self) -> None:
-        """Nothing runs in the background."""
-
-
 @pytest.fixture
 def pipeline(aws_env: None, tmp_path: Path) -> Iterator[Pipeline]:
     """The definition runs on the local cloud's Step Functions (moto's interpreter with the
@@ -221,7 +199,7 @@ def pipeline(aws_env: None, tmp_path: Path) -> Iterator[Pipeline]:
         role = iam.create_role(RoleName="fn", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
         sfn = boto3.client("stepfunctions", region_name=REGION)
         harness = Pipeline(sfn=sfn, s3=s3, arn="")
-        runtime = Runtime(workdir=tmp_path, lambda_runner=DoubleRunner(harness), async_retry_delays_s=())  # type: ignore[arg-type]
+        runtime = Runtime(workdir=tmp_path, lambda_runner=InProcessRunner(harness.invoke), async_retry_delays_s=())  # type: ignore[arg-type]
         with patching.patched(runtime):
             awslambda = boto3.client("lambda", region_name=REGION)
             for name in FUNCTIONS:

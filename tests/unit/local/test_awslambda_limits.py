@@ -7,7 +7,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
+from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from sdflow.local import runtime as runtime_module
@@ -103,7 +105,9 @@ def test_response_over_limit_is_function_error_response_size_too_large(limited: 
 def test_reserved_concurrency_throttles_sync_and_queues_async(
     limited: str, tmp_path: Path, runtime: runtime_module.Runtime
 ) -> None:
-    client = _client("lambda")
+    # botocore retries a 429 by itself (with backoff): once the busy call ended, a retry would get
+    # the slot and the throttle this test is about would never reach it.
+    client = boto3.client("lambda", region_name=REGION, config=Config(retries={"total_max_attempts": 1}))
     client.put_function_concurrency(FunctionName=limited, ReservedConcurrentExecutions=1)
     busy = threading.Thread(target=lambda: client.invoke(FunctionName=limited, Payload=json.dumps({"sleep": 2})))
     busy.start()

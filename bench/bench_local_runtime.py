@@ -91,7 +91,7 @@ def run_one(shards: int, concurrency: int) -> dict[str, Any]:
                 "base_model_uri": f"s3://{bucket}/models/noop/",
                 "download": {"max_concurrency": concurrency},
                 "training": {"instance_type": "ml.m5.xlarge"},
-                "endpoint": {"name": "noop", "instance_type": "ml.m5.large"},
+                "endpoint": {"name": "sdflow-noop", "instance_type": "ml.m5.large"},
             }
             runtime = cloud.runtime
             assert runtime is not None
@@ -102,9 +102,12 @@ def run_one(shards: int, concurrency: int) -> dict[str, Any]:
                 stateMachineArn=cloud.outputs["PipelineStateMachineArn"], name="noop", input=json.dumps(document)
             )["executionArn"]
             polls = 1  # the bench's own DescribeExecution calls, not the pipeline's
-            while (status := sfn.describe_execution(executionArn=arn)["status"]) == "RUNNING":
+            while (described := sfn.describe_execution(executionArn=arn))["status"] == "RUNNING":
                 polls += 1
                 time.sleep(0.2)
+            status = described["status"]
+            if status != "SUCCEEDED":
+                print(f"run {status}: {described.get('error')}: {described.get('cause', '')[:500]}", file=sys.stderr)
             run_s = time.monotonic() - run_started
             transitions = runtime.sfn_transitions
             with runtime.api_calls_lock:

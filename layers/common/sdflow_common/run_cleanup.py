@@ -17,60 +17,25 @@ collected, reported, and raised by the caller after the rest is done, so the eve
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from aws_lambda_powertools import Logger
 from botocore.exceptions import ClientError
 
-from sdflow_common import names, rollback, sagemaker_jobs
+from sdflow_common import job_control, names, rollback, sagemaker_jobs
 from sdflow_common.errors import SdflowError
 from sdflow_common.token_store import TokenRecord, TokenStore
 
 logger = Logger(child=True)
 
-# ListProcessingJobs / ListTrainingJobs accept MaxResults 1..100.
-LIST_PAGE_SIZE = 100
 NAMES_SHOWN = 10
 
 
 class CleanupIncomplete(SdflowError):
     """Some of a run's jobs or its endpoint could not be stopped or rolled back (the message
     lists each); the event is retried."""
-
-
-@dataclass(frozen=True)
-class _JobApi:
-    kind: str
-    prefix: str
-    list_call: str
-    summaries: str
-    name_field: str
-    stop_call: str
-    label: str
-
-
-_JOB_APIS = (
-    _JobApi(
-        "download",
-        names.DOWNLOAD_PREFIX,
-        "list_processing_jobs",
-        "ProcessingJobSummaries",
-        "ProcessingJobName",
-        "stop_processing_job",
-        "download job",
-    ),
-    _JobApi(
-        "training",
-        names.TRAINING_PREFIX,
-        "list_training_jobs",
-        "TrainingJobSummaries",
-        "TrainingJobName",
-        "stop_training_job",
-        "training job",
-    ),
-)
 
 
 @dataclass
@@ -112,53 +77,34 @@ def _job_phrase(label: str, jobs: list[str]) -> str:
     return f"{len(jobs)} {noun} ({shown}{more})"
 
 
-def _in_progress_jobs(sagemaker: Any, api: _JobApi, run_hash: str) -> list[str]:
+def _in_progress_jobs(api: job_control.JobApi, run_hash: str) -> list[str]:
     """Every InProgress job of the run (all pages listed before any is stopped, so stopping
     does not shift the pages under the listing)."""
-    call: Callable[..., dict[str, Any]] = getattr(sagemaker, api.list_call)
-    request: dict[str, Any] = {"NameContains": run_hash, "StatusEquals": "InProgress", "MaxResults": LIST_PAGE_SIZE}
-    found: list[str] = []
-    while True:
-        page = call(**request)
-        for summary in page.get(api.summaries, []):
-            name = str(summary[api.name_field])
-            # NameContains is a substring match: keep only sdflow's own names of this run.
-            if name.startswith(f"{api.prefix}-") and f"-{run_hash}-" in name:
-                found.append(name)
-        token = page.get("NextToken")
-        if not token:
-            return found
-        request["NextToken"] = token
+    # NameContains is a substring match: keep only sdflow's own names of this run.
+    return [name for name in api.in_progress(run_hash) if name.startswith(f"{api.prefix}-") and f"-{run_hash}-" in name]
 
 
-def _stop(sagemaker: Any, api: _JobApi, name: str) -> bool:
-    """True when this call stopped the job; False when it had ended already."""
-    try:
-        getattr(sagemaker, api.stop_call)(**{api.name_field: name})
-    except ClientError as exc:
-        if sagemaker_jobs.error_code(exc) in {"ValidationException", "ResourceNotFound"}:
-            logger.info("job not in progress any more", extra={"job": name, "error": str(exc)})
-            return False
-        raise
-    return True
+def _cli_name(noun: str) -> str:
+    """ "ProcessingJob" -> "processing-job", as the AWS CLI spells operations and options."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "-", noun).lower()
 
 
 def stop_jobs(sagemaker: Any, run_hash: str, report: CleanupReport) -> None:
-    for api in _JOB_APIS:
+    for api in (job_control.processing_jobs(sagemaker), job_control.training_jobs(sagemaker)):
         try:
-            jobs = _in_progress_jobs(sagemaker, api, run_hash)
+            jobs = _in_progress_jobs(api, run_hash)
         except ClientError as exc:
             report.errors.append(f"could not list the run's {api.label}s ({exc}); look for names containing {run_hash}")
             continue
         for name in jobs:
             try:
-                if _stop(sagemaker, api, name):
+                if api.stop(name):
                     report.stopped.setdefault(api.label, []).append(name)
             except ClientError as exc:
-                command = api.stop_call.replace("_", "-")
+                noun = _cli_name(api.noun)
                 report.errors.append(
-                    f"{api.label} {name} is still running ({exc}); stop it: aws sagemaker {command} "
-                    f"--{api.name_field.replace('JobName', '-job-name').lower()} {name}"
+                    f"{api.label} {name} is still running ({exc}); stop it: aws sagemaker stop-{noun} "
+                    f"--{noun}-name {name}"
                 )
 
 

@@ -6,6 +6,9 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/pip install --disable-pip-version-check -q
 CONSTRAINTS := -c requirements/constraints.txt
 STAMP := $(VENV)/.installed
+IMAGE_VENV := .venv-image
+IMAGE_BIN := $(IMAGE_VENV)/bin
+IMAGE_STAMP := $(IMAGE_VENV)/.ready
 TOOLS_STAMP := .tools/.installed
 
 .PHONY: help setup test test-unit test-image test-fast demo lint format bench schema clean
@@ -13,13 +16,21 @@ TOOLS_STAMP := .tools/.installed
 help:  ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-$(STAMP): pyproject.toml training_image/requirements.txt training_image/requirements-colossalai.txt layers/common/requirements.txt requirements/dev.txt requirements/constraints.txt
+$(STAMP): pyproject.toml layers/common/requirements.txt requirements/local.txt requirements/dev.txt requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) $(CONSTRAINTS) -r training_image/requirements.txt -r layers/common/requirements.txt -r requirements/dev.txt
-	# colossalai's metadata pins torch<=2.5.1 and diffusers==0.29: it goes on top without deps.
-	$(PIP) --no-deps $(CONSTRAINTS) -r training_image/requirements-colossalai.txt
+	$(PIP) $(CONSTRAINTS) -r layers/common/requirements.txt -r requirements/local.txt -r requirements/dev.txt
 	# the `sdflow` command (CLI + local runtime), editable so it runs this checkout's code
 	$(PIP) --no-deps -e .
+	touch $@
+
+# The job environment: the container's Python stack, from the very files the Dockerfile installs
+# (Colossal-AI 0.5.0's declared range, dependencies resolved), plus the test tools. The local
+# runtime runs download, training and serving jobs with its Python (sdflow/local/job_env.py).
+$(IMAGE_STAMP): training_image/requirements.txt training_image/requirements-colossalai.txt training_image/constraints.txt requirements/image-test.txt
+	$(PYTHON) -m venv $(IMAGE_VENV)
+	$(IMAGE_BIN)/pip install --disable-pip-version-check -q -c training_image/constraints.txt \
+		-r training_image/requirements.txt -r training_image/requirements-colossalai.txt -r requirements/image-test.txt
+	$(IMAGE_BIN)/pip check
 	touch $@
 
 # The SAM CLI and checkov each get a venv of their own, as their docs advise: in one venv
@@ -29,16 +40,17 @@ $(TOOLS_STAMP): requirements/tools-sam.txt requirements/tools-checkov.txt
 	$(PYTHON) -m venv .tools/checkov && .tools/checkov/bin/pip install --disable-pip-version-check -q -r requirements/tools-checkov.txt
 	touch $@
 
-setup: $(STAMP) $(TOOLS_STAMP)  ## create .venv and the tool venvs with the pinned requirements
+setup: $(STAMP) $(IMAGE_STAMP) $(TOOLS_STAMP)  ## create .venv (orchestration), .venv-image (jobs) and the tool venvs, pinned
 
-test: setup  ## the whole suite: unit, image and e2e tests, lint checks included (what CI runs)
+test: setup  ## the whole suite: unit, e2e and lint tests, then the image tests in the job environment (what CI runs)
 	$(BIN)/pytest
+	$(IMAGE_BIN)/pytest tests/image
 
 test-unit: setup  ## unit tests only (seconds)
 	$(BIN)/pytest tests/unit -m "not slow"
 
-test-image: setup  ## the training_image code on CPU
-	$(BIN)/pytest tests/image
+test-image: setup  ## the training_image code on CPU, in the job environment
+	$(IMAGE_BIN)/pytest tests/image
 
 demo: setup  ## the whole pipeline on this machine (local runtime), ending with a generated image
 	$(BIN)/sdflow demo
@@ -46,20 +58,23 @@ demo: setup  ## the whole pipeline on this machine (local runtime), ending with 
 lint: setup  ## ruff, mypy, cfn-lint
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy layers/common/sdflow_common training_image/sdflow_image sdflow
+	$(BIN)/mypy layers/common/sdflow_common sdflow
+	$(IMAGE_BIN)/mypy training_image/sdflow_image
 	$(BIN)/cfn-lint template.yaml
+	$(BIN)/hadolint training_image/Dockerfile
 
 format: setup  ## ruff format + autofix
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
 bench: setup  ## benchmarks: ratios measured side by side in one run
-	$(BIN)/python bench/bench_train.py
-	$(BIN)/python bench/bench_download.py
+	PYTHONPATH=training_image:. $(IMAGE_BIN)/python bench/bench_train.py
+	PYTHONPATH=training_image:. $(IMAGE_BIN)/python bench/bench_download.py
+	PYTHONPATH=training_image:. $(IMAGE_BIN)/python bench/bench_data_scale.py
 	$(BIN)/python bench/bench_local_runtime.py
 
 schema: setup  ## regenerate schemas/run-document.schema.json from the pydantic model
 	PYTHONPATH=layers/common $(BIN)/python -m sdflow_common.run_document > schemas/run-document.schema.json
 
 clean:  ## remove venvs, build output and caches
-	rm -rf $(VENV) .tools .aws-sam scratch .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(IMAGE_VENV) .tools .aws-sam scratch .pytest_cache .mypy_cache .ruff_cache

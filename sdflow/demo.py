@@ -81,7 +81,7 @@ def _upload_tree(s3: Any, bucket: str, root: Path, prefix: str) -> None:
 def prepare_inputs(cloud: Any, workdir: Path, server: Any, options: DemoOptions) -> None:
     """Parquet files and the tiny base model, uploaded where the run document says."""
     from sdflow import samples
-    from sdflow_image.tiny_model import build_tiny_pipeline
+    from sdflow.local.job_env import build_tiny_pipeline
 
     s3 = cloud.client("s3")
     bucket = cloud.outputs["DataBucketName"]

@@ -1,6 +1,8 @@
 """The training image's Dockerfile cannot be built here (no Docker engine), so its promises
-are checked by reading it: the exact pinned requirement files, the SageMaker layout, the
-base image's torch equal to the pin, and no weights baked in."""
+are checked by reading it (the exact pinned requirement files installed the same way as the
+job environment .venv-image, the SageMaker layout, the base image's torch equal to the pin and
+pinned by digest, no weights, tests or demo code baked in), and the job environment these tests
+run in is checked against the same files."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ import pytest
 pytestmark = pytest.mark.image
 
 IMAGE_DIR = Path(__file__).resolve().parents[2] / "training_image"
-REQUIREMENT_FILES = ("requirements.txt", "requirements-colossalai.txt")
+REQUIREMENT_FILES = ("requirements.txt", "requirements-colossalai.txt", "constraints.txt")
+REPO_ROOT = IMAGE_DIR.parent
 PINNED = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?==[A-Za-z0-9.+!-]+$")
 
 
@@ -101,25 +104,71 @@ def test_requirement_files_every_line_pinned_exactly() -> None:
         assert not loose, f"{name}: pin these with ==: {loose}"
 
 
-def test_dockerfile_installs_exactly_the_two_pinned_files(instructions: list[Instruction]) -> None:
+def test_dockerfile_installs_the_two_files_with_constraints_then_checks(instructions: list[Instruction]) -> None:
     installs = pip_installs(instructions)
     assert installs == [
-        ["-r", "requirements.txt"],
-        ["--no-deps", "-r", "requirements-colossalai.txt"],
-    ], f"pip installs must be exactly the two requirement files, got {installs}"
-    # both files are in the image before the RUN that installs them
-    copied = " ".join(values(instructions, "COPY")[:1]).split()
-    assert set(REQUIREMENT_FILES) <= set(copied)
+        ["-c", "constraints.txt", "-r", "requirements.txt"],
+        ["--no-build-isolation", "-c", "constraints.txt", "-r", "requirements-colossalai.txt"],
+    ], f"pip installs must be exactly the two requirement files under the constraints, got {installs}"
+    run = next(r for r in values(instructions, "RUN") if "requirements-colossalai.txt" in r)
+    assert "BUILD_EXT=1" in run, "Colossal-AI's kernels must be compiled at build time, not at every job start"
+    assert "pip check" in run, "the build must fail on a broken dependency set"
+    copied = values(instructions, "COPY")[0].split()
+    assert set(REQUIREMENT_FILES) <= set(copied), "every requirement file is in the image before the install"
+
+
+def test_makefile_builds_the_job_environment_from_the_same_files() -> None:
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    recipe = makefile[makefile.index("$(IMAGE_STAMP):") :].split("\n\n", 1)[0]
+    assert "-c training_image/constraints.txt" in recipe
+    for name in ("requirements.txt", "requirements-colossalai.txt"):
+        assert f"-r training_image/{name}" in recipe, f"the job environment must install {name}"
+    assert "pip check" in recipe
+    assert "--no-deps" not in recipe, "dependencies are resolved, not skipped"
 
 
 def test_dockerfile_base_image_torch_matches_requirement_pin(instructions: list[Instruction]) -> None:
     torch_pins = [line for line in requirement_lines("requirements.txt") if line.startswith("torch==")]
     assert len(torch_pins) == 1, torch_pins
     pin = torch_pins[0].removeprefix("torch==")
+    assert arg_defaults(instructions)["TORCH_VERSION"] == pin
     (base,) = values(instructions, "FROM")
     resolved = re.sub(r"\$\{(\w+)\}", lambda m: arg_defaults(instructions)[m.group(1)], base)
     assert resolved.startswith(f"pytorch/pytorch:{pin}-cuda"), resolved
-    assert resolved.endswith("-devel"), "Colossal-AI builds CUDA kernels at first use: nvcc is needed"
+    assert re.search(r"-devel@sha256:[0-9a-f]{64}$", resolved), "a -devel base (nvcc), pinned by digest"
+
+
+def test_dockerfile_installs_into_a_venv_not_the_system_python(instructions: list[Instruction]) -> None:
+    runs = values(instructions, "RUN")
+    assert any("-m venv --system-site-packages" in r for r in runs), "PEP 668: install into a venv"
+    env = " ".join(values(instructions, "ENV"))
+    assert re.search(r"\bPATH=/opt/ml/code/bin:/opt/venv/bin:", env)
+
+
+def test_job_environment_has_every_pinned_version() -> None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    wrong = {}
+    for name in ("requirements.txt", "requirements-colossalai.txt"):
+        for line in requirement_lines(name):
+            package, _, pin = line.partition("==")
+            package = package.split("[", 1)[0]
+            try:
+                installed = version(package)
+            except PackageNotFoundError:
+                installed = "missing"
+            if installed.split("+", 1)[0] != pin:
+                wrong[package] = f"pinned {pin}, installed {installed}"
+    assert not wrong, f"the job environment differs from the image's requirements: {wrong} (run `make setup`)"
+
+
+@pytest.mark.slow
+def test_job_environment_pip_check_is_clean() -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_dockerfile_sagemaker_layout(instructions: list[Instruction]) -> None:
@@ -144,5 +193,5 @@ def test_dockerfile_bakes_in_no_model_weights(instructions: list[Instruction]) -
         assert forbidden not in build_steps, f"the build must not fetch weights ({forbidden})"
     assert not values(instructions, "ADD"), "ADD can fetch URLs; use COPY"
     ignored = (IMAGE_DIR / ".dockerignore").read_text().split()
-    for pattern in ("**/*.safetensors", "**/*.ckpt", "**/*.bin", "**/__pycache__"):
+    for pattern in ("**/*.safetensors", "**/*.ckpt", "**/*.bin", "**/__pycache__", "sdflow_image/tiny_model.py"):
         assert pattern in ignored, f".dockerignore must exclude {pattern}"

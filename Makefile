@@ -35,12 +35,17 @@ $(IMAGE_STAMP): training_image/requirements.txt training_image/requirements-colo
 
 # The SAM CLI and checkov each get a venv of their own, as their docs advise: in one venv
 # with the rest, pip backtracks through every uvicorn release.
-$(TOOLS_STAMP): requirements/tools-sam.txt requirements/tools-checkov.txt
-	$(PYTHON) -m venv .tools/sam && .tools/sam/bin/pip install --disable-pip-version-check -q -r requirements/tools-sam.txt
-	$(PYTHON) -m venv .tools/checkov && .tools/checkov/bin/pip install --disable-pip-version-check -q -r requirements/tools-checkov.txt
+$(TOOLS_STAMP): .tools/sam/.installed .tools/checkov/.installed
 	touch $@
 
-setup: $(STAMP) $(IMAGE_STAMP) $(TOOLS_STAMP)  ## create .venv (orchestration), .venv-image (jobs) and the tool venvs, pinned
+.tools/%/.installed: requirements/tools-%.txt
+	$(PYTHON) -m venv .tools/$*
+	.tools/$*/bin/pip install --disable-pip-version-check -q -r $<
+	touch $@
+
+setup:  ## create .venv (orchestration), .venv-image (jobs) and the tool venvs, pinned
+	# The four venvs are independent and mostly wait on downloads: built side by side.
+	$(MAKE) --no-print-directory -j4 $(STAMP) $(IMAGE_STAMP) $(TOOLS_STAMP)
 
 test: setup  ## the whole suite: unit, e2e and lint tests, then the image tests in the job environment (what CI runs)
 	$(BIN)/pytest

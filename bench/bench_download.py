@@ -2,29 +2,36 @@
 img2dataset.download called directly with the same settings, on the same parquet, from the
 same local HTTP server, side by side in one run. Goal: ours >= 0.95x direct.
 
-    .venv/bin/python bench/bench_download.py --images 400
+    .venv-image/bin/python bench/bench_download.py --images 400
 
-The job adds input checks, a forked child with a deadline, moving the shards into place
-and _SUCCESS; this measures what that costs. Rounds alternate which side goes first so
-a warming page cache or a busy neighbour does not favour one side."""
+The job adds input checks, a forked child with a deadline, uploading each finished shard to
+S3 (moto's server on 127.0.0.1 here) and _SUCCESS; this measures what that costs. Rounds
+alternate which side goes first so a warming page cache or a busy neighbour does not favour
+one side."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "training_image")]
 
 from sdflow.samples import ImageServer, make_laion_parquet  # noqa: E402
 from sdflow_image import download  # noqa: E402
+
+BUCKET = "sdflow-bench"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -65,42 +72,71 @@ def successes(folder: Path) -> int:
     return sum(json.loads(p.read_text())["successes"] for p in folder.glob("*_stats.json"))
 
 
+def successes_in_s3(client: Any, prefix: str) -> int:
+    return int(json.loads(client.get_object(Bucket=BUCKET, Key=prefix + "_SUCCESS")["Body"].read())["samples"])
+
+
+@contextmanager
+def local_s3() -> Iterator[Any]:
+    """moto's S3 on 127.0.0.1, reached through AWS_ENDPOINT_URL as the local runtime gives a job."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    os.environ.update(
+        {
+            "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+    )
+    client = boto3.client("s3")
+    client.create_bucket(Bucket=BUCKET)
+    try:
+        yield client
+    finally:
+        server.stop()
+
+
 def main() -> None:
     bench = parse_args()
     work = Path(tempfile.mkdtemp(prefix="sdflow-bench-download-"))
     os.environ["SDFLOW_OPT_ML"] = str(work / "opt_ml")
     download._import_img2dataset()  # both sides measured without the one-off import
     try:
-        with ImageServer() as server:
+        with ImageServer() as server, local_s3() as s3:
             sample = make_laion_parquet(work / "input" / "urls.parquet", server, good=bench.images, seed=1)
             job_argv = [
                 "--input", str(sample.path),
-                "--image-size", str(bench.image_size), "--samples-per-shard", str(bench.samples_per_shard),
-                "--processes", str(bench.processes), "--threads", str(bench.threads), "--url-timeout", "10",
+                "--image_size", str(bench.image_size), "--samples_per_shard", str(bench.samples_per_shard),
+                "--processes", str(bench.processes), "--threads", str(bench.threads), "--url_timeout", "10",
             ]  # fmt: skip
+
+            def ours_argv(round_: int) -> list[str]:
+                output = ["--output_uri", f"s3://{BUCKET}/ours-{round_}/", "--work_dir", str(work / f"ours-{round_}")]
+                return [*job_argv, *output]
+
             for n in range(bench.warmup):
                 warm_out = work / f"warmup-{n}"
-                run_direct(
-                    download.img2dataset_options(
-                        download.parse_args([*job_argv, "--output", str(warm_out)]), sample.path, warm_out
-                    )
-                )
+                run_direct(download.img2dataset_options(download.parse_args(ours_argv(-1)), sample.path, warm_out))
             times: dict[str, list[float]] = {"direct": [], "ours": []}
             cpu: dict[str, list[float]] = {"direct": [], "ours": []}
             for round_ in range(bench.rounds):
-                direct_out, ours_out = work / f"direct-{round_}", work / f"ours-{round_}"
-                options = download.img2dataset_options(
-                    download.parse_args([*job_argv, "--output", str(direct_out)]), sample.path, direct_out
-                )
+                direct_out = work / f"direct-{round_}"
+                options = download.img2dataset_options(download.parse_args(ours_argv(round_)), sample.path, direct_out)
                 sides = [
                     ("direct", lambda o=options: run_direct(o)),
-                    ("ours", lambda d=ours_out: run_ours([*job_argv, "--output", str(d)])),
+                    ("ours", lambda r=round_: run_ours(ours_argv(r))),
                 ]
                 for name, run in sides if round_ % 2 == 0 else sides[::-1]:
                     wall, used = run()
                     times[name].append(wall)
                     cpu[name].append(used)
-                got = {"direct": successes(direct_out), "ours": successes(ours_out)}
+                got = {"direct": successes(direct_out), "ours": successes_in_s3(s3, f"ours-{round_}/")}
                 if got["direct"] != bench.images or got["ours"] != bench.images:
                     raise SystemExit(f"round {round_}: expected {bench.images} images each, got {got}")
                 print(

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "training_image"), str(REPO / "tests" / "image")]
@@ -51,9 +52,18 @@ def plain_loop(base: Path, dataset: Path, steps: int, batch: int, resolution: in
     unet = UNet2DConditionModel.from_pretrained(base, subfolder="unet", **kw).train()
     scheduler = DDPMScheduler.from_pretrained(base, subfolder="scheduler", **kw)
     optimizer = torch.optim.AdamW(unet.parameters(), lr=1e-4, weight_decay=1e-2)
-    loader, _ = make_dataloader(
-        dataset, tokenizer, resolution=resolution, batch_size=batch, num_workers=workers, shuffle_buffer=64
+    data_args = SimpleNamespace(
+        dataset_dir=str(dataset),
+        dataset_index="index.json",
+        resolution=resolution,
+        train_batch_size=batch,
+        dataloader_num_workers=workers,
+        interleave_shards=4,
+        seed=0,
+        center_crop=True,
+        random_flip=False,
     )
+    loader = make_dataloader(data_args, tokenizer, rank=0, world_size=1)
     batches = iter(loader)
     step_times = []
     for step in range(steps):
@@ -93,7 +103,7 @@ def ours(base: Path, dataset: Path, work: Path, steps: int, batch: int, resoluti
             "validation_prompts": '["a red square"]',
             "validation_inference_steps": "1",
             "dataloader_num_workers": str(workers),
-            "shuffle_buffer": "64",
+            "interleave_shards": "4",
         },
     )
     with contextlib.redirect_stdout(io.StringIO()):

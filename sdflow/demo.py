@@ -46,7 +46,7 @@ def manifest(bucket: str, options: DemoOptions) -> dict[str, Any]:
         "learning_rate": 1e-4,
         "gradient_checkpointing": False,
         "dataloader_num_workers": 0,
-        "shuffle_buffer": 64,
+        "interleave_shards": 4,
         "max_runtime_seconds": 1800,
         "validation_prompts": [DEMO_PROMPT],
     }

@@ -22,7 +22,6 @@ import os
 import re
 import shutil
 import signal
-import sys
 import tarfile
 import threading
 import time
@@ -34,6 +33,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from sdflow.local.job_env import image_python
 from sdflow.local.sagemaker_host import (
     REASON_LIMIT,
     ContainerError,
@@ -160,7 +160,7 @@ class LocalSageMaker:
         endpoint_url: str,
         listener: StatusListener,
         training_image_dir: Path | None = None,
-        python: str = sys.executable,
+        python: str | None = None,
         region: str = "us-east-1",
         *,
         extra_env: Mapping[str, str] | None = None,
@@ -174,7 +174,8 @@ class LocalSageMaker:
         self.bin_dir = self.image_dir / "bin"
         if not self.bin_dir.is_dir():
             raise LocalSageMakerError(f"{self.bin_dir} does not exist: training_image_dir must hold bin/ entrypoints")
-        self.python = python
+        # The job environment (.venv-image), not this process's: jobs run the container's stack.
+        self.python = python or image_python()
         self.region = region
         self.extra_env = dict(extra_env or {})
         self.ping_timeout_s = ping_timeout_s
@@ -220,7 +221,11 @@ class LocalSageMaker:
     # -- environment and commands -----------------------------------------------------------
 
     def _environment(
-        self, opt_ml: Path, request_env: Mapping[str, str] | None, fixed: Mapping[str, str]
+        self,
+        opt_ml: Path,
+        request_env: Mapping[str, str] | None,
+        fixed: Mapping[str, str],
+        role_arn: str | None = None,
     ) -> dict[str, str]:
         env = {key: os.environ[key] for key in PASSTHROUGH_ENV if key in os.environ}
         python_bin = str(Path(self.python).parent)
@@ -235,13 +240,24 @@ class LocalSageMaker:
                 "TRANSFORMERS_OFFLINE": "1",
                 "AWS_REGION": self.region,
                 "AWS_DEFAULT_REGION": self.region,
+                # boto3 in the container (training streams its shards from S3, downloads write theirs)
+                # must reach the local cloud's S3, as a real container reaches S3 with the job's role.
+                "AWS_ENDPOINT_URL": self._endpoint_url,
             }
         )
+        env.update(self._role_environment(role_arn))
         env.update(self.extra_env)
         env.update({str(k): str(v) for k, v in (request_env or {}).items()})
         env.update(fixed)
         env["SDFLOW_OPT_ML"] = str(opt_ml)
         return env
+
+    def _role_environment(self, role_arn: str | None) -> Mapping[str, str]:
+        """The job role's credentials, as SageMaker hands them to a container: its STS keys when the
+        local cloud enforces IAM, else the keys every local client uses."""
+        if self.role_credentials is not None and role_arn:
+            return self.role_credentials(role_arn)
+        return {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing"}
 
     def _entrypoint(self, name: str, field_name: str) -> Path:
         script = self.bin_dir / Path(name).name
@@ -461,7 +477,9 @@ class LocalSageMaker:
             local.mkdir(parents=True, exist_ok=True)  # SageMaker creates the output folders
             outputs.append((local, s3_output["S3Uri"], f"{where}.S3Output.S3Uri"))
         command = self._processing_command(request, opt_ml)
-        env = self._environment(opt_ml, request.get("Environment"), {"PROCESSING_JOB_NAME": job.name})
+        env = self._environment(
+            opt_ml, request.get("Environment"), {"PROCESSING_JOB_NAME": job.name}, request.get("RoleArn")
+        )
         max_runtime = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds", DEFAULT_MAX_RUNTIME_S)
         (opt_ml / "output").mkdir(parents=True, exist_ok=True)
         process = ContainerProcess(f"{job.name}/algo-1", command, env, job.folder, job.folder / "algo-1.log")
@@ -638,6 +656,7 @@ class LocalSageMaker:
                         "SDFLOW_MASTER_ADDR": "127.0.0.1",
                         "SDFLOW_MASTER_PORT": master_port,
                     },
+                    request.get("RoleArn"),
                 )
                 # `docker run IMAGE train` runs bin/train with no arguments: hyperparameters come from the file.
                 command = [self.python, str(script)]
@@ -813,6 +832,7 @@ class LocalSageMaker:
             opt_ml,
             container.get("Environment"),
             {"SAGEMAKER_BIND_TO_PORT": str(port), "SDFLOW_SERVE_HOST": "127.0.0.1"},
+            model.get("ExecutionRoleArn"),
         )
         script = self._entrypoint("serve", "serve entrypoint")
         process = ContainerProcess(
@@ -849,7 +869,13 @@ class LocalSageMaker:
                     if response.status == 200:
                         return
             except urllib.error.HTTPError as exc:
-                last = f"{exc.code} {exc.read()[:200].decode('utf-8', errors='replace')}"
+                last = f"{exc.code} {exc.read()[:500].decode('utf-8', errors='replace')}"
+                # 503 means "still loading, ask again"; serve answers 500 only when the model can
+                # never load, so waiting out ping_timeout_s would only delay the same failure.
+                if exc.code == 500:
+                    raise DeploymentFailed(
+                        f"serve answered GET /ping with {last}; see {deployment.process.log_path}"
+                    ) from None
             except (urllib.error.URLError, OSError) as exc:
                 last = str(exc)
             time.sleep(0.25)

@@ -38,8 +38,8 @@ BUCKET = "sdflow-e2e"
 RUN = "runs/e2e-run"
 LOSS_METRIC = {"Name": "train:loss", "Regex": "loss=([0-9.eE+-]+)"}
 DOWNLOAD_ARGS = (
-    "--input /opt/ml/processing/input/parquet --output /opt/ml/processing/output --url-col URL --caption-col TEXT "
-    "--image-size 32 --resize-mode center_crop --samples-per-shard 100 --processes 1 --threads 4 --url-timeout 5"
+    "--input /opt/ml/processing/input/parquet --work_dir /opt/ml/processing/work --url_col URL --caption_col TEXT "
+    "--image_size 32 --resize_mode center_crop --samples_per_shard 100 --processes 1 --threads 4 --url_timeout 5"
 )
 TERMINAL = {"Completed", "Failed", "Stopped"}
 TRAIN_HP = {
@@ -56,7 +56,7 @@ TRAIN_HP = {
     "validation_prompts": '["a red square on a blue background"]',
     "validation_inference_steps": "1",
     "dataloader_num_workers": "0",
-    "shuffle_buffer": "4",
+    "interleave_shards": "4",
 }
 
 
@@ -164,7 +164,9 @@ def download_request(
             "ContainerEntrypoint": ["download"],
             "ContainerArguments": [
                 *DOWNLOAD_ARGS.split(),
-                "--deadline-seconds",
+                "--output_uri",
+                f"s3://{BUCKET}/{output_prefix}",
+                "--deadline_seconds",
                 str(deadline),
             ],
         },
@@ -179,18 +181,6 @@ def download_request(
                 },
             }
         ],
-        "ProcessingOutputConfig": {
-            "Outputs": [
-                {
-                    "OutputName": "shards",
-                    "S3Output": {
-                        "S3Uri": f"s3://{BUCKET}/{output_prefix}",
-                        "LocalPath": "/opt/ml/processing/output",
-                        "S3UploadMode": "EndOfJob",
-                    },
-                }
-            ]
-        },
         "StoppingCondition": {"MaxRuntimeInSeconds": max_runtime},
         "RoleArn": "arn:aws:iam::000000000000:role/sdflow",
     }
@@ -299,9 +289,9 @@ def test_processing_parquet_without_url_column_fails_naming_column(
     sagemaker.run_processing_job(download_request(name, "datasets/bad.parquet", f"{RUN}/bad/"))
     fields = listener.wait_for("processing", name, TERMINAL, timeout=120)
     assert fields["_status"] == "Failed"
-    assert "column 'URL' (--url-col) is not in bad.parquet" in fields["FailureReason"]
+    assert "column 'URL' (--url_col) is not in bad.parquet" in fields["FailureReason"]
     assert len(fields["FailureReason"]) <= 1024
-    assert _keys(s3, f"{RUN}/bad/") == [], "a failed job uploads nothing (EndOfJob)"
+    assert _keys(s3, f"{RUN}/bad/") == [], "a job failing its input checks uploads nothing"
 
 
 def test_processing_missing_input_object_fails_with_client_error(
@@ -337,7 +327,7 @@ def test_processing_past_max_runtime_fails_and_kills_process_group(
 
 @pytest.fixture(scope="module")
 def tiny_model_in_s3(s3: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
-    from sdflow_image.tiny_model import build_tiny_pipeline
+    from sdflow.local.job_env import build_tiny_pipeline
 
     folder = build_tiny_pipeline(tmp_path_factory.mktemp("tiny") / "model")
     for path in folder.rglob("*"):
@@ -557,6 +547,33 @@ def test_endpoint_create_with_missing_artifact_fails(moto_url: str, s3: Any, tmp
     assert "missing/model.tar.gz" in fields["FailureReason"]
     assert events.statuses("endpoint", "e2e-broken") == ["Creating", "Failed"]
     assert local.endpoint_url("e2e-broken") is None
+
+
+def test_endpoint_create_with_unloadable_model_fails_at_once_with_the_cause(
+    moto_url: str, s3: Any, tmp_path: Path
+) -> None:
+    # An artifact that is there but holds no pipeline: serve's /ping answers 500 with the cause.
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        data = b"not a model"
+        info = tarfile.TarInfo("README.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    s3.put_object(Bucket=BUCKET, Key="unloadable/model.tar.gz", Body=buffer.getvalue())
+    events = RecordingListener()
+    local = LocalSageMaker(tmp_path / "work", moto_url, events, ping_timeout_s=120)
+    started = time.monotonic()
+    try:
+        local.deploy_endpoint(
+            "e2e-unloadable", _config("cfg-u", "m"), _model("m", f"s3://{BUCKET}/unloadable/model.tar.gz")
+        )
+        fields = events.wait_for("endpoint", "e2e-unloadable", {"InService", "Failed"}, timeout=60)
+    finally:
+        local.shutdown()
+    assert fields["_status"] == "Failed"
+    assert "500" in fields["FailureReason"]
+    assert "model_index.json missing" in fields["FailureReason"]
+    assert time.monotonic() - started < 60, "a model that cannot load must not wait out the ping timeout"
 
 
 def test_shutdown_stops_running_processing_job(

@@ -23,6 +23,7 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from sdflow_image import serve
+from sdflow_image.serve_model import StepTiming
 from sdflow_image.tiny_model import build_tiny_pipeline
 from tests.conftest import free_port
 
@@ -125,7 +126,7 @@ def test_parse_args_environment_sets_model_dir_port_and_host(opt_ml: Path, monke
     assert (settings.port, settings.host) == (9123, "127.0.0.1")
     monkeypatch.delenv("SAGEMAKER_BIND_TO_PORT")
     monkeypatch.delenv("SDFLOW_SERVE_HOST")
-    defaults = serve.settings_from_args(serve.parse_args(["--max-queue", "2"]))
+    defaults = serve.settings_from_args(serve.parse_args(["--max_queue", "2"]))
     assert (defaults.port, defaults.host, defaults.max_queue) == (8080, "0.0.0.0", 2)
 
 
@@ -148,12 +149,16 @@ def test_ping_while_loading_returns_503_then_200_once_loaded(opt_ml: Path) -> No
         assert client.post("/invocations", json={"prompt": "a red square", **FAST}).status_code == 200
 
 
-def test_ping_model_missing_returns_503_naming_the_problem(tmp_path: Path) -> None:
+def test_ping_model_missing_returns_500_naming_the_problem(tmp_path: Path) -> None:
     settings = serve.ServeSettings(model_dir=tmp_path / "model")
     with TestClient(serve.create_app(settings)) as client:
         body = _wait_for_ping_status(client, "failed")
+        assert client.get("/ping").status_code == 500
         assert "model_index.json" in body["error"]
         assert str(tmp_path / "model") in body["error"]
+        invoked = client.post("/invocations", json={"prompt": "a cat", **FAST})
+        assert invoked.status_code == 500
+        assert "model_index.json" in invoked.json()["error"]
 
 
 def _wait_for_ping_status(client: TestClient, status: str) -> dict[str, Any]:
@@ -292,7 +297,8 @@ def test_invocations_concurrent_requests_all_succeed_one_at_a_time(
 def fake_served() -> Iterator[tuple[TestClient, FakePipeline]]:
     fake = FakePipeline()
     settings = serve.ServeSettings(model_dir=Path("/nonexistent"), max_queue=0)
-    with TestClient(serve.create_app(settings, loader=lambda s: fake)) as client:
+    timing = StepTiming(size=64, step_s=0.001, overhead_s=0.001)
+    with TestClient(serve.create_app(settings, loader=lambda s: fake, calibrator=lambda p, size: timing)) as client:
         _wait_for_ping(client, 200)
         yield client, fake
         fake.release.set()
@@ -362,7 +368,12 @@ def test_serve_process_sigterm_finishes_in_flight_request_and_exits_0(opt_ml: Pa
     )
     lines: queue.Queue[str] = queue.Queue()
     log: list[str] = []
-    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr or []], daemon=True)
+
+    def read_log() -> None:
+        for line in proc.stderr or []:
+            lines.put(line)
+
+    reader = threading.Thread(target=read_log, daemon=True)
     reader.start()
     base = f"http://127.0.0.1:{port}"
     try:

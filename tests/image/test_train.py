@@ -14,12 +14,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from train_fixtures import index_in_channel, write_dataset_channel, write_job_config
 
 from sdflow_image import train as train_module
-from sdflow_image.data import DatasetIndexError, load_index, split_work
 from sdflow_image.tiny_model import build_tiny_pipeline
 from tests.conftest import free_port
 
@@ -49,7 +49,7 @@ BASE_HP = {
     "validation_prompts": '["a red square on a blue background"]',
     "validation_inference_steps": "2",
     "dataloader_num_workers": "0",
-    "shuffle_buffer": "8",
+    "interleave_shards": "2",
 }
 
 
@@ -164,6 +164,55 @@ def test_train_rerun_after_stop_resumes_from_checkpoint_step(resumed_run: dict) 
     assert kept == [stopped_at, stopped_at + 1]
 
 
+def _loader_args(opt_ml: Path) -> Any:
+    hp = json.loads((opt_ml / "input" / "config" / "hyperparameters.json").read_text())
+    data = opt_ml / "input" / "data"
+    return train_module.parse_args(
+        ["--dataset_dir", str(data / "dataset"), "--pretrained_model_name_or_path", str(data / "base_model")],
+        hyperparameters=hp,
+    )
+
+
+@pytest.mark.slow
+def test_train_resumed_run_continues_data_stream_where_it_stopped(resumed_run: dict) -> None:
+    from transformers import CLIPTokenizer
+
+    from sdflow_image.data import make_dataloader
+
+    assert resumed_run["result"].returncode == 0, resumed_run["result"].stdout[-3000:]
+    opt_ml, stopped_at = resumed_run["opt_ml"], resumed_run["stopped_at"]
+    saved = {
+        step: json.loads((path / "data_state_rank0.json").read_text())
+        for step, path in train_module.list_checkpoints(opt_ml / "checkpoints")
+    }
+    args = _loader_args(opt_ml)
+    tokenizer = CLIPTokenizer.from_pretrained(args.pretrained_model_name_or_path, subfolder="tokenizer")
+
+    def position_after(batches: int) -> dict:
+        loader = make_dataloader(args, tokenizer, rank=0, world_size=1)
+        stream = iter(loader)
+        for _ in range(batches):
+            next(stream)
+        return loader.state_dict()
+
+    # One batch per step: the stream after step s+1 of the resumed run is the uninterrupted
+    # stream's after s+1 batches (no repeats, no skips), not a fresh stream's after one batch.
+    assert saved[stopped_at] == position_after(stopped_at)
+    assert saved[stopped_at + 1] == position_after(stopped_at + 1)
+    assert saved[stopped_at + 1] != position_after(1)
+
+
+@pytest.mark.slow
+def test_train_checkpoint_is_marked_complete_with_every_file_and_size(resumed_run: dict) -> None:
+    _, path = train_module.list_checkpoints(resumed_run["opt_ml"] / "checkpoints")[-1]
+    marker = json.loads((path / "COMPLETE.json").read_text())
+    on_disk = {p.relative_to(path).as_posix(): p.stat().st_size for p in path.rglob("*") if p.is_file()}
+    on_disk.pop("COMPLETE.json")
+    assert marker["files"] == on_disk
+    assert {"trainer_state.json", "data_state_rank0.json", "optimizer.bin", "lr_scheduler.pt", "ema.pt"} <= set(on_disk)
+    assert not list((resumed_run["opt_ml"] / ".checkpoints-staging").iterdir()), "staging is emptied by the rename"
+
+
 @pytest.mark.slow
 def test_train_single_process_writes_loadable_pipeline_and_summary(resumed_run: dict) -> None:
     import torch
@@ -179,6 +228,13 @@ def test_train_single_process_writes_loadable_pipeline_and_summary(resumed_run: 
     last_loss = float(STEP_LINE.findall(resumed_run["result"].stdout)[-1][1])
     assert summary["final_loss"] == pytest.approx(last_loss, rel=1e-4)
     assert list(model_dir.glob("unet/*.safetensors")), "the UNet must be saved as safetensors"
+    info = json.loads((model_dir / "sdflow_model.json").read_text())
+    assert info == {
+        "resolution": 64,
+        "dtype": "float32",
+        "steps": summary["steps"],
+        "base_model": str(resumed_run["opt_ml"] / "input" / "data" / "base_model"),
+    }
     assert not list(model_dir.rglob("*.bin"))
     with Image.open(model_dir / "loss.png") as loss_png:
         assert loss_png.size[0] > 100
@@ -200,14 +256,15 @@ def test_train_single_process_writes_loadable_pipeline_and_summary(resumed_run: 
 
 
 @pytest.mark.slow
-def test_train_two_hosts_torch_ddp_rank0_writes_model(
+def test_train_two_hosts_torch_ddp_bf16_accumulating_rank0_writes_half_precision_model(
     tmp_path: Path, tiny_base_model: Path, dataset_channel: Path
 ) -> None:
     hosts = ["algo-1", "algo-2"]
+    hp = {**BASE_HP, "mixed_precision": "bf16", "gradient_accumulation_steps": "2"}
     opt_mls = [
         write_job_config(
             tmp_path / host,
-            BASE_HP,
+            hp,
             dataset_dir=dataset_channel,
             base_model_dir=tiny_base_model,
             hosts=hosts,
@@ -225,8 +282,14 @@ def test_train_two_hosts_torch_ddp_rank0_writes_model(
     assert "world_size=2" in outputs[0]
     summary = json.loads((opt_mls[0] / "model" / "training_summary.json").read_text())
     assert summary["world_size"] == 2
-    assert summary["samples_seen"] == 2 * 2 * 2  # steps x batch x ranks
+    assert summary["samples_seen"] == 2 * 2 * 2 * 2  # steps x batch x ranks x accumulation
     assert (opt_mls[0] / "model" / "model_index.json").is_file()
+    # Trained in bf16, saved in bf16 (half the bytes), and the metadata says so.
+    assert json.loads((opt_mls[0] / "model" / "sdflow_model.json").read_text())["dtype"] == "bfloat16"
+    from safetensors.torch import load_file
+
+    unet_weights = load_file(next((opt_mls[0] / "model" / "unet").glob("*.safetensors")))
+    assert {str(t.dtype) for t in unet_weights.values()} == {"torch.bfloat16"}
     assert not (opt_mls[1] / "model" / "model_index.json").exists(), "only rank 0 writes the model"
 
 
@@ -258,15 +321,21 @@ def test_train_missing_index_fails_with_channel_error(tmp_path: Path, tiny_base_
         train_module.check_inputs(args, cuda=False)
 
 
-def test_train_gemini_on_cpu_fails_with_plugin_error(
-    tmp_path: Path, tiny_base_model: Path, dataset_channel: Path
+@pytest.mark.parametrize(
+    ("plugin", "stop"),
+    [("gemini", "No usable kernel found for CPUAdamLoader"), ("low_level_zero", "device is required")],
+)
+def test_train_zero_plugin_on_cpu_fails_with_plugin_error_naming_colossalai_stop(
+    tmp_path: Path, tiny_base_model: Path, dataset_channel: Path, plugin: str, stop: str
 ) -> None:
     args = train_module.parse_args(
         ["--dataset_dir", str(dataset_channel), "--pretrained_model_name_or_path", str(tiny_base_model)],
-        hyperparameters={"plugin": "gemini", "mixed_precision": "bf16", "dataset_index": index_in_channel(RUN)},
+        hyperparameters={"plugin": plugin, "mixed_precision": "bf16", "dataset_index": index_in_channel(RUN)},
     )
-    with pytest.raises(train_module.PluginError, match="plugin=gemini needs CUDA"):
+    with pytest.raises(train_module.PluginError, match=f"plugin={plugin} needs CUDA") as caught:
         train_module.check_inputs(args, cuda=False)
+    assert stop in str(caught.value)
+    train_module.check_inputs(args, cuda=True)  # the same settings pass where CUDA is
 
 
 @pytest.mark.parametrize(
@@ -296,70 +365,34 @@ def test_parse_args_strings_become_typed_and_cli_wins() -> None:
     assert args.use_ema is True
 
 
-# --- data splitting -------------------------------------------------------------------------
+# --- EMA on Colossal-AI's pinned diffusers 0.29 + transformers 4.51 ----------------------------
 
 
-def test_split_work_fewer_shards_than_ranks_splits_samples_disjointly() -> None:
-    shards = [Path("a.tar")]
-    seen = set()
-    for rank in range(2):
-        for worker in range(2):
-            mine, modulo, slot = split_work(shards, rank, 2, worker, 2)
-            assert mine == shards
-            seen.add((modulo, slot))
-    assert seen == {(4, 0), (4, 1), (4, 2), (4, 3)}
+def test_make_ema_step_averages_where_diffusers_own_step_raises(tiny_base_model: Path) -> None:
+    import torch
+    from diffusers import UNet2DConditionModel
+    from diffusers.training_utils import EMAModel
+
+    from sdflow_image.training import model
+
+    unet = UNet2DConditionModel.from_pretrained(tiny_base_model, subfolder="unet")
+    stock = EMAModel(unet.parameters(), decay=0.9)
+    with pytest.raises(AttributeError, match="has no attribute deepspeed"):
+        stock.step(unet.parameters())
+    ema = model.make_ema(unet, 0.9, torch.device("cpu"))
+    ema.step(unet.parameters())  # diffusers' warm-up: the first step's decay is 0
+    before = [p.detach().clone() for p in ema.shadow_params]
+    with torch.no_grad():
+        for param in unet.parameters():
+            param.add_(1.0)
+    ema.step(unet.parameters())
+    decay = ema.cur_decay_value
+    assert 0 < decay < 1
+    for old, new, param in zip(before, ema.shadow_params, unet.parameters(), strict=True):
+        torch.testing.assert_close(new, old - (1 - decay) * (old - param.detach()))
 
 
-def test_split_work_enough_shards_gives_each_rank_different_shards() -> None:
-    shards = [Path(f"{i}.tar") for i in range(4)]
-    rank0, _, _ = split_work(shards, 0, 2, 0, 1)
-    rank1, _, _ = split_work(shards, 1, 2, 0, 1)
-    assert set(rank0).isdisjoint(rank1)
-    assert set(rank0) | set(rank1) == set(shards)
-
-
-def test_load_index_manifest_layout_resolves_tars_of_earlier_runs(dataset_channel: Path) -> None:
-    index = load_index(dataset_channel, index_in_channel(RUN))
-    assert index.shards == [
-        dataset_channel / EARLIER_RUN / "dataset" / "shards" / "00000" / "00000.tar",
-        dataset_channel / RUN / "dataset" / "shards" / "00001" / "00000.tar",
-    ]
-    assert all(p.is_file() for p in index.shards)
-    assert index.total_samples == 12
-
-
-def test_load_index_flat_layout_still_reads_index_at_channel_root(tmp_path: Path) -> None:
-    channel = write_dataset_channel(tmp_path / "dataset", shards=2, samples_per_shard=3)
-    index = load_index(channel)
-    assert index.shards == [channel / "shards" / f"{i:05d}" / "00000.tar" for i in range(2)]
-    assert index.total_samples == 6
-
-
-def test_load_index_manifest_layout_without_dataset_index_names_the_hyperparameter(dataset_channel: Path) -> None:
-    with pytest.raises(DatasetIndexError, match=r"index\.json is missing: .*dataset_index \(now 'index\.json'\)"):
-        load_index(dataset_channel)
-
-
-@pytest.mark.parametrize("index_path", ["../index.json", "/etc/index.json", ""])
-def test_load_index_index_path_outside_channel_raises(dataset_channel: Path, index_path: str) -> None:
-    with pytest.raises(DatasetIndexError, match="must be a path relative to the dataset channel"):
-        load_index(dataset_channel, index_path)
-
-
-def test_load_index_tar_path_outside_channel_raises(tmp_path: Path) -> None:
-    channel = write_dataset_channel(tmp_path / "dataset", shards=1, samples_per_shard=2)
-    index = json.loads((channel / "index.json").read_text())
-    index["shards"][0]["tar_files"] = ["../elsewhere/00000.tar"]
-    (channel / "index.json").write_text(json.dumps(index))
-    with pytest.raises(DatasetIndexError, match=r"tar file '\.\./elsewhere/00000\.tar' must be a path relative"):
-        load_index(channel)
-
-
-def test_load_index_tar_missing_from_channel_raises_naming_it(tmp_path: Path) -> None:
-    channel = write_dataset_channel(tmp_path / "dataset", shards=2, samples_per_shard=2, run=RUN)
-    (channel / RUN / "dataset" / "shards" / "00001" / "00000.tar").unlink()
-    with pytest.raises(DatasetIndexError, match=r"1 tar file\(s\) listed in .* are missing, e\.g\. .*00001/00000\.tar"):
-        load_index(channel, index_in_channel(RUN))
+# --- early checks of the dataset index (the index itself: tests/image/test_data.py) ----------
 
 
 def test_check_inputs_reads_index_at_dataset_index_hyperparameter(tiny_base_model: Path, dataset_channel: Path) -> None:

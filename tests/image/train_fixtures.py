@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,3 +98,20 @@ def write_job_config(
         if not link.exists():
             link.symlink_to(target, target_is_directory=True)
     return opt_ml
+
+
+@contextlib.contextmanager
+def gloo_world_of_one() -> Iterator[None]:
+    """A process group of one (gloo, CPU) in this process, as `colossalai.launch_from_torch` makes it
+    under torchrun; Colossal-AI's plugins need one to be built."""
+    import colossalai
+    import torch.distributed as dist
+
+    from tests.conftest import free_port
+
+    colossalai.launch(rank=0, world_size=1, host="127.0.0.1", port=free_port(), backend="gloo", verbose=False)
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -117,7 +117,10 @@ def test_start_download_creates_named_job_and_claims_token(
     assert download_job_names(mocked_aws) == [expected]
     job = mocked_aws.sagemaker.describe_processing_job(ProcessingJobName=expected)
     assert job["AppSpecification"]["ContainerEntrypoint"] == ["download"]
-    assert job["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]["S3Uri"] == event["shard"]["output_uri"]
+    # the container writes the shard to its output_uri itself (no ProcessingOutput)
+    arguments = job["AppSpecification"]["ContainerArguments"]
+    assert arguments[arguments.index("--output_uri") + 1] == event["shard"]["output_uri"]
+    assert "ProcessingOutputConfig" not in job
     assert tags_of(mocked_aws, job["ProcessingJobArn"]) == {
         "sdflow:execution": event["run_id"],
         "sdflow:run": run_hash(event),

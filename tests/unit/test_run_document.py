@@ -237,7 +237,7 @@ def test_hyperparameters_are_all_strings_parsed_back_to_their_values() -> None:
     assert float(hyper["learning_rate"]) == pytest.approx(2e-4)
     assert int(hyper["max_train_steps"]) == training.max_train_steps
     assert json.loads(hyper["validation_prompts"]) == ["a", "b c"]
-    assert set(hyper) >= {"plugin", "mixed_precision", "resolution", "seed", "shuffle_buffer"}
+    assert set(hyper) >= {"plugin", "mixed_precision", "resolution", "seed", "interleave_shards"}
 
 
 def test_parse_s3_uri_splits_bucket_and_key() -> None:

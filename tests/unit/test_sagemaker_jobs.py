@@ -72,28 +72,51 @@ def test_processing_job_request_follows_download_contract() -> None:
     as_pairs = dict(zip(args[::2], args[1::2], strict=True))
     assert as_pairs == {
         "--input": "/opt/ml/processing/input/parquet",
-        "--output": "/opt/ml/processing/output",
-        "--url-col": "url",
-        "--caption-col": "caption",
-        "--image-size": "384",
-        "--resize-mode": "center_crop",
-        "--samples-per-shard": "1000",
+        "--output_uri": f"s3://{DATA_BUCKET}/runs/{RUN_ID}/dataset/shards/00003/",
+        "--work_dir": "/opt/ml/processing/work",
+        "--shard_id": "00003",
+        "--url_col": "url",
+        "--caption_col": "caption",
+        "--image_size": "384",
+        "--resize_mode": "center_crop",
+        "--samples_per_shard": "1000",
         "--processes": "2",
         "--threads": "8",
-        "--url-timeout": "10",
-        "--deadline-seconds": "3300",
+        "--url_timeout": "10",
+        "--deadline_seconds": "3300",
     }
     s3_input = request["ProcessingInputs"][0]["S3Input"]
     assert s3_input["S3Uri"].endswith("part-00003.parquet")
     assert s3_input["LocalPath"] == "/opt/ml/processing/input/parquet"
-    output = request["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]
-    assert output["S3Uri"].endswith("/dataset/shards/00003/")
-    assert output["S3UploadMode"] == "EndOfJob"
+    # the container uploads each finished shard itself: no SageMaker upload at the job's end
+    assert "ProcessingOutputConfig" not in request
     assert request["NetworkConfig"]["EnableNetworkIsolation"] is False
     assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 3600}
     assert request["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 1
     assert {"Key": "sdflow:execution", "Value": RUN_ID} in request["Tags"]
     assert {"Key": "sdflow:run", "Value": RUN_HASH} in request["Tags"]
+
+
+def test_download_volume_defaults_hold_input_and_two_shards_per_process() -> None:
+    # 4 processes x 2 shards x 1,000 samples x 256^2 px x 1 byte/px = 0.52 GB, plus 10 GB for the input
+    assert sagemaker_jobs.download_volume_gb(DownloadOptions()) == 11
+    request = processing_request(DownloadOptions())
+    assert request["ProcessingResources"]["ClusterConfig"]["VolumeSizeInGB"] == 11
+
+
+def test_download_volume_grows_with_shard_size_not_shard_count() -> None:
+    small = sagemaker_jobs.download_volume_gb(DownloadOptions(samples_per_shard=1000, image_size=512))
+    large = sagemaker_jobs.download_volume_gb(DownloadOptions(samples_per_shard=10_000, image_size=512))
+    assert large > small
+    # 4 processes x 2 x 10,000 x 512^2 = 21 GB of shards + 10 GB input
+    assert large == 31
+
+
+def test_download_volume_over_sagemaker_limit_names_the_fields() -> None:
+    options = DownloadOptions(samples_per_shard=100_000, image_size=2048, processes=96)
+    with pytest.raises(sagemaker_jobs.DownloadVolumeTooLarge, match=r"download\.samples_per_shard=100000") as caught:
+        sagemaker_jobs.download_volume_gb(options)
+    assert "16384 GB (VolumeSizeInGB)" in str(caught.value)
 
 
 @pytest.mark.parametrize("max_runtime", [60, 600, 3600, 28 * 24 * 3600])
@@ -114,7 +137,6 @@ def test_training_job_request_on_demand_has_no_spot_fields() -> None:
     assert all(isinstance(value, str) for value in request["HyperParameters"].values())
     channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"] for c in request["InputDataConfig"]}
     assert {name: source["S3Uri"] for name, source in channels.items()} == {
-        "dataset": f"s3://{DATA_BUCKET}/runs/{RUN_ID}/dataset/manifest.json",
         "base_model": f"s3://{DATA_BUCKET}/models/tiny-sd/",
     }
     assert channels["base_model"]["S3DataType"] == "S3Prefix"
@@ -126,29 +148,32 @@ def test_training_job_request_on_demand_has_no_spot_fields() -> None:
     assert request["AlgorithmSpecification"]["MetricDefinitions"] == [
         {"Name": "train:loss", "Regex": "loss=([0-9.eE+-]+)"}
     ]
-    assert request["EnableNetworkIsolation"] is True
+    assert request["EnableNetworkIsolation"] is False  # the container streams its shards from S3
     assert request["EnableInterContainerTrafficEncryption"] is True
     assert request["RetryStrategy"] == {"MaximumRetryAttempts": 2}
 
 
-def test_training_job_request_dataset_channel_is_the_manifest_and_names_the_index() -> None:
-    """A resumed run's shards live in earlier runs' folders: only build_index's manifest (prefix
-    `s3://<bucket>/runs/`) reaches them, and the container finds index.json at `dataset_index`."""
+def test_training_job_request_streams_dataset_from_runs_prefix_without_a_channel() -> None:
+    """No dataset channel (File mode would copy every shard to every node before step 0): the
+    container reads index.json at `dataset_index` below `dataset_dir` = `s3://<bucket>/runs/`, the root
+    of every tar path in the index, so a resumed run's shards in earlier runs' folders are reached too."""
     request = training_request(run_document())
     assert_valid_request("CreateTrainingJob", request)
-    dataset = next(c for c in request["InputDataConfig"] if c["ChannelName"] == "dataset")
-    assert dataset == {
-        "ChannelName": "dataset",
-        "DataSource": {
-            "S3DataSource": {
-                "S3DataType": "ManifestFile",
-                "S3Uri": f"s3://{DATA_BUCKET}/runs/{RUN_ID}/dataset/manifest.json",
-                "S3DataDistributionType": "FullyReplicated",
-            }
-        },
-        "InputMode": "File",
-    }
-    assert request["HyperParameters"]["dataset_index"] == f"{RUN_ID}/dataset/index.json"
+    assert [c["ChannelName"] for c in request["InputDataConfig"]] == ["base_model"]
+    hyperparameters = request["HyperParameters"]
+    assert hyperparameters["dataset_dir"] == f"s3://{DATA_BUCKET}/runs/"
+    assert hyperparameters["dataset_index"] == f"{RUN_ID}/dataset/index.json"
+    assert all(isinstance(value, str) for value in hyperparameters.values())
+
+
+def test_training_job_request_passes_checkpoint_uri_for_pruning() -> None:
+    request = training_request(run_document())
+    assert request["HyperParameters"]["checkpoint_s3_uri"] == request["CheckpointConfig"]["S3Uri"]
+
+
+def test_training_job_request_volume_is_run_documents_whatever_the_dataset() -> None:
+    request = training_request(run_document(training={"volume_size_gb": 75}))
+    assert request["ResourceConfig"]["VolumeSizeInGB"] == 75
 
 
 def test_training_job_request_dataset_outside_runs_folder_raises_naming_it() -> None:

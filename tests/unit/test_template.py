@@ -622,3 +622,15 @@ def test_template_state_machine_may_redrive_its_map_run_children(template: dict[
         child.replace(STACK, "other"),
     ):
         assert not _allows(template, "PipelineStateMachine", "states:RedriveExecution", other), other
+
+
+def test_template_jobs_may_delete_only_checkpoints(template: dict[str, Any]) -> None:
+    # The trainer prunes its old checkpoints in S3 (SageMaker's checkpoint sync only adds files).
+    checkpoint = "arn:aws:s3:::sdflow-data/runs/run-1/checkpoints/sdf-x-r0-a1/checkpoint-00000500/unet/a.safetensors"
+    assert _allows(template, "SageMakerExecutionRole", "s3:DeleteObject", checkpoint)
+    for other in (
+        "arn:aws:s3:::sdflow-data/runs/run-1/dataset/shards/00000/00000.tar",
+        "arn:aws:s3:::sdflow-data/runs/run-1/model/model.tar.gz",
+        "arn:aws:s3:::sdflow-data/manifests/run.json",
+    ):
+        assert not _allows(template, "SageMakerExecutionRole", "s3:DeleteObject", other), other

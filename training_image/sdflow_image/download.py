@@ -1,16 +1,21 @@
-"""The download job: one LAION-style parquet file -> webdataset shards, with img2dataset.
+"""The download job: one LAION-style parquet file -> webdataset shards in S3, with img2dataset.
 
 SageMaker runs it as a processing job (`ContainerEntrypoint = ["download"]`, arguments in
 docs/contracts.md, "The download job"). What it promises:
 - the parquet is checked before anything is downloaded (readable, has rows, has the named
-  columns), so a bad input fails in seconds with a message that names the problem;
+  columns), and the shard's S3 prefix (--output_uri) is listed, so a bad input or an unusable
+  bucket fails in seconds with a message that names the problem;
+- each shard goes to --output_uri as soon as img2dataset finishes it (tar, parquet, then its
+  stats file), and its local tar and parquet are deleted then: the disk holds only the shards in
+  progress (one per img2dataset process), never the whole dataset (sdflow_image.shard_upload);
+- a shard img2dataset has not finished never reaches S3;
 - img2dataset runs in a child process with its own process group, and the whole group is
-  killed at --deadline-seconds: a URL can hang img2dataset forever (img2dataset#437), and
+  killed at --deadline_seconds: a URL can hang img2dataset forever (img2dataset#437), and
   a per-URL timeout alone does not prevent it;
-- `_SUCCESS` (JSON totals) is written last, after the shards are in place, and a run on an
-  output folder that already has it does nothing: retries and reruns are free;
-- work happens in a folder inside --output; a crash leaves finished shards there for the
-  next run (img2dataset resumes from them) and never a half-written `_SUCCESS`.
+- `_SUCCESS` (JSON totals) is written last, after every shard is in S3, and a run on a prefix
+  that already has it does nothing: retries and reruns are free;
+- a retried job (SageMaker starts it on an empty volume) lists --output_uri and skips every
+  shard that is complete there: it downloads only what is missing.
 Any error goes to the SageMaker failure file (and the processing job's ExitMessage file),
 and the exit status is non-zero."""
 
@@ -23,7 +28,6 @@ import logging
 import math
 import multiprocessing
 import os
-import re
 import shutil
 import signal
 import sys
@@ -33,27 +37,22 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn
+from typing import Any
 
-from sdflow_image import contract
+from sdflow_image import contract, flags
+from sdflow_image.shard_upload import SUCCESS_FILE, S3Prefix, ShardUploader, read_stats
 
 LOG = logging.getLogger("sdflow.download")
 
-SUCCESS_FILE = "_SUCCESS"
-WORK_DIR = "_sdflow_work"  # inside --output; removed once the shards are published
 RESIZE_MODES = ("no", "keep_ratio", "keep_ratio_largest", "center_crop", "border")
-# img2dataset names shards with 5 digits (oom_shard_count=5): NNNNN.tar, NNNNN_stats.json, NNNNN.parquet
-SHARD_FILE = re.compile(r"^(\d{5,})(\.tar|_stats\.json|\.parquet)$")
-STATS_FILE = re.compile(r"^(\d{5,})_stats\.json$")
 EXIT_MESSAGE_LIMIT = 1024  # bytes DescribeProcessingJob keeps as ExitMessage
+# How often finished shards are looked for while img2dataset runs: a shard waits at most this
+# long on the disk before its upload starts.
+UPLOAD_POLL_SECONDS = 0.5
 
 
 class DownloadError(RuntimeError):
     """The download job cannot produce the shard; the message says why and what to change."""
-
-
-class InvalidArguments(DownloadError):
-    pass
 
 
 class InputNotFound(DownloadError):
@@ -88,87 +87,73 @@ class Terminated(DownloadError):
     """SIGTERM: SageMaker is stopping the job."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # argparse would print and exit 2; raising lets main() put the reason in the failure file.
-        raise InvalidArguments(f"{message} (see `download --help`)")
-
-
-def _positive_int(text: str) -> int:
+def s3_uri(text: str) -> str:
     try:
-        value = int(text)
+        return S3Prefix.parse(text).uri
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+        raise ValueError("is not an S3 URI (expected s3://<bucket>/<shard prefix>/)") from None
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+def _path(text: str) -> Path:
+    if not text.strip():
+        raise ValueError("is empty; expected a path")
+    return Path(text)
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}") from None
-    if not value > 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"expected a positive, finite number of seconds, got {text}")
-    return value
+FLAGS: list[flags.Flag] = [
+    flags.Flag(
+        "input",
+        _path,
+        None,
+        "the parquet file, or a folder holding exactly one parquet file (the processing input)",
+        required=True,
+    ),
+    flags.Flag(
+        "output_uri",
+        s3_uri,
+        None,
+        "the shard's S3 prefix: each finished tar, its parquet and stats go there at once, _SUCCESS last",
+        required=True,
+    ),
+    flags.Flag(
+        "work_dir",
+        _path,
+        None,
+        "local folder for the shards in progress (default: $SDFLOW_OPT_ML/processing/work, on the job's volume)",
+    ),
+    flags.Flag("url_col", flags.text, "URL", "parquet column with the image URLs"),
+    flags.Flag("caption_col", flags.text, "TEXT", "parquet column with the captions"),
+    flags.Flag("image_size", flags.positive_int, 256, "side of the stored images in pixels"),
+    flags.Flag("resize_mode", flags.choice(RESIZE_MODES), "center_crop", "img2dataset resize mode"),
+    flags.Flag("samples_per_shard", flags.positive_int, 1000, "rows per webdataset tar file"),
+    flags.Flag("processes", flags.positive_int, 4, "img2dataset worker processes (= shards on the disk at once)"),
+    flags.Flag("threads", flags.positive_int, 16, "download threads per process"),
+    flags.Flag(
+        "url_timeout",
+        flags.positive_float,
+        10.0,
+        "seconds a single URL may stall (socket timeout) before it counts as failed",
+    ),
+    flags.Flag(
+        "deadline_seconds",
+        flags.positive_float,
+        3300.0,
+        "hard limit for the whole job; the downloader is killed and the job fails when it passes",
+    ),
+    flags.Flag("retries", flags.non_negative_int, 0, "extra attempts per failed URL"),
+    flags.Flag("shard_id", flags.text, None, "recorded in _SUCCESS when given (the index uses the folder name)"),
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="download",
-        description="Download the images of one LAION-style parquet file into webdataset shards.",
+    return flags.build_parser(
+        "download", "Download the images of one LAION-style parquet file into webdataset shards in S3.", FLAGS
     )
-    parser.add_argument(
-        "--input",
-        type=Path,
-        required=True,
-        help="the parquet file, or a folder holding exactly one parquet file (the processing input)",
-    )
-    parser.add_argument(
-        "--output", type=Path, required=True, help="folder for the shards and _SUCCESS (processing output)"
-    )
-    parser.add_argument("--url-col", default="URL", help="parquet column with the image URLs (default: URL)")
-    parser.add_argument("--caption-col", default="TEXT", help="parquet column with the captions (default: TEXT)")
-    parser.add_argument("--image-size", type=_positive_int, default=256, help="side of the stored images in pixels")
-    parser.add_argument("--resize-mode", choices=RESIZE_MODES, default="center_crop", help="img2dataset resize mode")
-    parser.add_argument("--samples-per-shard", type=_positive_int, default=1000, help="rows per webdataset tar file")
-    parser.add_argument("--processes", type=_positive_int, default=4, help="img2dataset worker processes")
-    parser.add_argument("--threads", type=_positive_int, default=16, help="download threads per process")
-    parser.add_argument(
-        "--url-timeout",
-        type=_positive_float,
-        default=10.0,
-        help="seconds a single URL may stall (socket timeout) before it counts as failed",
-    )
-    parser.add_argument(
-        "--deadline-seconds",
-        type=_positive_float,
-        default=3300.0,
-        help="hard limit for the whole job; the downloader is killed and the job fails when it passes",
-    )
-    parser.add_argument(
-        "--retries", type=_non_negative_int, default=0, help="extra attempts per failed URL (default 0)"
-    )
-    parser.add_argument(
-        "--shard-id", default=None, help="recorded in _SUCCESS when given (the index uses the folder name)"
-    )
-    return parser
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse the job's arguments; raises InvalidArguments with argparse's message."""
-    return build_parser().parse_args(argv)
+    """Parse the job's arguments; raises flags.FlagError naming the flag."""
+    return flags.parse(build_parser(), FLAGS, argv)
 
 
 # --- input checks -------------------------------------------------------------------------
@@ -203,7 +188,7 @@ def validate_parquet(path: Path, url_col: str, caption_col: str) -> int:
         raise UnreadableParquet(
             f"{path.name} is not a readable parquet file ({exc}); --input must point at a parquet file"
         ) from exc
-    for flag, column in (("--url-col", url_col), ("--caption-col", caption_col)):
+    for flag, column in (("--url_col", url_col), ("--caption_col", caption_col)):
         if column not in columns:
             raise MissingColumn(
                 f"column {column!r} ({flag}) is not in {path.name}; columns present: {columns}. "
@@ -211,7 +196,7 @@ def validate_parquet(path: Path, url_col: str, caption_col: str) -> int:
             )
     url_type = parquet.schema_arrow.field(url_col).type
     if not (pa.types.is_string(url_type) or pa.types.is_large_string(url_type)):
-        raise MissingColumn(f"column {url_col!r} (--url-col) in {path.name} holds {url_type}, not URL strings")
+        raise MissingColumn(f"column {url_col!r} (--url_col) in {path.name} holds {url_type}, not URL strings")
     if rows == 0:
         raise EmptyParquet(f"{path.name} has no rows: there is nothing to download")
     return rows
@@ -239,7 +224,8 @@ def img2dataset_options(args: argparse.Namespace, parquet: Path, output_folder: 
         "encode_format": "jpg",
         "distributor": "multiprocessing",
         "enable_wandb": False,
-        # Resume: shards whose stats file exists are skipped on a rerun after a crash.
+        # Resume: img2dataset skips every shard whose stats file is in output_folder; the
+        # uploader puts there the stats of the shards already complete in S3.
         "incremental_mode": "incremental",
     }
 
@@ -285,9 +271,18 @@ def _kill_group(process: multiprocessing.process.BaseProcess) -> None:
     process.join(timeout=10)
 
 
-def run_with_deadline(target: Callable[..., None], args: tuple[Any, ...], deadline: float, error_file: Path) -> None:
+def run_with_deadline(
+    target: Callable[..., None],
+    args: tuple[Any, ...],
+    deadline: float,
+    error_file: Path,
+    *,
+    on_tick: Callable[[], object] | None = None,
+    tick_seconds: float = UPLOAD_POLL_SECONDS,
+) -> None:
     """Run target(*args) in a forked child that leads its own process group; kill the whole
-    group when the monotonic clock passes `deadline` (or this process is interrupted).
+    group when the monotonic clock passes `deadline` (or this process is interrupted, or
+    `on_tick`, called every `tick_seconds` while the child runs, raises).
     Raises DeadlineExceeded, or DownloaderFailed when the child fails."""
     # fork, not spawn: a spawned child would pay img2dataset's multi-second import again.
     process = multiprocessing.get_context("fork").Process(
@@ -302,8 +297,13 @@ def run_with_deadline(target: Callable[..., None], args: tuple[Any, ...], deadli
     finally:
         gc.unfreeze()
     try:
-        process.join(timeout=max(0.0, deadline - time.monotonic()))
-    except BaseException:  # SIGTERM (Terminated) or Ctrl-C while waiting
+        # on_tick runs here, in the main thread, so that SIGTERM and its errors end the job alike
+        while process.is_alive() and time.monotonic() < deadline:
+            wait = deadline - time.monotonic()
+            process.join(timeout=max(0.0, min(wait, tick_seconds) if on_tick else wait))
+            if on_tick is not None and process.is_alive():
+                on_tick()
+    except BaseException:  # SIGTERM (Terminated), Ctrl-C or an on_tick error while waiting
         _kill_group(process)
         raise
     timed_out = process.is_alive()
@@ -325,32 +325,16 @@ def run_with_deadline(target: Callable[..., None], args: tuple[Any, ...], deadli
 
 def _read_stats(folder: Path) -> dict[int, dict[str, Any]]:
     stats = {}
-    for path in folder.iterdir():
-        match = STATS_FILE.match(path.name)
-        if match:
-            stats[int(match.group(1))] = json.loads(path.read_text())
+    for path in folder.glob("*_stats.json"):
+        parsed = read_stats(path)
+        if parsed is not None:
+            stats[int(path.name.split("_", 1)[0])] = parsed
     return stats
 
 
-def _publish(work: Path, output: Path) -> list[str]:
-    """Move the shard files into --output (same file system: renames), replacing leftovers of
-    an earlier attempt; return the tar file names."""
-    produced = {p.name: p for p in work.iterdir() if SHARD_FILE.match(p.name)}
-    for stale in output.iterdir():
-        if SHARD_FILE.match(stale.name) and stale.name not in produced:
-            stale.unlink()
-    for name, path in sorted(produced.items()):
-        os.replace(path, output / name)
-    return sorted(name for name in produced if name.endswith(".tar"))
-
-
-def _write_json_atomically(path: Path, payload: dict[str, Any], scratch: Path) -> None:
-    tmp = scratch / f".{path.name}.tmp"
-    tmp.write_text(json.dumps(payload, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 def _job_options(args: argparse.Namespace, parquet: Path) -> dict[str, Any]:
+    """What decides a shard's content and boundaries: a retry takes from S3 only shards made
+    with these. (The URL timeout and retries change which URLs succeed, not the shard format.)"""
     return {
         "input": parquet.name,
         "input_bytes": parquet.stat().st_size,
@@ -359,87 +343,102 @@ def _job_options(args: argparse.Namespace, parquet: Path) -> dict[str, Any]:
         "image_size": args.image_size,
         "resize_mode": args.resize_mode,
         "samples_per_shard": args.samples_per_shard,
-        "url_timeout": args.url_timeout,
-        "retries": args.retries,
     }
 
 
-def _prepare_work_dir(work: Path, options: dict[str, Any]) -> None:
-    """Keep finished shards of an earlier attempt with the same options (img2dataset resumes
-    from them); start afresh when the options or the input changed."""
-    options_file = work / "options.json"
-    if work.exists():
-        previous = json.loads(options_file.read_text()) if options_file.exists() else None
-        if previous == options:
-            LOG.info("resuming: keeping the finished shards of an earlier attempt in %s", work)
-            return
-        shutil.rmtree(work)
-    (work / "img2dataset").mkdir(parents=True)
-    options_file.write_text(json.dumps(options, indent=2))
+def work_dir(args: argparse.Namespace) -> Path:
+    # SageMaker puts a processing job's inputs and outputs under /opt/ml/processing
+    # (S3Input.LocalPath must start there): the provisioned volume, not the image's layer.
+    return args.work_dir if args.work_dir is not None else contract.opt_ml() / "processing" / "work"
 
 
-def download(args: argparse.Namespace) -> dict[str, Any] | None:
+def _fresh_dir(path: Path) -> None:
+    # S3 is the record of what is done; a local leftover could hold a stats file whose shard
+    # never reached S3, and img2dataset would skip that shard.
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+
+
+def download(args: argparse.Namespace, *, uploader: ShardUploader | None = None) -> dict[str, Any] | None:
     """Do the job; return the _SUCCESS document, or None when it was already done."""
     started = time.monotonic()
     deadline = started + args.deadline_seconds
-    output: Path = args.output
-    success = output / SUCCESS_FILE
-    if success.exists():
-        LOG.info("%s exists: this shard was finished by an earlier run, nothing to do", success)
-        return None
+    output = S3Prefix.parse(args.output_uri)
     parquet = resolve_input(args.input)
     rows = validate_parquet(parquet, args.url_col, args.caption_col)
     options = _job_options(args, parquet)
-    LOG.info("downloading %d rows of %s into %s with %s", rows, parquet, output, json.dumps(options))
-
-    output.mkdir(parents=True, exist_ok=True)
-    work = output / WORK_DIR
-    _prepare_work_dir(work, options)
+    uploader = uploader or ShardUploader(output, options)
+    if uploader.has_success():
+        LOG.info("%s%s exists: this shard was finished by an earlier run, nothing to do", output.uri, SUCCESS_FILE)
+        return None
+    work = work_dir(args)
     shards_dir = work / "img2dataset"
-    _import_img2dataset()  # here, so that the forked child starts with it loaded
-    try:
-        run_with_deadline(
-            _run_img2dataset, (img2dataset_options(args, parquet, shards_dir),), deadline, work / "error.txt"
-        )
-    except DeadlineExceeded:
-        raise DeadlineExceeded(
-            f"the download did not finish within --deadline-seconds {args.deadline_seconds:g} s and was "
-            f"stopped (img2dataset can hang on a URL, img2dataset#437). Finished shards stay in {work} "
-            f"for a rerun; raise the deadline or lower --url-timeout"
-        ) from None
+    _fresh_dir(shards_dir)
+    resumed = uploader.resume(shards_dir)
+    expected = math.ceil(rows / args.samples_per_shard)
+    LOG.info(
+        "downloading %d rows of %s to %s (%d of %d shards already there) with %s",
+        rows,
+        parquet,
+        output.uri,
+        len(resumed),
+        expected,
+        json.dumps(options),
+    )
+    if len(resumed) < expected:
+        _import_img2dataset()  # here, so that the forked child starts with it loaded
+        try:
+            run_with_deadline(
+                _run_img2dataset,
+                (img2dataset_options(args, parquet, shards_dir),),
+                deadline,
+                work / "error.txt",
+                on_tick=lambda: uploader.sweep(shards_dir),
+            )
+        except DeadlineExceeded:
+            raise DeadlineExceeded(
+                f"the download did not finish within --deadline_seconds {args.deadline_seconds:g} s and was "
+                f"stopped (img2dataset can hang on a URL, img2dataset#437). The {len(uploader.uploaded)} "
+                f"finished shards are in {output.uri} and a rerun resumes from them; raise the deadline or "
+                f"lower --url_timeout"
+            ) from None
+        uploader.sweep(shards_dir)  # the shards that ended after the last tick
 
     stats = _read_stats(shards_dir)
-    expected = math.ceil(rows / args.samples_per_shard)
-    missing = sorted(set(range(expected)) - set(stats))
+    missing = sorted(set(range(expected)) - (set(stats) & uploader.uploaded))
     if missing:
         raise IncompleteShards(
             f"img2dataset finished without shards {[f'{m:05d}' for m in missing]} of {expected} "
             f"(a worker failed after retries); rerun the job to resume"
         )
+    stats = {shard: stats[shard] for shard in range(expected)}
     samples = sum(int(s["successes"]) for s in stats.values())
     count = sum(int(s["count"]) for s in stats.values())
-    tar_files = _publish(shards_dir, output)
     summary: dict[str, Any] = {"shard_id": args.shard_id} if args.shard_id is not None else {}
     summary |= {
         "samples": samples,
         "failed": count - samples,
         "failed_to_download": sum(int(s.get("failed_to_download", 0)) for s in stats.values()),
         "failed_to_resize": sum(int(s.get("failed_to_resize", 0)) for s in stats.values()),
-        "tar_files": tar_files,
+        "tar_files": [f"{shard:05d}.tar" for shard in sorted(stats)],
         "url_col": args.url_col,
         "caption_col": args.caption_col,
         "image_size": args.image_size,
         "options": options,
+        "resumed_shards": len(resumed),
+        "peak_local_tars": uploader.peak_local_tars,
         "duration_s": round(time.monotonic() - started, 3),
     }
-    # Written last, atomically: readers take its presence as "every shard file is in place".
-    _write_json_atomically(success, summary, work)
+    # Written last: readers take its presence as "every shard file is in place".
+    uploader.put_success(summary)
     shutil.rmtree(work, ignore_errors=True)
     LOG.info(
-        "done: %d samples, %d failed, %d tar files in %.1f s",
+        "done: %d samples, %d failed, %d tar files (%d resumed) in %.1f s",
         samples,
         count - samples,
-        len(tar_files),
+        len(stats),
+        len(resumed),
         summary["duration_s"],
     )
     return summary

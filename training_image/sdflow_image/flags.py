@@ -31,7 +31,9 @@ class FlagError(ValueError):
 # --- converters: text -> value, or ValueError("<what is wrong>") --------------------------------
 
 
-def number(kind: type, minimum: float | None = None, *, exclusive: bool = False, maximum: float | None = None) -> Converter:
+def number(
+    kind: type, minimum: float | None = None, *, exclusive: bool = False, maximum: float | None = None
+) -> Converter:
     """int or float within bounds; the error says which bound."""
     noun = "an integer" if kind is int else "a number"
 

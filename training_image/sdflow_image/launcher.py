@@ -6,8 +6,11 @@ emulation of several hosts on one machine overrides the address and port with
 `SDFLOW_MASTER_ADDR` (default: the first host's name) and `SDFLOW_MASTER_PORT` (default 29500).
 
 SIGTERM and SIGINT are passed to torchrun, which passes them to the training processes
-(they save a checkpoint and exit 143, see sdflow_image.train). The exit status is the
-child's; a child that failed without leaving a failure file gets one written here.
+(they save a checkpoint and exit 143, see sdflow_image.train). torchrun runs through
+sdflow_image.elastic_run, which gives the workers `SDFLOW_STOP_GRACE_S` seconds (default
+110, inside SageMaker's 120) to do so instead of torchrun's fixed 30. The exit status is the
+child's (143 after a stop); a child that failed without leaving a failure file gets one
+written here.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from types import FrameType
 from typing import Any
 
 from sdflow_image import contract
+from sdflow_image.elastic_run import DEFAULT_STOP_GRACE_S
 
 TRAINING_IMAGE_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_MASTER_PORT = 29500
+TRAIN_MODULE = "sdflow_image.train"
 
 
 class ResourceConfigError(ValueError):
@@ -49,6 +54,7 @@ def plan(resource_config: dict[str, Any], gpus: int, environ: dict[str, str]) ->
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise ResourceConfigError(f"SDFLOW_MASTER_PORT={port!r} is not a TCP port number")
     return {
+        "stop_grace_s": _stop_grace(environ),
         "in_process": len(hosts) == 1 and nproc == 1,
         "nnodes": len(hosts),
         "node_rank": hosts.index(current),
@@ -59,18 +65,32 @@ def plan(resource_config: dict[str, Any], gpus: int, environ: dict[str, str]) ->
     }
 
 
-def torchrun_command(topology: dict[str, Any], argv: list[str]) -> list[str]:
+def _stop_grace(environ: dict[str, str]) -> float:
+    raw = environ.get("SDFLOW_STOP_GRACE_S", str(DEFAULT_STOP_GRACE_S))
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    # SageMaker SIGKILLs 120 s after SIGTERM: a longer grace would never be used.
+    if not 0 < seconds <= 120:
+        raise ResourceConfigError(f"SDFLOW_STOP_GRACE_S={raw!r} must be seconds in (0, 120]; unset it for 110")
+    return seconds
+
+
+def torchrun_command(topology: dict[str, Any], argv: list[str], module: str = TRAIN_MODULE) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "sdflow_image.elastic_run",
+        f"--stop_grace_s={topology['stop_grace_s']:g}",
+        "--",
         f"--nnodes={topology['nnodes']}",
         f"--node_rank={topology['node_rank']}",
         f"--nproc_per_node={topology['nproc_per_node']}",
         f"--master_addr={topology['master_addr']}",
         f"--master_port={topology['master_port']}",
         "-m",
-        "sdflow_image.train",
+        module,
         *argv,
     ]
 
@@ -86,8 +106,8 @@ def child_environment(topology: dict[str, Any]) -> dict[str, str]:
     return env
 
 
-def run_torchrun(topology: dict[str, Any], argv: list[str]) -> int:
-    command = torchrun_command(topology, argv)
+def run_torchrun(topology: dict[str, Any], argv: list[str], module: str = TRAIN_MODULE) -> int:
+    command = torchrun_command(topology, argv, module)
     print("launching: " + " ".join(command), flush=True)
     child = subprocess.Popen(command, env=child_environment(topology))
     signalled: list[int] = []

@@ -114,11 +114,10 @@ def build_tiny_components(seed: int = 0) -> dict[str, Any]:
     # The tokenizer keeps its vocabulary in memory and writes it on save, so a temp dir is enough.
     with tempfile.TemporaryDirectory(prefix="sdflow-tiny-bpe-") as tok_dir:
         vocab_file, merges_file, vocab_size = write_clip_bpe(tok_dir)
-        vocab = json.loads(vocab_file.read_text(encoding="utf-8"))
-        merges: Any = [tuple(line.split()) for line in merges_file.read_text(encoding="utf-8").splitlines()[1:] if line]
-    # transformers 5's CLIPTokenizer takes the vocabulary and merges themselves (its old
-    # vocab_file/merges_file arguments are silently ignored, leaving an empty vocabulary).
-    tokenizer = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=TOKENIZER_MAX_LENGTH)
+        # transformers 4.51's (slow) CLIPTokenizer reads both files here, at construction.
+        tokenizer = CLIPTokenizer(
+            vocab_file=str(vocab_file), merges_file=str(merges_file), model_max_length=TOKENIZER_MAX_LENGTH
+        )
     unet = UNet2DConditionModel(
         sample_size=IMAGE_SIZE // 2,
         in_channels=4,

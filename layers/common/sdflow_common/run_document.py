@@ -153,7 +153,13 @@ class TrainingOptions(_Strict):
     use_ema: bool = Field(default=False, description="Keep an exponential moving average of the UNet.")
     seed: int = Field(default=42, ge=0, description="Random seed.")
     dataloader_num_workers: int = Field(default=4, ge=0, le=64, description="Data loader worker processes.")
-    shuffle_buffer: int = Field(default=1000, ge=1, le=1_000_000, description="Webdataset shuffle buffer.")
+    interleave_shards: int = Field(
+        default=8,
+        ge=1,
+        le=64,
+        description="Shards each data reader keeps open and draws samples from at random (1: one after another); "
+        "the mix stays exact across a resume.",
+    )
     validation_prompts: list[Annotated[str, Field(min_length=1, max_length=300)]] = Field(
         default_factory=lambda: ["a photo of a cat"],
         max_length=16,
@@ -189,7 +195,7 @@ class TrainingOptions(_Strict):
             "use_ema": self.use_ema,
             "seed": self.seed,
             "dataloader_num_workers": self.dataloader_num_workers,
-            "shuffle_buffer": self.shuffle_buffer,
+            "interleave_shards": self.interleave_shards,
             "validation_prompts": json.dumps(list(self.validation_prompts)),
         }
         return {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in values.items()}

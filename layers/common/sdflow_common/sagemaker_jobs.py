@@ -5,6 +5,7 @@ and the classification of SageMaker errors the starters and the reconciler act o
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,12 +18,20 @@ from sdflow_common.run_document import DownloadOptions, EndpointOptions, RunDocu
 
 # Container paths of the download job (docs/contracts.md "The download job").
 PROCESSING_INPUT_DIR = "/opt/ml/processing/input/parquet"
-PROCESSING_OUTPUT_DIR = "/opt/ml/processing/output"
+# Shards in progress: on the job's volume, beside the input (SageMaker puts a processing job's
+# local paths under /opt/ml/processing). The container uploads each finished shard itself.
+PROCESSING_WORK_DIR = "/opt/ml/processing/work"
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
 DOWNLOAD_ENTRYPOINT = ["download"]
-# img2dataset writes a shard's tars next to each other before upload; 1,000 images at 256 px
-# are ~50 MB, so 30 GB leaves room for large parquet files and larger image sizes.
-DOWNLOAD_VOLUME_GB = 30
+# The download job's volume holds the parquet file (and img2dataset's split of it) plus the shards
+# on the disk at once: one being written per img2dataset process and, at worst, one finished per
+# process waiting for its upload (the container uploads each shard when it ends, then deletes it).
+DOWNLOAD_INPUT_ALLOWANCE_GB = 10
+# A stored sample's bytes per pixel: JPEG at img2dataset's quality 95 is well under 1 (about 0.3
+# for photos; 1,000 samples at 256 px measured ~50 MB with their json and txt), so 1.0 bounds it.
+DOWNLOAD_BYTES_PER_PIXEL = 1.0
+# CreateProcessingJob: ProcessingClusterConfig.VolumeSizeInGB, valid range 1 to 16384.
+PROCESSING_VOLUME_MAX_GB = 16384
 # One instance per shard: a shard is one parquet file, img2dataset parallelises within it.
 DOWNLOAD_INSTANCE_COUNT = 1
 LOSS_METRIC = {"Name": "train:loss", "Regex": "loss=([0-9.eE+-]+)"}
@@ -168,20 +177,44 @@ def download_deadline_seconds(max_runtime_seconds: int) -> int:
     return max(30, max_runtime_seconds - reserve)
 
 
-def download_container_arguments(options: DownloadOptions, url_column: str, caption_column: str) -> list[str]:
-    """`ContainerArguments` of docs/contracts.md "The download job", in that order."""
+class DownloadVolumeTooLarge(ValueError):
+    """The shards a download job holds at once would not fit the largest processing volume."""
+
+
+def download_volume_gb(options: DownloadOptions) -> int:
+    """VolumeSizeInGB of a download job: the input allowance plus two shards per img2dataset
+    process (see DOWNLOAD_INPUT_ALLOWANCE_GB); independent of how many shards the parquet makes."""
+    shard_gb = options.samples_per_shard * options.image_size**2 * DOWNLOAD_BYTES_PER_PIXEL / 1e9
+    size = math.ceil(DOWNLOAD_INPUT_ALLOWANCE_GB + 2 * options.processes * shard_gb)
+    if size > PROCESSING_VOLUME_MAX_GB:
+        raise DownloadVolumeTooLarge(
+            f"download.processes={options.processes} shards of download.samples_per_shard="
+            f"{options.samples_per_shard} images at download.image_size={options.image_size} px need a "
+            f"{size} GB volume, over SageMaker's {PROCESSING_VOLUME_MAX_GB} GB (VolumeSizeInGB); lower "
+            f"samples_per_shard or processes"
+        )
+    return size
+
+
+def download_container_arguments(
+    options: DownloadOptions, url_column: str, caption_column: str, *, output_uri: str, shard_id: str
+) -> list[str]:
+    """`ContainerArguments` of docs/contracts.md "The download job", in that order: the flag names
+    of sdflow_image.download.FLAGS (snake_case, as the shared flags module spells them)."""
     return [
         "--input", PROCESSING_INPUT_DIR,
-        "--output", PROCESSING_OUTPUT_DIR,
-        "--url-col", url_column,
-        "--caption-col", caption_column,
-        "--image-size", str(options.image_size),
-        "--resize-mode", options.resize_mode,
-        "--samples-per-shard", str(options.samples_per_shard),
+        "--output_uri", output_uri,
+        "--work_dir", PROCESSING_WORK_DIR,
+        "--shard_id", shard_id,
+        "--url_col", url_column,
+        "--caption_col", caption_column,
+        "--image_size", str(options.image_size),
+        "--resize_mode", options.resize_mode,
+        "--samples_per_shard", str(options.samples_per_shard),
         "--processes", str(options.processes),
         "--threads", str(options.threads),
-        "--url-timeout", str(options.url_timeout_seconds),
-        "--deadline-seconds", str(download_deadline_seconds(options.max_runtime_seconds)),
+        "--url_timeout", str(options.url_timeout_seconds),
+        "--deadline_seconds", str(download_deadline_seconds(options.max_runtime_seconds)),
     ]  # fmt: skip
 
 
@@ -199,7 +232,11 @@ def processing_job_request(
     image_uri: str,
     role_arn: str,
 ) -> dict[str, Any]:
-    """CreateProcessingJob for one shard. No network isolation: it downloads from the internet."""
+    """CreateProcessingJob for one shard. No network isolation: it downloads from the internet,
+    and it writes each finished shard to `output_uri` itself (boto3 with the job's role), so there
+    is no ProcessingOutput: SageMaker's own upload (ProcessingS3Output.S3UploadMode) is either at
+    the job's end (EndOfJob) or continuous, which knows no finished shard from one being written;
+    neither frees the disk, and neither lets a retried job see what an earlier attempt finished."""
     return {
         "ProcessingJobName": job_name,
         "ProcessingInputs": [
@@ -214,30 +251,20 @@ def processing_job_request(
                 },
             }
         ],
-        "ProcessingOutputConfig": {
-            "Outputs": [
-                {
-                    "OutputName": "shard",
-                    "S3Output": {
-                        "S3Uri": output_uri,
-                        "LocalPath": PROCESSING_OUTPUT_DIR,
-                        "S3UploadMode": "EndOfJob",
-                    },
-                }
-            ]
-        },
         "ProcessingResources": {
             "ClusterConfig": {
                 "InstanceCount": DOWNLOAD_INSTANCE_COUNT,
                 "InstanceType": options.instance_type,
-                "VolumeSizeInGB": DOWNLOAD_VOLUME_GB,
+                "VolumeSizeInGB": download_volume_gb(options),
             }
         },
         "StoppingCondition": {"MaxRuntimeInSeconds": options.max_runtime_seconds},
         "AppSpecification": {
             "ImageUri": image_uri,
             "ContainerEntrypoint": list(DOWNLOAD_ENTRYPOINT),
-            "ContainerArguments": download_container_arguments(options, url_column, caption_column),
+            "ContainerArguments": download_container_arguments(
+                options, url_column, caption_column, output_uri=output_uri, shard_id=shard_id
+            ),
         },
         "NetworkConfig": {"EnableNetworkIsolation": False},
         "RoleArn": role_arn,
@@ -256,7 +283,17 @@ def training_job_request(
     image_uri: str,
     role_arn: str,
 ) -> dict[str, Any]:
-    """CreateTrainingJob: `docker run IMAGE train` with the dataset and base_model channels."""
+    """CreateTrainingJob: `docker run IMAGE train` with the base_model channel; the dataset streams from S3.
+
+    No dataset channel: in File mode SageMaker copies a channel to every instance's volume before the
+    container starts (a 10,000-shard LAION dataset is ~500 GB per node, and the first step waits for it).
+    The container instead reads index.json and streams its own share of the tars with GetObject
+    (`dataset_dir` = `s3://<bucket>/runs/`, the root every path in the index is relative to, so a
+    resumed run's shards in earlier runs' folders are found too; sdflow_image.data_source).
+
+    VolumeSizeInGB stays the run document's `training.volume_size_gb`: the volume now holds only the
+    base model channel, the checkpoints (checkpoints_total_limit, plus one being written) and the
+    output model, none of which depends on the dataset, so the index has nothing to size it by."""
     options = run.training
     resources: dict[str, Any] = {
         "InstanceType": options.instance_type,
@@ -268,20 +305,7 @@ def training_job_request(
     stopping: dict[str, int] = {"MaxRuntimeInSeconds": options.max_runtime_seconds}
     if options.use_spot and options.max_wait_seconds is not None:
         stopping["MaxWaitTimeInSeconds"] = options.max_wait_seconds
-
-    def channel(name: str, uri: str, data_type: str = "S3Prefix") -> dict[str, Any]:
-        # FullyReplicated: every node gets the whole index; the container picks its own shards.
-        return {
-            "ChannelName": name,
-            "DataSource": {
-                "S3DataSource": {
-                    "S3DataType": data_type,
-                    "S3Uri": uri,
-                    "S3DataDistributionType": "FullyReplicated",
-                }
-            },
-            "InputMode": "File",
-        }
+    checkpoints = checkpoint_uri(bucket, run_id, job_name)
 
     return {
         "TrainingJobName": job_name,
@@ -291,14 +315,25 @@ def training_job_request(
             "MetricDefinitions": [dict(LOSS_METRIC)],
         },
         "RoleArn": role_arn,
-        # The dataset channel is build_index's manifest (sdflow_common.dataset_manifest): it holds this run's
-        # index.json and every shard it trains on, a resumed run's reused shards from earlier runs' folders
-        # included; the container finds index.json at `dataset_index` below the channel root.
         "HyperParameters": options.hyperparameters()
-        | {"dataset_index": dataset_manifest.index_in_channel(dataset_prefix_uri, bucket)},
+        | {
+            "dataset_dir": dataset_manifest.runs_prefix_uri(bucket),
+            "dataset_index": dataset_manifest.index_in_channel(dataset_prefix_uri, bucket),
+            # The trainer prunes old checkpoints there too (SageMaker's sync only ever adds files).
+            "checkpoint_s3_uri": checkpoints,
+        },
         "InputDataConfig": [
-            channel("dataset", dataset_manifest.manifest_uri(dataset_prefix_uri), "ManifestFile"),
-            channel("base_model", run.base_model_uri),
+            {
+                "ChannelName": "base_model",
+                "DataSource": {
+                    "S3DataSource": {
+                        "S3DataType": "S3Prefix",
+                        "S3Uri": run.base_model_uri,
+                        "S3DataDistributionType": "FullyReplicated",  # every node loads the whole model
+                    }
+                },
+                "InputMode": "File",
+            }
         ],
         "OutputDataConfig": {"S3OutputPath": f"s3://{bucket}/runs/{run_id}/training/"},
         "ResourceConfig": resources,
@@ -306,13 +341,13 @@ def training_job_request(
         "EnableManagedSpotTraining": options.use_spot,
         # Per job: two jobs of one run (a retry, a redrive) must never overwrite each other's
         # checkpoints; resuming from an earlier job's checkpoints is a deliberate act, not an accident.
-        "CheckpointConfig": {
-            "S3Uri": checkpoint_uri(bucket, run_id, job_name),
-            "LocalPath": CHECKPOINT_LOCAL_PATH,
-        },
+        "CheckpointConfig": {"S3Uri": checkpoints, "LocalPath": CHECKPOINT_LOCAL_PATH},
         "RetryStrategy": {"MaximumRetryAttempts": options.max_retry_attempts},
-        # The training job reads only S3 channels and writes only /opt/ml: no internet needed.
-        "EnableNetworkIsolation": True,
+        # Off: the container streams its shards from S3 and prunes checkpoints there itself. With network
+        # isolation on, "the training container does not have network access" (SageMaker API Reference,
+        # CreateTrainingJob, EnableNetworkIsolation), S3 included. What it may reach is bounded by the
+        # job role (template.yaml SageMakerExecutionRole: the data bucket and the training image only).
+        "EnableNetworkIsolation": False,
         "EnableInterContainerTrafficEncryption": True,
         "Tags": _tags(run_id, run_hash),
     }

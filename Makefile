@@ -48,14 +48,14 @@ setup:  ## create .venv (orchestration), .venv-image (jobs) and the tool venvs, 
 	$(MAKE) --no-print-directory -j4 $(STAMP) $(IMAGE_STAMP) $(TOOLS_STAMP)
 
 test: setup  ## the whole suite: unit, e2e and lint tests, then the image tests in the job environment (what CI runs)
-	$(BIN)/pytest
-	$(IMAGE_BIN)/pytest tests/image
+	$(BIN)/pytest --durations=25
+	$(IMAGE_BIN)/pytest tests/image --durations=15
 
 test-unit: setup  ## unit tests only (seconds)
 	$(BIN)/pytest tests/unit -m "not slow"
 
 test-image: setup  ## the training_image code on CPU, in the job environment
-	$(IMAGE_BIN)/pytest tests/image
+	$(IMAGE_BIN)/pytest tests/image --durations=15
 
 demo: setup  ## the whole pipeline on this machine (local runtime), ending with a generated image
 	$(BIN)/sdflow demo

@@ -101,7 +101,7 @@ class NoOpSageMaker:
             if why is not None:
                 self._report_early_end("processing", name, why)
                 return
-            output = request["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]["S3Uri"]
+            output = _argument(request["AppSpecification"].get("ContainerArguments") or [], "--output_uri")
             bucket, key = parse_s3_uri(output)
             marker = {"samples": 1, "failed": 0, "tar_files": ["00000.tar"]}
             self._put(bucket, key.rstrip("/") + "/_SUCCESS", json.dumps(marker).encode())
@@ -173,3 +173,12 @@ class NoOpSageMaker:
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=True)
+
+
+def _argument(arguments: list[str], flag: str) -> str:
+    """A flag's value in a download job's ContainerArguments: the container uploads its shards to
+    `--output_uri` itself (there is no ProcessingOutput), so that is where `_SUCCESS` goes."""
+    try:
+        return arguments[arguments.index(flag) + 1]
+    except (ValueError, IndexError):
+        raise ValueError(f"ContainerArguments has no {flag} value: {arguments}") from None

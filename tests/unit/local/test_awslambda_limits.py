@@ -121,6 +121,10 @@ def test_reserved_concurrency_throttles_sync_and_queues_async(
     assert not _records(tmp_path / "events.jsonl"), "the event waits for the busy invocation's slot"
     busy.join()
     _wait_for(lambda: _records(tmp_path / "events.jsonl"), what="the queued event to run")
+    # The event's record is written before its invocation returns and frees the slot: a call made in
+    # between is (rightly) throttled, so wait for the slot itself.
+    key = limits.concurrency_key(_fn(limited))
+    _wait_for(lambda: runtime.lambda_concurrency.running(key) == 0, "the queued event's slot to free")
     assert "FunctionError" not in client.invoke(FunctionName=limited, Payload=b"{}")
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from sdflow_image import flags
+from sdflow_image.s3_uri import S3Prefix
 
 DEFAULT_INDEX = "index.json"  # at the dataset root: the layout of one run's dataset/ folder
 # webdataset's key rule (webdataset.tariterators.base_plus_ext): the key is the path up to the
@@ -118,11 +119,12 @@ class S3Source:
     per process, on first use: DataLoader workers are forked, and a client must not cross a fork."""
 
     def __init__(self, uri: str) -> None:
-        bucket, _, prefix = uri.removeprefix("s3://").partition("/")
-        if not bucket:
-            raise DatasetIndexError(f"dataset_dir {uri!r} names no bucket: use s3://<bucket>/runs/")
-        self.bucket = bucket
-        self.prefix = prefix if not prefix or prefix.endswith("/") else f"{prefix}/"
+        try:
+            location = S3Prefix.parse(uri)
+        except ValueError:
+            raise DatasetIndexError(f"dataset_dir {uri!r} names no bucket: use s3://<bucket>/runs/") from None
+        self.bucket = location.bucket
+        self.prefix = location.prefix
         self._client: Any = None
         self._pid = -1
         self._lock = threading.Lock()

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sdflow_image.s3_uri import S3Prefix
+
 SUCCESS_FILE = "_SUCCESS"
 SHARD_FILE = re.compile(r"^(\d{5,})(\.tar|_stats\.json|\.parquet)$")
 SHARD_SUFFIXES = (".tar", ".parquet", "_stats.json")  # upload order: the stats file last
@@ -38,31 +40,6 @@ STATS_KEYS = ("count", "successes", "failed_to_download", "failed_to_resize")
 
 class OutputError(RuntimeError):
     """The shard's S3 prefix cannot be read or written; the message names --output_uri."""
-
-
-class InvalidOutputUri(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class S3Prefix:
-    bucket: str
-    prefix: str  # "" or ends with "/"
-
-    @classmethod
-    def parse(cls, uri: str) -> S3Prefix:
-        match = re.fullmatch(r"s3://([^/]+)/?(.*)", uri.strip())
-        if match is None or not match.group(1):
-            raise InvalidOutputUri(f"{uri!r} is not an S3 URI; expected s3://<bucket>/<shard prefix>/")
-        prefix = match.group(2)
-        return cls(match.group(1), prefix if not prefix or prefix.endswith("/") else prefix + "/")
-
-    def key(self, name: str) -> str:
-        return self.prefix + name
-
-    @property
-    def uri(self) -> str:
-        return f"s3://{self.bucket}/{self.prefix}"
 
 
 def options_hash(options: dict[str, Any]) -> str:

@@ -24,7 +24,8 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+
+from sdflow_image.s3_uri import S3Prefix
 
 log = logging.getLogger("sdflow.train.checkpoints")
 
@@ -125,11 +126,11 @@ def prune_local(root: str | Path, keep: int) -> list[Path]:
 
 
 def _split_s3_uri(uri: str) -> tuple[str, str]:
-    parsed = urlparse(uri)
-    if parsed.scheme != "s3" or not parsed.netloc:
-        raise ValueError(f"checkpoint_s3_uri={uri!r} is not an s3://bucket/prefix/ URI")
-    prefix = parsed.path.lstrip("/")
-    return parsed.netloc, prefix if not prefix or prefix.endswith("/") else prefix + "/"
+    try:
+        location = S3Prefix.parse(uri)
+    except ValueError:
+        raise ValueError(f"checkpoint_s3_uri={uri!r} is not an s3://bucket/prefix/ URI") from None
+    return location.bucket, location.prefix
 
 
 def prune_s3(uri: str, keep: int, client: Any = None) -> list[int]:

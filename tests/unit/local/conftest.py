@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import stat
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -249,3 +250,14 @@ def _events_queue(detail_type: str) -> str:
 def _received(queue_url: str) -> list[dict[str, Any]]:
     messages = _client("sqs").receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", [])
     return [json.loads(m["Body"]) for m in messages]
+
+
+def fake_training_image(root: Path, scripts: dict[str, str]) -> Path:
+    """A stand-in training_image folder: `bin/<entrypoint>` scripts with the given Python text."""
+    image = root / "image"
+    (image / "bin").mkdir(parents=True)
+    for entrypoint, text in scripts.items():
+        script = image / "bin" / entrypoint
+        script.write_text(text)
+        script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return image

@@ -4,7 +4,6 @@ handler crashes, real events delivered twice or not at all."""
 from __future__ import annotations
 
 import json
-import stat
 import threading
 import time
 import urllib.error
@@ -29,6 +28,7 @@ from tests.unit.local.conftest import (
     _received,
     _wait_for,
     _zip,
+    fake_training_image,
 )
 
 # A container that runs until killed and ignores SIGTERM (so a stop needs the SIGKILL after the grace).
@@ -77,12 +77,7 @@ def _faults(runtime: runtime_module.Runtime, publisher: Any = None) -> Faults:
 @pytest.fixture
 def local_sagemaker_stubborn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(local_sagemaker, "free_port", lambda: 65000)  # no socket in unit tests
-    image = tmp_path / "image"
-    (image / "bin").mkdir(parents=True)
-    for entrypoint in ("download", "train"):
-        script = image / "bin" / entrypoint
-        script.write_text(STUBBORN)
-        script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    image = fake_training_image(tmp_path, {"download": STUBBORN, "train": STUBBORN})
     recorder = Recorder()
     sm = LocalSageMaker(tmp_path / "sm", "http://127.0.0.1:9", recorder, training_image_dir=image, stop_grace_s=0.5)
     yield sm, recorder

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import stat
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ import pytest
 
 from sdflow.local import sagemaker as sagemaker_module
 from sdflow.local.sagemaker import LocalSageMaker
-from tests.unit.local.conftest import REGION, TRAINING_REQUEST, _wait_for
+from tests.unit.local.conftest import REGION, TRAINING_REQUEST, _wait_for, fake_training_image
 from tests.unit.local.test_sagemaker_faults import Recorder
 
 S3_ENDPOINT = f"https://s3.{REGION}.amazonaws.com"
@@ -38,11 +37,7 @@ def local_sagemaker(
 ) -> Iterator[tuple[LocalSageMaker, Recorder]]:
     monkeypatch.setattr(sagemaker_module, "free_port", lambda: 65000)  # no socket in unit tests
     boto3.client("s3", region_name=REGION).create_bucket(Bucket="data")
-    image = tmp_path / "image"
-    (image / "bin").mkdir(parents=True)
-    script = image / "bin" / "train"
-    script.write_text(DUMP_ENV)
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    image = fake_training_image(tmp_path, {"train": DUMP_ENV})
     recorder = Recorder()
     sm = LocalSageMaker(tmp_path / "sm", S3_ENDPOINT, recorder, training_image_dir=image, stop_grace_s=0.5)
     yield sm, recorder

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import stat
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ from sdflow.local.runtime import Runtime
 from sdflow.local.sagemaker import LocalSageMaker
 from sdflow.local.sagemaker_host import JobSetupError, S3Transfer
 from sdflow.local.services.iam import IamEnforcer
-from tests.unit.local.conftest import ACCOUNT, REGION, TRAINING_REQUEST, _wait_for
+from tests.unit.local.conftest import ACCOUNT, REGION, TRAINING_REQUEST, _wait_for, fake_training_image
 from tests.unit.local.test_sagemaker_faults import Recorder
 
 BUCKET = "data"
@@ -183,11 +182,7 @@ def test_download_manifest_object_outside_role_access_denied(enforced: Runtime, 
 @pytest.fixture
 def local_sagemaker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[LocalSageMaker, Recorder]]:
     monkeypatch.setattr(sagemaker_module, "free_port", lambda: 65000)  # no socket in unit tests
-    image = tmp_path / "image"
-    (image / "bin").mkdir(parents=True)
-    script = image / "bin" / "train"
-    script.write_text(LIST_CHANNEL)
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    image = fake_training_image(tmp_path, {"train": LIST_CHANNEL})
     recorder = Recorder()
     sm = LocalSageMaker(tmp_path / "sm", S3_ENDPOINT, recorder, training_image_dir=image, stop_grace_s=0.5)
     yield sm, recorder

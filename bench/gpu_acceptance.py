@@ -31,6 +31,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "training_image"))
 
+from sdflow_image import flags  # noqa: E402  (no torch: the CPU exit path stays light)
+
 PLUGINS = ("torch_ddp", "low_level_zero", "gemini")
 PRECISIONS = ("fp16", "bf16")
 EXIT_NO_CUDA = 2
@@ -82,24 +84,8 @@ class Result:
         return self.error is None and math.isfinite(self.final_loss)
 
 
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value!r}")
-    return number
-
-
-def _non_negative_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value!r}")
-    return number
+_positive_int = flags.argparse_type(flags.positive_int)
+_non_negative_int = flags.argparse_type(flags.non_negative_int)
 
 
 def _choices(allowed: tuple[str, ...]) -> Any:

@@ -114,14 +114,16 @@ class _Parser(argparse.ArgumentParser):
         raise FlagError(f"{message} (see `{self.prog} --help`)")
 
 
-def _argparse_type(flag: Flag) -> Converter:
+def argparse_type(convert: Converter) -> Converter:
+    """A converter as an argparse `type=`: its ValueError becomes argparse's message for the flag."""
+
     def wrapped(raw: str) -> Any:
         try:
-            return flag.convert(raw)
+            return convert(raw)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(f"{raw!r} {exc}") from None
 
-    wrapped.__name__ = flag.convert.__name__
+    wrapped.__name__ = convert.__name__
     return wrapped
 
 
@@ -146,7 +148,7 @@ def build_parser(
         parser.add_argument(
             f"--{flag.name}",
             dest=flag.name,
-            type=_argparse_type(flag),
+            type=argparse_type(flag.convert),
             default=default,
             required=flag.required and default is None,
             help=f"{flag.help} (default: {default}{where})",

@@ -1,12 +1,24 @@
 """A tiny Stable Diffusion pipeline built entirely offline, for tests and the demo.
 
-Nothing comes from a hub: the UNet (~1M parameters), VAE and CLIP text encoder are
-randomly initialised from small configs and the tokenizer's BPE vocabulary is learned
-in code from a handful of captions. The result is saved in the diffusers layout with
-safetensors, so the code that loads a real base model (`from_pretrained(dir,
-local_files_only=True)`, whole or per subfolder) loads this one unchanged.
+Nothing comes from a hub: the UNet (~1M parameters), VAE and CLIP text encoder are built in
+code from small configs and the tokenizer's BPE vocabulary is learned in code from the scene
+captions (`sdflow_image.scenes`). The result is saved in the diffusers layout with safetensors,
+so the code that loads a real base model (`from_pretrained(dir, local_files_only=True)`, whole
+or per subfolder) loads this one unchanged.
 
-CLI: `python -m sdflow_image.tiny_model OUT_DIR [--seed N]`.
+A base model is more than random weights: a real one brings a VAE that reconstructs images and
+a text encoder whose features tell words apart, and fine-tuning teaches the UNet. So that the
+demo's fine-tuning can visibly learn in minutes on a CPU, the base model gets the same:
+- the VAE is fitted here to reconstruct scene images (`vae_steps`; 0 keeps it random, which is
+  all most tests need), and its `scaling_factor` is set from its latents' spread, as SD's was;
+- the text encoder's token and position embeddings are drawn large and its layers start close to
+  the identity, so each word and its place in the caption stay distinct in its output;
+- the UNet pools the text into its time embedding too (`addition_embed_type="text"`, as
+  DeepFloyd IF and Kandinsky do), besides cross-attention at every level: colours are global
+  properties of an image, which that path carries directly.
+The UNet stays random: the untrained model follows prompts no better than chance.
+
+CLI: `python -m sdflow_image.tiny_model OUT_DIR [--seed N] [--vae_steps N]`.
 """
 
 from __future__ import annotations
@@ -21,21 +33,20 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-# Captions the BPE merges are learned from; the synthetic test images use the same words,
-# so test captions tokenize into real merged tokens rather than single bytes.
-CAPTIONS: tuple[str, ...] = (
-    "a red square on a blue background",
-    "a green circle on a white background",
-    "a blue square on a red background",
-    "a yellow circle on a black background",
-    "a white square on a green background",
-    "a black circle on a yellow background",
-    "a red circle and a blue square",
-    "a photo of a small green square",
-)
+from sdflow_image import scenes
+
+# Captions the BPE merges are learned from: every scene caption, so each word of the grammar
+# is one token and a caption is 7 tokens (+ start and end), well within TOKENIZER_MAX_LENGTH.
+CAPTIONS: tuple[str, ...] = (*(scene.caption for scene in scenes.all_scenes()), "a photo of a cat")
 TOKENIZER_MAX_LENGTH = 16
-NUM_BPE_MERGES = 60
-IMAGE_SIZE = 64  # pixels; the VAE downsamples by 2, so the UNet's sample_size is 32
+NUM_BPE_MERGES = 120
+IMAGE_SIZE = 32  # pixels; the VAE downsamples by 4, so the UNet's sample_size is 8
+VAE_SCALE = 4
+VAE_BATCH = 16
+VAE_LEARNING_RATE = 2e-3
+TOKEN_EMBEDDING_STD = 1.0
+POSITION_EMBEDDING_STD = 0.5
+TEXT_LAYER_SCALE = 0.1  # residual branches start at a tenth: the encoder is close to the identity
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -119,26 +130,28 @@ def build_tiny_components(seed: int = 0) -> dict[str, Any]:
             vocab_file=str(vocab_file), merges_file=str(merges_file), model_max_length=TOKENIZER_MAX_LENGTH
         )
     unet = UNet2DConditionModel(
-        sample_size=IMAGE_SIZE // 2,
+        sample_size=IMAGE_SIZE // VAE_SCALE,
         in_channels=4,
         out_channels=4,
         layers_per_block=1,
         block_out_channels=(32, 64),
-        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
         cross_attention_dim=32,
         attention_head_dim=8,
         norm_num_groups=32,
+        addition_embed_type="text",
+        addition_embed_type_num_heads=4,
     )
     vae = AutoencoderKL(
         in_channels=3,
         out_channels=3,
-        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
-        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
-        block_out_channels=(32, 64),
+        down_block_types=("DownEncoderBlock2D",) * 3,
+        up_block_types=("UpDecoderBlock2D",) * 3,
+        block_out_channels=(16, 32, 32),
         layers_per_block=1,
         latent_channels=4,
-        norm_num_groups=32,
+        norm_num_groups=8,
         sample_size=IMAGE_SIZE,
     )
     text_encoder = CLIPTextModel(
@@ -155,6 +168,7 @@ def build_tiny_components(seed: int = 0) -> dict[str, Any]:
             pad_token_id=tokenizer.pad_token_id,
         )
     )
+    _separate_words(text_encoder)
     # Stable Diffusion v1's training schedule, so the train job's code path is the real one.
     scheduler = DDPMScheduler(
         num_train_timesteps=1000,
@@ -173,14 +187,70 @@ def build_tiny_components(seed: int = 0) -> dict[str, Any]:
     }
 
 
-def build_tiny_pipeline(out_dir: str | Path, seed: int = 0) -> Path:
-    """Build the tiny pipeline and save it (diffusers layout, safetensors) to `out_dir`."""
+def _separate_words(text_encoder: Any) -> None:
+    """Large token and position embeddings and near-identity layers (see the module docstring)."""
+    import torch
+
+    embeddings = text_encoder.text_model.embeddings
+    with torch.no_grad():
+        embeddings.token_embedding.weight.normal_(0.0, TOKEN_EMBEDDING_STD)
+        embeddings.position_embedding.weight.normal_(0.0, POSITION_EMBEDDING_STD)
+        for layer in text_encoder.text_model.encoder.layers:
+            for branch_out in (layer.self_attn.out_proj, layer.mlp.fc2):
+                branch_out.weight.mul_(TEXT_LAYER_SCALE)
+                branch_out.bias.mul_(TEXT_LAYER_SCALE)
+
+
+def fit_vae(vae: Any, steps: int, seed: int = 0, size: int = IMAGE_SIZE) -> float:
+    """Fit the VAE to reconstruct scene images for `steps` AdamW steps; set its scaling_factor
+    so the latents have unit spread (SD's 0.18215 came from the same measurement). Returns the
+    last reconstruction loss (MSE in [-1, 1] pixels)."""
+    import random
+
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    rnd = random.Random(seed)
+    every = scenes.all_scenes()
+    pixels = np.stack(
+        [np.asarray(scenes.draw(rnd.choice(every), size, size, rnd), dtype=np.float32) for _ in range(512)]
+    )
+    images = torch.from_numpy(pixels / 127.5 - 1.0).permute(0, 3, 1, 2).contiguous()
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(vae.parameters(), lr=VAE_LEARNING_RATE)
+    loss = torch.zeros(())
+    vae.train()
+    for _ in range(steps):
+        batch = images[torch.randint(0, len(images), (VAE_BATCH,), generator=generator)]
+        posterior = vae.encode(batch).latent_dist
+        reconstruction = vae.decode(posterior.sample(generator=generator)).sample
+        loss = F.mse_loss(reconstruction, batch) + 1e-6 * posterior.kl().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    vae.eval()
+    with torch.no_grad():
+        spread = float(vae.encode(images).latent_dist.mean.std())
+    vae.register_to_config(scaling_factor=1.0 / spread)
+    return float(loss)
+
+
+def build_tiny_pipeline(out_dir: str | Path, seed: int = 0, vae_steps: int = 0) -> Path:
+    """Build the tiny pipeline and save it (diffusers layout, safetensors) to `out_dir`;
+    `vae_steps` > 0 fits the VAE first (see `fit_vae`)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from diffusers import StableDiffusionPipeline
+    from diffusers import DPMSolverMultistepScheduler, StableDiffusionPipeline
 
     out = Path(out_dir)
+    components = build_tiny_components(seed)
+    if vae_steps:
+        fit_vae(components["vae"], vae_steps, seed)
+    # Inference takes DPM-Solver (good images in ~20 steps) on the training schedule's betas;
+    # training reads the same config as a DDPMScheduler, as diffusers' examples do with SD's PNDM.
+    components["scheduler"] = DPMSolverMultistepScheduler.from_config(components["scheduler"].config)
     pipe: Any = StableDiffusionPipeline(
-        **build_tiny_components(seed),
+        **components,
         safety_checker=None,
         feature_extractor=None,
         requires_safety_checker=False,
@@ -197,8 +267,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("out_dir", type=Path, help="folder to write the pipeline to (created)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the random weights (default 0)")
+    parser.add_argument(
+        "--vae_steps", type=int, default=0, help="fit the VAE to scene images for N steps first (default 0: random)"
+    )
     args = parser.parse_args(argv)
-    path = build_tiny_pipeline(args.out_dir, seed=args.seed)
+    if args.vae_steps < 0:
+        parser.error(f"--vae_steps must be >= 0, got {args.vae_steps}")
+    path = build_tiny_pipeline(args.out_dir, seed=args.seed, vae_steps=args.vae_steps)
     print(path)
     return 0
 

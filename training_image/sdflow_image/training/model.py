@@ -251,15 +251,28 @@ class EMAStep:
                     shadow.copy_(param)
 
 
-def encode_batch(batch: dict[str, Any], parts: Parts, device: Any, generator: Any) -> tuple[Any, Any]:
-    """Latents and text embeddings of a batch, through the frozen VAE and text encoder."""
+def encode_batch(
+    batch: dict[str, Any], parts: Parts, device: Any, generator: Any, proportion_empty_prompts: float = 0.0
+) -> tuple[Any, Any]:
+    """Latents and text embeddings of a batch, through the frozen VAE and text encoder. With
+    `proportion_empty_prompts`, that share of the captions (drawn from `generator`) is replaced
+    by the empty prompt, so the UNet also learns the unconditional prediction that
+    classifier-free guidance subtracts (diffusers' examples use the same flag name)."""
     import torch
 
     vae = parts.vae
+    input_ids = batch["input_ids"].to(device, non_blocking=True)
+    if proportion_empty_prompts > 0:
+        tokenizer = parts.tokenizer
+        empty = tokenizer(
+            "", padding="max_length", max_length=tokenizer.model_max_length, truncation=True, return_tensors="pt"
+        ).input_ids.to(device)
+        dropped = torch.rand(input_ids.shape[0], generator=generator, device=device) < proportion_empty_prompts
+        input_ids = torch.where(dropped[:, None], empty, input_ids)
     with torch.no_grad():
         pixels = batch["pixel_values"].to(device, dtype=vae.dtype, non_blocking=True)
         latents = vae.encode(pixels).latent_dist.sample(generator=generator) * vae.config.scaling_factor
-        hidden = parts.text_encoder(batch["input_ids"].to(device, non_blocking=True), return_dict=False)[0]
+        hidden = parts.text_encoder(input_ids, return_dict=False)[0]
     return latents, hidden
 
 
@@ -271,8 +284,12 @@ def compute_loss(
     generator: Any,
     noise_offset: float = 0.0,
     autocast: Any = None,
+    snr_gamma: float = 0.0,
 ) -> Any:
-    """The epsilon (or v) prediction MSE of diffusers' text-to-image example."""
+    """The epsilon (or v) prediction MSE of diffusers' text-to-image example; with `snr_gamma`,
+    weighted by min(SNR, gamma) / SNR per sample (Min-SNR, Hang et al. 2023, as the example's
+    --snr_gamma does): the nearly noise-free timesteps stop dominating the gradient, which
+    speeds up learning of what the prompt decides at high noise (layout and colour)."""
     import torch
     import torch.nn.functional as F
 
@@ -296,4 +313,11 @@ def compute_loss(
     ctx = torch.autocast(device.type, dtype=autocast) if autocast else contextlib.nullcontext()
     with ctx:
         pred = model(noisy.to(dtype), timesteps, encoder_hidden_states.to(dtype), return_dict=False)[0]
-    return F.mse_loss(pred.float(), target.float(), reduction="mean")
+    if not snr_gamma:
+        return F.mse_loss(pred.float(), target.float(), reduction="mean")
+    from diffusers.training_utils import compute_snr
+
+    snr = compute_snr(noise_scheduler, timesteps)
+    weights = torch.clamp(snr, max=snr_gamma) / (snr + 1 if prediction_type == "v_prediction" else snr)
+    per_sample = F.mse_loss(pred.float(), target.float(), reduction="none").mean(dim=(1, 2, 3))
+    return (per_sample * weights).mean()

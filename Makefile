@@ -57,7 +57,9 @@ test-unit: setup  ## unit tests only (seconds)
 test-image: setup  ## the training_image code on CPU, in the job environment
 	$(IMAGE_BIN)/pytest tests/image --durations=15
 
-demo: setup  ## the whole pipeline on this machine (local runtime), ending with a generated image
+demo:  ## the whole pipeline on this machine (local runtime), ending with a generated image
+	# Only the two venvs the demo runs in (the lint tools' venvs are for `make test`/`make lint`).
+	$(MAKE) --no-print-directory -j2 $(STAMP) $(IMAGE_STAMP)
 	$(BIN)/sdflow demo
 
 lint: setup  ## ruff, mypy, cfn-lint

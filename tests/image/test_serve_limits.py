@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from sdflow_image import flags, serve
 from sdflow_image.serve_model import ModelInfo, ServeSettings, StepTiming, load_pipeline, torch_placement
-from sdflow_image.tiny_model import build_tiny_pipeline
+from sdflow_image.tiny_model import IMAGE_SIZE, build_tiny_pipeline
 from tests.image.serve_fixtures import (
     QUICK_TIMING,
     InstantPipeline,
@@ -116,7 +116,7 @@ def test_invocations_request_past_60s_limit_returns_400_naming_the_limit(real: t
     timing = server.timing
     assert timing is not None
     assert timing.step_s > 0
-    assert timing.size == 64
+    assert timing.size == IMAGE_SIZE  # the size the model says it was trained at
     request = {"prompt": "a cat", "num_images": 4, "num_inference_steps": 150, "width": 1024, "height": 1024}
     response = client.post("/invocations", json=request)
     assert response.status_code == 400, response.text

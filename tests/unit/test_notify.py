@@ -77,6 +77,25 @@ def test_notify_success_message_names_duration_shards_loss_and_endpoint() -> Non
     assert message.attributes == {"outcome": "succeeded", "run_id": "cats-v1-abc", "endpoint": "cats"}
 
 
+def test_notify_success_with_adherence_metrics_reports_base_and_trained_and_where_the_plots_are() -> None:
+    training = {
+        **SUCCESS_STATE["training"],
+        "final_metrics": {"train:loss": 0.09, "eval:prompt_adherence": 0.8542, "eval:base_prompt_adherence": 0.104},
+    }
+
+    text = notify.compose(_request("succeeded", {**SUCCESS_STATE, "training": training}), now=NOW).message
+
+    assert "prompt adherence: base 0.10 → trained 0.85 (held-out prompts)" in text
+    assert "loss curve loss.png" in text
+    assert "adherence.png" in text
+
+
+def test_notify_success_without_adherence_metrics_prints_no_adherence_line() -> None:
+    text = notify.compose(_request("succeeded", SUCCESS_STATE), now=NOW).message
+
+    assert "prompt adherence" not in text
+
+
 def test_notify_failure_of_validation_lists_each_field_error_and_says_nothing_started() -> None:
     cause = json.dumps(
         {

@@ -146,7 +146,9 @@ def test_training_job_request_on_demand_has_no_spot_fields() -> None:
         "LocalPath": "/opt/ml/checkpoints",
     }
     assert request["AlgorithmSpecification"]["MetricDefinitions"] == [
-        {"Name": "train:loss", "Regex": "loss=([0-9.eE+-]+)"}
+        {"Name": "train:loss", "Regex": "loss=([0-9.eE+-]+)"},
+        {"Name": "eval:prompt_adherence", "Regex": "eval:prompt_adherence=([0-9.]+)"},
+        {"Name": "eval:base_prompt_adherence", "Regex": "eval:base_prompt_adherence=([0-9.]+)"},
     ]
     assert request["EnableNetworkIsolation"] is False  # the container streams its shards from S3
     assert request["EnableInterContainerTrafficEncryption"] is True

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sdflow_image import contract, flags
+from sdflow_image import contract, flags, scenes
 from sdflow_image.data_source import FLAGS as DATA_FLAGS
 from sdflow_image.data_source import DatasetIndexError, load_index
 from sdflow_image.training.checkpoints import CheckpointError, list_checkpoints
@@ -114,8 +114,19 @@ FLAGS: list[flags.Flag] = [
     Flag("ema_decay", flags.number(float, 0), 0.9999, "EMA decay (< 1)"),
     Flag("seed", flags.non_negative_int, 0, "random seed"),
     Flag("noise_offset", flags.non_negative_float, 0.0, "noise offset (0 disables)"),
+    Flag("snr_gamma", flags.non_negative_float, 0.0, "Min-SNR loss weighting gamma, e.g. 5 (0 disables)"),
+    Flag(
+        "proportion_empty_prompts",
+        flags.number(float, 0, maximum=1),
+        0.0,
+        "share of captions replaced by the empty prompt, for classifier-free guidance (0..1)",
+    ),
     Flag("validation_prompts", flags.prompt_list, DEFAULT_VALIDATION_PROMPTS, "JSON list of prompts for samples.png"),
     Flag("validation_inference_steps", flags.positive_int, 25, "denoising steps for samples.png"),
+    Flag("eval_adherence", flags.boolean, False, "score prompt adherence of the base and trained model at the end"),
+    Flag("eval_prompts", flags.prompt_list, [], "JSON list of scene prompts to score; [] = the held-out set"),
+    Flag("eval_inference_steps", flags.positive_int, 20, "denoising steps for the adherence images"),
+    Flag("eval_guidance_scale", flags.non_negative_float, 5.0, "classifier-free guidance for the adherence images"),
 ]
 
 
@@ -173,6 +184,11 @@ def check_inputs(args: argparse.Namespace, cuda: bool) -> None:
     except DatasetIndexError as exc:
         raise ChannelError(str(exc)) from None
     check_plugin(args, cuda)
+    for prompt in args.eval_prompts:
+        try:
+            scenes.parse_prompt(prompt)
+        except scenes.PromptGrammarError as exc:
+            raise HyperparameterError(f"eval_prompts: {exc}") from None
 
 
 def check_plugin(args: argparse.Namespace, cuda: bool) -> None:

@@ -230,9 +230,25 @@ def _training_lines(training: dict[str, Any]) -> list[str]:
     with contextlib.suppress(TypeError, ValueError):
         loss_text = f", final loss {float(loss):.4f}" if loss is not None and loss != "" else ""
     lines = [f"Training:  job {training['job_name']}{loss_text}"]
+    adherence = _adherence_text(metrics if isinstance(metrics, dict) else {})
+    if adherence:
+        lines.append(f"           {adherence}")
     if training.get("model_data_url"):
         lines.append(f"           model {training['model_data_url']}")
+        # Inside the model archive, next to the weights: what a person looks at first.
+        lines.append("           loss curve loss.png, samples samples.png, held-out prompts adherence.png (in it)")
     return lines
+
+
+def _adherence_text(metrics: dict[str, Any]) -> str:
+    """`prompt adherence: base 0.10 → trained 0.85 (held-out prompts)` from the training job's metrics."""
+    trained, base = metrics.get("eval:prompt_adherence"), metrics.get("eval:base_prompt_adherence")
+    try:
+        trained_text = f"{float(trained):.2f}"
+        base_text = f"base {float(base):.2f} → " if base is not None else ""
+    except (TypeError, ValueError):
+        return ""
+    return f"prompt adherence: {base_text}trained {trained_text} (held-out prompts)"
 
 
 def _warning_lines(config: dict[str, Any] | None) -> list[str]:

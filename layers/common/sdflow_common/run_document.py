@@ -165,6 +165,19 @@ class TrainingOptions(_Strict):
         max_length=16,
         description="Prompts rendered into samples.png after training.",
     )
+    noise_offset: float = Field(
+        default=0.0, ge=0, le=1, description="Noise offset (0 disables); helps learn very dark or bright images."
+    )
+    snr_gamma: float = Field(
+        default=0.0, ge=0, le=100, description="Min-SNR loss weighting gamma, e.g. 5 (0 disables)."
+    )
+    proportion_empty_prompts: float = Field(
+        default=0.0, ge=0, le=1, description="Share of captions trained as the empty prompt (classifier-free guidance)."
+    )
+    eval_adherence: bool = Field(
+        default=True,
+        description="Score prompt adherence (held-out scene prompts) of the base and the trained model at the end.",
+    )
 
     @model_validator(mode="after")
     def _spot_needs_wait(self) -> TrainingOptions:
@@ -197,6 +210,10 @@ class TrainingOptions(_Strict):
             "dataloader_num_workers": self.dataloader_num_workers,
             "interleave_shards": self.interleave_shards,
             "validation_prompts": json.dumps(list(self.validation_prompts)),
+            "noise_offset": self.noise_offset,
+            "snr_gamma": self.snr_gamma,
+            "proportion_empty_prompts": self.proportion_empty_prompts,
+            "eval_adherence": self.eval_adherence,
         }
         return {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in values.items()}
 

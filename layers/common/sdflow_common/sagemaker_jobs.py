@@ -35,6 +35,11 @@ PROCESSING_VOLUME_MAX_GB = 16384
 # One instance per shard: a shard is one parquet file, img2dataset parallelises within it.
 DOWNLOAD_INSTANCE_COUNT = 1
 LOSS_METRIC = {"Name": "train:loss", "Regex": "loss=([0-9.eE+-]+)"}
+# Printed once at the end of training by sdflow_image.training.outputs (held-out prompts).
+ADHERENCE_METRICS = (
+    {"Name": "eval:prompt_adherence", "Regex": "eval:prompt_adherence=([0-9.]+)"},
+    {"Name": "eval:base_prompt_adherence", "Regex": "eval:base_prompt_adherence=([0-9.]+)"},
+)
 VARIANT_NAME = "AllTraffic"
 TAG_EXECUTION = "sdflow:execution"
 # The run hash (sdflow_common.names.run_hash): tells a run from an older one of the same name.
@@ -312,7 +317,7 @@ def training_job_request(
         "AlgorithmSpecification": {
             "TrainingImage": image_uri,
             "TrainingInputMode": "File",
-            "MetricDefinitions": [dict(LOSS_METRIC)],
+            "MetricDefinitions": [dict(LOSS_METRIC), *(dict(m) for m in ADHERENCE_METRICS)],
         },
         "RoleArn": role_arn,
         "HyperParameters": options.hyperparameters()

@@ -309,11 +309,20 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         no_sync_ok = args.plugin == "torch_ddp" and self.world_size > 1
         for micro in range(args.gradient_accumulation_steps):
-            latents, hidden = model.encode_batch(next(batches), self.parts, self.device, generator)
+            latents, hidden = model.encode_batch(
+                next(batches), self.parts, self.device, generator, args.proportion_empty_prompts
+            )
             last = micro == args.gradient_accumulation_steps - 1
             with model.no_sync(b.booster, b.model, b.optimizer, skip=no_sync_ok and not last):
                 loss = model.compute_loss(
-                    b.model, self.parts.noise_scheduler, latents, hidden, generator, args.noise_offset, b.autocast_dtype
+                    b.model,
+                    self.parts.noise_scheduler,
+                    latents,
+                    hidden,
+                    generator,
+                    args.noise_offset,
+                    b.autocast_dtype,
+                    snr_gamma=args.snr_gamma,
                 )
                 b.booster.backward(loss / args.gradient_accumulation_steps, b.optimizer)
             total += loss.detach() / args.gradient_accumulation_steps

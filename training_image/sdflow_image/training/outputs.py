@@ -4,7 +4,10 @@
   trained in fp16 or bf16 (the weights the serving container loads, at half the bytes), else fp32;
 - `sdflow_model.json`: {"resolution", "dtype", "steps", "base_model"}; the server's default
   image size is the trained resolution;
-- `training_summary.json`, `loss.png`, `samples.png` (one image per validation prompt).
+- `training_summary.json`, `loss.png`, `samples.png` (one image per validation prompt);
+- with --eval_adherence: `adherence.png` (each held-out prompt: base | trained) and the base and
+  trained prompt-adherence scores in the summary and in the log, where the job's metric
+  definitions pick them up (`eval:prompt_adherence=`, `eval:base_prompt_adherence=`).
 
 The training state is freed before anything is rendered: the boosted UNet, optimizer states,
 EMA and frozen parts stay on the device until the weights are exported, then are dropped, so
@@ -51,6 +54,8 @@ def save(args: argparse.Namespace, trainer: Trainer, summary: dict[str, Any]) ->
     write_model_info(out, args, steps)
     write_loss_plot(losses, out / "loss.png")
     write_samples(pipe, args, device, out / "samples.png")
+    if args.eval_adherence:
+        summary["prompt_adherence"] = write_adherence(pipe, args, device, out)
     (out / "training_summary.json").write_text(json.dumps(summary, indent=2))
     print(f"saved model to {out}", flush=True)
 
@@ -133,3 +138,43 @@ def write_samples(pipe: Any, args: argparse.Namespace, device: Any, path: Path) 
     for i, image in enumerate(images):
         grid.paste(image, ((i % columns) * width, (i // columns) * height))
     grid.save(path)
+
+
+def write_adherence(pipe: Any, args: argparse.Namespace, device: Any, out: Path) -> dict[str, Any]:
+    """Score the trained pipeline and the base model on the held-out prompts (sdflow_image.adherence);
+    write the side-by-side grid; print the scores as metric lines. Rank 0, after training."""
+    import torch
+    from diffusers import StableDiffusionPipeline
+
+    from sdflow_image import adherence
+
+    prompts = list(args.eval_prompts) or adherence.default_prompts()
+    options = {
+        "resolution": args.resolution,
+        "num_inference_steps": args.eval_inference_steps,
+        "guidance_scale": args.eval_guidance_scale,
+        "seed": args.seed,
+    }
+    pipe.set_progress_bar_config(disable=True)
+    trained_images = adherence.render(pipe, prompts, **options)
+    base: Any = StableDiffusionPipeline.from_pretrained(
+        args.pretrained_model_name_or_path, local_files_only=True, safety_checker=None, torch_dtype=torch.float32
+    ).to(device)
+    base.set_progress_bar_config(disable=True)
+    base_images = adherence.render(base, prompts, **options)
+    del base
+    trained, untrained = adherence.score_images(trained_images, prompts), adherence.score_images(base_images, prompts)
+    adherence.make_grid([base_images, trained_images]).save(out / "adherence.png")
+    print(f"eval:base_prompt_adherence={untrained.score:.6f}", flush=True)
+    print(f"eval:prompt_adherence={trained.score:.6f}", flush=True)
+    print(
+        f"prompt adherence: base {untrained.score:.2f} → trained {trained.score:.2f} ({trained.prompts} prompts)",
+        flush=True,
+    )
+    return {
+        "base": untrained.score,
+        "trained": trained.score,
+        "prompts": trained.prompts,
+        "shape_accuracy": {"base": untrained.shape_accuracy, "trained": trained.shape_accuracy},
+        "grid": "adherence.png",
+    }

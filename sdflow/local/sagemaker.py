@@ -810,6 +810,8 @@ class LocalSageMaker:
         container = model.get("PrimaryContainer") or (model.get("Containers") or [None])[0]
         if not container:
             raise DeploymentFailed(f"model {model.get('ModelName')} has no PrimaryContainer")
+        if container.get("ModelPackageName") and not container.get("ModelDataUrl"):
+            container = self._model_package_container(name, model, container)
         folder = self.workdir / "endpoints" / name / config_name
         if folder.exists():
             shutil.rmtree(folder)
@@ -851,6 +853,18 @@ class LocalSageMaker:
         with self._lock:
             self._wall[config_name] = process.wall_s()
         return deployment
+
+    def _model_package_container(self, name: str, model: dict[str, Any], container: dict[str, Any]) -> dict[str, Any]:
+        """A model may name a model package instead of an image and artifact (CreateModel's
+        ModelPackageName): serve the package's container, read from the local cloud's registry when the
+        endpoint deploys. AWS documents that a version must be Approved to be deployed, not which call
+        checks it; checking here lets the local cloud accept CreateModel and fail the deployment."""
+        from sdflow.local.services.sagemaker_registry import ModelPackageUnusable, serving_container
+
+        try:
+            return serving_container(container, name, self.region)
+        except ModelPackageUnusable as exc:
+            raise DeploymentFailed(f"model {model.get('ModelName')}: {exc}") from None
 
     def _wait_healthy(self, deployment: _Deployment, cancelled: threading.Event | None = None) -> None:
         url = f"http://127.0.0.1:{deployment.port}/ping"

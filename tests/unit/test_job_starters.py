@@ -513,7 +513,8 @@ def test_deploy_endpoint_missing_endpoint_is_created(
     described = mocked_aws.sagemaker.describe_endpoint(EndpointName=endpoint)
     assert described["EndpointConfigName"] == deployment
     model = mocked_aws.sagemaker.describe_model(ModelName=deployment)
-    assert model["PrimaryContainer"]["ModelDataUrl"] == event["training"]["model_data_url"]
+    # The model comes from the approved package, not straight from the training artifact.
+    assert model["PrimaryContainer"]["ModelPackageName"] == event["model"]["model_package_arn"]
     record = store.get(endpoint)
     assert record is not None
     assert record.kind == "endpoint"

@@ -9,18 +9,25 @@ colour to a median, so blur and a little colour drift do not change the reading.
 
 The headline score is the mean over prompts of the share of the two colours read right: a
 model that ignores its prompt scores about 1/8 (eight colours), one that follows it 1.0. Shape
-accuracy is reported beside it (chance 1/3)."""
+accuracy is reported beside it (chance 1/3).
+
+`compare` is the one evaluation of a trained model against its base: the training job's
+end-of-training score (--eval_adherence) and the `evaluate` processing job both call it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import gc
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
 from sdflow_image import scenes
+
+GRID_FILE = "adherence.png"
 
 # Fill ratio of the foreground's bounding box, between the ideal shapes' 1, pi/4 and 1/2.
 SQUARE_MIN_FILL = 0.89
@@ -98,7 +105,7 @@ def score_images(images: Sequence[Image.Image], prompts: Sequence[str]) -> Adher
     grammar cannot read, and ValueError when the counts differ."""
     if len(images) != len(prompts) or not prompts:
         raise ValueError(f"need one image per prompt and at least one prompt, got {len(images)} and {len(prompts)}")
-    results = []
+    results: list[dict[str, Any]] = []
     for image, prompt in zip(images, prompts, strict=True):
         wanted, seen = scenes.parse_prompt(prompt), read_image(image)
         results.append(
@@ -182,3 +189,88 @@ def make_grid(rows: Sequence[Sequence[Image.Image]], *, cell: int = 64, columns:
         for k, row in enumerate(rows):
             grid.paste(row[index].convert("RGB").resize((cell, cell), Image.Resampling.NEAREST), (x0 + k * cell, y0))
     return grid
+
+
+@dataclass
+class Comparison:
+    """A trained model and its base scored on the same prompts, with the images they drew."""
+
+    base: AdherenceReport
+    trained: AdherenceReport
+    base_images: list[Image.Image]
+    trained_images: list[Image.Image]
+
+    def summary_line(self) -> str:
+        return (
+            f"prompt adherence: base {self.base.score:.2f} → trained {self.trained.score:.2f} "
+            f"({self.trained.prompts} prompts)"
+        )
+
+
+def load_pipeline(model_dir: str | Path, device: Any) -> Any:
+    """A local diffusers StableDiffusionPipeline in float32 on `device`: nothing from a hub, and
+    no safety checker (it would black out images and the scenes need none)."""
+    import torch
+    from diffusers import StableDiffusionPipeline
+    from diffusers.utils import logging as diffusers_logging
+
+    # A job's log keeps every redraw of the loading progress bar.
+    diffusers_logging.disable_progress_bar()
+    pipe: Any = StableDiffusionPipeline.from_pretrained(
+        str(model_dir), local_files_only=True, safety_checker=None, torch_dtype=torch.float32
+    )
+    pipe = pipe.to(device)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _render_with(load: Callable[[], Any], prompts: Sequence[str], **options: Any) -> list[Image.Image]:
+    pipe = load()
+    images = render(pipe, prompts, **options)
+    # Drop this model before the next one loads, so a GPU holds one model's weights at a time.
+    del pipe
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return images
+
+
+def compare(
+    load_trained: Callable[[], Any],
+    load_base: Callable[[], Any],
+    prompts: Sequence[str],
+    *,
+    out_dir: str | Path,
+    resolution: int,
+    num_inference_steps: int = 20,
+    guidance_scale: float = 5.0,
+    seed: int = 0,
+) -> Comparison:
+    """Render the prompts with the trained model, then with the base (each loader is called when
+    its turn comes, so loaders that read from disk keep one model in memory at a time); score
+    both; save the grid (each prompt: base | trained) as `out_dir/GRID_FILE`; print the scores as
+    the metric lines SageMaker's metric definitions read. Raises scenes.PromptGrammarError
+    before anything is rendered when a prompt is outside the grammar."""
+    for prompt in prompts:
+        scenes.parse_prompt(prompt)
+    options = {
+        "resolution": resolution,
+        "num_inference_steps": num_inference_steps,
+        "guidance_scale": guidance_scale,
+        "seed": seed,
+    }
+    trained_images = _render_with(load_trained, prompts, **options)
+    base_images = _render_with(load_base, prompts, **options)
+    result = Comparison(
+        base=score_images(base_images, prompts),
+        trained=score_images(trained_images, prompts),
+        base_images=base_images,
+        trained_images=trained_images,
+    )
+    make_grid([base_images, trained_images]).save(Path(out_dir) / GRID_FILE)
+    print(f"eval:base_prompt_adherence={result.base.score:.6f}", flush=True)
+    print(f"eval:prompt_adherence={result.trained.score:.6f}", flush=True)
+    print(result.summary_line(), flush=True)
+    return result

@@ -65,3 +65,16 @@ class SageMakerQuotaExceeded(SdflowError):
 
 class ReconcileIncomplete(SdflowError):
     """The reconciler could not check or resolve some task-token claims (details in the message)."""
+
+
+class EvaluationJobFailed(SdflowError):
+    """The evaluation processing job (prompt adherence of the trained model) ended Failed or Stopped."""
+
+
+class QualityGateFailed(SdflowError):
+    """The trained model scored below the run's `evaluation.min_prompt_adherence`: it was registered
+    as Rejected and not deployed; the endpoint keeps serving its current model."""
+
+
+class ModelRejected(SdflowError):
+    """A person rejected the model package the run waited on (manual approval): nothing is deployed."""

@@ -153,9 +153,13 @@ class JobStart:
     request: dict[str, Any]
     context: dict[str, str]
     failure: type[SdflowError]
+    # The claim's kind when the API's default is not it (an evaluation is a processing job too).
+    job_kind: Kind | None = None
 
     @property
     def kind(self) -> Kind:
+        if self.job_kind is not None:
+            return self.job_kind
         return "download" if self.api.noun == "ProcessingJob" else "training"
 
     def claim(self, name: str) -> Claim:

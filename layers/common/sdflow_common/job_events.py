@@ -29,6 +29,8 @@ from sdflow_common import aws, rollback, sagemaker_jobs
 from sdflow_common.errors import (
     DownloadJobFailed,
     EndpointDeployFailed,
+    EvaluationJobFailed,
+    ModelRejected,
     SdflowError,
     TrainingCapacityUnavailable,
     TrainingJobFailed,
@@ -41,6 +43,7 @@ logger = Logger(child=True)
 PROCESSING_DETAIL_TYPE = "SageMaker Processing Job State Change"
 TRAINING_DETAIL_TYPE = "SageMaker Training Job State Change"
 ENDPOINT_DETAIL_TYPE = "SageMaker Endpoint State Change"
+MODEL_PACKAGE_DETAIL_TYPE = "SageMaker Model Package State Change"
 
 # Step Functions' limits for SendTaskFailure (error ≤ 256, cause ≤ 32,768 characters); the
 # success output is kept far below its 256 KB limit so later states stay small.
@@ -53,7 +56,9 @@ STALE_TOKEN_CODES = frozenset({"TaskDoesNotExist", "InvalidToken", "TaskTimedOut
 FAILURE_ERRORS: dict[Kind, type[SdflowError]] = {
     "download": DownloadJobFailed,
     "training": TrainingJobFailed,
+    "evaluation": EvaluationJobFailed,
     "endpoint": EndpointDeployFailed,
+    "approval": ModelRejected,
 }
 
 
@@ -70,6 +75,8 @@ class _Detail(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
 
     kind: ClassVar[Kind]
+    # The claims this kind of event may answer: a processing job is a download or an evaluation.
+    kinds: ClassVar[frozenset[Kind]]
     # Each kind names these two differently; subclasses give the alias.
     resource_name: str
     status: str
@@ -88,6 +95,7 @@ class _JobDetail(_Detail):
 
 class ProcessingJobDetail(_JobDetail):
     kind: ClassVar[Kind] = "download"
+    kinds: ClassVar[frozenset[Kind]] = frozenset({"download", "evaluation"})
 
     resource_name: str = Field(alias="ProcessingJobName")
     status: str = Field(alias="ProcessingJobStatus")
@@ -116,6 +124,7 @@ class MetricDatum(BaseModel):
 
 class TrainingJobDetail(_JobDetail):
     kind: ClassVar[Kind] = "training"
+    kinds: ClassVar[frozenset[Kind]] = frozenset({"training"})
 
     resource_name: str = Field(alias="TrainingJobName")
     status: str = Field(alias="TrainingJobStatus")
@@ -134,6 +143,7 @@ class TrainingJobDetail(_JobDetail):
 
 class EndpointDetail(_Detail):
     kind: ClassVar[Kind] = "endpoint"
+    kinds: ClassVar[frozenset[Kind]] = frozenset({"endpoint"})
     # The event's status is only a hint: resolution reads DescribeEndpoint, because a
     # blue/green update that rolled back also ends IN_SERVICE, on the old config.
     terminal_statuses: ClassVar[frozenset[str]] = frozenset(
@@ -149,7 +159,25 @@ class EndpointDetail(_Detail):
         return normalize_status(self.status) in self.terminal_statuses
 
 
-JobDetail = ProcessingJobDetail | TrainingJobDetail | EndpointDetail
+class ModelPackageDetail(_Detail):
+    """A model package's approval: a person (or the pipeline) set ModelApprovalStatus. Approved
+    answers the run's "Wait for approval" task, Rejected fails it; PendingManualApproval waits on."""
+
+    kind: ClassVar[Kind] = "approval"
+    kinds: ClassVar[frozenset[Kind]] = frozenset({"approval"})
+
+    resource_name: str = Field(alias="ModelPackageArn")
+    status: str = Field(alias="ModelApprovalStatus")
+    approval_description: str | None = Field(default=None, alias="ApprovalDescription")
+
+    def is_terminal(self) -> bool:
+        return normalize_status(self.status) in {"approved", "rejected"}
+
+    def succeeded(self) -> bool:
+        return normalize_status(self.status) == "approved"
+
+
+JobDetail = ProcessingJobDetail | TrainingJobDetail | EndpointDetail | ModelPackageDetail
 
 
 class ProcessingJobStateChange(EventBridgeModel):
@@ -167,7 +195,14 @@ class EndpointStateChange(EventBridgeModel):
     detail: EndpointDetail
 
 
-SageMakerStateChangeEvent = ProcessingJobStateChange | TrainingJobStateChange | EndpointStateChange
+class ModelPackageStateChange(EventBridgeModel):
+    detail_type: Literal["SageMaker Model Package State Change"] = Field(alias="detail-type")
+    detail: ModelPackageDetail
+
+
+SageMakerStateChangeEvent = (
+    ProcessingJobStateChange | TrainingJobStateChange | EndpointStateChange | ModelPackageStateChange
+)
 # The model for Powertools' event_parser: the detail-type picks the detail's model.
 SageMakerStateChange = Annotated[SageMakerStateChangeEvent, Field(discriminator="detail_type")]
 
@@ -229,7 +264,7 @@ class TaskResolver:
         if record is None:
             logger.info("no task waits on this resource", extra={"resource_name": name, "status": status})
             return Resolution("unknown", name, kind, status)
-        if record.kind != kind:
+        if record.kind not in detail.kinds:
             logger.warning("token kind does not match the event", extra={"resource_name": name, "kind": record.kind})
             return Resolution("unknown", name, kind, status)
         if isinstance(detail, EndpointDetail):
@@ -239,16 +274,35 @@ class TaskResolver:
                 logger.info("event predates this deployment; ignored", extra={"endpoint": name})
                 return Resolution("ignored", name, kind, status)
             return self._resolve_endpoint(record, detail, described_endpoint)
+        if isinstance(detail, ModelPackageDetail):
+            return self._resolve_approval(record, detail)
         if detail.succeeded():
             return self.succeed(record, self._job_summary(record, detail), status)
-        cause = f"{kind} job {name} ended {status}: {detail.reason}"
-        return self.fail(record, _failure_error(detail), cause, status)
+        cause = f"{record.kind} job {name} ended {status}: {detail.reason}"
+        return self.fail(record, _failure_error(record, detail), cause, status)
+
+    def _resolve_approval(self, record: TokenRecord, detail: ModelPackageDetail) -> Resolution:
+        arn = detail.resource_name
+        if detail.succeeded():
+            summary = {"model_package_arn": arn, "approval_status": detail.status}
+            if detail.approval_description:
+                summary["approval_description"] = truncate(detail.approval_description, 1000)
+            return self.succeed(record, summary, detail.status)
+        reason = f": {detail.approval_description}" if detail.approval_description else ""
+        cause = (
+            f"model package {arn} was rejected{reason}; nothing was deployed and the endpoint keeps its "
+            "current model. Register a better model with a new run."
+        )
+        return self.fail(record, ModelRejected, cause, detail.status)
 
     # -- summaries --------------------------------------------------------------------
 
     @staticmethod
     def _job_summary(record: TokenRecord, detail: ProcessingJobDetail | TrainingJobDetail) -> dict[str, Any]:
         if isinstance(detail, ProcessingJobDetail):
+            if record.kind == "evaluation":
+                # evaluation.json and adherence.png are there; Register model reads them.
+                return {"job_name": detail.resource_name, "evaluation_uri": record.context.get("output_uri", "")}
             return {
                 "shard_id": record.context.get("shard_id", ""),
                 "status": "ok",
@@ -386,13 +440,13 @@ class TaskResolver:
         return "stale_token"
 
 
-def _failure_error(detail: ProcessingJobDetail | TrainingJobDetail) -> type[SdflowError]:
+def _failure_error(record: TokenRecord, detail: ProcessingJobDetail | TrainingJobDetail) -> type[SdflowError]:
     """The step's error; a training job SageMaker could not find instances for gets its own, which
     the state retries with a new job later (SageMaker's RetryStrategy does not cover capacity)."""
     failed = normalize_status(detail.status) == "failed"
     if isinstance(detail, TrainingJobDetail) and failed and sagemaker_jobs.is_capacity_failure(detail.failure_reason):
         return TrainingCapacityUnavailable
-    return FAILURE_ERRORS[detail.kind]
+    return FAILURE_ERRORS[record.kind]
 
 
 def _predates_deployment(record: TokenRecord, event_time: datetime) -> bool:

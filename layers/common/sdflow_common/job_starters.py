@@ -127,9 +127,17 @@ class TrainingResult(_Payload):
     final_metrics: dict[str, float] = Field(default_factory=dict)
 
 
+class RegisteredModel(_Payload):
+    """`$.model`, Register model's result: the package Deploy endpoint serves."""
+
+    model_package_arn: str = Field(min_length=20)
+    approval_status: str = "Approved"
+
+
 class DeployTask(CallbackTask):
     config: RunConfig
     training: TrainingResult
+    model: RegisteredModel
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -188,7 +196,7 @@ def _adopt_existing(start: job_control.JobStart) -> None:
         raise _translate(exc, "ListTags", start.name, start.failure) from exc
 
 
-def _start_job(start: job_control.JobStart) -> dict[str, Any]:
+def start_job(start: job_control.JobStart) -> dict[str, Any]:
     name, task = start.name, start.task
     if task.attempt > 0:
         adopted = _adopted_earlier_attempt(start)
@@ -258,7 +266,7 @@ def start_download(
         image_uri=settings.training_image_uri,
         role_arn=settings.sagemaker_role_arn,
     )
-    return _start_job(
+    return start_job(
         job_control.JobStart(
             store=store or TokenStore.from_settings(settings),
             sfn=sfn or aws.client("stepfunctions"),
@@ -295,7 +303,7 @@ def start_training(
         image_uri=settings.training_image_uri,
         role_arn=settings.sagemaker_role_arn,
     )
-    return _start_job(
+    return start_job(
         job_control.JobStart(
             store=store or TokenStore.from_settings(settings),
             sfn=sfn or aws.client("stepfunctions"),
@@ -336,7 +344,7 @@ def deploy_endpoint(
     sagemaker: Any = None,
     alarm_names: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """CreateModel + CreateEndpointConfig, then CreateEndpoint, or a blue/green UpdateEndpoint
+    """CreateModel (from the approved model package) + CreateEndpointConfig, then CreateEndpoint, or a blue/green UpdateEndpoint
     when the endpoint exists. The token is keyed by the endpoint name, so one deployment per
     endpoint runs at a time; another run's deployment → EndpointBusy (the state retries)."""
     _require(settings)
@@ -372,8 +380,7 @@ def deploy_endpoint(
                 model_name=deployment,
                 run_id=config.run_id,
                 run_hash=run_hash,
-                image_uri=settings.training_image_uri,
-                model_data_url=task.training.model_data_url,
+                model_package_arn=task.model.model_package_arn,
                 role_arn=settings.sagemaker_role_arn,
             ),
         )

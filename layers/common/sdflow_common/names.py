@@ -29,6 +29,10 @@ HASH_LENGTH = 10
 
 DOWNLOAD_PREFIX = "sdf-dl"
 TRAINING_PREFIX = "sdf-tr"
+EVALUATION_PREFIX = "sdf-ev"
+# Model package groups, one per run_name: `sdf-<run name slug>` (the IAM policies scope to sdf-*).
+MODEL_GROUP_PREFIX = "sdf"
+UNNAMED_RUN_GROUP = "unnamed"
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ATTEMPT_TAIL = re.compile(r"-a(\d+)$")
@@ -154,6 +158,18 @@ def download_job_name(hash_: str, run_id: str, shard_id: str, redrive: int, atte
 def training_job_name(hash_: str, run_id: str, redrive: int, attempt: int) -> str:
     """Training job of a run: `sdf-tr-<run slug>-<run hash>-r<redrive>-a<attempt>`."""
     return _assemble(TRAINING_PREFIX, run_id, hash_, _counters(redrive, attempt))
+
+
+def evaluation_job_name(hash_: str, run_id: str, redrive: int, attempt: int) -> str:
+    """Evaluation processing job of a run: `sdf-ev-<run slug>-<run hash>-r<redrive>-a<attempt>`."""
+    return _assemble(EVALUATION_PREFIX, run_id, hash_, _counters(redrive, attempt))
+
+
+def model_package_group_name(run_name: str | None) -> str:
+    """The registry group of every model trained under one run_name: `sdf-<slug>` (63 chars at most;
+    runs without a run_name share `sdf-unnamed`)."""
+    head = slug(run_name or "", MAX_NAME_LENGTH - len(MODEL_GROUP_PREFIX) - 1) or UNNAMED_RUN_GROUP
+    return _check(f"{MODEL_GROUP_PREFIX}-{head}", [MODEL_GROUP_PREFIX, head])
 
 
 def deployment_name(endpoint_name: str, hash_: str, redrive: int, attempt: int) -> str:

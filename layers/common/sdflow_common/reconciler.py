@@ -30,6 +30,7 @@ from sdflow_common.job_events import (
     FAILURE_ERRORS,
     EndpointDetail,
     JobDetail,
+    ModelPackageDetail,
     ProcessingJobDetail,
     TaskResolver,
     TrainingJobDetail,
@@ -67,7 +68,7 @@ class ReconcileReport:
 
 
 def _job_api(sagemaker: Any, record: TokenRecord) -> job_control.JobApi | None:
-    if record.kind == "download":
+    if record.kind in ("download", "evaluation"):
         return job_control.processing_jobs(sagemaker)
     if record.kind == "training":
         return job_control.training_jobs(sagemaker)
@@ -76,19 +77,23 @@ def _job_api(sagemaker: Any, record: TokenRecord) -> job_control.JobApi | None:
 
 def _describer(sagemaker: Any, record: TokenRecord) -> Callable[[], dict[str, Any]]:
     name = record.resource_name
-    if record.kind == "download":
+    if record.kind in ("download", "evaluation"):
         return lambda: sagemaker.describe_processing_job(ProcessingJobName=name)
     if record.kind == "training":
         return lambda: sagemaker.describe_training_job(TrainingJobName=name)
+    if record.kind == "approval":
+        return lambda: sagemaker.describe_model_package(ModelPackageName=name)
     return lambda: sagemaker.describe_endpoint(EndpointName=name)
 
 
 def detail_from_description(record: TokenRecord, described: dict[str, Any]) -> JobDetail:
     """Describe* responses have the same field names as the events' detail."""
-    if record.kind == "download":
+    if record.kind in ("download", "evaluation"):
         return ProcessingJobDetail.model_validate(described)
     if record.kind == "training":
         return TrainingJobDetail.model_validate(described)
+    if record.kind == "approval":
+        return ModelPackageDetail.model_validate(described)
     return EndpointDetail.model_validate(described)
 
 
@@ -96,6 +101,13 @@ def _stop_overdue(
     record: TokenRecord, detail: JobDetail, resolver: TaskResolver, sagemaker: Any, report: ReconcileReport
 ) -> None:
     """A job still running after its task's deadline: the task timed out, nobody will use the job."""
+    if record.kind == "approval":
+        # Nobody decided in time: the task has timed out (the run failed with States.Timeout); the
+        # claim goes, and a later decision finds no task to answer.
+        cause = f"model package {record.resource_name} was still {detail.status} at its task's deadline"
+        resolver.fail(record, FAILURE_ERRORS[record.kind], cause, detail.status)
+        report.stopped += 1
+        return
     api = _job_api(sagemaker, record)
     if api is None:
         # An endpoint change cannot be stopped; its settling event rolls it back (see the module docstring).

@@ -175,8 +175,9 @@ class TrainingOptions(_Strict):
         default=0.0, ge=0, le=1, description="Share of captions trained as the empty prompt (classifier-free guidance)."
     )
     eval_adherence: bool = Field(
-        default=True,
-        description="Score prompt adherence (held-out scene prompts) of the base and the trained model at the end.",
+        default=False,
+        description="Also score prompt adherence (held-out scene prompts) of the base and the trained model at the "
+        "end of the training job, as SageMaker metrics (the Evaluate model step always scores it).",
     )
 
     @model_validator(mode="after")
@@ -232,6 +233,104 @@ class EndpointOptions(_Strict):
     )
 
 
+# The scene grammar of the prompt-adherence score (training_image/sdflow_image/scenes.py, which the
+# layer cannot import; tests/unit/test_run_document.py checks the two agree).
+SCENE_COLOURS = ("red", "green", "blue", "yellow", "white", "black", "orange", "purple")
+SCENE_SHAPES = ("square", "circle", "triangle")
+SCENE_PROMPT = re.compile(r"^an? (?P<fg>[a-z]+) (?P<shape>[a-z]+) on an? (?P<bg>[a-z]+) background$")
+SCENE_GRAMMAR = "a <colour> <shape> on a <colour> background"
+MAX_EVALUATION_PROMPTS = 256
+
+
+def scene_prompt_problem(prompt: str) -> str | None:
+    """Why the adherence score cannot read `prompt`, or None when it follows the grammar."""
+    match = SCENE_PROMPT.match(prompt)
+    if match is None:
+        return f"'{printable(prompt)}' does not follow '{SCENE_GRAMMAR}'"
+    for word, allowed, what in (
+        (match["fg"], SCENE_COLOURS, "colour"),
+        (match["shape"], SCENE_SHAPES, "shape"),
+        (match["bg"], SCENE_COLOURS, "colour"),
+    ):
+        if word not in allowed:
+            return f"'{printable(prompt)}': unknown {what} '{printable(word)}'; use one of {', '.join(allowed)}"
+    return None
+
+
+class EvaluationOptions(_Strict):
+    """Evaluate model: a processing job of the training image scores prompt adherence of the base and
+    the trained model on held-out scene prompts and renders them side by side (adherence.png)."""
+
+    min_prompt_adherence: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Quality gate: deploy only when the trained model scores at least this (0-1); "
+        "null: no gate, the score is only reported.",
+    )
+    prompts: list[Annotated[str, Field(min_length=1, max_length=300)]] | None = Field(
+        default=None,
+        max_length=MAX_EVALUATION_PROMPTS,
+        description="Prompts to score, each 'a <colour> <shape> on a <colour> background'; default: the 48 "
+        "held-out scene prompts.",
+    )
+    prompts_uri: str | None = Field(
+        default=None,
+        description="Or an S3 object in this stack's bucket with the prompts: a JSON list, or one prompt a line.",
+    )
+    num_inference_steps: int = Field(default=20, ge=1, le=200, description="Denoising steps per image.")
+    guidance_scale: float = Field(default=5.0, ge=0, le=50, description="Classifier-free guidance scale.")
+    instance_type: str = Field(
+        default="ml.g5.xlarge", pattern=INSTANCE_TYPE, description="Processing instance of the evaluation job."
+    )
+    max_runtime_seconds: int = Field(
+        default=3600, ge=60, le=MAX_RUNTIME_LIMIT, description="Stopping condition of the evaluation job."
+    )
+
+    @field_validator("prompts")
+    @classmethod
+    def _prompts_follow_grammar(cls, prompts: list[str] | None) -> list[str] | None:
+        if prompts is None:
+            return None
+        if not prompts:
+            raise ValueError("is empty; list at least one prompt, or leave it out for the 48 held-out prompts")
+        problems = [problem for prompt in prompts if (problem := scene_prompt_problem(prompt))]
+        if problems:
+            raise ValueError(f"{problems[0]} (the adherence score reads only that grammar)")
+        return prompts
+
+    @field_validator("prompts_uri")
+    @classmethod
+    def _prompts_uri_is_s3(cls, uri: str | None) -> str | None:
+        if uri is not None:
+            _bucket, key = parse_s3_uri(uri)
+            if not key or key.endswith("/"):
+                raise ValueError(f"'{uri}' names a folder; give the object that lists the prompts")
+        return uri
+
+    @model_validator(mode="after")
+    def _one_prompt_source(self) -> EvaluationOptions:
+        if self.prompts is not None and self.prompts_uri is not None:
+            raise ValueError("give `prompts` or `prompts_uri`, not both")
+        return self
+
+
+class ApprovalOptions(_Strict):
+    """Who approves the registered model package before it is deployed."""
+
+    mode: Literal["auto", "manual"] = Field(
+        default="auto",
+        description="auto: approved when the quality gate passes; manual: the run waits for a person to approve "
+        "the package (aws sagemaker update-model-package --model-approval-status Approved).",
+    )
+    timeout_seconds: int = Field(
+        default=7 * 24 * 3600,
+        ge=60,
+        le=365 * 24 * 3600,
+        description="Manual approval: how long the run waits before it fails.",
+    )
+
+
 class RunDocument(_Strict):
     """A training run: dataset and base model are required, everything else has defaults."""
 
@@ -247,6 +346,12 @@ class RunDocument(_Strict):
     )
     endpoint: EndpointOptions = Field(
         default_factory=EndpointOptions, description="The SageMaker endpoint created or updated."
+    )
+    evaluation: EvaluationOptions = Field(
+        default_factory=EvaluationOptions, description="Prompt-adherence evaluation and the quality gate."
+    )
+    approval: ApprovalOptions = Field(
+        default_factory=ApprovalOptions, description="Approval of the registered model package before deploy."
     )
     notify_email_subject_prefix: str = Field(
         default="[sdflow]", max_length=40, description="Prefix of the notification subjects."

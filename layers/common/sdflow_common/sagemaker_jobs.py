@@ -14,7 +14,13 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from sdflow_common import dataset_manifest
-from sdflow_common.run_document import DownloadOptions, EndpointOptions, RunDocument, TrainingOptions
+from sdflow_common.run_document import (
+    DownloadOptions,
+    EndpointOptions,
+    EvaluationOptions,
+    RunDocument,
+    TrainingOptions,
+)
 
 # Container paths of the download job (docs/contracts.md "The download job").
 PROCESSING_INPUT_DIR = "/opt/ml/processing/input/parquet"
@@ -51,6 +57,7 @@ TAG_SHARD = "sdflow:shard"
 DOWNLOAD_TASK_MARGIN_SECONDS = 900
 TRAINING_TASK_MARGIN_SECONDS = 1800
 DEPLOY_TASK_MARGIN_SECONDS = 900
+EVALUATION_TASK_MARGIN_SECONDS = 900
 # Blue/green: how long the old fleet stays up after traffic moved, ready for a rollback.
 BLUE_GREEN_TERMINATION_WAIT_SECONDS = 300
 # SageMaker's bounds for BlueGreenUpdatePolicy.MaximumExecutionTimeoutInSeconds.
@@ -164,7 +171,7 @@ def is_not_found(exc: ClientError) -> bool:
 # ---------------------------------------------------------------------------- requests
 
 
-def _tags(run_id: str, run_hash: str, **extra: str) -> list[dict[str, str]]:
+def tags(run_id: str, run_hash: str, **extra: str) -> list[dict[str, str]]:
     tags = [{"Key": TAG_EXECUTION, "Value": run_id}, {"Key": TAG_RUN, "Value": run_hash}]
     tags.extend({"Key": f"sdflow:{key}", "Value": value} for key, value in extra.items())
     return tags
@@ -273,7 +280,7 @@ def processing_job_request(
         },
         "NetworkConfig": {"EnableNetworkIsolation": False},
         "RoleArn": role_arn,
-        "Tags": _tags(run_id, run_hash, shard=shard_id),
+        "Tags": tags(run_id, run_hash, shard=shard_id),
     }
 
 
@@ -354,20 +361,21 @@ def training_job_request(
         # job role (template.yaml SageMakerExecutionRole: the data bucket and the training image only).
         "EnableNetworkIsolation": False,
         "EnableInterContainerTrafficEncryption": True,
-        "Tags": _tags(run_id, run_hash),
+        "Tags": tags(run_id, run_hash),
     }
 
 
 def model_request(
-    *, model_name: str, run_id: str, run_hash: str, image_uri: str, model_data_url: str, role_arn: str
+    *, model_name: str, run_id: str, run_hash: str, model_package_arn: str, role_arn: str
 ) -> dict[str, Any]:
-    """CreateModel: the training image serves the artifact (`docker run IMAGE serve`)."""
+    """CreateModel from the run's approved model package: its inference specification names the
+    training image (`docker run IMAGE serve`) and the trained artifact."""
     return {
         "ModelName": model_name,
-        "PrimaryContainer": {"Image": image_uri, "ModelDataUrl": model_data_url},
+        "PrimaryContainer": {"ModelPackageName": model_package_arn},
         "ExecutionRoleArn": role_arn,
         "EnableNetworkIsolation": True,
-        "Tags": _tags(run_id, run_hash),
+        "Tags": tags(run_id, run_hash),
     }
 
 
@@ -384,13 +392,13 @@ def endpoint_config_request(
                 "InitialInstanceCount": options.initial_instance_count,
             }
         ],
-        "Tags": _tags(run_id, run_hash),
+        "Tags": tags(run_id, run_hash),
     }
 
 
 def create_endpoint_request(*, endpoint_name: str, config_name: str, run_id: str, run_hash: str) -> dict[str, Any]:
     """The endpoint's tags are those of the run that created it; an update changes only its config."""
-    return {"EndpointName": endpoint_name, "EndpointConfigName": config_name, "Tags": _tags(run_id, run_hash)}
+    return {"EndpointName": endpoint_name, "EndpointConfigName": config_name, "Tags": tags(run_id, run_hash)}
 
 
 def blue_green_timeout_seconds(options: EndpointOptions) -> int:
@@ -447,10 +455,17 @@ def deploy_task_timeout_seconds(options: EndpointOptions) -> int:
     return max(options.max_wait_seconds, update) + DEPLOY_TASK_MARGIN_SECONDS
 
 
+def evaluation_task_timeout_seconds(options: EvaluationOptions) -> int:
+    return options.max_runtime_seconds + EVALUATION_TASK_MARGIN_SECONDS
+
+
 def task_timeouts(run: RunDocument) -> dict[str, int]:
-    """TimeoutSeconds of the three callback tasks, for `$.config.timeouts` (TimeoutSecondsPath)."""
+    """TimeoutSeconds of the callback tasks, for `$.config.timeouts` (TimeoutSecondsPath)."""
     return {
         "download": download_task_timeout_seconds(run.download),
         "training": training_task_timeout_seconds(run.training),
+        "evaluation": evaluation_task_timeout_seconds(run.evaluation),
+        # Manual approval waits on a person, not a job: the document says how long.
+        "approval": run.approval.timeout_seconds,
         "endpoint": deploy_task_timeout_seconds(run.endpoint),
     }

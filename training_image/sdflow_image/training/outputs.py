@@ -141,40 +141,26 @@ def write_samples(pipe: Any, args: argparse.Namespace, device: Any, path: Path) 
 
 
 def write_adherence(pipe: Any, args: argparse.Namespace, device: Any, out: Path) -> dict[str, Any]:
-    """Score the trained pipeline and the base model on the held-out prompts (sdflow_image.adherence);
-    write the side-by-side grid; print the scores as metric lines. Rank 0, after training."""
-    import torch
-    from diffusers import StableDiffusionPipeline
-
+    """Score the trained pipeline and the base model on the held-out prompts with the evaluation
+    the `evaluate` job runs too (sdflow_image.adherence.compare): the side-by-side grid, the
+    metric lines in the log. Rank 0, after training."""
     from sdflow_image import adherence
 
-    prompts = list(args.eval_prompts) or adherence.default_prompts()
-    options = {
-        "resolution": args.resolution,
-        "num_inference_steps": args.eval_inference_steps,
-        "guidance_scale": args.eval_guidance_scale,
-        "seed": args.seed,
-    }
     pipe.set_progress_bar_config(disable=True)
-    trained_images = adherence.render(pipe, prompts, **options)
-    base: Any = StableDiffusionPipeline.from_pretrained(
-        args.pretrained_model_name_or_path, local_files_only=True, safety_checker=None, torch_dtype=torch.float32
-    ).to(device)
-    base.set_progress_bar_config(disable=True)
-    base_images = adherence.render(base, prompts, **options)
-    del base
-    trained, untrained = adherence.score_images(trained_images, prompts), adherence.score_images(base_images, prompts)
-    adherence.make_grid([base_images, trained_images]).save(out / "adherence.png")
-    print(f"eval:base_prompt_adherence={untrained.score:.6f}", flush=True)
-    print(f"eval:prompt_adherence={trained.score:.6f}", flush=True)
-    print(
-        f"prompt adherence: base {untrained.score:.2f} → trained {trained.score:.2f} ({trained.prompts} prompts)",
-        flush=True,
+    result = adherence.compare(
+        lambda: pipe,
+        lambda: adherence.load_pipeline(args.pretrained_model_name_or_path, device),
+        list(args.eval_prompts) or adherence.default_prompts(),
+        out_dir=out,
+        resolution=args.resolution,
+        num_inference_steps=args.eval_inference_steps,
+        guidance_scale=args.eval_guidance_scale,
+        seed=args.seed,
     )
     return {
-        "base": untrained.score,
-        "trained": trained.score,
-        "prompts": trained.prompts,
-        "shape_accuracy": {"base": untrained.shape_accuracy, "trained": trained.shape_accuracy},
-        "grid": "adherence.png",
+        "base": result.base.score,
+        "trained": result.trained.score,
+        "prompts": result.trained.prompts,
+        "shape_accuracy": {"base": result.base.shape_accuracy, "trained": result.trained.shape_accuracy},
+        "grid": adherence.GRID_FILE,
     }

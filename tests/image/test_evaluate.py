@@ -1,0 +1,234 @@
+"""The evaluate job on the tiny model: a model folder and its model.tar.gz, evaluation.json and the
+grid, prompts from a flag or a file, early failures naming the bad prompt or folder, and a stand-in
+model that draws every prompt exactly scoring 1.0 against the random base."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from sdflow_image import adherence, evaluate, scenes
+from sdflow_image.tiny_model import build_tiny_pipeline
+
+pytestmark = pytest.mark.image
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PROMPTS = [
+    "a red circle on a blue background",
+    "a yellow square on a black background",
+    "a white triangle on a green background",
+]
+ACCURACIES = {"foreground_accuracy", "background_accuracy", "shape_accuracy"}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny random base; a "trained" copy with training's sdflow_model.json; its model.tar.gz."""
+    root = tmp_path_factory.mktemp("models")
+    base = build_tiny_pipeline(root / "base", 0, 0)
+    trained = root / "trained"
+    shutil.copytree(base, trained)
+    (trained / "sdflow_model.json").write_text(json.dumps({"resolution": 32, "dtype": "float32", "steps": 1}))
+    archive = root / "artifact"
+    archive.mkdir()
+    # As training leaves it: the files at the archive's root, no folder around them.
+    with tarfile.open(archive / "model.tar.gz", "w:gz") as tar:
+        for path in sorted(trained.iterdir()):
+            tar.add(path, arcname=path.name)
+    return {"base": base, "trained": trained, "archive": archive}
+
+
+@pytest.fixture(autouse=True)
+def opt_ml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("SDFLOW_OPT_ML", str(tmp_path / "opt_ml"))
+    return tmp_path / "opt_ml"
+
+
+def job_args(model_dir: Path, base: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "--model_dir", str(model_dir), "--base_model_dir", str(base), "--output_dir", str(out),
+        "--num_inference_steps", "2", *extra,
+    ]  # fmt: skip
+
+
+def run_job(argv: list[str]) -> int:
+    return evaluate.main(evaluate.parse_args(argv))
+
+
+def exit_message(opt_ml: Path) -> str:
+    return (opt_ml / "output" / "message").read_text()
+
+
+def assert_evaluation(out: Path, prompts: int) -> dict[str, Any]:
+    document = json.loads((out / "evaluation.json").read_text())
+    assert document["prompts"] == prompts
+    assert document["grid"] == "adherence.png"
+    assert set(document["base"]) == ACCURACIES
+    for value in (document["prompt_adherence"], document["base_prompt_adherence"], *document["base"].values()):
+        assert 0.0 <= value <= 1.0
+    for key in ACCURACIES:
+        assert 0.0 <= document[key] <= 1.0
+    assert len(document["results"]) == prompts
+    with Image.open(out / "adherence.png") as grid:
+        assert grid.size[0] > 0
+    return document
+
+
+def test_evaluate_model_folder_writes_evaluation_and_grid(
+    models: dict[str, Path], tmp_path: Path, opt_ml: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "evaluation"
+
+    status = run_job(job_args(models["trained"], models["base"], out, "--prompts", json.dumps(PROMPTS)))
+
+    assert status == 0
+    document = assert_evaluation(out, len(PROMPTS))
+    assert document["settings"]["resolution"] == 32  # from sdflow_model.json
+    printed = capsys.readouterr().out
+    assert f"eval:prompt_adherence={document['prompt_adherence']:.6f}" in printed
+    assert f"eval:base_prompt_adherence={document['base_prompt_adherence']:.6f}" in printed
+    assert "prompt adherence: base " in printed
+    assert "(3 prompts)" in printed
+    assert exit_message(opt_ml).startswith("ok: prompt adherence")
+
+
+def test_evaluate_model_tar_gz_is_extracted_and_scored_alike(models: dict[str, Path], tmp_path: Path) -> None:
+    prompts = ["--prompts", json.dumps(PROMPTS)]
+    work = tmp_path / "work"
+    run_job(job_args(models["trained"], models["base"], tmp_path / "folder", *prompts))
+
+    status = run_job(job_args(models["archive"], models["base"], tmp_path / "tar", *prompts, "--work_dir", str(work)))
+
+    assert status == 0
+    from_tar, from_folder = (json.loads((tmp_path / n / "evaluation.json").read_text()) for n in ("tar", "folder"))
+    assert from_tar == from_folder
+    assert list(work.iterdir()) == []  # the extracted model is gone
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("prompts.json", json.dumps(PROMPTS)),
+        ("prompts.txt", f"# held out\n{PROMPTS[0]}\n\n  {PROMPTS[1]}  \n# {PROMPTS[2]}\n{PROMPTS[2]}\n"),
+    ],
+)
+def test_read_prompts_json_or_text_file_reads_every_prompt(tmp_path: Path, name: str, text: str) -> None:
+    (tmp_path / name).write_text(text)
+    args = evaluate.parse_args(job_args(tmp_path, tmp_path, tmp_path, "--prompts_file", str(tmp_path / name)))
+
+    assert evaluate.read_prompts(args) == PROMPTS
+
+
+def test_read_prompts_neither_flag_gives_held_out_prompts(tmp_path: Path) -> None:
+    args = evaluate.parse_args(job_args(tmp_path, tmp_path, tmp_path))
+
+    assert evaluate.read_prompts(args) == adherence.default_prompts()
+
+
+def test_read_prompts_too_many_fails_naming_limit(tmp_path: Path) -> None:
+    args = evaluate.parse_args(job_args(tmp_path, tmp_path, tmp_path, "--prompts", json.dumps(PROMPTS * 100)))
+
+    with pytest.raises(evaluate.EvaluationError, match="at most 256"):
+        evaluate.read_prompts(args)
+
+
+def test_evaluate_prompt_outside_grammar_exits_nonzero_naming_it(
+    models: dict[str, Path], tmp_path: Path, opt_ml: Path
+) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(f"{PROMPTS[0]}\na photo of a cat\n")
+    argv = job_args(models["trained"], models["base"], tmp_path / "out", "--prompts_file", str(prompts))
+
+    # Through bin/evaluate, as SageMaker starts it: it fails before any model is loaded.
+    result = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "training_image" / "bin" / "evaluate"), *argv],
+        capture_output=True, text=True, timeout=60, check=False,  # SDFLOW_OPT_ML: the opt_ml fixture's
+    )  # fmt: skip
+
+    assert result.returncode != 0
+    message = exit_message(opt_ml)
+    assert "prompt 2: prompt 'a photo of a cat'" in message
+    assert scenes.GRAMMAR in message
+    assert "a photo of a cat" in (opt_ml / "output" / "failure").read_text()
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flag", ["--model_dir", "--base_model_dir"])
+def test_evaluate_folder_without_model_index_fails_naming_flag_and_fix(
+    models: dict[str, Path], tmp_path: Path, opt_ml: Path, flag: str
+) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(models["base"], broken)
+    (broken / "model_index.json").unlink()
+    model_dir, base = (broken, models["base"]) if flag == "--model_dir" else (models["trained"], broken)
+
+    status = run_job(job_args(model_dir, base, tmp_path / "out", "--prompts", json.dumps(PROMPTS)))
+
+    assert status == 1
+    message = exit_message(opt_ml)
+    assert f"{flag} {broken} holds no diffusers pipeline (model_index.json missing); mount" in message
+
+
+def test_evaluate_corrupt_model_tar_gz_fails_naming_flag(tmp_path: Path, models: dict[str, Path], opt_ml: Path) -> None:
+    folder = tmp_path / "artifact"
+    folder.mkdir()
+    (folder / "model.tar.gz").write_bytes(b"not a tar file")
+
+    status = run_job(job_args(folder, models["base"], tmp_path / "out", "--prompts", json.dumps(PROMPTS)))
+
+    assert status == 1
+    assert f"--model_dir {folder / 'model.tar.gz'} is not a readable tar.gz archive" in exit_message(opt_ml)
+
+
+def test_evaluate_corrupt_weights_fail_naming_flag(tmp_path: Path, models: dict[str, Path], opt_ml: Path) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(models["trained"], broken)
+    for weights in (broken / "unet").glob("*.safetensors"):
+        weights.write_bytes(b"truncated")
+
+    status = run_job(job_args(broken, models["base"], tmp_path / "out", "--prompts", json.dumps(PROMPTS)))
+
+    assert status == 1
+    assert f"--model_dir {broken}: the pipeline does not load" in exit_message(opt_ml)
+
+
+class DrawingPipeline:
+    """Stands in for a model that follows every prompt exactly: it draws the prompt's scene."""
+
+    def set_progress_bar_config(self, **_: Any) -> None:
+        pass
+
+    def __call__(self, prompts: list[str], *, height: int, width: int, **_: Any) -> Any:
+        rnd = random.Random(0)
+        images = [scenes.draw(scenes.parse_prompt(p), width, height, rnd) for p in prompts]
+        return type("Output", (), {"images": images})()
+
+
+def test_evaluate_model_drawing_each_prompt_scores_one_against_random_base(
+    models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_load = adherence.load_pipeline
+
+    def load(path: Path, device: Any) -> Any:
+        return DrawingPipeline() if Path(path) == models["trained"] else real_load(path, device)
+
+    monkeypatch.setattr(adherence, "load_pipeline", load)
+    out = tmp_path / "out"
+
+    status = run_job(job_args(models["trained"], models["base"], out))  # the 48 held-out prompts
+
+    assert status == 0
+    document = assert_evaluation(out, scenes.HELDOUT_COUNT)
+    assert document["prompt_adherence"] == 1.0
+    assert document["shape_accuracy"] == 1.0
+    assert document["base_prompt_adherence"] < 0.3  # chance is 1/8 per colour
+    assert all(r["foreground_ok"] and r["background_ok"] for r in document["results"])

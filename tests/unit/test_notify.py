@@ -96,6 +96,40 @@ def test_notify_success_without_adherence_metrics_prints_no_adherence_line() -> 
     assert "prompt adherence" not in text
 
 
+REGISTRY = {
+    "model": {
+        "model_package_arn": f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:model-package/sdf-cats-v1/3",
+        "approval_status": "Approved",
+        "prompt_adherence": 0.875,
+        "base_prompt_adherence": 0.125,
+        "min_prompt_adherence": 0.8,
+        "prompts": 48,
+        "samples_uri": "s3://b/runs/cats-v1-abc/evaluation/sdf-ev-job/adherence.png",
+    }
+}
+
+
+def test_notify_success_with_registered_model_names_package_score_gate_and_samples() -> None:
+    text = notify.compose(_request("succeeded", {**SUCCESS_STATE, "registry": REGISTRY}), now=NOW).message
+
+    assert "Model:     arn:aws:sagemaker:us-east-1:123456789012:model-package/sdf-cats-v1/3 (Approved)" in text
+    assert "prompt adherence: base 0.12 → trained 0.88 (48 prompts, gate ≥ 0.80)" in text
+    assert "samples (base | trained per prompt) s3://b/runs/cats-v1-abc/evaluation/sdf-ev-job/adherence.png" in text
+
+
+def test_notify_approval_timed_out_says_how_to_approve_and_redrive() -> None:
+    pending = {"model": {**REGISTRY["model"], "approval_status": "PendingManualApproval"}}
+    state = {key: SUCCESS_STATE[key] for key in ("config", "dataset", "training")} | {"registry": pending}
+
+    text = notify.compose(
+        _request("failed", state, error="States.Timeout", cause="", running_state="Wait for approval"), now=NOW
+    ).message
+
+    assert "nobody approved the model in time" in text
+    assert "--model-package-arn arn:aws:sagemaker:us-east-1:123456789012:model-package/sdf-cats-v1/3" in text
+    assert f"redrive-execution --execution-arn {EXECUTION_ARN}" in text
+
+
 def test_notify_failure_of_validation_lists_each_field_error_and_says_nothing_started() -> None:
     cause = json.dumps(
         {

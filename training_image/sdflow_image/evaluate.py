@@ -28,7 +28,7 @@ import sys
 import tarfile
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -138,6 +138,8 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
 
 def check_pipeline_dir(path: Path, flag: str, fix: str) -> Path:
     """`path` holds a diffusers pipeline: model_index.json and a folder for each component it names."""
+    if not path.is_dir():
+        raise EvaluationError(f"{flag} {path} does not exist or is not a folder; {fix}")
     index = path / "model_index.json"
     if not index.is_file():
         raise EvaluationError(f"{flag} {path} holds no diffusers pipeline (model_index.json missing); {fix}")
@@ -200,7 +202,7 @@ def trained_resolution(model_dir: Path) -> int:
         return serve_model.FALLBACK_IMAGE_SIZE
 
 
-def _loader(path: Path, flag: str, fix: str, device: str) -> Any:
+def _loader(path: Path, flag: str, fix: str, device: str) -> Callable[[], Any]:
     def load() -> Any:
         try:
             return adherence.load_pipeline(path, device)
@@ -240,7 +242,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     # On the job's volume (not the image's small root disk): a real model is gigabytes.
     with tempfile.TemporaryDirectory(prefix="model-", dir=work_root) as work:
         model_dir = model_folder(args.model_dir, Path(work))
-        import torch
+        import torch  # here: a job failing the checks above should not pay for importing it
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
         settings = {

@@ -6,7 +6,7 @@ state it was in and what it had built, read back from its execution history
 (sdflow_common.execution_history), and what the cleanup stopped or rolled back
 (sdflow_common.run_cleanup); for a run that succeeded, its output. The state holds only what the
 pipeline itself wrote: `config` (Validate run), `dataset` (Build dataset index), `training`
-(Train model), `endpoint` (Deploy endpoint); a line whose data is not there is left out rather
+(Train model), `evaluation` (Evaluate model), `registry` (Register model), `endpoint` (Deploy endpoint); a line whose data is not there is left out rather
 than printed with placeholders."""
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ CAUSE_LIMIT = 2000
 # result always has, the step that runs next). Only a fallback for when the execution history
 # names no state. $.endpoint only exists once the run has succeeded, so it never names a failed step.
 _PROGRESS = (
-    ("training", "job_name", "Deploy endpoint"),
+    ("registry", "model", "Deploy endpoint"),
+    ("evaluation", "evaluation_uri", "Register model"),
+    ("training", "job_name", "Evaluate model"),
     ("dataset", "index_uri", "Train model"),
 )
 _AFTER_VALIDATION = "Download shards / Build dataset index"
@@ -251,6 +253,22 @@ def _adherence_text(metrics: dict[str, Any]) -> str:
     return f"prompt adherence: {base_text}trained {trained_text} (held-out prompts)"
 
 
+def _model_lines(model: dict[str, Any]) -> list[str]:
+    """The registered package, its approval and the evaluation's score, and where the samples are."""
+    lines = [f"Model:     {model['model_package_arn']} ({model.get('approval_status', '?')})"]
+    try:
+        score, base = float(model["prompt_adherence"]), float(model.get("base_prompt_adherence", 0.0))
+    except (KeyError, TypeError, ValueError):
+        return lines
+    gate = model.get("min_prompt_adherence")
+    gate_text = f", gate ≥ {float(gate):.2f}" if isinstance(gate, int | float) else ""
+    prompts = model.get("prompts")
+    lines.append(f"           prompt adherence: base {base:.2f} → trained {score:.2f} ({prompts} prompts{gate_text})")
+    if model.get("samples_uri"):
+        lines.append(f"           samples (base | trained per prompt) {model['samples_uri']}")
+    return lines
+
+
 def _warning_lines(config: dict[str, Any] | None) -> list[str]:
     """Problems Validate run tolerated (a few unreadable parquet files): the shards they explain."""
     warnings = (config or {}).get("warnings") or []
@@ -342,6 +360,9 @@ def _progress_lines(state: dict[str, Any], attributes: dict[str, str]) -> list[s
     training = _written(state, "training", "job_name")
     if training:
         lines.extend(_training_lines(training))
+    registry = _written(state, "registry", "model")
+    if registry and isinstance(registry["model"], dict) and registry["model"].get("model_package_arn"):
+        lines.extend(_model_lines(registry["model"]))
     endpoint = _written(state, "endpoint", "endpoint_name")
     if endpoint:
         lines.extend(_endpoint_lines(endpoint, attributes))
@@ -351,6 +372,15 @@ def _progress_lines(state: dict[str, Any], attributes: dict[str, str]) -> list[s
 def _next_step_lines(request: NotifyRequest) -> list[str]:
     if _running_step(request) in _BEFORE_ANY_JOB and _config(request.state) is None:
         return ["Next:      nothing was started; fix the run document as the cause says and start the run again."]
+    registry = _written(request.state, "registry", "model") or {}
+    package = registry.get("model", {}).get("model_package_arn") if isinstance(registry.get("model"), dict) else None
+    if _running_step(request) == "Wait for approval" and package:
+        return [
+            "Next:      nobody approved the model in time; approve it, then redrive (the run deploys it at once):",
+            f"             aws sagemaker update-model-package --model-package-arn {package} "
+            "--model-approval-status Approved",
+            f"             aws stepfunctions redrive-execution --execution-arn {request.execution_arn}",
+        ]
     return [
         "Next:      re-run only what did not finish (same input, finished steps kept):",
         f"             aws stepfunctions redrive-execution --execution-arn {request.execution_arn}",

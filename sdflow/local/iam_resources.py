@@ -172,6 +172,16 @@ for _verb in ("Create", "Describe", "Delete"):
 for _verb in ("Create", "Describe", "Delete", "Update", "Invoke"):
     _SAGEMAKER[f"{_verb}Endpoint"] = ("endpoint", "EndpointName")
 _SAGEMAKER["InvokeEndpointAsync"] = ("endpoint", "EndpointName")
+for _verb in ("Create", "Describe", "Delete"):
+    _SAGEMAKER[f"{_verb}ModelPackageGroup"] = ("model-package-group", "ModelPackageGroupName")
+# A new version's ARN is model-package/<group>/<n>; the request names only the group.
+_SAGEMAKER["CreateModelPackage"] = ("model-package", "ModelPackageGroupName")
+# These name a package by its ARN (versioned) or its name (unversioned).
+_SAGEMAKER_BY_ARN: dict[str, str] = {
+    "DescribeModelPackage": "ModelPackageName",
+    "UpdateModelPackage": "ModelPackageArn",
+    "DeleteModelPackage": "ModelPackageName",
+}
 _PASSED_ROLE_FIELD = {
     "CreateProcessingJob": "RoleArn",
     "CreateTrainingJob": "RoleArn",
@@ -182,6 +192,11 @@ _PASSED_ROLE_FIELD = {
 def _sagemaker(operation: str, p: Params, region: str, account: str) -> list[Check] | None:
     if operation in ("AddTags", "ListTags", "DeleteTags") and p.get("ResourceArn"):
         return [Check(f"sagemaker:{operation}", str(p["ResourceArn"]), _ctx())]
+    by_arn = p.get(_SAGEMAKER_BY_ARN.get(operation, ""))
+    if by_arn:
+        named = str(by_arn)
+        resource = named if named.startswith("arn:") else _arn("sagemaker", region, account, f"model-package/{named}")
+        return [Check(f"sagemaker:{operation}", resource.lower(), _ctx())]
     target = _SAGEMAKER.get(operation)
     if target is None or not p.get(target[1]):
         return None

@@ -34,6 +34,9 @@ FUNCTIONS = (
     "StartDownloadFunction",
     "BuildIndexFunction",
     "StartTrainingFunction",
+    "StartEvaluationFunction",
+    "RegisterModelFunction",
+    "AwaitApprovalFunction",
     "DeployEndpointFunction",
 )
 RUN_DOCUMENT = {
@@ -144,7 +147,7 @@ def _validate_run(
             "shard_list_key": key,
             "shard_count": shard_count,
             "dataset_prefix_uri": f"s3://{DATA_BUCKET}/runs/{run_id}/dataset/",
-            "timeouts": timeouts,
+            "timeouts": {"evaluation": 33, "approval": 34, **timeouts},
             "run": run,
         }
         if resume is not None:
@@ -169,6 +172,22 @@ def _started(payload: dict[str, Any]) -> dict[str, str]:
     return {"resource_name": f"sdf-test-{payload.get('attempt', 0)}"}
 
 
+PACKAGE_ARN = "arn:aws:sagemaker:us-east-1:123456789012:model-package/sdf-cats/1"
+
+
+def _register(status: str = "Approved") -> Behaviour:
+    def behaviour(payload: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "model_package_arn": PACKAGE_ARN,
+            "approval_status": status,
+            "prompt_adherence": 0.9,
+            "training_job": payload["training"]["job_name"],
+            "evaluation_job": payload["evaluation"]["job_name"],
+        }
+
+    return behaviour
+
+
 def _answer_all_success(name: str, payload: dict[str, Any]) -> tuple[str, Any]:
     if name == "StartDownloadFunction":
         return "success", {"shard_id": payload["shard"]["shard_id"], "status": "ok", "job_name": "sdf-dl-x"}
@@ -178,6 +197,10 @@ def _answer_all_success(name: str, payload: dict[str, Any]) -> tuple[str, Any]:
             "model_data_url": "s3://b/model.tar.gz",
             "final_metrics": {"train:loss": 0.125},
         }
+    if name == "StartEvaluationFunction":
+        return "success", {"job_name": "sdf-ev-x", "evaluation_uri": "s3://b/runs/x/evaluation/sdf-ev-x/"}
+    if name == "AwaitApprovalFunction":
+        return "success", {"model_package_arn": payload["model_package_arn"], "approval_status": "Approved"}
     return "success", {
         "endpoint_name": "sdflow",
         "endpoint_config_name": "sdflow-abc-a0",
@@ -219,6 +242,9 @@ def pipeline(aws_env: None, tmp_path: Path) -> Iterator[Pipeline]:
                 "StartDownloadFunction": _started,
                 "BuildIndexFunction": _build_index,
                 "StartTrainingFunction": _started,
+                "StartEvaluationFunction": _started,
+                "RegisterModelFunction": _register(),
+                "AwaitApprovalFunction": _started,
                 "DeployEndpointFunction": _started,
             }
             yield harness
@@ -252,7 +278,64 @@ def test_pipeline_all_steps_succeed_with_every_result_in_the_output(pipeline: Pi
     assert first["run_id"] == state["config"]["run_id"]
     training = pipeline.calls["StartTrainingFunction"][0]
     assert training["dataset"]["index_uri"].endswith("/dataset/index.json")
-    assert pipeline.calls["DeployEndpointFunction"][0]["training"]["job_name"] == "sdf-tr-x"
+    assert pipeline.calls["StartEvaluationFunction"][0]["training"]["job_name"] == "sdf-tr-x"
+    register = pipeline.calls["RegisterModelFunction"][0]
+    assert register["evaluation"]["evaluation_uri"] == "s3://b/runs/x/evaluation/sdf-ev-x/"
+    assert register["dataset"]["index_uri"].endswith("/dataset/index.json")
+    assert not pipeline.calls["AwaitApprovalFunction"], "auto approval deploys at once"
+    deploy = pipeline.calls["DeployEndpointFunction"][0]
+    assert deploy["training"]["job_name"] == "sdf-tr-x"
+    assert deploy["model"]["model_package_arn"] == PACKAGE_ARN
+
+
+def test_pipeline_quality_gate_failed_fails_the_run_before_deploy(pipeline: Pipeline) -> None:
+    pipeline.behaviours["RegisterModelFunction"] = _raise("QualityGateFailed", "prompt adherence 0.40 is below 0.80")
+
+    result = pipeline.run(_answer_all_success)
+
+    assert result["status"] == "FAILED"
+    assert result.get("error") == "QualityGateFailed"
+    assert len(pipeline.calls["RegisterModelFunction"]) == 1, "a failed gate is not retried"
+    assert not pipeline.calls["DeployEndpointFunction"]
+
+
+def test_pipeline_manual_approval_waits_for_the_decision_then_deploys(pipeline: Pipeline) -> None:
+    pipeline.behaviours["RegisterModelFunction"] = _register("PendingManualApproval")
+
+    result = pipeline.run(_answer_all_success)
+
+    assert result["status"] == "SUCCEEDED", result.get("cause")
+    [wait] = pipeline.calls["AwaitApprovalFunction"]
+    assert wait["model_package_arn"] == PACKAGE_ARN
+    assert wait["timeout_seconds"] == 34
+    assert _final_state(result)["approval"]["approval_status"] == "Approved"
+    assert pipeline.calls["DeployEndpointFunction"]
+
+
+@pytest.mark.parametrize(
+    ("answer_approval", "error"),
+    [
+        (("failure", ("ModelRejected", "model package was rejected: blurry")), "ModelRejected"),
+        (None, "States.Timeout"),
+    ],
+    ids=["rejected", "timed-out"],
+)
+def test_pipeline_manual_approval_rejected_or_timed_out_fails_without_deploy(
+    pipeline: Pipeline, answer_approval: tuple[str, Any] | None, error: str
+) -> None:
+    pipeline.behaviours["RegisterModelFunction"] = _register("PendingManualApproval")
+    pipeline.behaviours["ValidateRunFunction"] = _validate_run(
+        pipeline.s3, 1, {"download": 30, "training": 30, "endpoint": 30, "approval": 2}
+    )
+
+    def answer(name: str, payload: dict[str, Any]) -> tuple[str, Any] | None:
+        return answer_approval if name == "AwaitApprovalFunction" else _answer_all_success(name, payload)
+
+    result = pipeline.run(answer)
+
+    assert result["status"] == "FAILED"
+    assert result.get("error") == error
+    assert not pipeline.calls["DeployEndpointFunction"]
 
 
 def test_pipeline_callback_payloads_carry_the_execution_identity_and_the_timeout(pipeline: Pipeline) -> None:
@@ -429,6 +512,7 @@ def test_pipeline_reused_training_deploys_the_earlier_model_without_training(pip
     assert result["status"] == "SUCCEEDED"
     assert not pipeline.calls["StartDownloadFunction"]
     assert not pipeline.calls["StartTrainingFunction"]
+    assert pipeline.calls["StartEvaluationFunction"][0]["training"] == earlier, "a reused model is evaluated too"
     assert pipeline.calls["DeployEndpointFunction"][0]["training"] == earlier
 
 

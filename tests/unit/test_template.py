@@ -90,7 +90,7 @@ def test_template_definition_hard_codes_no_arn_and_avoids_sync_and_jsonata(defin
 def test_template_callback_tasks_time_out_and_carry_the_execution_identity(definition: dict[str, Any]) -> None:
     states = _all_states(definition["States"])
     callbacks = {n: s for n, s in states.items() if str(s.get("Resource", "")).endswith(".waitForTaskToken")}
-    assert set(callbacks) == {"Download shard", "Train model", "Deploy endpoint"}
+    assert set(callbacks) == {"Download shard", "Train model", "Evaluate model", "Wait for approval", "Deploy endpoint"}
     for name, state in callbacks.items():
         assert "TimeoutSecondsPath" in state or "TimeoutSeconds" in state, name
         payload = state["Parameters"]["Payload"]
@@ -112,7 +112,17 @@ def test_template_no_state_catches_so_a_failed_step_can_be_redriven(definition: 
 
 
 @pytest.mark.parametrize(
-    "state", ["Validate run", "Download shard", "Build dataset index", "Train model", "Deploy endpoint"]
+    "state",
+    [
+        "Validate run",
+        "Download shard",
+        "Build dataset index",
+        "Train model",
+        "Evaluate model",
+        "Register model",
+        "Wait for approval",
+        "Deploy endpoint",
+    ],
 )
 def test_template_every_lambda_task_retries_a_crashed_runtime(definition: dict[str, Any], state: str) -> None:
     retried = {error for r in _all_states(definition["States"])[state]["Retry"] for error in r["ErrorEquals"]}
@@ -199,7 +209,7 @@ def test_template_retried_and_caught_error_names_exist(definition: dict[str, Any
 
 def test_template_functions_have_code_and_thin_handlers(template: dict[str, Any]) -> None:
     functions = _resources(template, "AWS::Serverless::Function")
-    assert len(functions) == 9
+    assert len(functions) == 12
     for name, function in functions.items():
         code = ROOT / function["Properties"]["CodeUri"]
         handler = code / "app.py"
@@ -237,7 +247,12 @@ def test_template_manifest_rule_matches_only_json_under_manifests(template: dict
 
 def test_template_pass_role_only_for_sagemaker_role_to_sagemaker(template: dict[str, Any]) -> None:
     pass_role = [(n, s) for n, s in _statements(template) if "iam:PassRole" in json.dumps(s.get("Action"))]
-    assert {n for n, _ in pass_role} == {"StartDownloadFunction", "StartTrainingFunction", "DeployEndpointFunction"}
+    assert {n for n, _ in pass_role} == {
+        "StartDownloadFunction",
+        "StartTrainingFunction",
+        "StartEvaluationFunction",
+        "DeployEndpointFunction",
+    }
     for name, statement in pass_role:
         assert statement["Resource"] == {"Fn::GetAtt": ["SageMakerExecutionRole", "Arn"]}, name
         assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
@@ -296,7 +311,8 @@ def test_template_task_tokens_of_map_children_can_be_answered(
 
 def test_template_only_token_resolvers_may_send_task_results(template: dict[str, Any]) -> None:
     senders = {n for n, s in _statements(template) if "states:SendTask" in json.dumps(s.get("Action"))}
-    assert senders == {"JobEventsFunction", "ReconcilerFunction"}
+    # Wait for approval answers at once a package decided before its token was parked.
+    assert senders == {"JobEventsFunction", "ReconcilerFunction", "AwaitApprovalFunction"}
 
 
 def test_template_state_machine_may_write_map_results_under_runs(template: dict[str, Any]) -> None:
@@ -316,6 +332,7 @@ def test_template_validate_run_may_read_service_quotas(template: dict[str, Any])
     [
         ("StartDownloadFunction", "processing-job", "ProcessingJob"),
         ("StartTrainingFunction", "training-job", "TrainingJob"),
+        ("StartEvaluationFunction", "processing-job", "ProcessingJob"),
     ],
 )
 def test_template_starters_may_find_stop_and_check_their_jobs(

@@ -167,6 +167,29 @@ def test_checks_sagemaker_create_passes_role_and_tags() -> None:
     assert (checks or [])[1].context["iam:passedtoservice"] == ["sagemaker.amazonaws.com"]
 
 
+@pytest.mark.parametrize(
+    ("operation", "params", "resource"),
+    [
+        ("CreateModelPackageGroup", {"ModelPackageGroupName": "SDF-cats"}, "model-package-group/sdf-cats"),
+        ("CreateModelPackage", {"ModelPackageGroupName": "sdf-cats"}, "model-package/sdf-cats"),
+        (
+            "UpdateModelPackage",
+            {"ModelPackageArn": f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:model-package/sdf-cats/3"},
+            "model-package/sdf-cats/3",
+        ),
+        ("DescribeModelPackage", {"ModelPackageName": "plain"}, "model-package/plain"),
+    ],
+)
+def test_checks_sagemaker_model_registry_names_the_group_or_package_arn(
+    operation: str, params: dict[str, Any], resource: str
+) -> None:
+    checks = iam_resources.checks(None, "sagemaker", operation, params, REGION, ACCOUNT)
+
+    assert [(c.action, c.resource) for c in checks or []][:1] == [
+        (f"sagemaker:{operation}", f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:{resource}")
+    ]
+
+
 def test_checks_lambda_dynamodb_logs_cloudwatch_resources() -> None:
     def one(service: str, operation: str, params: dict[str, Any]) -> tuple[str, str]:
         found = iam_resources.checks(None, service, operation, params, REGION, ACCOUNT)

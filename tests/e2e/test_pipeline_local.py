@@ -26,7 +26,16 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 SDFLOW = [sys.executable, "-m", "sdflow.cli"]
 # No-op sizes where the model's quality is not under test: a random VAE, 4 steps.
-SMALL = {"shards": 2, "images_per_shard": 12, "instance_count": 1, "max_train_steps": 4, "vae_steps": 0}
+SMALL = {
+    "shards": 2,
+    "images_per_shard": 12,
+    "instance_count": 1,
+    "max_train_steps": 4,
+    "vae_steps": 0,
+    "min_prompt_adherence": None,
+    "eval_inference_steps": 2,
+    "eval_in_training": False,
+}
 
 
 def _endpoint_names(cloud: Any) -> list[str]:

@@ -1,0 +1,195 @@
+"""The quality gate and the model registry through the local runtime: the evaluation job of the
+real image, the model package, the approval event of `update-model-package`, and an endpoint
+that keeps its model when a run's model does not pass.
+
+One training run trains the tiny model; every later run resumes from it (`resume_from`: shards
+and model reused), so each only evaluates, registers and maybe deploys."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sdflow import samples
+from sdflow.cli import Session, start_run, watch
+from sdflow.demo import DEMO_ENDPOINT, DemoOptions, manifest, prepare_inputs, wait_for_notification
+from sdflow.local.cloud import LocalCloud
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+# The model's quality is not under test here: 4 steps, a random VAE, 2 denoising steps per image.
+SMALL = DemoOptions(
+    shards=1,
+    images_per_shard=12,
+    instance_count=1,
+    max_train_steps=4,
+    vae_steps=0,
+    min_prompt_adherence=None,
+    eval_inference_steps=2,
+    eval_in_training=False,
+)
+GROUP = "sdf-demo"
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gate")
+
+
+@pytest.fixture(scope="module")
+def cloud(workdir: Path) -> Iterator[LocalCloud]:
+    with samples.ImageServer() as server, LocalCloud(workdir, port=0) as local:
+        prepare_inputs(local, workdir, server, SMALL)
+        yield local
+
+
+def _run(cloud: LocalCloud, name: str, **sections: Any) -> dict[str, Any]:
+    """Start a run by upload with the demo's document changed by `sections`; follow it to its end."""
+    workdir = cloud.workdir
+    document = manifest(cloud.outputs["DataBucketName"], SMALL)
+    for key, value in sections.items():
+        document[key] = {**document.get(key, {}), **value} if isinstance(value, dict) else value
+    path = workdir / f"{name}.json"
+    path.write_text(json.dumps(document))
+    session = Session.for_cloud(cloud)
+    execution_arn = start_run(session, path, api=False)
+    progress = watch(session, execution_arn, interval=0.5)
+    [message] = wait_for_notification(cloud, execution_arn.rsplit(":", 1)[-1])
+    described = session.client("stepfunctions").describe_execution(executionArn=execution_arn)
+    return {"arn": execution_arn, "progress": progress, "message": message, "described": described}
+
+
+def _packages(cloud: LocalCloud) -> list[dict[str, Any]]:
+    listed = cloud.client("sagemaker").list_model_packages(ModelPackageGroupName=GROUP, SortBy="CreationTime")
+    return list(listed["ModelPackageSummaryList"])
+
+
+def _serving_config(cloud: LocalCloud) -> str:
+    return str(cloud.client("sagemaker").describe_endpoint(EndpointName=DEMO_ENDPOINT)["EndpointConfigName"])
+
+
+def _invoke_ok(cloud: LocalCloud) -> None:
+    body = json.dumps({"prompt": "a red circle on a blue background", "num_inference_steps": 2})
+    response = cloud.client("sagemaker-runtime").invoke_endpoint(
+        EndpointName=DEMO_ENDPOINT, ContentType="application/json", Accept="image/png", Body=body
+    )
+    assert response["Body"].read()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def first_run(cloud: LocalCloud) -> dict[str, Any]:
+    """Trains, passes a gate of 0 (any score), registers Approved and creates the endpoint."""
+    return _run(cloud, "first", evaluation={"min_prompt_adherence": 0.0})
+
+
+def test_gate_passed_registers_approved_package_and_deploys_from_it(
+    cloud: LocalCloud, first_run: dict[str, Any]
+) -> None:
+    assert first_run["progress"].status == "SUCCEEDED", first_run["message"]["message"]
+    output = json.loads(first_run["described"]["output"])
+    model = output["registry"]["model"]
+    assert model["approval_status"] == "Approved"
+    assert 0.0 <= model["prompt_adherence"] <= 1.0
+    described = cloud.client("sagemaker").describe_model_package(ModelPackageName=model["model_package_arn"])
+    assert described["ModelApprovalStatus"] == "Approved"
+    assert described["CustomerMetadataProperties"]["sdflow:training_job"] == output["training"]["job_name"]
+    assert described["CustomerMetadataProperties"]["sdflow:dataset_index"] == output["dataset"]["index_uri"]
+    # The endpoint's model comes from the package.
+    deployed = cloud.client("sagemaker").describe_model(ModelName=output["endpoint"]["model_name"])
+    assert deployed["PrimaryContainer"]["ModelPackageName"] == model["model_package_arn"]
+    # evaluation.json and the grid are where the package says.
+    bucket, _, key = model["samples_uri"].removeprefix("s3://").partition("/")
+    grid = cloud.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
+    assert grid[:8] == b"\x89PNG\r\n\x1a\n"
+    text = first_run["message"]["message"]
+    assert f"model-package/{GROUP}/" in text and "(Approved)" in text
+    assert "prompt adherence: base" in text
+    _invoke_ok(cloud)
+
+
+def test_gate_failed_fails_the_run_and_the_endpoint_keeps_its_model(
+    cloud: LocalCloud, first_run: dict[str, Any]
+) -> None:
+    before = _serving_config(cloud)
+
+    failed = _run(cloud, "strict", evaluation={"min_prompt_adherence": 0.99}, resume_from=first_run["arn"])
+
+    assert failed["progress"].status == "FAILED"
+    assert failed["progress"].error == "QualityGateFailed"
+    text = failed["message"]["message"]
+    assert "below the quality gate 0.99" in text
+    assert "adherence.png" in text
+    assert _packages(cloud)[-1]["ModelApprovalStatus"] == "Rejected"
+    assert _serving_config(cloud) == before, "the endpoint still serves the first run's model"
+    _invoke_ok(cloud)
+
+
+def _decide_when_pending(cloud: LocalCloud, status: str, seen: int) -> threading.Thread:
+    """A person: waits for the run's package to appear PendingManualApproval, then decides."""
+
+    def decide() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            packages = _packages(cloud)
+            if len(packages) > seen and packages[-1]["ModelApprovalStatus"] == "PendingManualApproval":
+                time.sleep(1)  # let the run park its token first; an earlier decision is answered too
+                cloud.client("sagemaker").update_model_package(
+                    ModelPackageArn=packages[-1]["ModelPackageArn"],
+                    ModelApprovalStatus=status,
+                    ApprovalDescription=f"{status.lower()} by the test",
+                )
+                return
+            time.sleep(0.5)
+
+    thread = threading.Thread(target=decide, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_manual_approval_approved_deploys_the_package(cloud: LocalCloud, first_run: dict[str, Any]) -> None:
+    decider = _decide_when_pending(cloud, "Approved", len(_packages(cloud)))
+
+    approved = _run(cloud, "approved", approval={"mode": "manual"}, resume_from=first_run["arn"])
+    decider.join(timeout=10)
+
+    assert approved["progress"].status == "SUCCEEDED", approved["message"]["message"]
+    output = json.loads(approved["described"]["output"])
+    assert output["approval"]["approval_status"] == "Approved"
+    assert output["approval"]["approval_description"] == "approved by the test"
+    assert _serving_config(cloud) == output["endpoint"]["endpoint_config_name"]
+    _invoke_ok(cloud)
+
+
+def test_manual_approval_rejected_fails_and_keeps_the_endpoint(cloud: LocalCloud, first_run: dict[str, Any]) -> None:
+    before = _serving_config(cloud)
+    decider = _decide_when_pending(cloud, "Rejected", len(_packages(cloud)))
+
+    rejected = _run(cloud, "rejected", approval={"mode": "manual"}, resume_from=first_run["arn"])
+    decider.join(timeout=10)
+
+    assert rejected["progress"].status == "FAILED"
+    assert rejected["progress"].error == "ModelRejected"
+    assert "rejected by the test" in rejected["message"]["message"]
+    assert _serving_config(cloud) == before
+
+
+def test_manual_approval_nobody_decides_times_out_and_says_how_to_approve(
+    cloud: LocalCloud, first_run: dict[str, Any]
+) -> None:
+    before = _serving_config(cloud)
+
+    timed_out = _run(cloud, "ignored", approval={"mode": "manual", "timeout_seconds": 60}, resume_from=first_run["arn"])
+
+    assert timed_out["progress"].status == "FAILED"
+    assert timed_out["progress"].error == "States.Timeout"
+    text = timed_out["message"]["message"]
+    assert "nobody approved the model in time" in text
+    assert "update-model-package --model-package-arn" in text
+    assert _packages(cloud)[-1]["ModelApprovalStatus"] == "PendingManualApproval"
+    assert _serving_config(cloud) == before

@@ -108,7 +108,8 @@ def test_gate_passed_registers_approved_package_and_deploys_from_it(
     grid = cloud.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
     assert grid[:8] == b"\x89PNG\r\n\x1a\n"
     text = first_run["message"]["message"]
-    assert f"model-package/{GROUP}/" in text and "(Approved)" in text
+    assert f"model-package/{GROUP}/" in text
+    assert "(Approved)" in text
     assert "prompt adherence: base" in text
     _invoke_ok(cloud)
 

@@ -106,7 +106,8 @@ def test_start_evaluation_prompt_list_is_written_to_s3_and_passed_as_a_file(
     written = mocked_aws.get_json(f"runs/{event['config']['run_id']}/evaluation/prompts.json")
     assert written == prompts
     record = store.get(name)
-    assert record is not None and record.kind == "evaluation"
+    assert record is not None
+    assert record.kind == "evaluation"
     assert record.context["output_uri"].endswith(f"/evaluation/{name}/")
 
 
@@ -215,7 +216,7 @@ def test_register_model_second_run_of_same_name_adds_a_version_to_the_group(mock
 def test_register_model_missing_evaluation_file_raises_evaluation_job_failed(mocked_aws: AwsWorld) -> None:
     event = load_event("register_model_task.json")
 
-    with pytest.raises(EvaluationJobFailed, match="evaluation.json"):
+    with pytest.raises(EvaluationJobFailed, match=r"evaluation\.json"):
         register_model(RegisterTask.model_validate(event), _settings())
 
 
@@ -271,7 +272,8 @@ def test_await_approval_pending_package_parks_token_until_approved_event(
 
     assert result["waiting"] is True
     record = store.get(arn)
-    assert record is not None and record.kind == "approval"
+    assert record is not None
+    assert record.kind == "approval"
     approved = load_event("sagemaker_model_package_approved.json")
     approved["detail"]["ModelPackageArn"] = arn
     sent: list[dict[str, Any]] = []
@@ -281,7 +283,8 @@ def test_await_approval_pending_package_parks_token_until_approved_event(
         ModelPackageStateChange.model_validate(approved), TaskResolver(store, _RecordingSfn(sent), mocked_aws.sagemaker)
     )
     assert resolution.outcome == "succeeded"
-    assert sent[0]["kind"] == "success" and sent[0]["taskToken"] == event["token"]
+    assert sent[0]["kind"] == "success"
+    assert sent[0]["taskToken"] == event["token"]
     assert json.loads(sent[0]["output"])["approval_status"] == "Approved"
     assert store.get(arn) is None
 

@@ -197,6 +197,25 @@ def test_validate_base_model_without_model_index_is_not_found(world: AwsWorld, m
     assert "model_index.json" in problems(caught)["base_model_uri"]
 
 
+def test_validate_prompts_uri_outside_stack_bucket_is_invalid(world: AwsWorld) -> None:
+    uris = put_parquet(world, "datasets/a.parquet")
+    raw = {**document(parquet_uris=uris), "evaluation": {"prompts_uri": "s3://elsewhere/prompts.txt"}}
+    with pytest.raises(InvalidRunDocument) as caught:
+        run(raw)
+    assert "outside this stack's bucket" in problems(caught)["evaluation.prompts_uri"]
+
+
+def test_validate_missing_prompts_file_is_not_found_naming_the_field(world: AwsWorld) -> None:
+    uris = put_parquet(world, "datasets/a.parquet")
+    missing = f"s3://{DATA_BUCKET}/datasets/prompts.txt"
+    raw = {**document(parquet_uris=uris), "evaluation": {"prompts_uri": missing}}
+    with pytest.raises(DatasetNotFound) as caught:
+        run(raw)
+    assert missing in problems(caught)["evaluation.prompts_uri"]
+    world.s3.put_object(Bucket=DATA_BUCKET, Key="datasets/prompts.txt", Body=b"a red circle on a blue background\n")
+    assert run(raw)["timeouts"]["evaluation"] > 3600
+
+
 def test_validate_base_model_uri_without_trailing_slash_is_accepted(world: AwsWorld) -> None:
     uris = put_parquet(world, "datasets/a.parquet")
     raw = {**document(parquet_uris=uris), "base_model_uri": f"s3://{DATA_BUCKET}/models/tiny-sd"}

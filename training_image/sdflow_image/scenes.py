@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from PIL import Image, ImageDraw
@@ -50,11 +51,10 @@ class Scene:
         return f"a {self.foreground} {self.shape} on a {self.background} background"
 
 
-def _known(word: str, allowed: object, what: str, prompt: str) -> None:
-    if word not in allowed:  # type: ignore[operator]
-        raise PromptGrammarError(
-            f"prompt {prompt!r}: unknown {what} {word!r}; use one of {', '.join(allowed)}"  # type: ignore[call-overload]
-        )
+def _known(word: str, allowed: Iterable[str], what: str, prompt: str) -> None:
+    words = list(allowed)
+    if word not in words:
+        raise PromptGrammarError(f"prompt {prompt!r}: unknown {what} {word!r}; use one of {', '.join(words)}")
 
 
 def parse_prompt(prompt: str) -> Scene:

@@ -13,7 +13,6 @@ import json
 from typing import Any
 
 from aws_lambda_powertools import Logger
-from pydantic import Field
 
 from sdflow_common import aws, job_control, names, sagemaker_jobs
 from sdflow_common.errors import EvaluationJobFailed

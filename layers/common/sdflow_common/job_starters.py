@@ -344,7 +344,8 @@ def deploy_endpoint(
     sagemaker: Any = None,
     alarm_names: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """CreateModel (from the approved model package) + CreateEndpointConfig, then CreateEndpoint, or a blue/green UpdateEndpoint
+    """CreateModel (from the approved model package) + CreateEndpointConfig, then CreateEndpoint, or a
+    blue/green UpdateEndpoint
     when the endpoint exists. The token is keyed by the endpoint name, so one deployment per
     endpoint runs at a time; another run's deployment → EndpointBusy (the state retries)."""
     _require(settings)

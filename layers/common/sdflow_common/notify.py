@@ -6,7 +6,8 @@ state it was in and what it had built, read back from its execution history
 (sdflow_common.execution_history), and what the cleanup stopped or rolled back
 (sdflow_common.run_cleanup); for a run that succeeded, its output. The state holds only what the
 pipeline itself wrote: `config` (Validate run), `dataset` (Build dataset index), `training`
-(Train model), `evaluation` (Evaluate model), `registry` (Register model), `endpoint` (Deploy endpoint); a line whose data is not there is left out rather
+(Train model), `evaluation` (Evaluate model), `registry` (Register model), `endpoint` (Deploy
+endpoint); a line whose data is not there is left out rather
 than printed with placeholders."""
 
 from __future__ import annotations
@@ -245,6 +246,8 @@ def _training_lines(training: dict[str, Any]) -> list[str]:
 def _adherence_text(metrics: dict[str, Any]) -> str:
     """`prompt adherence: base 0.10 → trained 0.85 (held-out prompts)` from the training job's metrics."""
     trained, base = metrics.get("eval:prompt_adherence"), metrics.get("eval:base_prompt_adherence")
+    if trained is None:
+        return ""
     try:
         trained_text = f"{float(trained):.2f}"
         base_text = f"base {float(base):.2f} → " if base is not None else ""

@@ -181,6 +181,9 @@ def check_locations(document: RunDocument, data_bucket: str, endpoint_name_prefi
                     f"parquet files, e.g. s3://{data_bucket}/datasets/<name>/",
                 }
             )
+    prompts_uri = document.evaluation.prompts_uri
+    if prompts_uri is not None and parse_s3_uri(prompts_uri)[0] != data_bucket:
+        problems.append(_outside_bucket("evaluation.prompts_uri", prompts_uri, data_bucket, "datasets"))
     problems += _endpoint_problems(document, endpoint_name_prefix)
     if problems:
         raise _invalid(problems)
@@ -263,6 +266,13 @@ def check_inputs(document: RunDocument, *, data_bucket: str, max_shards: int) ->
     Validate run again at the start of the execution (the data may change in between)."""
     check_locations(document, data_bucket)
     check_base_model(document.base_model_uri)
+    prompts_uri = document.evaluation.prompts_uri
+    if prompts_uri is not None and not _exists(prompts_uri):
+        raise _not_found(
+            "evaluation.prompts_uri",
+            f"{prompts_uri} does not exist or is not readable; upload the prompts (a JSON list, or one a line) "
+            "there, or list them in evaluation.prompts",
+        )
     parquet_uris = resolve_dataset(document, max_shards)
     source = "dataset.parquet_uris" if document.dataset.parquet_uris is not None else "dataset.prefix"
     tolerated = document.download.tolerated_failure_percent

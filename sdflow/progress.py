@@ -20,6 +20,9 @@ PIPELINE_STATES = (
     "Build dataset index",
     "Train model",
     "Reuse trained model",
+    "Evaluate model",
+    "Register model",
+    "Wait for approval",
     "Deploy endpoint",
 )
 STEP_LOSS = re.compile(r"step=(\d+) loss=([0-9.eE+-]+)")

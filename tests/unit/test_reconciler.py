@@ -259,3 +259,50 @@ def test_reconciler_one_broken_claim_does_not_block_the_others(
         reconcile()
     assert sfn.by_token()["token-ok"][0] == "success"
     assert "token-broken" not in sfn.by_token()
+
+
+def _model_package(world: AwsWorld, status: str) -> str:
+    world.sagemaker.create_model_package_group(ModelPackageGroupName="sdf-cats")
+    return str(
+        world.sagemaker.create_model_package(
+            ModelPackageGroupName="sdf-cats",
+            InferenceSpecification={
+                "Containers": [{"Image": TRAINING_IMAGE_URI, "ModelDataUrl": f"s3://{DATA_BUCKET}/m.tar.gz"}],
+                "SupportedContentTypes": ["application/json"],
+                "SupportedResponseMIMETypes": ["image/png"],
+            },
+            ModelApprovalStatus=status,
+        )["ModelPackageArn"]
+    )
+
+
+def test_reconciler_approval_decided_while_its_event_was_lost_answers_the_task(
+    mocked_aws: AwsWorld, sfn: Resolutions
+) -> None:
+    arn = _model_package(mocked_aws, "Approved")
+    claim(arn, "token-approved", "approval", deadline_in=LEAD - 60)
+
+    counts = reconcile()
+
+    operation, params = sfn.by_token()["token-approved"]
+    assert operation == "success"
+    assert json.loads(params["output"])["model_package_arn"] == arn
+    assert counts["resolved"] == 1
+    assert TokenStore(TOKEN_TABLE).get(arn) is None
+
+
+def test_reconciler_approval_still_pending_past_its_deadline_drops_the_claim(
+    mocked_aws: AwsWorld, sfn: Resolutions
+) -> None:
+    arn = _model_package(mocked_aws, "PendingManualApproval")
+    claim(arn, "token-pending", "approval", deadline_in=-30)
+
+    counts = reconcile()
+
+    operation, params = sfn.by_token()["token-pending"]
+    assert (operation, params["error"]) == ("failure", "ModelRejected")
+    assert "still PendingManualApproval" in params["cause"]
+    assert counts["stopped"] == 1
+    assert TokenStore(TOKEN_TABLE).get(arn) is None
+    described = mocked_aws.sagemaker.describe_model_package(ModelPackageName=arn)
+    assert described["ModelApprovalStatus"] == "PendingManualApproval", "nobody decided: the package is left as it is"

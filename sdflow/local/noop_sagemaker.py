@@ -2,8 +2,9 @@
 
 Everything around it stays real (the patched SageMaker API with its quotas and rate limits, the
 status events, job_events resolving each token); only the job's content is skipped. A download
-job writes the `_SUCCESS` marker build_index reads, a training job reports artifacts and a
-loss, an endpoint goes InService. `job_seconds` holds each job that long, so concurrency and
+job writes the `_SUCCESS` marker build_index reads, an evaluation job the `evaluation.json` Register
+model reads (a perfect score, so any gate passes), a training job reports artifacts and a loss, an
+endpoint goes InService. `job_seconds` holds each job that long, so concurrency and
 quotas are exercised; `peak_running` records the most processing jobs ever running at once.
 StopProcessingJob / StopTrainingJob end a held job at once as Stopped (no `_SUCCESS`, no
 artifacts); the fault `kill_job` ends it at once as Failed, as a killed container would."""
@@ -101,14 +102,24 @@ class NoOpSageMaker:
             if why is not None:
                 self._report_early_end("processing", name, why)
                 return
-            output = _argument(request["AppSpecification"].get("ContainerArguments") or [], "--output_uri")
-            bucket, key = parse_s3_uri(output)
-            marker = {"samples": 1, "failed": 0, "tar_files": ["00000.tar"]}
-            self._put(bucket, key.rstrip("/") + "/_SUCCESS", json.dumps(marker).encode())
+            if request["AppSpecification"].get("ContainerEntrypoint") == ["evaluate"]:
+                self._evaluation_output(request)
+            else:
+                output = _argument(request["AppSpecification"].get("ContainerArguments") or [], "--output_uri")
+                bucket, key = parse_s3_uri(output)
+                marker = {"samples": 1, "failed": 0, "tar_files": ["00000.tar"]}
+                self._put(bucket, key.rstrip("/") + "/_SUCCESS", json.dumps(marker).encode())
         finally:
             with self._lock:
                 self.running -= 1
         self.listener.job_status_changed("processing", request["ProcessingJobName"], "Completed", {})
+
+    def _evaluation_output(self, request: dict[str, Any]) -> None:
+        """evaluation.json where the job's ProcessingOutput goes (SageMaker's upload at the job's end)."""
+        [output] = request["ProcessingOutputConfig"]["Outputs"]
+        bucket, key = parse_s3_uri(output["S3Output"]["S3Uri"])
+        scores = {"prompt_adherence": 1.0, "base_prompt_adherence": 0.125, "prompts": 48, "grid": "adherence.png"}
+        self._put(bucket, key.rstrip("/") + "/evaluation.json", json.dumps(scores).encode())
 
     def _put(self, bucket: str, key: str, body: bytes) -> None:
         """The job's output, written straight into the local S3 backend: a real job writes from its

@@ -362,6 +362,8 @@ def test_lambda_runtime_crash_in_every_task_is_retried_and_run_survives(
         "StartDownloadFunction": "sagemaker.CreateProcessingJob",
         "BuildIndexFunction": "s3.PutObject",
         "StartTrainingFunction": "sagemaker.CreateTrainingJob",
+        "StartEvaluationFunction": "sagemaker.CreateProcessingJob",
+        "RegisterModelFunction": "sagemaker.CreateModelPackage",
         "DeployEndpointFunction": "sagemaker.CreateEndpoint",
     }
     claims = {function: cloud.faults.crash_lambda_after(function, call) for function, call in crashes.items()}
@@ -380,8 +382,19 @@ def test_lambda_runtime_crash_in_every_task_is_retried_and_run_survives(
     assert described["status"] == "SUCCEEDED", described.get("cause")
     assert {function: cloud.faults.crashes_done(path) for function, path in claims.items()} == dict.fromkeys(crashes, 1)
     run_hash = _run_hash(cloud, arn)
-    assert len(_jobs(cloud, "processing", run_hash)) == SHARDS, "the crashed starter's job was adopted"
+    downloads = [name for name in _jobs(cloud, "processing", run_hash) if name.startswith("sdf-dl-")]
+    assert len(downloads) == SHARDS, "the crashed starter's job was adopted"
     assert len(_jobs(cloud, "training", run_hash)) == 1, "the crashed starter's job was adopted"
+    model = json.loads(described["output"])["registry"]["model"]
+    api = cloud.client("sagemaker")
+    packages = api.list_model_packages(ModelPackageGroupName=model["model_package_group"])["ModelPackageSummaryList"]
+    runs = [
+        api.describe_model_package(ModelPackageName=p["ModelPackageArn"])["CustomerMetadataProperties"].get(
+            "sdflow:execution"
+        )
+        for p in packages
+    ]
+    assert runs.count(arn) == 1, "the retried Register model found its package by ClientToken, adding no version"
     leftovers = _settled(cloud, sagemaker)
     assert leftovers == []
     _record("a Lambda runtime crash in every task", "each retried, run SUCCEEDED", started, leftovers)

@@ -1,7 +1,8 @@
 """job_events: SageMaker state-change events → SendTaskSuccess / SendTaskFailure.
 
-EventBridge rules for processing-job, training-job and endpoint state changes target this
-function; the detail-type picks the event's model (sdflow_common.job_events)."""
+EventBridge rules for processing-job (download, evaluation), training-job, endpoint and
+model-package (approval) state changes target this function; the detail-type picks the event's
+model (sdflow_common.job_events)."""
 
 from __future__ import annotations
 

@@ -15,12 +15,19 @@ from sdflow_common import names
 from sdflow_common.errors import EvaluationJobFailed, QualityGateFailed
 from sdflow_common.evaluation import EVALUATION_FILE, EvaluationTask, evaluation_job_request
 from sdflow_common.job_events import TaskResolver, resolve_event
-from sdflow_common.model_registry import ApprovalTask, RegisterTask, await_approval, register_model
+from sdflow_common.model_registry import (
+    ApprovalTask,
+    RegisterTask,
+    await_approval,
+    model_package_request,
+    register_model,
+)
 from sdflow_common.settings import Settings
 from sdflow_common.token_store import TokenStore
 from tests.conftest import load_function_module
 from tests.unit.conftest import TOKEN_TABLE, TRAINING_IMAGE_URI, AwsWorld, FakeLambdaContext, load_event
 from tests.unit.test_job_starters import PIPELINE, RUN_NAME
+from tests.unit.test_sagemaker_jobs import assert_valid_request
 
 SCORES = {"prompt_adherence": 0.86, "base_prompt_adherence": 0.11, "prompts": 48, "shape_accuracy": 0.7}
 
@@ -83,6 +90,7 @@ def test_evaluation_job_request_default_prompts_has_no_prompts_input_and_isolate
     assert "--prompts_file" not in request["AppSpecification"]["ContainerArguments"]
     assert all(len(arg) <= 256 for arg in request["AppSpecification"]["ContainerArguments"])
     assert request["NetworkConfig"]["EnableNetworkIsolation"] is True
+    assert_valid_request("CreateProcessingJob", request)
     output = request["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]
     assert output["S3Uri"].endswith("/evaluation/sdf-ev-x-r0-a0/")
 
@@ -158,6 +166,11 @@ def test_register_model_gate_passed_auto_registers_approved_with_metrics_and_lin
 
     result = load_function_module("register_model").lambda_handler(event, context)
 
+    request = model_package_request(
+        RegisterTask.model_validate(event), _settings(), "sdf-pokemon-sd15-v2", "Approved", SCORES
+    )
+    assert_valid_request("CreateModelPackage", request)
+    assert len(request["ClientToken"]) <= 36
     assert result["approval_status"] == "Approved"
     assert result["model_package_group"] == "sdf-pokemon-sd15-v2"
     described = mocked_aws.sagemaker.describe_model_package(ModelPackageName=result["model_package_arn"])

@@ -203,9 +203,9 @@ def test_training_job_request_keep_alive_sets_warm_pool() -> None:
 
 def test_deploy_requests_are_valid_and_use_one_variant() -> None:
     options = EndpointOptions(name="sdflow-test", instance_type="ml.g5.2xlarge", initial_instance_count=2)
+    package = "arn:aws:sagemaker:us-east-1:123456789012:model-package/sdf-cats/2"
     model = sagemaker_jobs.model_request(
-        model_name="m", run_id=RUN_ID, run_hash=RUN_HASH, image_uri=TRAINING_IMAGE_URI,
-        model_data_url="s3://b/m.tar.gz", role_arn=SAGEMAKER_ROLE_ARN,
+        model_name="m", run_id=RUN_ID, run_hash=RUN_HASH, model_package_arn=package, role_arn=SAGEMAKER_ROLE_ARN,
     )  # fmt: skip
     config = sagemaker_jobs.endpoint_config_request(
         config_name="c", model_name="m", run_id=RUN_ID, run_hash=RUN_HASH, options=options
@@ -218,7 +218,8 @@ def test_deploy_requests_are_valid_and_use_one_variant() -> None:
     assert_valid_request("CreateModel", model)
     assert_valid_request("CreateEndpointConfig", config)
     assert_valid_request("CreateEndpoint", create)
-    assert model["PrimaryContainer"] == {"Image": TRAINING_IMAGE_URI, "ModelDataUrl": "s3://b/m.tar.gz"}
+    # The image and the artifact come from the approved package's inference specification.
+    assert model["PrimaryContainer"] == {"ModelPackageName": package}
     assert model["EnableNetworkIsolation"] is True
     assert config["ProductionVariants"] == [
         {"VariantName": "AllTraffic", "ModelName": "m", "InstanceType": "ml.g5.2xlarge", "InitialInstanceCount": 2}
@@ -249,7 +250,9 @@ def test_task_timeouts_exceed_the_jobs_own_limits() -> None:
     on_demand = run_document(training={"max_runtime_seconds": 3600})
     spot = run_document(training={"use_spot": True, "max_runtime_seconds": 3600, "max_wait_seconds": 10_000})
     timeouts = sagemaker_jobs.task_timeouts(on_demand)
-    assert set(timeouts) == {"download", "training", "endpoint"}
+    assert set(timeouts) == {"download", "training", "evaluation", "approval", "endpoint"}
+    assert timeouts["evaluation"] > on_demand.evaluation.max_runtime_seconds
+    assert timeouts["approval"] == on_demand.approval.timeout_seconds
     assert timeouts["download"] > on_demand.download.max_runtime_seconds
     assert timeouts["training"] > 3600
     assert sagemaker_jobs.task_timeouts(spot)["training"] > 10_000

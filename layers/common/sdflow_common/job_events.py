@@ -1,8 +1,9 @@
 """Resolve waiting Step Functions tasks from SageMaker state-change events.
 
-EventBridge delivers "SageMaker Processing Job State Change", "SageMaker Training Job State
-Change" and "SageMaker Endpoint State Change" events; on a terminal status the task token
-stored under the resource's name is answered with SendTaskSuccess (a compact summary) or
+EventBridge delivers "SageMaker Processing Job State Change" (downloads, evaluations), "SageMaker
+Training Job State Change", "SageMaker Endpoint State Change" and "SageMaker Model Package State
+Change" (a person's approval) events; on a terminal status the task token stored under the
+resource's name (a package: its ARN) is answered with SendTaskSuccess (a compact summary) or
 SendTaskFailure (a named error and the FailureReason), then the claim is deleted.
 
 SageMaker may send an event more than once and events may be late, so everything here is

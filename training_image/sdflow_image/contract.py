@@ -6,13 +6,19 @@ runtime can give each job, and each emulated host, a folder of its own."""
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
 import sys
+import threading
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 FAILURE_REASON_LIMIT = 1024  # SageMaker keeps the first 1,024 characters as FailureReason
+EXIT_MESSAGE_LIMIT = 1024  # bytes DescribeProcessingJob keeps as ExitMessage
 
 
 def opt_ml() -> Path:
@@ -82,3 +88,40 @@ def fail(exc: BaseException) -> int:
     traceback.print_exception(exc)
     write_failure(reason)
     return 1
+
+
+def write_exit_message(message: str) -> None:
+    """Processing jobs report /opt/ml/output/message (first 1 KB, UTF-8) as ExitMessage; the
+    failure file is the training-job contract. Never raises: it runs while failing."""
+    path = output_dir() / "message"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = message.encode("utf-8")[:EXIT_MESSAGE_LIMIT]
+        path.write_text(data.decode("utf-8", errors="ignore"), encoding="utf-8")
+    except OSError:
+        print(f"could not write {path}: {message}", file=sys.stderr)
+
+
+def run_processing_job(work: Callable[[], str], stopped: Callable[[int], BaseException]) -> int:
+    """A processing job's entrypoint around `work` (which returns its one-line summary): logging
+    on, SIGTERM raised inside the work as `stopped(signum)` (SageMaker stops jobs with SIGTERM, so
+    the work can clean up), the summary or the error as ExitMessage, the failure file and exit 1
+    on error. Returns the exit status."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        raise stopped(signum)
+
+    # Signal handlers can only be installed from the main thread (tests may call from others).
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if in_main_thread else None
+    try:
+        write_exit_message(work())
+        return 0
+    except Exception as exc:
+        write_exit_message(f"{type(exc).__name__}: {exc}")
+        return fail(exc)
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)

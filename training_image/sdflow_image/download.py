@@ -31,12 +31,10 @@ import os
 import shutil
 import signal
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from sdflow_image import contract, flags
@@ -45,7 +43,6 @@ from sdflow_image.shard_upload import SUCCESS_FILE, S3Prefix, ShardUploader, rea
 LOG = logging.getLogger("sdflow.download")
 
 RESIZE_MODES = ("no", "keep_ratio", "keep_ratio_largest", "center_crop", "border")
-EXIT_MESSAGE_LIMIT = 1024  # bytes DescribeProcessingJob keeps as ExitMessage
 # How often finished shards are looked for while img2dataset runs: a shard waits at most this
 # long on the disk before its upload starts.
 UPLOAD_POLL_SECONDS = 0.5
@@ -447,46 +444,18 @@ def download(args: argparse.Namespace, *, uploader: ShardUploader | None = None)
 # --- entrypoint ---------------------------------------------------------------------------
 
 
-def write_exit_message(message: str) -> None:
-    """Processing jobs report /opt/ml/output/message (first 1 KB, UTF-8) as ExitMessage; the
-    failure file is the training-job contract. Never raises: it runs while failing."""
-    path = contract.output_dir() / "message"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = message.encode("utf-8")[:EXIT_MESSAGE_LIMIT]
-        path.write_text(data.decode("utf-8", errors="ignore"), encoding="utf-8")
-    except OSError:
-        print(f"could not write {path}: {message}", file=sys.stderr)
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise Terminated(f"stopped by signal {signum} (SageMaker stops jobs with SIGTERM)")
-
-
 def main(args: argparse.Namespace | None = None) -> int:
     """Run the job; return the exit status (0 done or already done, 1 failed)."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    # signal handlers can only be installed from the main thread (tests may call from others)
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
-    try:
-        if args is None:
-            args = parse_args()
-        summary = download(args)
+
+    def work() -> str:
+        summary = download(args if args is not None else parse_args())
         if summary is None:
-            write_exit_message("already complete: _SUCCESS was present, nothing done")
-        else:
-            write_exit_message(
-                f"ok: {summary['samples']} samples, {summary['failed']} failed, {len(summary['tar_files'])} tar files"
-            )
-        return 0
-    except Exception as exc:
-        write_exit_message(f"{type(exc).__name__}: {exc}")
-        return contract.fail(exc)
-    finally:
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+            return "already complete: _SUCCESS was present, nothing done"
+        return f"ok: {summary['samples']} samples, {summary['failed']} failed, {len(summary['tar_files'])} tar files"
+
+    return contract.run_processing_job(
+        work, lambda signum: Terminated(f"stopped by signal {signum} (SageMaker stops jobs with SIGTERM)")
+    )
 
 
 if __name__ == "__main__":

@@ -23,18 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
 import tarfile
 import tempfile
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from sdflow_image import adherence, contract, flags, scenes, serve_model
-from sdflow_image.download import write_exit_message
 from sdflow_image.serve_request import SIZE_MULTIPLE
 
 LOG = logging.getLogger("sdflow.evaluate")
@@ -266,32 +262,19 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     return document
 
 
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise Terminated(f"stopped by signal {signum} (SageMaker stops jobs with SIGTERM)")
-
-
 def main(args: argparse.Namespace | None = None) -> int:
     """Run the job; return the exit status (0 scored, 1 failed)."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    # signal handlers can only be installed from the main thread (tests may call from others)
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
-    try:
-        if args is None:
-            args = parse_args()
-        document = evaluate(args)
-        write_exit_message(
+
+    def work() -> str:
+        document = evaluate(args if args is not None else parse_args())
+        return (
             f"ok: prompt adherence base {document['base_prompt_adherence']:.4f} → trained "
             f"{document['prompt_adherence']:.4f} ({document['prompts']} prompts)"
         )
-        return 0
-    except Exception as exc:
-        write_exit_message(f"{type(exc).__name__}: {exc}")
-        return contract.fail(exc)
-    finally:
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+    return contract.run_processing_job(
+        work, lambda signum: Terminated(f"stopped by signal {signum} (SageMaker stops jobs with SIGTERM)")
+    )
 
 
 if __name__ == "__main__":

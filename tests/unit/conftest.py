@@ -156,3 +156,25 @@ class FakeLambdaContext:
 def load_event(name: str) -> dict[str, Any]:
     """An event from events/, the same file `sam local invoke -e` uses."""
     return json.loads((EVENTS_DIR / name).read_text())
+
+
+# The execution the events/ payloads belong to (execution:sdflow-pipeline-test:pokemon-sd15-v2-…).
+EVENTS_PIPELINE = "sdflow-pipeline-test"
+EVENTS_RUN_NAME = "pokemon-sd15-v2-7f3a9c2e41"
+
+
+@pytest.fixture
+def context() -> FakeLambdaContext:
+    return FakeLambdaContext()
+
+
+@pytest.fixture
+def events_execution(mocked_aws: AwsWorld) -> str:
+    """The run the events/ payloads name, RUNNING in moto (moto leaves a started execution
+    RUNNING), so the starters' DescribeExecution check passes unless a test stops it."""
+    machine = mocked_aws.sfn.create_state_machine(
+        name=EVENTS_PIPELINE,
+        definition='{"StartAt": "Wait", "States": {"Wait": {"Type": "Pass", "End": true}}}',
+        roleArn=f"arn:aws:iam::{ACCOUNT}:role/sdflow-states",
+    )["stateMachineArn"]
+    return str(mocked_aws.sfn.start_execution(stateMachineArn=machine, name=EVENTS_RUN_NAME)["executionArn"])

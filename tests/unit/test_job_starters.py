@@ -29,6 +29,8 @@ from sdflow_common.token_store import TokenStore
 from tests.conftest import load_function_module
 from tests.unit.conftest import (
     ACCOUNT,
+    EVENTS_PIPELINE,
+    EVENTS_RUN_NAME,
     REGION,
     SAGEMAKER_ROLE_ARN,
     TOKEN_TABLE,
@@ -38,14 +40,8 @@ from tests.unit.conftest import (
     load_event,
 )
 
-# The execution the events/ payloads belong to (execution:sdflow-pipeline-test:pokemon-sd15-v2-…).
-PIPELINE = "sdflow-pipeline-test"
-RUN_NAME = "pokemon-sd15-v2-7f3a9c2e41"
-
-
-@pytest.fixture
-def context() -> FakeLambdaContext:
-    return FakeLambdaContext()
+PIPELINE = EVENTS_PIPELINE
+RUN_NAME = EVENTS_RUN_NAME
 
 
 @pytest.fixture
@@ -54,15 +50,8 @@ def store(mocked_aws: AwsWorld) -> TokenStore:
 
 
 @pytest.fixture(autouse=True)
-def running_execution(mocked_aws: AwsWorld) -> str:
-    """The run the payloads name, RUNNING in moto (moto leaves a started execution RUNNING), so
-    the starters' DescribeExecution check passes unless a test stops it."""
-    machine = mocked_aws.sfn.create_state_machine(
-        name=PIPELINE,
-        definition='{"StartAt": "Wait", "States": {"Wait": {"Type": "Pass", "End": true}}}',
-        roleArn=f"arn:aws:iam::{ACCOUNT}:role/sdflow-states",
-    )["stateMachineArn"]
-    return str(mocked_aws.sfn.start_execution(stateMachineArn=machine, name=RUN_NAME)["executionArn"])
+def running_execution(events_execution: str) -> str:
+    return events_execution
 
 
 def run_hash(event: dict[str, Any]) -> str:

@@ -26,15 +26,9 @@ from sdflow_common.settings import Settings
 from sdflow_common.token_store import TokenStore
 from tests.conftest import load_function_module
 from tests.unit.conftest import TOKEN_TABLE, TRAINING_IMAGE_URI, AwsWorld, FakeLambdaContext, load_event
-from tests.unit.test_job_starters import PIPELINE, RUN_NAME
 from tests.unit.test_sagemaker_jobs import assert_valid_request
 
 SCORES = {"prompt_adherence": 0.86, "base_prompt_adherence": 0.11, "prompts": 48, "shape_accuracy": 0.7}
-
-
-@pytest.fixture
-def context() -> FakeLambdaContext:
-    return FakeLambdaContext()
 
 
 @pytest.fixture
@@ -43,13 +37,8 @@ def store(mocked_aws: AwsWorld) -> TokenStore:
 
 
 @pytest.fixture(autouse=True)
-def running_execution(mocked_aws: AwsWorld) -> str:
-    machine = mocked_aws.sfn.create_state_machine(
-        name=PIPELINE,
-        definition='{"StartAt": "Wait", "States": {"Wait": {"Type": "Pass", "End": true}}}',
-        roleArn="arn:aws:iam::123456789012:role/sdflow-states",
-    )["stateMachineArn"]
-    return str(mocked_aws.sfn.start_execution(stateMachineArn=machine, name=RUN_NAME)["executionArn"])
+def running_execution(events_execution: str) -> str:
+    return events_execution
 
 
 def _with_run(event: dict[str, Any], **sections: dict[str, Any]) -> dict[str, Any]:

@@ -100,7 +100,7 @@ def test_local_cloud_deploys_every_template_resource_on_loopback(cloud: LocalClo
     functions = {k for k, v in declared.items() if v["Type"] == "AWS::Serverless::Function"}
     assert cloud._server.get_host_and_port()[0] == "127.0.0.1"
     assert set(cloud.deployment.functions) == functions  # type: ignore[union-attr]
-    assert len(functions) == 9
+    assert len(functions) == 12
 
     start_pipeline = cloud.deployment.functions["StartPipelineFunction"]  # type: ignore[union-attr]
     assert start_pipeline.environment["STATE_MACHINE_ARN"] == cloud.state_machine_arn
@@ -119,7 +119,7 @@ def test_local_cloud_deploys_every_template_resource_on_loopback(cloud: LocalClo
     [s3_pattern] = [p for p in patterns if p["source"] == ["aws.s3"]]
     assert s3_pattern["detail"]["bucket"]["name"] == [cloud.bucket]
     assert s3_pattern["detail"]["object"]["key"] == [{"wildcard": "manifests/*.json"}]
-    assert len(rules) == 5
+    assert len(rules) == 6  # manifest, execution status, processing, training, endpoint, model package
     [run_ended] = [p for p in patterns if p["source"] == ["aws.states"]]
     assert run_ended["detail"]["stateMachineArn"] == [cloud.state_machine_arn]
     assert cloud.client("scheduler").list_schedules()["Schedules"], "the reconciler's schedule exists"

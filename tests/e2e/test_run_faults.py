@@ -120,6 +120,11 @@ def _jobs(cloud: LocalCloud, kind: str, contains: str, status: str | None = None
         kwargs["NextToken"] = page["NextToken"]
 
 
+def _downloads(cloud: LocalCloud, contains: str) -> list[str]:
+    """The run's download jobs (its processing jobs less the evaluation job, `sdf-ev-…`)."""
+    return [name for name in _jobs(cloud, "processing", contains) if name.startswith(names.DOWNLOAD_PREFIX + "-")]
+
+
 def _wait_for_job(
     cloud: LocalCloud, kind: str, contains: str, timeout_s: float = 60.0, status: str | None = "InProgress"
 ) -> str:
@@ -185,7 +190,7 @@ def test_download_job_killed_is_retried_and_run_succeeds(cloud: LocalCloud, sage
     described = _ended(cloud, arn)
 
     assert described["status"] == "SUCCEEDED", described.get("cause")
-    jobs = _jobs(cloud, "processing", run_hash)
+    jobs = _downloads(cloud, run_hash)
     assert len(jobs) == SHARDS + 1, f"one retry for the killed shard: {jobs}"
     assert victim.replace("-a0", "-a1") in jobs
     leftovers = _settled(cloud, sagemaker)
@@ -291,7 +296,7 @@ def test_job_event_delivered_twice_has_one_effect(cloud: LocalCloud, sagemaker: 
     arn = _start(cloud, "twice")
     run_hash = _run_hash(cloud, arn)
     _wait_for_job(cloud, "training", run_hash)
-    downloads = _jobs(cloud, "processing", run_hash)
+    downloads = _downloads(cloud, run_hash)
     started = time.monotonic()
     for job in downloads:
         cloud.faults.redeliver_sagemaker_event(job, status="Completed")
@@ -299,7 +304,7 @@ def test_job_event_delivered_twice_has_one_effect(cloud: LocalCloud, sagemaker: 
     described = _ended(cloud, arn)
 
     assert described["status"] == "SUCCEEDED", described.get("cause")
-    assert len(_jobs(cloud, "processing", run_hash)) == SHARDS
+    assert len(_downloads(cloud, run_hash)) == SHARDS
     assert len(_jobs(cloud, "training", run_hash)) == 1
     cloud.wait_idle(30.0)
     assert len([m for m in cloud.sns_messages() if m["attributes"].get("run_id") == "twice"]) == 1
@@ -382,7 +387,7 @@ def test_lambda_runtime_crash_in_every_task_is_retried_and_run_survives(
     assert described["status"] == "SUCCEEDED", described.get("cause")
     assert {function: cloud.faults.crashes_done(path) for function, path in claims.items()} == dict.fromkeys(crashes, 1)
     run_hash = _run_hash(cloud, arn)
-    downloads = [name for name in _jobs(cloud, "processing", run_hash) if name.startswith("sdf-dl-")]
+    downloads = _downloads(cloud, run_hash)
     assert len(downloads) == SHARDS, "the crashed starter's job was adopted"
     assert len(_jobs(cloud, "training", run_hash)) == 1, "the crashed starter's job was adopted"
     model = json.loads(described["output"])["registry"]["model"]
@@ -425,7 +430,7 @@ def test_starter_crash_after_create_leaves_exactly_one_job(cloud: LocalCloud, sa
 def test_execution_name_reused_adopts_no_old_job(cloud: LocalCloud, sagemaker: NoOpSageMaker) -> None:
     first = _start(cloud, "reused")
     assert _ended(cloud, first)["status"] == "SUCCEEDED"
-    old_jobs = set(_jobs(cloud, "processing", "sdf-dl-reused"))
+    old_jobs = set(_downloads(cloud, "sdf-dl-reused"))
     _forget_execution(first)  # Step Functions frees a name 90 days after its execution closed
     started = time.monotonic()
 
@@ -436,7 +441,7 @@ def test_execution_name_reused_adopts_no_old_job(cloud: LocalCloud, sagemaker: N
     assert described["status"] == "FAILED"
     assert described["error"] == "InvalidRunDocument"
     assert "reused" in described["cause"]
-    assert set(_jobs(cloud, "processing", "sdf-dl-reused")) == old_jobs, "nothing adopted, nothing started"
+    assert set(_downloads(cloud, "sdf-dl-reused")) == old_jobs, "nothing adopted, nothing started"
     leftovers = _settled(cloud, sagemaker)
     assert leftovers == []
     _record("an execution name reused", "refused at validation, no old job adopted", started, leftovers)
@@ -458,7 +463,7 @@ def test_redrive_after_training_failure_reruns_only_training(cloud: LocalCloud, 
     run_hash = _run_hash(cloud, arn)
     cloud.faults.kill_job("training", _wait_for_job(cloud, "training", run_hash))
     assert _ended(cloud, arn)["status"] == "FAILED"
-    downloads = _jobs(cloud, "processing", run_hash)
+    downloads = _downloads(cloud, run_hash)
     sagemaker.seconds_by_kind.clear()
     started = time.monotonic()
 
@@ -467,7 +472,7 @@ def test_redrive_after_training_failure_reruns_only_training(cloud: LocalCloud, 
 
     assert described["status"] == "SUCCEEDED", described.get("cause")
     assert described.get("redriveCount") == 1
-    assert _jobs(cloud, "processing", run_hash) == downloads, "no shard downloaded again"
+    assert _downloads(cloud, run_hash) == downloads, "no shard downloaded again"
     training = _jobs(cloud, "training", run_hash)
     assert len(training) == 2
     assert any("-r1-" in name for name in training), training
@@ -486,7 +491,7 @@ def test_redrive_after_shard_failure_reruns_only_the_failed_shard(cloud: LocalCl
     cloud.faults.kill_job("processing", _wait_for_job(cloud, "processing", f"{shard_stem}-a1"))
     failed = _ended(cloud, arn)
     assert failed["status"] == "FAILED"
-    before = set(_jobs(cloud, "processing", run_hash))
+    before = set(_downloads(cloud, run_hash))
     sagemaker.seconds_by_kind.clear()
     started = time.monotonic()
 
@@ -494,7 +499,7 @@ def test_redrive_after_shard_failure_reruns_only_the_failed_shard(cloud: LocalCl
     described = _ended(cloud, arn)
 
     assert described["status"] == "SUCCEEDED", described.get("cause")
-    new_jobs = set(_jobs(cloud, "processing", run_hash)) - before
+    new_jobs = set(_downloads(cloud, run_hash)) - before
     assert len(new_jobs) == 1, f"only the failed shard downloads again: {sorted(new_jobs)}"
     assert next(iter(new_jobs)).split("-")[-3] == shard_stem.split("-")[-2]
     leftovers = _settled(cloud, sagemaker)
@@ -519,7 +524,7 @@ def test_resume_after_training_failure_starts_no_download_job(
     described = _ended(cloud, resumed)
 
     assert described["status"] == "SUCCEEDED", described.get("cause")
-    assert _jobs(cloud, "processing", _run_hash(cloud, resumed)) == [], "every shard reused"
+    assert _downloads(cloud, _run_hash(cloud, resumed)) == [], "every shard reused"
     config = json.loads(described["output"])["config"]
     assert config["resume"]["from_execution_arn"] == failed
     assert config["resume"]["shards_reused"] == SHARDS

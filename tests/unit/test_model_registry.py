@@ -129,6 +129,29 @@ def test_job_events_evaluation_completed_answers_with_the_evaluation_folder(
     assert store.get(name) is None
 
 
+def test_job_events_evaluation_adopted_job_answers_with_the_job_own_output_folder(
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext
+) -> None:
+    """Attempt 1 adopted attempt 0's job: the job wrote to attempt 0's folder, whatever the claim says."""
+    event = load_event("start_evaluation_task.json")
+    name = load_function_module("start_evaluation").lambda_handler(event, context)["resource_name"]
+    completed = load_event("sagemaker_processing_completed.json")
+    earlier = "s3://sdflow-data-test/runs/x/evaluation/sdf-ev-x-r0-a0/"
+    completed["detail"].update(
+        ProcessingJobName=name,
+        ProcessingOutputConfig={"Outputs": [{"OutputName": "evaluation", "S3Output": {"S3Uri": earlier}}]},
+    )
+    sent: list[dict[str, Any]] = []
+    from sdflow_common.job_events import ProcessingJobStateChange
+
+    resolve_event(
+        ProcessingJobStateChange.model_validate(completed),
+        TaskResolver(store, _RecordingSfn(sent), mocked_aws.sagemaker),
+    )
+
+    assert json.loads(sent[0]["output"])["evaluation_uri"] == earlier
+
+
 def store_context_uri(event: dict[str, Any], name: str) -> str:
     return f"s3://{event['config']['bucket']}/runs/{event['config']['run_id']}/evaluation/{name}/"
 

@@ -102,6 +102,16 @@ class ProcessingJobDetail(_JobDetail):
     status: str = Field(alias="ProcessingJobStatus")
     failure_reason: str | None = Field(default=None, alias="FailureReason")
     exit_message: str | None = Field(default=None, alias="ExitMessage")
+    output_config: dict[str, Any] | None = Field(default=None, alias="ProcessingOutputConfig")
+
+    def output_uri(self, output_name: str) -> str | None:
+        """Where the job's named ProcessingOutput went: the job's own word, so an adopted job's
+        output (an earlier attempt's name, its own folder) is found where it really is."""
+        for output in (self.output_config or {}).get("Outputs") or []:
+            if isinstance(output, dict) and output.get("OutputName") == output_name:
+                uri = (output.get("S3Output") or {}).get("S3Uri")
+                return str(uri) if uri else None
+        return None
 
     @property
     def reason(self) -> str:
@@ -303,7 +313,8 @@ class TaskResolver:
         if isinstance(detail, ProcessingJobDetail):
             if record.kind == "evaluation":
                 # evaluation.json and adherence.png are there; Register model reads them.
-                return {"job_name": detail.resource_name, "evaluation_uri": record.context.get("output_uri", "")}
+                uri = detail.output_uri("evaluation") or record.context.get("output_uri", "")
+                return {"job_name": detail.resource_name, "evaluation_uri": uri}
             return {
                 "shard_id": record.context.get("shard_id", ""),
                 "status": "ok",

@@ -81,7 +81,7 @@ def near_documents(draw: st.DrawFn) -> dict[str, Any]:
     """A valid manifest with a few mutations: a field set to any JSON, a field dropped, a near-miss name."""
     document: dict[str, Any] = json.loads(json.dumps(load_event("run_document_full.json")))
     for _ in range(draw(st.integers(min_value=1, max_value=3))):
-        section = draw(st.sampled_from([None, "dataset", "download", "training", "endpoint"]))
+        section = draw(st.sampled_from([None, "dataset", "download", "training", "endpoint", "evaluation", "approval"]))
         target = document if section is None else document.setdefault(section, {})
         if not isinstance(target, dict):
             continue

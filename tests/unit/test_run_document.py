@@ -280,7 +280,7 @@ def test_example_full_document_sets_every_section() -> None:
     document = parse_run_document(raw)
     assert document.model_dump(mode="json", exclude_unset=True).keys() == raw.keys()
     defaults = parse_run_document(minimal())
-    for section in ("download", "training", "endpoint"):
+    for section in ("download", "training", "endpoint", "evaluation", "approval"):
         assert getattr(document, section) != getattr(defaults, section), section
 
 

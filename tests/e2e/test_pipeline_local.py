@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -61,6 +62,15 @@ def test_demo_command_runs_pipeline_and_writes_endpoint_image(tmp_path: Path) ->
     assert "3 of 3 shards downloaded" in result.stdout
     assert f"Endpoint:  {DEMO_ENDPOINT} (created" in result.stdout
     assert "orchestration overhead" in result.stdout
+    # The demo's model visibly learns: the evaluation job's held-out prompts (issue 10's goal:
+    # trained ≥ 0.8 while the untrained base stays near chance, 1/8).
+    match = re.search(r"^prompt adherence: base ([0-9.]+) → trained ([0-9.]+) \(48 prompts\)$", result.stdout, re.M)
+    assert match, result.stdout[-4000:]
+    base, trained = float(match[1]), float(match[2])
+    assert base <= 0.3
+    assert trained >= 0.8
+    assert "model-package/sdf-demo/" in result.stdout
+    assert (tmp_path / "work" / "demo" / "adherence.png").is_file()
     with Image.open(output) as image:
         assert image.format == "PNG"
         # Serving defaults to the trained size: the demo trains at 32 px (sdflow/demo.py).

@@ -117,6 +117,25 @@ def test_notify_success_with_registered_model_names_package_score_gate_and_sampl
     assert "samples (base | trained per prompt) s3://b/runs/cats-v1-abc/evaluation/sdf-ev-job/adherence.png" in text
 
 
+def test_notify_quality_gate_failed_gives_score_and_suggests_a_resumed_run_not_a_redrive() -> None:
+    state = {key: SUCCESS_STATE[key] for key in ("config", "dataset", "training")}
+    cause = (
+        "prompt adherence 0.41 is below the quality gate 0.80 (evaluation.min_prompt_adherence): model package "
+        "arn:aws:sagemaker:us-east-1:123456789012:model-package/sdf-cats-v1/4 is registered as Rejected and was "
+        "not deployed; endpoint cats keeps serving its current model. Samples (base | trained per prompt): "
+        "s3://b/runs/cats-v1-abc/evaluation/sdf-ev-job/adherence.png"
+    )
+
+    text = notify.compose(
+        _request("failed", state, error="QualityGateFailed", cause=cause, running_state="Register model"), now=NOW
+    ).message
+
+    assert "0.41 is below the quality gate 0.80" in text
+    assert "adherence.png" in text
+    assert f"sdflow resume {EXECUTION_ARN} --manifest NEW.json" in text
+    assert "redrive-execution" not in text
+
+
 def test_notify_approval_timed_out_says_how_to_approve_and_redrive() -> None:
     pending = {"model": {**REGISTRY["model"], "approval_status": "PendingManualApproval"}}
     state = {key: SUCCESS_STATE[key] for key in ("config", "dataset", "training")} | {"registry": pending}

@@ -384,6 +384,13 @@ def _next_step_lines(request: NotifyRequest) -> list[str]:
             "--model-approval-status Approved",
             f"             aws stepfunctions redrive-execution --execution-arn {request.execution_arn}",
         ]
+    if request.error in ("QualityGateFailed", "ModelRejected"):
+        # A redrive would judge the same model again: the model (or the gate) has to change.
+        return [
+            "Next:      the model was not deployed; train it longer or on more data, or change the gate, in a run "
+            "that reuses every finished shard (and the model, if the training options are unchanged):",
+            f"             sdflow resume {request.execution_arn} --manifest NEW.json",
+        ]
     return [
         "Next:      re-run only what did not finish (same input, finished steps kept):",
         f"             aws stepfunctions redrive-execution --execution-arn {request.execution_arn}",

@@ -153,7 +153,9 @@ def wait_for_notification(cloud: Any, execution_name: str, timeout_s: float = 60
 
 
 def _download(session: Any, uri: str, target: Path) -> Path:
-    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    from sdflow_common.run_document import parse_s3_uri
+
+    bucket, key = parse_s3_uri(uri)
     session.client("s3").download_file(bucket, key, str(target))
     return target
 

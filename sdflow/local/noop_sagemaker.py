@@ -19,6 +19,7 @@ from typing import Any
 
 import boto3
 
+from sdflow_common.evaluation import EVALUATION_FILE, GRID_FILE
 from sdflow_common.run_document import parse_s3_uri
 
 
@@ -118,8 +119,8 @@ class NoOpSageMaker:
         """evaluation.json where the job's ProcessingOutput goes (SageMaker's upload at the job's end)."""
         [output] = request["ProcessingOutputConfig"]["Outputs"]
         bucket, key = parse_s3_uri(output["S3Output"]["S3Uri"])
-        scores = {"prompt_adherence": 1.0, "base_prompt_adherence": 0.125, "prompts": 48, "grid": "adherence.png"}
-        self._put(bucket, key.rstrip("/") + "/evaluation.json", json.dumps(scores).encode())
+        scores = {"prompt_adherence": 1.0, "base_prompt_adherence": 0.125, "prompts": 48, "grid": GRID_FILE}
+        self._put(bucket, key.rstrip("/") + "/" + EVALUATION_FILE, json.dumps(scores).encode())
 
     def _put(self, bucket: str, key: str, body: bytes) -> None:
         """The job's output, written straight into the local S3 backend: a real job writes from its

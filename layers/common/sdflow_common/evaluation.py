@@ -16,8 +16,8 @@ from aws_lambda_powertools import Logger
 
 from sdflow_common import aws, job_control, names, sagemaker_jobs
 from sdflow_common.errors import EvaluationJobFailed
-from sdflow_common.job_starters import CallbackTask, TrainingResult, start_job
-from sdflow_common.run_document import EvaluationOptions, parse_s3_uri
+from sdflow_common.job_starters import CallbackTask, TrainingResult, require_job_settings, start_job
+from sdflow_common.run_document import EvaluationOptions
 from sdflow_common.settings import Settings
 from sdflow_common.token_store import TokenStore
 from sdflow_common.validate_run import RunConfig
@@ -163,12 +163,10 @@ def start_evaluation(
     s3: Any = None,
 ) -> dict[str, Any]:
     """Start the evaluation job of a trained model (docs/contracts.md "The evaluation job")."""
-    settings.require("token_table", "sagemaker_role_arn", "training_image_uri")
+    require_job_settings(settings)
     config = task.config
     name = names.evaluation_job_name(task.run_hash, config.run_id, task.redrive, task.attempt)
     prompts_uri = _prompts_uri(task, s3 or aws.client("s3"))
-    if prompts_uri:
-        parse_s3_uri(prompts_uri)
     request = evaluation_job_request(
         job_name=name,
         config=config,

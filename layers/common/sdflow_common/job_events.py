@@ -189,6 +189,12 @@ class ModelPackageDetail(_Detail):
 
 
 JobDetail = ProcessingJobDetail | TrainingJobDetail | EndpointDetail | ModelPackageDetail
+# The detail model of each claim kind (its `kinds`): one place says an evaluation is a processing job.
+DETAIL_MODELS: dict[Kind, type[JobDetail]] = {
+    kind: model
+    for model in (ProcessingJobDetail, TrainingJobDetail, EndpointDetail, ModelPackageDetail)
+    for kind in model.kinds
+}
 
 
 class ProcessingJobStateChange(EventBridgeModel):

@@ -233,7 +233,8 @@ def start_job(start: job_control.JobStart) -> dict[str, Any]:
     return {"resource_name": name, "created": True}
 
 
-def _require(settings: Settings) -> None:
+def require_job_settings(settings: Settings) -> None:
+    """What every starter needs from its environment: the token table, the job role, the image."""
     settings.require("token_table", "sagemaker_role_arn", "training_image_uri")
 
 
@@ -249,7 +250,7 @@ def start_download(
     sfn: Any = None,
 ) -> dict[str, Any]:
     """One processing job per shard (docs/contracts.md "The download job")."""
-    _require(settings)
+    require_job_settings(settings)
     sagemaker = sagemaker or aws.client("sagemaker")
     shard = task.shard
     name = names.download_job_name(task.run_hash, task.run_id, shard.shard_id, task.redrive, task.attempt)
@@ -289,7 +290,7 @@ def start_training(
     sfn: Any = None,
 ) -> dict[str, Any]:
     """The run's training job (docs/contracts.md "The training job")."""
-    _require(settings)
+    require_job_settings(settings)
     sagemaker = sagemaker or aws.client("sagemaker")
     config = task.config
     name = names.training_job_name(task.run_hash, config.run_id, task.redrive, task.attempt)
@@ -348,7 +349,7 @@ def deploy_endpoint(
     blue/green UpdateEndpoint
     when the endpoint exists. The token is keyed by the endpoint name, so one deployment per
     endpoint runs at a time; another run's deployment → EndpointBusy (the state retries)."""
-    _require(settings)
+    require_job_settings(settings)
     store = store or TokenStore.from_settings(settings)
     sagemaker = sagemaker or aws.client("sagemaker")
     alarms = rollback_alarm_names() if alarm_names is None else list(alarm_names)

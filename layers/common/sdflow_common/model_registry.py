@@ -54,6 +54,14 @@ class EvaluationResult(_Payload):
     job_name: str
     evaluation_uri: str = Field(min_length=6)
 
+    @property
+    def scores_uri(self) -> str:
+        return self.evaluation_uri.rstrip("/") + "/" + EVALUATION_FILE
+
+    @property
+    def grid_uri(self) -> str:
+        return self.evaluation_uri.rstrip("/") + "/" + GRID_FILE
+
 
 class RegisterTask(_Payload):
     execution_arn: str = Field(min_length=1)
@@ -74,9 +82,9 @@ class ApprovalTask(CallbackTask):
     run_id: str = Field(min_length=1)
 
 
-def read_evaluation(s3: Any, evaluation_uri: str) -> dict[str, Any]:
+def read_evaluation(s3: Any, evaluation: EvaluationResult) -> dict[str, Any]:
     """evaluation.json of the evaluation job; EvaluationJobFailed when it is missing or unreadable."""
-    bucket, key = parse_s3_uri(evaluation_uri.rstrip("/") + "/" + EVALUATION_FILE)
+    bucket, key = parse_s3_uri(evaluation.scores_uri)
     try:
         body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
         scores = json.loads(body)
@@ -101,7 +109,7 @@ def _clip(value: Any) -> str:
     return text if len(text) <= METADATA_VALUE_LIMIT else text[: METADATA_VALUE_LIMIT - 1] + "…"
 
 
-def _metadata(task: RegisterTask, scores: dict[str, Any], grid_uri: str) -> dict[str, str]:
+def _metadata(task: RegisterTask, scores: dict[str, Any]) -> dict[str, str]:
     """Metrics and lineage where the console's model registry shows them (CustomerMetadataProperties)."""
     options = task.config.run.evaluation
     values: dict[str, Any] = {
@@ -114,7 +122,7 @@ def _metadata(task: RegisterTask, scores: dict[str, Any], grid_uri: str) -> dict
         "sdflow:base_prompt_adherence": f"{float(scores.get('base_prompt_adherence', 0.0)):.4f}",
         "sdflow:evaluation_prompts": scores.get("prompts", ""),
         "sdflow:min_prompt_adherence": "" if options.min_prompt_adherence is None else options.min_prompt_adherence,
-        "sdflow:samples": grid_uri,
+        "sdflow:samples": task.evaluation.grid_uri,
     }
     loss = task.training.final_metrics.get(LOSS_METRIC_NAME)
     if loss is not None:
@@ -125,8 +133,6 @@ def _metadata(task: RegisterTask, scores: dict[str, Any], grid_uri: str) -> dict
 def model_package_request(
     task: RegisterTask, settings: Settings, group: str, status: str, scores: dict[str, Any]
 ) -> dict[str, Any]:
-    evaluation_file = task.evaluation.evaluation_uri.rstrip("/") + "/" + EVALUATION_FILE
-    grid_uri = task.evaluation.evaluation_uri.rstrip("/") + "/" + GRID_FILE
     endpoint = task.config.run.endpoint
     return {
         "ModelPackageGroupName": group,
@@ -142,8 +148,10 @@ def model_package_request(
         },
         "ModelApprovalStatus": status,
         "MetadataProperties": {"GeneratedBy": task.execution_arn[:1024], "ProjectId": task.config.run_id[:1024]},
-        "ModelMetrics": {"ModelQuality": {"Statistics": {"ContentType": "application/json", "S3Uri": evaluation_file}}},
-        "CustomerMetadataProperties": _metadata(task, scores, grid_uri),
+        "ModelMetrics": {
+            "ModelQuality": {"Statistics": {"ContentType": "application/json", "S3Uri": task.evaluation.scores_uri}}
+        },
+        "CustomerMetadataProperties": _metadata(task, scores),
         # 1-36 characters: the same for every attempt and redrive of this training + evaluation pair.
         "ClientToken": names.short_hash(task.run_hash, task.training.job_name, task.evaluation.job_name, length=32),
         "Tags": sagemaker_jobs.tags(task.config.run_id, task.run_hash),
@@ -173,7 +181,7 @@ def register_model(task: RegisterTask, settings: Settings, *, sagemaker: Any = N
     """Register the trained model and apply the quality gate (see the module docstring)."""
     settings.require("training_image_uri")
     sagemaker = sagemaker or aws.client("sagemaker")
-    scores = read_evaluation(s3 or aws.client("s3"), task.evaluation.evaluation_uri)
+    scores = read_evaluation(s3 or aws.client("s3"), task.evaluation)
     score = float(scores["prompt_adherence"])
     run = task.config.run
     minimum = run.evaluation.min_prompt_adherence
@@ -182,7 +190,6 @@ def register_model(task: RegisterTask, settings: Settings, *, sagemaker: Any = N
     ensure_group(sagemaker, group, run.run_name)
     request = model_package_request(task, settings, group, status, scores)
     arn = str(sagemaker.create_model_package(**request)["ModelPackageArn"])
-    grid_uri = request["CustomerMetadataProperties"]["sdflow:samples"]
     result = {
         "model_package_arn": arn,
         "model_package_group": group,
@@ -191,7 +198,7 @@ def register_model(task: RegisterTask, settings: Settings, *, sagemaker: Any = N
         "base_prompt_adherence": float(scores.get("base_prompt_adherence", 0.0)),
         "min_prompt_adherence": minimum,
         "prompts": int(scores.get("prompts", 0)),
-        "samples_uri": grid_uri,
+        "samples_uri": task.evaluation.grid_uri,
         "evaluation_uri": task.evaluation.evaluation_uri,
     }
     logger.info("model registered", extra=result)
@@ -200,7 +207,7 @@ def register_model(task: RegisterTask, settings: Settings, *, sagemaker: Any = N
             f"prompt adherence {score:.2f} is below the quality gate {minimum:.2f} "
             f"(evaluation.min_prompt_adherence): model package {arn} is registered as Rejected and was not "
             f"deployed; endpoint {run.endpoint.name} keeps serving its current model. Samples (base | trained "
-            f"per prompt): {grid_uri}; scores: {result['evaluation_uri']}{EVALUATION_FILE}"
+            f"per prompt): {task.evaluation.grid_uri}; scores: {task.evaluation.scores_uri}"
         )
     return result
 

@@ -256,6 +256,13 @@ def _adherence_text(metrics: dict[str, Any]) -> str:
     return f"prompt adherence: {base_text}trained {trained_text} (held-out prompts)"
 
 
+def _registered_model(state: dict[str, Any]) -> dict[str, Any] | None:
+    """Register model's `$.registry.model`, when the state holds one naming a package."""
+    registry = _written(state, "registry", "model")
+    model = registry["model"] if registry else None
+    return model if isinstance(model, dict) and model.get("model_package_arn") else None
+
+
 def _model_lines(model: dict[str, Any]) -> list[str]:
     """The registered package, its approval and the evaluation's score, and where the samples are."""
     lines = [f"Model:     {model['model_package_arn']} ({model.get('approval_status', '?')})"]
@@ -363,9 +370,9 @@ def _progress_lines(state: dict[str, Any], attributes: dict[str, str]) -> list[s
     training = _written(state, "training", "job_name")
     if training:
         lines.extend(_training_lines(training))
-    registry = _written(state, "registry", "model")
-    if registry and isinstance(registry["model"], dict) and registry["model"].get("model_package_arn"):
-        lines.extend(_model_lines(registry["model"]))
+    model = _registered_model(state)
+    if model:
+        lines.extend(_model_lines(model))
     endpoint = _written(state, "endpoint", "endpoint_name")
     if endpoint:
         lines.extend(_endpoint_lines(endpoint, attributes))
@@ -375,9 +382,9 @@ def _progress_lines(state: dict[str, Any], attributes: dict[str, str]) -> list[s
 def _next_step_lines(request: NotifyRequest) -> list[str]:
     if _running_step(request) in _BEFORE_ANY_JOB and _config(request.state) is None:
         return ["Next:      nothing was started; fix the run document as the cause says and start the run again."]
-    registry = _written(request.state, "registry", "model") or {}
-    package = registry.get("model", {}).get("model_package_arn") if isinstance(registry.get("model"), dict) else None
-    if _running_step(request) == "Wait for approval" and package:
+    model = _registered_model(request.state)
+    if _running_step(request) == "Wait for approval" and model:
+        package = model["model_package_arn"]
         return [
             "Next:      nobody approved the model in time; approve it, then redrive (the run deploys it at once):",
             f"             aws sagemaker update-model-package --model-package-arn {package} "

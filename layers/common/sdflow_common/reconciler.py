@@ -27,8 +27,8 @@ from botocore.exceptions import ClientError
 from sdflow_common import aws, job_control, sagemaker_jobs
 from sdflow_common.errors import ReconcileIncomplete
 from sdflow_common.job_events import (
+    DETAIL_MODELS,
     FAILURE_ERRORS,
-    EndpointDetail,
     JobDetail,
     ModelPackageDetail,
     ProcessingJobDetail,
@@ -68,33 +68,29 @@ class ReconcileReport:
 
 
 def _job_api(sagemaker: Any, record: TokenRecord) -> job_control.JobApi | None:
-    if record.kind in ("download", "evaluation"):
+    model = DETAIL_MODELS[record.kind]
+    if model is ProcessingJobDetail:
         return job_control.processing_jobs(sagemaker)
-    if record.kind == "training":
+    if model is TrainingJobDetail:
         return job_control.training_jobs(sagemaker)
     return None
 
 
 def _describer(sagemaker: Any, record: TokenRecord) -> Callable[[], dict[str, Any]]:
     name = record.resource_name
-    if record.kind in ("download", "evaluation"):
+    model = DETAIL_MODELS[record.kind]
+    if model is ProcessingJobDetail:
         return lambda: sagemaker.describe_processing_job(ProcessingJobName=name)
-    if record.kind == "training":
+    if model is TrainingJobDetail:
         return lambda: sagemaker.describe_training_job(TrainingJobName=name)
-    if record.kind == "approval":
+    if model is ModelPackageDetail:
         return lambda: sagemaker.describe_model_package(ModelPackageName=name)
     return lambda: sagemaker.describe_endpoint(EndpointName=name)
 
 
 def detail_from_description(record: TokenRecord, described: dict[str, Any]) -> JobDetail:
     """Describe* responses have the same field names as the events' detail."""
-    if record.kind in ("download", "evaluation"):
-        return ProcessingJobDetail.model_validate(described)
-    if record.kind == "training":
-        return TrainingJobDetail.model_validate(described)
-    if record.kind == "approval":
-        return ModelPackageDetail.model_validate(described)
-    return EndpointDetail.model_validate(described)
+    return DETAIL_MODELS[record.kind].model_validate(described)
 
 
 def _stop_overdue(

@@ -208,20 +208,12 @@ class Comparison:
 
 
 def load_pipeline(model_dir: str | Path, device: Any) -> Any:
-    """A local diffusers StableDiffusionPipeline in float32 on `device`: nothing from a hub, and
-    no safety checker (it would black out images and the scenes need none)."""
-    import torch
-    from diffusers import StableDiffusionPipeline
-    from diffusers.utils import logging as diffusers_logging
+    """The model loaded as the serving container loads it (nothing from a hub, no safety checker,
+    no progress bars), in float32 on `device` so that scores do not depend on the precision."""
+    from sdflow_image.serve_model import ServeSettings
+    from sdflow_image.serve_model import load_pipeline as load_served
 
-    # A job's log keeps every redraw of the loading progress bar.
-    diffusers_logging.disable_progress_bar()
-    pipe: Any = StableDiffusionPipeline.from_pretrained(
-        str(model_dir), local_files_only=True, safety_checker=None, torch_dtype=torch.float32
-    )
-    pipe = pipe.to(device)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return load_served(ServeSettings(model_dir=Path(model_dir), device=str(device), dtype="float32"))
 
 
 def _render_with(load: Callable[[], Any], prompts: Sequence[str], **options: Any) -> list[Image.Image]:

@@ -15,6 +15,7 @@ import pytest
 
 from sdflow.local import runtime as runtime_module
 from sdflow.local import sagemaker as local_sagemaker
+from sdflow.local import sagemaker_endpoints
 from sdflow.local.faults import Faults
 from sdflow.local.noop_sagemaker import NoOpSageMaker
 from sdflow.local.sagemaker import LocalSageMaker
@@ -227,7 +228,7 @@ def test_delete_endpoint_while_creating_returns_at_once_and_stops_serve(
 
     sm._http = NoServer()  # type: ignore[assignment]
     sm._s3 = Model()  # type: ignore[assignment]
-    monkeypatch.setattr(local_sagemaker, "free_port", lambda: 65000)
+    monkeypatch.setattr(sagemaker_endpoints, "free_port", lambda: 65000)
     model = {"ModelName": "m", "PrimaryContainer": {"ModelDataUrl": "s3://b/model/"}}
     try:
         sm.deploy_endpoint("e", {"EndpointConfigName": "c"}, model)

@@ -11,7 +11,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from sdflow.local import runtime as runtime_module
-from sdflow.local import sagemaker as local_sagemaker
+from sdflow.local import sagemaker_endpoints
 from sdflow.local.sagemaker import DeploymentFailed, JobSetupError, LocalSageMaker
 from sdflow.local.services.sagemaker import SageMakerStatusPublisher
 from sdflow.local.services.sagemaker_registry import ModelPackageUnusable, serving_container
@@ -245,7 +245,7 @@ class _DownloadRecorder:
 def test_start_serving_model_package_downloads_the_package_artifact(
     runtime: runtime_module.Runtime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(local_sagemaker, "free_port", lambda: 65000)  # no socket in unit tests
+    monkeypatch.setattr(sagemaker_endpoints, "free_port", lambda: 65000)  # no socket in unit tests
     sagemaker = _client("sagemaker")
     sagemaker.create_model_package_group(ModelPackageGroupName=GROUP)
     arn = _register(sagemaker)

@@ -1,6 +1,6 @@
 """What a run is doing right now, read from the same APIs a user has on AWS.
 
-Per-state status comes from the execution history, shard counts from the run's S3 prefix,
+Per-state status comes from the execution history (sdflow.history, the console's reading too), shard counts from the run's S3 prefix,
 and the training step and loss from the local training job's log (the local runtime keeps
 logs in its work folder; on AWS the console and CloudWatch show them)."""
 
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sdflow import history
 from sdflow_common import names
 
 PIPELINE_STATES = (
@@ -32,7 +33,8 @@ STEP_LOSS = re.compile(r"step=(\d+) loss=([0-9.eE+-]+)")
 class Progress:
     execution_arn: str
     status: str
-    states: dict[str, str] = field(default_factory=dict)
+    states: dict[str, str] = field(default_factory=dict)  # sdflow.history's statuses
+    attempts: dict[str, int] = field(default_factory=dict)
     shards_total: int | None = None
     shards_done: int = 0
     shards_reused: int = 0  # a resumed run's shards an earlier run downloaded (counted in shards_done)
@@ -47,37 +49,6 @@ class Progress:
     @property
     def finished(self) -> bool:
         return self.status not in {"RUNNING", "PENDING_REDRIVE"}
-
-
-def _state_statuses(history: list[dict[str, Any]]) -> dict[str, str]:
-    statuses: dict[str, str] = {}
-    for event in history:
-        kind = event["type"]
-        for key in ("stateEnteredEventDetails", "stateExitedEventDetails"):
-            details = event.get(key)
-            if not details or details.get("name") not in PIPELINE_STATES:
-                continue
-            name = details["name"]
-            if kind.endswith("Entered"):
-                statuses[name] = "running"
-            elif kind.endswith("Exited"):
-                statuses[name] = "done"
-        if kind in {"TaskFailed", "MapStateFailed", "LambdaFunctionFailed"}:
-            running = [name for name, status in statuses.items() if status == "running"]
-            if running:
-                statuses[running[-1]] = "failed"
-    return statuses
-
-
-def _history(sfn: Any, execution_arn: str) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    kwargs: dict[str, Any] = {"executionArn": execution_arn, "maxResults": 1000}
-    while True:
-        page = sfn.get_execution_history(**kwargs)
-        events.extend(page["events"])
-        if not page.get("nextToken"):
-            return events
-        kwargs["nextToken"] = page["nextToken"]
 
 
 def _read_json(s3: Any, bucket: str, key: str) -> Any:
@@ -126,18 +97,22 @@ def snapshot(sfn: Any, s3: Any, bucket: str, execution_arn: str, workdir: Path |
     description = sfn.describe_execution(executionArn=execution_arn)
     run_id = description["name"]
     progress = Progress(execution_arn=execution_arn, status=description["status"])
-    progress.states = _state_statuses(_history(sfn, execution_arn))
+    runs = history.read(history.fetch(sfn, execution_arn)).states
+    progress.states = {name: run.status for name, run in runs.items() if name in PIPELINE_STATES}
+    progress.attempts = {name: run.attempts for name, run in runs.items() if name in PIPELINE_STATES}
     if description.get("output"):
         progress.output = json.loads(description["output"])
     progress.error = description.get("error")
     progress.cause = description.get("cause")
     _shards(s3, bucket, run_id, progress)
-    if progress.states.get("Train model") in {"running", "done", "failed"}:
+    if "Train model" in progress.states:
         _training(workdir, execution_arn, description["startDate"], progress)
     return progress
 
 
-ICONS = {"done": "✔", "running": "…", "failed": "✘"}
+ICONS = {"succeeded": "✔", "running": "…", "failed": "✘", "caught": "↪", "aborted": "■"}
+# Said in words where an icon alone would mislead: a caught failure did not stop the run.
+NOTES = {"caught": "  (failed; caught)", "aborted": "  (stopped)"}
 
 
 def state_lines(progress: Progress) -> dict[str, str]:
@@ -156,6 +131,9 @@ def state_lines(progress: Progress) -> dict[str, str]:
                 detail += f", {progress.shards_failed} failed"
         if state == "Train model" and progress.training_step is not None:
             detail = f"  step {progress.training_step}, loss {progress.training_loss:.4f}"
+        if progress.attempts.get(state, 1) > 1:
+            detail += f"  (attempt {progress.attempts[state]})"
+        detail += NOTES.get(status, "")
         lines[state] = f"  {ICONS.get(status, ' ')} {state:<20}{detail}".rstrip()
     return lines
 

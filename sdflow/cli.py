@@ -7,8 +7,10 @@
     sdflow status EXECUTION          where a run is
     sdflow watch [EXECUTION]         live progress until the run ends
     sdflow invoke ENDPOINT PROMPT -o out.png
+    sdflow console [--port N]        the run console in the browser (http://127.0.0.1:8566/)
     sdflow demo                      everything above, on generated data and a tiny model
 
+`local up` and `demo` start the console beside the local cloud and print its URL.
 Every command but `local up` and `demo` talks to AWS APIs only, so with --endpoint-url
 omitted and real credentials they work against AWS too."""
 
@@ -24,7 +26,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -105,10 +107,13 @@ def _state(workdir: Path) -> dict[str, Any]:
 class Session:
     """Where the commands send their calls: an endpoint, the stack's outputs, a client factory."""
 
-    client: Callable[[str], Any]
+    client: Callable[..., Any]  # (service, **boto3 client options) -> client
     bucket: str | None
     state_machine_arn: str | None
     workdir: Path | None = None  # the local runtime's folder (job logs for `watch`), if local
+    endpoint_url: str | None = None
+    region: str | None = None
+    outputs: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Session:
@@ -121,10 +126,13 @@ class Session:
         session = boto3.session.Session(region_name=state.get("region") or os.environ.get("AWS_REGION"))
         outputs = state.get("outputs", {})
         return cls(
-            client=lambda name: session.client(name, endpoint_url=endpoint_url),  # type: ignore[call-overload]
+            client=lambda name, **options: session.client(name, endpoint_url=endpoint_url, **options),
             bucket=args.bucket or outputs.get("DataBucketName"),
             state_machine_arn=args.state_machine_arn or outputs.get("PipelineStateMachineArn"),
             workdir=Path(state["workdir"]) if state.get("workdir") else None,
+            endpoint_url=endpoint_url,
+            region=session.region_name,
+            outputs=outputs,
         )
 
     @classmethod
@@ -135,6 +143,21 @@ class Session:
             bucket=cloud.outputs["DataBucketName"],
             state_machine_arn=cloud.outputs["PipelineStateMachineArn"],
             workdir=Path(cloud.workdir),
+            endpoint_url=cloud.endpoint_url,
+            region=cloud.cli_env()["AWS_REGION"],
+            outputs=dict(cloud.outputs),
+        )
+
+    def console_config(self) -> Any:
+        from sdflow.console.server import ConsoleConfig
+
+        return ConsoleConfig(
+            client=self.client,
+            endpoint_url=self.endpoint_url,
+            region=self.region,
+            bucket=self.bucket,
+            state_machine_arn=self.state_machine_arn,
+            notify_log_group=self.outputs.get("NotificationLogGroupName"),
         )
 
     def data_bucket(self) -> str:
@@ -155,10 +178,18 @@ def cmd_local_up(args: argparse.Namespace) -> int:
     from sdflow.local.cloud import LocalCloud
 
     args.workdir.mkdir(parents=True, exist_ok=True)
+    console_port = console_port_for(args.console_port)
+    parameters = {"ConsoleUrl": console_url(console_port)} if console_port else {}
     try:
-        with stop_on_signals(), LocalCloud(args.workdir, port=args.port) as cloud:
+        with (
+            stop_on_signals(),
+            LocalCloud(args.workdir, port=args.port, parameters=parameters) as cloud,
+            console_beside(cloud, console_port) as console,
+        ):
             write_state(args.workdir, cloud)
             print(f"sdflow local cloud on {cloud.endpoint_url}  (work folder {args.workdir})")
+            if console is not None:
+                print(f"Run console: {console.url}")
             print("Use it from another shell with the AWS CLI or boto3:")
             for key, value in cloud.cli_env().items():
                 print(f"  export {key}={value}")
@@ -173,6 +204,63 @@ def cmd_local_up(args: argparse.Namespace) -> int:
                 print(f"stopping ({stop})", flush=True)
     finally:
         remove_state(args.workdir)
+    return 0
+
+
+def console_port_for(requested: int | None) -> int | None:
+    """The console's port, chosen before the stack is deployed (notifications link to it);
+    None: no console. 0 asks for any free port."""
+    if requested is None:
+        return None
+    if requested == 0:
+        from sdflow.local.sagemaker_host import free_port
+
+        return free_port()
+    return requested
+
+
+def console_url(port: int) -> str:
+    from sdflow.console.server import HOST
+
+    return f"http://{HOST}:{port}/"
+
+
+@contextlib.contextmanager
+def console_beside(cloud: Any, port: int | None) -> Iterator[Any]:
+    """The run console on `port`, reading `cloud`, for as long as the block runs."""
+    if port is None:
+        yield None
+        return
+    from sdflow.console.server import ConsoleServer
+
+    try:
+        server = ConsoleServer(Session.for_cloud(cloud).console_config(), port=port).start()
+    except OSError as exc:
+        raise CliError(f"{exc}; or --no-console") from None
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def cmd_console(args: argparse.Namespace) -> int:
+    from sdflow.console.server import ConsoleServer
+
+    session = Session.from_args(args)
+    try:
+        server = ConsoleServer(session.console_config(), port=args.port).start()
+    except OSError as exc:
+        raise CliError(str(exc)) from None
+    where = session.endpoint_url or f"AWS ({session.region or 'default region'})"
+    print(f"sdflow console on {server.url}  (reading {where}); Ctrl-C stops it", flush=True)
+    try:
+        with stop_on_signals():
+            while True:
+                time.sleep(3600)
+    except (KeyboardInterrupt, StopRequested):
+        pass
+    finally:
+        server.stop()
     return 0
 
 
@@ -366,9 +454,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     try:
         with stop_on_signals():
-            return run_demo(args.workdir, output=args.output, keep_running=args.keep_running)
+            return run_demo(
+                args.workdir, output=args.output, keep_running=args.keep_running, console_port=args.console_port
+            )
     finally:
         remove_state(args.workdir)
+
+
+DEFAULT_CONSOLE_PORT = 8566
+
+
+def add_console_flags(parser: argparse.ArgumentParser, default: int = DEFAULT_CONSOLE_PORT) -> None:
+    parser.add_argument(
+        "--console-port", type=int, default=default,
+        help=f"the run console's port on 127.0.0.1 (default {default}; 0: any free port)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-console", dest="console_port", action="store_const", const=None, help="do not start the run console"
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -390,6 +493,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a SageMaker instance quota, e.g. 'processing job=8' (every instance type) or "
         "'ml.g5.xlarge for training job usage=1'; repeatable (default: $SDFLOW_LOCAL_QUOTAS, then 4/2/2)",
     )
+    add_console_flags(up)
     up.set_defaults(func=cmd_local_up)
 
     run = commands.add_parser("run", help="start a run from a run document")
@@ -425,7 +529,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     demo = commands.add_parser("demo", help="the whole pipeline on generated data and a tiny model")
     demo.add_argument("-o", "--output", type=Path, default=Path("sdflow-demo.png"), help="image the endpoint makes")
     demo.add_argument("--keep-running", action="store_true", help="keep the local cloud up after the run")
+    add_console_flags(demo, default=0)
     demo.set_defaults(func=cmd_demo)
+
+    console = commands.add_parser("console", help="the run console in the browser, on 127.0.0.1")
+    console.add_argument("--port", type=int, default=DEFAULT_CONSOLE_PORT, help="port on 127.0.0.1 (0: any free port)")
+    console.set_defaults(func=cmd_console)
     return parser.parse_args(argv)
 
 

@@ -135,6 +135,11 @@ def run_pipeline(cloud: Any, workdir: Path, options: DemoOptions, out: Any = sys
     started = time.monotonic()
     execution_arn = start_run(session, manifest_path, api=False)
     print(f"run started by s3://{bucket}/manifests/{manifest_path.name}: {execution_arn}", file=out, flush=True)
+    console = str(getattr(cloud, "parameters", {}).get("ConsoleUrl") or "")
+    if console:
+        from sdflow_common.notify import console_link
+
+        print(f"follow it in the run console: {console_link(execution_arn, console)}", file=out, flush=True)
     snap = watch(session, execution_arn, out=out)
     wall_s = time.monotonic() - started
     wait_for_notification(cloud, execution_arn.rsplit(":", 1)[-1])
@@ -218,9 +223,16 @@ def critical_path_seconds(wall_times: dict[str, float]) -> float:
     return max(downloads, default=0.0) + sum(training) + sum(endpoints)
 
 
-def run_demo(workdir: Path, *, output: Path, keep_running: bool = False, options: DemoOptions | None = None) -> int:
+def run_demo(
+    workdir: Path,
+    *,
+    output: Path,
+    keep_running: bool = False,
+    options: DemoOptions | None = None,
+    console_port: int | None = 0,
+) -> int:
     from sdflow import samples
-    from sdflow.cli import StopRequested, invoke, write_state
+    from sdflow.cli import StopRequested, console_beside, console_port_for, console_url, invoke, write_state
     from sdflow.local.cloud import LocalCloud
     from sdflow.local.job_env import build_tiny_pipeline
 
@@ -233,9 +245,17 @@ def run_demo(workdir: Path, *, output: Path, keep_running: bool = False, options
     builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sdflow-base-model")
     base_model = builder.submit(build_tiny_pipeline, demo_dir / "tiny-sd", 0, options.vae_steps)
     builder.shutdown(wait=False)
-    with samples.ImageServer() as server, LocalCloud(demo_dir, port=0) as cloud:
+    port = console_port_for(console_port)
+    parameters = {"ConsoleUrl": console_url(port)} if port else {}
+    with (
+        samples.ImageServer() as server,
+        LocalCloud(demo_dir, port=0, parameters=parameters) as cloud,
+        console_beside(cloud, port) as console,
+    ):
         write_state(workdir, cloud)
         print(f"local cloud on {cloud.endpoint_url} (started in {time.monotonic() - t0:.1f} s)", flush=True)
+        if console is not None:
+            print(f"run console: {console.url} (the run's graph, live)", flush=True)
         warming = cloud.prewarm()
         model_dir = base_model.result()
         print(f"base model built in {demo_dir / 'tiny-sd'} ({time.monotonic() - t0:.1f} s)", flush=True)
@@ -261,7 +281,8 @@ def run_demo(workdir: Path, *, output: Path, keep_running: bool = False, options
             flush=True,
         )
         if keep_running:
-            print(f"local cloud still up on {cloud.endpoint_url}; Ctrl-C stops it", flush=True)
+            still = f" and the run console on {console.url}" if console is not None else ""
+            print(f"local cloud still up on {cloud.endpoint_url}{still}; Ctrl-C stops it", flush=True)
             try:
                 while True:
                     time.sleep(3600)

@@ -73,11 +73,13 @@ def lambda_handler(event: notify.ExecutionStatusChange, context: LambdaContext) 
         store=TokenStore.from_settings(settings),
     )
     run_end = {"execution_arn": detail.execution_arn, "status": detail.status, "redrive_count": detail.redrive_count}
-    message_id = publish_once(run_end=run_end, notification=notify.compose(request), topic_arn=settings.topic_arn)
+    notification = notify.compose(request, console_url=settings.console_url)
+    message_id = publish_once(run_end=run_end, notification=notification, topic_arn=settings.topic_arn)
     metrics.add_dimension(name="status", value=detail.status)
     metrics.add_metric(name="RunsEnded", unit=MetricUnit.Count, value=1)
     cleanup = report.as_dict() if report else {}
-    logger.info("notification published", extra={"status": detail.status, "message_id": message_id, **cleanup})
+    extra = {"status": detail.status, "message_id": message_id, **notification.log_fields(), **cleanup}
+    logger.info("notification published", extra=extra)
     if report is not None and report.errors:
         metrics.add_metric(name="CleanupIncomplete", unit=MetricUnit.Count, value=1)
         raise CleanupIncomplete("; ".join(report.errors))

@@ -311,15 +311,16 @@ class LocalCloud:
             **CLI_CREDENTIALS,
         }
 
-    def client(self, service: str) -> Any:
-        """A boto3 client for this cloud (its own session: nothing from the user's profile)."""
+    def client(self, service: str, **options: Any) -> Any:
+        """A boto3 client for this cloud (its own session: nothing from the user's profile);
+        `options` go to boto3's client(), e.g. a botocore Config."""
         session = boto3.session.Session(
             aws_access_key_id=CLI_CREDENTIALS["AWS_ACCESS_KEY_ID"],
             aws_secret_access_key=CLI_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
             aws_session_token=CLI_CREDENTIALS["AWS_SESSION_TOKEN"],
             region_name=REGION,
         )
-        return session.client(service, endpoint_url=self.endpoint_url)  # type: ignore[call-overload]
+        return session.client(service, endpoint_url=self.endpoint_url, **options)  # type: ignore[call-overload]
 
     def sns_messages(self, topic_name: str | None = None) -> list[dict[str, Any]]:
         """Messages published to a topic (default: the stack's notification topic), oldest first."""

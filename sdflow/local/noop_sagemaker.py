@@ -3,7 +3,9 @@
 Everything around it stays real (the patched SageMaker API with its quotas and rate limits, the
 status events, job_events resolving each token); only the job's content is skipped. A download
 job writes the `_SUCCESS` marker build_index reads, an evaluation job the `evaluation.json` Register
-model reads (a perfect score, so any gate passes), a training job reports artifacts and a loss, an
+model reads (a perfect score, so any gate passes), a training job reports artifacts and a loss and
+leaves `output/output.tar.gz` with a few-pixel samples.png and loss.png and a training_summary.json
+(where the real job's output data dir goes, so a console shows a no-op run's outputs), an
 endpoint goes InService. `job_seconds` holds each job that long, so concurrency and
 quotas are exercised; `peak_running` records the most processing jobs ever running at once.
 StopProcessingJob / StopTrainingJob end a held job at once as Stopped (no `_SUCCESS`, no
@@ -11,7 +13,9 @@ artifacts); the fault `kill_job` ends it at once as Failed, as a killed containe
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -138,7 +142,10 @@ class NoOpSageMaker:
         if why is not None:
             self._report_early_end("training", name, why)
             return
-        artifacts = f"{request['OutputDataConfig']['S3OutputPath'].rstrip('/')}/{name}/output/model.tar.gz"
+        output = f"{request['OutputDataConfig']['S3OutputPath'].rstrip('/')}/{name}/output"
+        artifacts = f"{output}/model.tar.gz"
+        steps = str((request.get("HyperParameters") or {}).get("max_train_steps", ""))
+        self._put(*parse_s3_uri(f"{output}/output.tar.gz"), output_archive(int(steps) if steps.isdigit() else 1, 0.1))
         fields = {
             "ModelArtifacts": {"S3ModelArtifacts": artifacts},
             "FinalMetricDataList": [{"MetricName": "train:loss", "Value": 0.1}],
@@ -185,6 +192,25 @@ class NoOpSageMaker:
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=True)
+
+
+def output_archive(steps: int, final_loss: float) -> bytes:
+    """output.tar.gz as the trainer leaves it (training_image/sdflow_image/training/outputs.py),
+    in miniature: 4x4-pixel PNGs and a summary that says it is a no-op's."""
+    from PIL import Image
+
+    members = {"training_summary.json": json.dumps({"final_loss": final_loss, "steps": steps, "noop": True}).encode()}
+    for name, colour in (("loss.png", "white"), ("samples.png", "red")):
+        png = io.BytesIO()
+        Image.new("RGB", (4, 4), colour).save(png, format="PNG")
+        members[name] = png.getvalue()
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    return archive.getvalue()
 
 
 def _argument(arguments: list[str], flag: str) -> str:

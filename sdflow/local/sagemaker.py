@@ -3,7 +3,8 @@ training_image code under the SageMaker container contract (docs/contracts.md).
 
 Each job gets a work folder `workdir/jobs/<job name>/` with one `/opt/ml` tree per emulated
 host (`algo-1/`, `algo-2/`, …, exported to the container code as `$SDFLOW_OPT_ML`) and the
-host's combined stdout/stderr in `algo-N.log`. Inputs come from the local S3 (the moto server
+host's combined stdout/stderr in `algo-N.log`, also sent to the local CloudWatch Logs with the
+training metrics (sdflow/local/job_logs.py). Inputs come from the local S3 (the moto server
 at `endpoint_url`) before the container starts; outputs go back to it when it ends, as
 SageMaker's File mode and EndOfJob upload do. Endpoints (sdflow/local/sagemaker_endpoints.py)
 live in `workdir/endpoints/<endpoint>/<endpoint config>/`: the model artifact extracted to
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from sdflow.local.job_env import image_python
+from sdflow.local.job_logs import JobLogs
 from sdflow.local.sagemaker_endpoints import EndpointHosting, EndpointState
 from sdflow.local.sagemaker_host import (
     REASON_LIMIT,
@@ -57,6 +59,7 @@ from sdflow.local.sagemaker_host import (
     terminate,
     utc_now,
 )
+from sdflow.local.services.logs import CloudWatchSink
 
 __all__ = [
     "ContainerError",
@@ -150,6 +153,8 @@ class LocalSageMaker(EndpointHosting):
         ping_timeout_s: float = 180.0,
         stop_grace_s: float = 20.0,
         invoke_timeout_s: float = 600.0,
+        account_id: str = "123456789012",
+        log_sink: CloudWatchSink | None = None,
     ) -> None:
         self.workdir = Path(workdir).resolve()
         self.listener = listener
@@ -165,6 +170,9 @@ class LocalSageMaker(EndpointHosting):
         self.stop_grace_s = stop_grace_s
         self.invoke_timeout_s = invoke_timeout_s
         self._s3 = S3Transfer(endpoint_url, region)
+        # Jobs' output and training metrics in the local CloudWatch (sdflow/local/job_logs.py); the
+        # local cloud's `log_sink` shares its flusher, else this object runs its own.
+        self.job_logs = JobLogs(account_id, region, log_sink)
         # SageMaker moves a job's data with the job's RoleArn (a model's ExecutionRoleArn): when set
         # (LocalCloud, IAM enforced), role ARN -> that role's STS credentials as environment variables.
         self.role_credentials: Callable[[str], Mapping[str, str]] | None = None
@@ -392,6 +400,7 @@ class LocalSageMaker(EndpointHosting):
         terminate(processes, self.stop_grace_s)
         for process in processes:
             process.finish_log()
+        self.job_logs.flush()  # the job's lines are readable once its status changes
         with self._lock:
             self._wall[job.name] = max(p.wall_s() for p in processes)
         return outcome
@@ -465,7 +474,8 @@ class LocalSageMaker(EndpointHosting):
         )
         max_runtime = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds", DEFAULT_MAX_RUNTIME_S)
         (opt_ml / "output").mkdir(parents=True, exist_ok=True)
-        process = ContainerProcess(f"{job.name}/algo-1", command, env, job.folder, job.folder / "algo-1.log")
+        lines = self.job_logs.host_lines("processing", job.name, "algo-1")
+        process = ContainerProcess(f"{job.name}/algo-1", command, env, job.folder, job.folder / "algo-1.log", lines)
         job.processes = [process]
         hosts = [(process, opt_ml)]
         outcome = self._supervise(job, hosts, float(max_runtime))
@@ -525,7 +535,7 @@ class LocalSageMaker(EndpointHosting):
                 {"MetricName": metric, "Value": value, "Timestamp": ts} for metric, (value, ts) in job.metrics.items()
             ]
 
-    def _metric_parser(self, job: _Job) -> Callable[[str], None]:
+    def _metric_parser(self, job: _Job) -> Callable[[str, datetime], dict[str, float]]:
         definitions = []
         specs = (job.request.get("AlgorithmSpecification") or {}).get("MetricDefinitions") or []
         for i, spec in enumerate(specs):
@@ -536,7 +546,7 @@ class LocalSageMaker(EndpointHosting):
                     f"AlgorithmSpecification.MetricDefinitions[{i}] needs a Name and a valid Regex: {exc}"
                 ) from None
 
-        def on_line(line: str) -> None:
+        def on_line(line: str, ts: datetime) -> dict[str, float]:
             progress = PROGRESS_LINE.search(line)
             found: dict[str, float] = {}
             for metric, regex in definitions:
@@ -545,13 +555,13 @@ class LocalSageMaker(EndpointHosting):
                     with contextlib.suppress(ValueError, IndexError):
                         found[metric] = float(match.group(1))
             if not progress and not found:
-                return
-            ts = utc_now()
+                return found
             with self._lock:
                 if progress:
                     job.step, job.loss = int(progress.group(1)), float(progress.group(2))
                 for metric, value in found.items():
                     job.metrics[metric] = (value, ts)
+            return found
 
         return on_line
 
@@ -647,7 +657,8 @@ class LocalSageMaker(EndpointHosting):
                 )
                 # `docker run IMAGE train` runs bin/train with no arguments: hyperparameters come from the file.
                 command = [self.python, str(script)]
-                process = ContainerProcess(f"{name}/{host}", command, env, opt_ml, job.folder / f"{host}.log", on_line)
+                lines = self.job_logs.host_lines("training", name, host, on_line)
+                process = ContainerProcess(f"{name}/{host}", command, env, opt_ml, job.folder / f"{host}.log", lines)
                 running.append((process, opt_ml))
                 job.processes.append(process)
         except BaseException:
@@ -736,3 +747,4 @@ class LocalSageMaker(EndpointHosting):
             late = [e.current.process for e in self._endpoints.values() if e.current is not None]
             late += [p for job in self._jobs.values() for p in job.processes]
         terminate(late, self.stop_grace_s)
+        self.job_logs.close()

@@ -310,7 +310,7 @@ def parse_manifest(body: bytes, uri: str, field_name: str) -> tuple[str, str, li
 
 class ContainerProcess:
     """A container process in its own process group, its output copied line by line to a log
-    file (and to `on_line`, for metrics) by a reader thread."""
+    file (and to `on_line`: CloudWatch Logs and training metrics) by a reader thread."""
 
     def __init__(
         self,
@@ -351,7 +351,7 @@ class ContainerProcess:
                 if self._on_line is not None:
                     try:
                         self._on_line(line)
-                    except Exception:  # a metrics bug must not stop the log copy (and block the child)
+                    except Exception:  # a metrics or log-sink bug must not stop the log copy (and block the child)
                         LOG.exception("log line handler failed for %s", self.label)
 
     @property

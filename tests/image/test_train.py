@@ -240,6 +240,11 @@ def test_train_single_process_writes_loadable_pipeline_and_summary(resumed_run: 
         assert loss_png.size[0] > 100
     with Image.open(model_dir / "samples.png") as samples_png:
         assert samples_png.size == (64, 64)  # one prompt at the training resolution
+    # The same small outputs in the output data dir, which SageMaker ships as output.tar.gz.
+    data_dir: Path = resumed_run["opt_ml"] / "output" / "data"
+    assert sorted(p.name for p in data_dir.iterdir()) == ["loss.png", "samples.png", "training_summary.json"]
+    for name in ("loss.png", "samples.png", "training_summary.json"):
+        assert (data_dir / name).read_bytes() == (model_dir / name).read_bytes(), name
 
     pipe = StableDiffusionPipeline.from_pretrained(model_dir, local_files_only=True)
     pipe.set_progress_bar_config(disable=True)
@@ -291,6 +296,8 @@ def test_train_two_hosts_torch_ddp_bf16_accumulating_rank0_writes_half_precision
     unet_weights = load_file(next((opt_mls[0] / "model" / "unet").glob("*.safetensors")))
     assert {str(t.dtype) for t in unet_weights.values()} == {"torch.bfloat16"}
     assert not (opt_mls[1] / "model" / "model_index.json").exists(), "only rank 0 writes the model"
+    assert (opt_mls[0] / "output" / "data" / "samples.png").is_file()
+    assert not (opt_mls[1] / "output" / "data").exists(), "only rank 0 writes the output data"
 
 
 # --- failures ---------------------------------------------------------------------------
@@ -412,3 +419,25 @@ def test_check_inputs_reads_index_at_dataset_index_hyperparameter(tiny_base_mode
             ),
             cuda=False,
         )
+
+
+def test_copy_report_puts_summary_and_images_in_output_data_dir_with_adherence_grid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sdflow_image import adherence, contract
+    from sdflow_image.training import outputs
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    for name in ("training_summary.json", "loss.png", "samples.png", adherence.GRID_FILE, "model_index.json"):
+        (model_dir / name).write_bytes(name.encode())
+    monkeypatch.setenv("SDFLOW_OPT_ML", str(tmp_path))
+    data_dir = contract.output_data_dir()
+    assert data_dir == tmp_path / "output" / "data"
+
+    outputs.copy_report(model_dir, data_dir, [*outputs.REPORT_FILES, outputs.ADHERENCE_GRID])
+
+    assert outputs.ADHERENCE_GRID == adherence.GRID_FILE
+    assert {p.name: p.read_bytes() for p in data_dir.iterdir()} == {
+        name: name.encode() for name in ("training_summary.json", "loss.png", "samples.png", "adherence.png")
+    }, "the small outputs only, not the model"

@@ -45,6 +45,12 @@ def output_dir() -> Path:
     return opt_ml() / "output"
 
 
+def output_data_dir() -> Path:
+    """/opt/ml/output/data (the training toolkit's SM_OUTPUT_DATA_DIR): SageMaker uploads what a
+    training job leaves here as `<S3OutputPath>/<job>/output/output.tar.gz`, next to model.tar.gz."""
+    return output_dir() / "data"
+
+
 def failure_file() -> Path:
     return output_dir() / "failure"
 

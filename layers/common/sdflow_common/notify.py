@@ -143,6 +143,12 @@ class Notification(BaseModel):
     message: str
     attributes: dict[str, str]
 
+    def log_fields(self) -> dict[str, str]:
+        """The message in full for the "notification published" log record: SNS cannot read a
+        published message back, so the run console (sdflow/console/jobs.py) and a person
+        searching the logs find it there."""
+        return {"subject": self.subject, "notification": self.message}
+
 
 def _duration(start_time: str | None, end: datetime) -> str:
     started = _parse_time(start_time)
@@ -158,7 +164,10 @@ def _duration(start_time: str | None, end: datetime) -> str:
     return f"{secs} s"
 
 
-def console_link(execution_arn: str) -> str:
+def console_link(execution_arn: str, console_url: str = "") -> str:
+    """The run in `console_url`'s run console (`sdflow console`), else in the AWS console."""
+    if console_url:
+        return f"{console_url.rstrip('/')}/#/runs/{execution_arn.rsplit(':', 1)[-1]}"
     region = execution_arn.split(":")[3] if execution_arn.count(":") >= 3 else "us-east-1"
     return f"https://{region}.console.aws.amazon.com/states/home?region={region}#/v2/executions/details/{execution_arn}"
 
@@ -406,7 +415,7 @@ def _next_step_lines(request: NotifyRequest) -> list[str]:
     ]
 
 
-def compose(request: NotifyRequest, now: datetime | None = None) -> Notification:
+def compose(request: NotifyRequest, now: datetime | None = None, console_url: str = "") -> Notification:
     now = now or datetime.now(UTC)
     label = _run_label(request)
     subject, headline = _headline(request, label, now)
@@ -422,7 +431,7 @@ def compose(request: NotifyRequest, now: datetime | None = None) -> Notification
     if request.outcome != "succeeded":
         lines.append("Cleanup:   " + ("\n           ".join(request.cleanup) or "nothing to clean up."))
         lines.extend(_next_step_lines(request))
-    lines.append(f"Console:   {console_link(request.execution_arn)}")
+    lines.append(f"Console:   {console_link(request.execution_arn, console_url)}")
     return Notification(subject=sns_subject(subject), message="\n".join(lines) + "\n", attributes=attributes)
 
 

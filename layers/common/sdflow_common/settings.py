@@ -33,6 +33,9 @@ class Settings:
     # Every endpoint a run may create or update starts with this (template parameter
     # EndpointNamePrefix; the deploy role's IAM is scoped to it).
     endpoint_name_prefix: str
+    # Where notifications link a run: a run console's base URL (template parameter ConsoleUrl; the
+    # local runtime sets its `sdflow console`); empty: the AWS Step Functions console.
+    console_url: str = ""
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -51,6 +54,7 @@ class Settings:
                 os.environ.get("RECONCILE_LEAD_SECONDS") or int(os.environ.get("RECONCILE_LEAD_MINUTES", "20")) * 60
             ),
             endpoint_name_prefix=os.environ.get("ENDPOINT_NAME_PREFIX") or DEFAULT_ENDPOINT_NAME_PREFIX,
+            console_url=os.environ.get("CONSOLE_URL", ""),
         )
 
     def require(self, *names: str) -> None:

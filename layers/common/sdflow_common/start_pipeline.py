@@ -27,7 +27,7 @@ from sdflow_common import aws
 from sdflow_common.errors import DatasetNotFound, InvalidRunDocument
 from sdflow_common.notify import sns_subject
 from sdflow_common.run_document import MAX_DOCUMENT_BYTES, bounded, parse_run_document, printable, problems_of
-from sdflow_common.validate_run import check_inputs
+from sdflow_common.validate_run import check_inputs, run_prefix
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,8 @@ MANIFEST_PREFIX = "manifests/"
 REJECTED_PREFIX = "rejected/"
 EXECUTION_NAME_MAX = 80
 HASH_CHARS = 16
+# Beside the run's other files: runs/<execution name>/started_by.json (sdflow/console/runs.py reads it).
+SOURCE_MARKER = "started_by.json"
 # Room for the slug: the name is `<slug>-<hash>`.
 SLUG_MAX = EXECUTION_NAME_MAX - HASH_CHARS - 1
 # Lines of a rejection notification: SNS messages are limited to 256 KB.
@@ -90,6 +92,19 @@ def execution_name(ref: ManifestRef, run_name: str | None = None) -> str:
     digest = hashlib.sha256(identity.encode()).hexdigest()[:HASH_CHARS]
     readable = run_name or ref.key.removeprefix(MANIFEST_PREFIX).removesuffix(".json")
     return f"{_slug(readable)}-{digest}"
+
+
+def source_key(execution_name: str) -> str:
+    return f"{run_prefix(execution_name)}{SOURCE_MARKER}"
+
+
+def _record_source(ref: ManifestRef, name: str) -> None:
+    """Say that an upload started this run, before it starts: Step Functions keeps no caller, and
+    the run console shows "upload" (with the manifest) or "API" from this marker's presence."""
+    source = {"source": "upload", "manifest": ref.uri, "version_id": ref.version_id, "etag": ref.etag}
+    aws.client("s3").put_object(
+        Bucket=ref.bucket, Key=source_key(name), Body=json.dumps(source).encode(), ContentType="application/json"
+    )
 
 
 def rejected_key(manifest_key: str) -> str:
@@ -324,6 +339,7 @@ def handle_manifest(
     if _already_started(arn):
         log.info("manifest %s already started %s; duplicate event ignored", ref.uri, arn)
         return Outcome("duplicate", execution_name=name, execution_arn=arn)
+    _record_source(ref, name)
     try:
         response = aws.client("stepfunctions").start_execution(
             stateMachineArn=state_machine_arn,

@@ -25,7 +25,7 @@ import math
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -87,20 +87,32 @@ class CloudWatchSink:
 
         def write(raw: bytes) -> None:
             message = raw.decode("utf-8", errors="replace").rstrip("\n")
-            if len(message.encode()) > MAX_EVENT_BYTES:
-                message = message.encode()[:MAX_EVENT_BYTES].decode("utf-8", errors="ignore")
-            now_ms = int(time.time() * 1000)
             datums = self._emf(function_name, message) if message.startswith("{") and '"_aws"' in message else None
-            with self._lock:
-                self._buffer.events[key].append({"timestamp": now_ms, "message": message})
-                self._buffer.count += 1
-                for namespace, metric in datums or ():
-                    self._buffer.metrics[namespace].append(metric)
-                full = self._buffer.count >= MAX_EVENTS_PER_BATCH
-            if full:
-                self._wake.set()
+            self.append(key[0], key[1], message, int(time.time() * 1000), datums or ())
 
         return write
+
+    def append(
+        self,
+        log_group: str,
+        log_stream: str,
+        message: str,
+        timestamp_ms: int,
+        metrics: Iterable[tuple[str, dict[str, Any]]] = (),
+    ) -> None:
+        """One log event, and the (namespace, MetricDatum) pairs taken from it, buffered for the
+        flusher. Other emitters with their own group and stream naming (the local SageMaker's jobs,
+        sdflow/local/job_logs.py) write here too, so every line still costs no backend call."""
+        if len(message.encode()) > MAX_EVENT_BYTES:
+            message = message.encode()[:MAX_EVENT_BYTES].decode("utf-8", errors="ignore")
+        with self._lock:
+            self._buffer.events[(log_group, log_stream)].append({"timestamp": timestamp_ms, "message": message})
+            self._buffer.count += 1
+            for namespace, metric in metrics:
+                self._buffer.metrics[namespace].append(metric)
+            full = self._buffer.count >= MAX_EVENTS_PER_BATCH
+        if full:
+            self._wake.set()
 
     def _emf(self, function_name: str, message: str) -> list[tuple[str, dict[str, Any]]] | None:
         try:

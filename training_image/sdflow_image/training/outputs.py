@@ -9,6 +9,9 @@
   trained prompt-adherence scores in the summary and in the log, where the job's metric
   definitions pick them up (`eval:prompt_adherence=`, `eval:base_prompt_adherence=`).
 
+The summary and the images are copied to /opt/ml/output/data too (rank 0, like the rest), which
+SageMaker uploads as `output/output.tar.gz`: its place for a job's non-model artifacts.
+
 The training state is freed before anything is rendered: the boosted UNet, optimizer states,
 EMA and frozen parts stay on the device until the weights are exported, then are dropped, so
 rendering the samples cannot run out of device memory on a job that has finished training.
@@ -19,15 +22,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from sdflow_image import contract
 from sdflow_image.training import model
 from sdflow_image.training.loop import Trainer, barrier
 
 MODEL_INFO = "sdflow_model.json"
 DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16", "no": "float32"}
+# Copied to the output data dir as well (output.tar.gz), with adherence.GRID_FILE when it is made.
+REPORT_FILES = ("training_summary.json", "loss.png", "samples.png")
+ADHERENCE_GRID = "adherence.png"  # sdflow_image.adherence.GRID_FILE, without importing numpy here
 
 
 def save(args: argparse.Namespace, trainer: Trainer, summary: dict[str, Any]) -> None:
@@ -57,7 +65,17 @@ def save(args: argparse.Namespace, trainer: Trainer, summary: dict[str, Any]) ->
     if args.eval_adherence:
         summary["prompt_adherence"] = write_adherence(pipe, args, device, out)
     (out / "training_summary.json").write_text(json.dumps(summary, indent=2))
+    report = [*REPORT_FILES, ADHERENCE_GRID] if args.eval_adherence else list(REPORT_FILES)
+    copy_report(out, contract.output_data_dir(), report)
     print(f"saved model to {out}", flush=True)
+
+
+def copy_report(model_dir: Path, data_dir: Path, names: list[str]) -> None:
+    """The small outputs also go to the output data dir: SageMaker ships them as output.tar.gz, which
+    a reader fetches without the model.tar.gz around them (gigabytes on a real base model)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        shutil.copyfile(model_dir / name, data_dir / name)
 
 
 def build_pipeline(args: argparse.Namespace, weights: Path, ema_params: list[Any] | None) -> Any:

@@ -1,8 +1,8 @@
 """What a run is doing right now, read from the same APIs a user has on AWS.
 
-Per-state status comes from the execution history (sdflow.history, the console's reading too), shard counts from the run's S3 prefix,
-and the training step and loss from the local training job's log (the local runtime keeps
-logs in its work folder; on AWS the console and CloudWatch show them)."""
+Per-state status comes from the execution history (sdflow.history, the console's reading too),
+shard counts from the run's S3 prefix, and the training step and loss from the local training
+job's log (the local runtime keeps logs in its work folder; on AWS the console and CloudWatch show them)."""
 
 from __future__ import annotations
 

@@ -149,4 +149,5 @@ def test_progress_lines_caught_state_is_not_shown_as_done() -> None:
 
     assert "✔" not in lines["Build dataset index"]
     assert "caught" in lines["Build dataset index"]
-    assert lines["Validate run"].startswith("  ✔") and "attempt 3" in lines["Validate run"]
+    assert lines["Validate run"].startswith("  ✔")
+    assert "attempt 3" in lines["Validate run"]

@@ -10,8 +10,12 @@ IMAGE_VENV := .venv-image
 IMAGE_BIN := $(IMAGE_VENV)/bin
 IMAGE_STAMP := $(IMAGE_VENV)/.ready
 TOOLS_STAMP := .tools/.installed
+# Debian's Chromium, for the run console's browser tests (tests/e2e/test_console_browser.py):
+# Playwright drives it and never downloads a browser of its own.
+CHROMIUM := /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help setup test test-unit test-image test-fast demo lint format bench schema clean
+.PHONY: help setup browser console test test-unit test-image test-fast demo lint format bench schema clean
 
 help:  ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -47,7 +51,13 @@ setup:  ## create .venv (orchestration), .venv-image (jobs) and the tool venvs, 
 	# The four venvs are independent and mostly wait on downloads: built side by side.
 	$(MAKE) --no-print-directory -j4 $(STAMP) $(IMAGE_STAMP) $(TOOLS_STAMP)
 
-test: setup  ## the whole suite: unit, e2e and lint tests, then the image tests in the job environment (what CI runs)
+$(CHROMIUM):
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium
+
+browser: $(CHROMIUM)  ## Debian's headless Chromium for the console's browser tests (apt)
+
+test: setup $(CHROMIUM)  ## the whole suite: unit, e2e, browser and lint tests, then the image tests in the job environment (what CI runs)
 	$(BIN)/pytest --durations=25
 	$(IMAGE_BIN)/pytest tests/image --durations=15
 
@@ -56,6 +66,9 @@ test-unit: setup  ## unit tests only (seconds)
 
 test-image: setup  ## the training_image code on CPU, in the job environment
 	$(IMAGE_BIN)/pytest tests/image --durations=15
+
+console: $(STAMP)  ## the run console for the local cloud of `sdflow local up` (or AWS with --endpoint-url unset)
+	$(BIN)/sdflow console
 
 demo:  ## the whole pipeline on this machine (local runtime), ending with a generated image
 	# Only the two venvs the demo runs in (the lint tools' venvs are for `make test`/`make lint`).

@@ -13,18 +13,25 @@ artifacts); the fault `kill_job` ends it at once as Failed, as a killed containe
 
 from __future__ import annotations
 
+import base64
 import io
 import json
+import re
 import tarfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from typing import Any
 
 import boto3
 
+from sdflow.local.job_logs import JobLogs
 from sdflow_common.evaluation import EVALUATION_FILE, GRID_FILE
 from sdflow_common.run_document import parse_s3_uri
+
+MAX_LOG_STEPS = 50
+LOSS = re.compile(r"loss=([0-9.]+)")
 
 
 class NoOpSageMaker:
@@ -58,6 +65,7 @@ class NoOpSageMaker:
         self.processing_jobs: list[str] = []
         # (kind, name) -> the job's end request: "stopped" (StopJob) or "killed" (kill_job).
         self._ends: dict[tuple[str, str], str] = {}
+        self._logs: JobLogs | None = None
         self._wakeups: dict[tuple[str, str], threading.Event] = {}
         self._queued: set[tuple[str, str]] = set()  # submitted, waiting for a pool thread
 
@@ -120,11 +128,13 @@ class NoOpSageMaker:
         self.listener.job_status_changed("processing", request["ProcessingJobName"], "Completed", {})
 
     def _evaluation_output(self, request: dict[str, Any]) -> None:
-        """evaluation.json where the job's ProcessingOutput goes (SageMaker's upload at the job's end)."""
+        """evaluation.json and a 4x4 adherence.png where the job's ProcessingOutput goes (SageMaker's
+        upload at the job's end)."""
         [output] = request["ProcessingOutputConfig"]["Outputs"]
         bucket, key = parse_s3_uri(output["S3Output"]["S3Uri"])
         scores = {"prompt_adherence": 1.0, "base_prompt_adherence": 0.125, "prompts": 48, "grid": GRID_FILE}
         self._put(bucket, key.rstrip("/") + "/" + EVALUATION_FILE, json.dumps(scores).encode())
+        self._put(bucket, key.rstrip("/") + "/" + GRID_FILE, _png("green"))
 
     def _put(self, bucket: str, key: str, body: bytes) -> None:
         """The job's output, written straight into the local S3 backend: a real job writes from its
@@ -138,6 +148,7 @@ class NoOpSageMaker:
 
     def _training(self, request: dict[str, Any]) -> None:
         name = request["TrainingJobName"]
+        self._training_log(name, request)
         why = self._hold("training", name)
         if why is not None:
             self._report_early_end("training", name, why)
@@ -151,6 +162,24 @@ class NoOpSageMaker:
             "FinalMetricDataList": [{"MetricName": "train:loss", "Value": 0.1}],
         }
         self.listener.job_status_changed("training", name, "Completed", fields)
+
+    def _training_log(self, name: str, request: dict[str, Any]) -> None:
+        """A falling loss, one line a step, in the job's CloudWatch log stream (as the trainer
+        prints it), so that a console reads a no-op run's loss curve where it reads a real one's."""
+        steps = str((request.get("HyperParameters") or {}).get("max_train_steps", ""))
+        count = min(int(steps) if steps.isdigit() else 1, MAX_LOG_STEPS)
+
+        def loss_of(line: str, _at: datetime) -> dict[str, float]:
+            match = LOSS.search(line)
+            return {"train:loss": float(match.group(1))} if match else {}
+
+        with self._lock:
+            if self._logs is None:
+                self._logs = JobLogs(self.account_id, "us-east-1")
+        write = self._logs.host_lines("training", name, "algo-1", loss_of)
+        for step in range(1, count + 1):
+            write(f"step={step} loss={0.1 + 0.9 / step:.4f}")
+        self._logs.flush()
 
     def run_processing_job(self, request: dict[str, Any]) -> None:
         with self._lock:
@@ -169,7 +198,8 @@ class NoOpSageMaker:
         )
 
     def invoke_endpoint(self, endpoint_name: str, body: bytes, content_type: str, accept: str) -> tuple[bytes, str]:
-        return b"{}", "application/json"
+        """The serving container's answer shape ({"images": [base64 PNG]}), with a 4x4 image."""
+        return json.dumps({"images": [base64.b64encode(_png("blue")).decode()]}).encode(), "application/json"
 
     def stop_job(self, kind: str, name: str) -> None:
         """StopProcessingJob / StopTrainingJob: a held job ends now as Stopped; one that already
@@ -192,18 +222,17 @@ class NoOpSageMaker:
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=True)
+        if self._logs is not None:
+            self._logs.close()
 
 
 def output_archive(steps: int, final_loss: float) -> bytes:
     """output.tar.gz as the trainer leaves it (training_image/sdflow_image/training/outputs.py),
     in miniature: 4x4-pixel PNGs and a summary that says it is a no-op's."""
-    from PIL import Image
 
     members = {"training_summary.json": json.dumps({"final_loss": final_loss, "steps": steps, "noop": True}).encode()}
     for name, colour in (("loss.png", "white"), ("samples.png", "red")):
-        png = io.BytesIO()
-        Image.new("RGB", (4, 4), colour).save(png, format="PNG")
-        members[name] = png.getvalue()
+        members[name] = _png(colour)
     archive = io.BytesIO()
     with tarfile.open(fileobj=archive, mode="w:gz") as tar:
         for name, data in members.items():
@@ -211,6 +240,14 @@ def output_archive(steps: int, final_loss: float) -> bytes:
             info.size, info.mtime = len(data), int(time.time())
             tar.addfile(info, io.BytesIO(data))
     return archive.getvalue()
+
+
+def _png(colour: str) -> bytes:
+    from PIL import Image
+
+    png = io.BytesIO()
+    Image.new("RGB", (4, 4), colour).save(png, format="PNG")
+    return png.getvalue()
 
 
 def _argument(arguments: list[str], flag: str) -> str:

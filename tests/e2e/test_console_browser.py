@@ -1,0 +1,246 @@
+"""The run console in a real browser: Debian's headless Chromium driven by Playwright, against a
+local cloud whose SageMaker jobs are no-ops (the console, not the jobs' content, is under test).
+
+Chromium comes from the `chromium` Debian package (.ci/run installs it); Playwright never
+downloads a browser of its own. A finished run's graph is kept as a screenshot under the test's
+temporary folder (its path is printed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sdflow import samples
+from sdflow.cli import Session
+from sdflow.console.server import ConsoleConfig, ConsoleServer
+from sdflow.local.cloud import LocalCloud
+from sdflow.local.noop_sagemaker import NoOpSageMaker
+from tests.conftest import free_port
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+CHROMIUM = os.environ.get("SDFLOW_CHROMIUM", "/usr/bin/chromium")
+# As the machine's notes advise for a closed network: no background connections, no first-run work.
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+SHARDS = 3
+TRAINING_HOLD_S = 6.0  # long enough to see Train model running, in colour, before it succeeds
+WAIT_MS = 120_000
+
+
+@pytest.fixture(scope="module")
+def noop() -> dict[str, NoOpSageMaker]:
+    return {}
+
+
+@pytest.fixture(scope="module")
+def cloud(tmp_path_factory: pytest.TempPathFactory, noop: dict[str, NoOpSageMaker]) -> Iterator[LocalCloud]:
+    workdir = tmp_path_factory.mktemp("console-cloud")
+
+    def factory(_workdir: Path, url: str, listener: Any) -> NoOpSageMaker:
+        noop["sagemaker"] = NoOpSageMaker(url, listener, job_seconds=0.5)
+        noop["sagemaker"].seconds_by_kind["training"] = TRAINING_HOLD_S
+        return noop["sagemaker"]
+
+    port = free_port()
+    parameters = {"ConsoleUrl": f"http://127.0.0.1:{port}/"}
+    with LocalCloud(workdir, sagemaker_factory=factory, parameters=parameters, quotas={"endpoint": 8}) as running:
+        running.console_port = port  # type: ignore[attr-defined]
+        s3 = running.client("s3")
+        row = samples.SampleRow("http://127.0.0.1:9/a.png", "a red circle", 64, 64)
+        parquet = samples.write_parquet(workdir / "one.parquet", [row]).read_bytes()
+        for i in range(SHARDS):
+            s3.put_object(Bucket=running.bucket, Key=f"datasets/console/part-{i:05d}.parquet", Body=parquet)
+        s3.put_object(Bucket=running.bucket, Key="models/tiny/model_index.json", Body=b"{}")
+        running.prewarm().join(timeout=120)
+        yield running
+
+
+@pytest.fixture(scope="module")
+def console(cloud: LocalCloud) -> Iterator[ConsoleServer]:
+    with ConsoleServer(Session.for_cloud(cloud).console_config(), port=cloud.console_port) as server:  # type: ignore[attr-defined]
+        yield server
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    assert shutil.which(CHROMIUM) or Path(CHROMIUM).exists(), (
+        f"{CHROMIUM} is missing: install Debian's chromium package (`.ci/run` does: apt-get install chromium)"
+    )
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Any, tmp_path: Path) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1500, "height": 1100})
+    opened = context.new_page()
+    errors: list[str] = []
+    opened.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield opened
+    context.close()
+    assert not errors, f"uncaught errors in the page: {errors}"
+
+
+def _document(cloud: LocalCloud, endpoint: str) -> dict[str, Any]:
+    return {
+        "dataset": {"prefix": f"s3://{cloud.bucket}/datasets/console/"},
+        "base_model_uri": f"s3://{cloud.bucket}/models/tiny/",
+        "download": {"max_concurrency": SHARDS},
+        "training": {"instance_type": "ml.m5.xlarge", "max_train_steps": 12},
+        "endpoint": {"name": endpoint, "instance_type": "ml.m5.large"},
+    }
+
+
+def _state(page: Any, name: str) -> Any:
+    return page.locator(f'g.state[data-state="{name}"]').first
+
+
+def _fill(page: Any, name: str) -> str:
+    return str(_state(page, name).locator("rect").first.evaluate("el => getComputedStyle(el).fill"))
+
+
+def test_console_upload_run_graph_follows_states_to_success_with_details(
+    cloud: LocalCloud, console: ConsoleServer, page: Any, tmp_path: Path
+) -> None:
+    page.goto(console.url)
+    cloud.client("s3").put_object(
+        Bucket=cloud.bucket,
+        Key="manifests/console-ok.json",
+        Body=json.dumps(_document(cloud, "sdflow-console")).encode(),
+    )
+    row = page.locator('[data-testid="run-row"]').first
+    row.wait_for(timeout=WAIT_MS)
+    name = row.get_attribute("data-run-name")
+    assert name
+    assert name.startswith("console-ok-")
+    assert "upload" in row.inner_text()
+    row.locator("a").first.click()
+    page.locator('[data-testid="graph"] g.state').first.wait_for(timeout=WAIT_MS)
+
+    # Live, without a reload: Train model is seen running (held), then succeeded, in other colours.
+    page.wait_for_selector('g.state[data-state="Train model"][data-status="running"]', timeout=WAIT_MS)
+    running_fill = _fill(page, "Train model")
+    assert _state(page, "Deploy endpoint").get_attribute("data-status") == "not_reached"
+    counts = page.locator('[data-testid="map-counts"][data-state="Download shards"]')
+    assert counts.get_attribute("data-succeeded") == str(SHARDS)
+    assert counts.get_attribute("data-total") == str(SHARDS)
+    page.wait_for_selector('g.state[data-state="Deploy endpoint"][data-status="succeeded"]', timeout=WAIT_MS)
+    assert _state(page, "Train model").get_attribute("data-status") == "succeeded"
+    assert _fill(page, "Train model") != running_fill, "a finished state is drawn in another colour"
+
+    # A state's input and output, as the AWS console shows them.
+    _state(page, "Validate run").click()
+    panel = page.locator('[data-testid="state-panel"][data-state="Validate run"]')
+    panel.wait_for(timeout=WAIT_MS)
+    output = page.locator('pre[data-testid="state-output"]')
+    page.locator('[data-testid="tab-output"]').click()
+    output.wait_for(state="visible", timeout=WAIT_MS)
+    assert json.loads(output.inner_text())["config"]["run"]["endpoint"]["name"] == "sdflow-console"
+    page.locator('[data-testid="tab-input"]').click()
+    assert json.loads(page.locator('pre[data-testid="state-input"]').inner_text()) == {}
+
+    # Training: the loss curve from the job's log, the sample grid from its output archive.
+    page.wait_for_selector('svg[data-testid="loss-curve"]', timeout=WAIT_MS)
+    assert int(page.locator('svg[data-testid="loss-curve"]').get_attribute("data-points") or 0) == 12
+    samples_img = page.locator('img[data-testid="samples"]')
+    samples_img.wait_for(timeout=WAIT_MS)
+    page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=samples_img.element_handle())
+
+    # The notification, with a link to this console rather than to the AWS console.
+    note = page.locator('[data-testid="notification"]').first
+    note.wait_for(timeout=WAIT_MS)
+    assert f"127.0.0.1:{cloud.console_port}/#/runs/{name}" in note.inner_text()  # type: ignore[attr-defined]
+    screenshot = tmp_path / "console-finished-run.png"
+    page.screenshot(path=str(screenshot), full_page=True)
+    print(f"\nconsole screenshot of the finished run: {screenshot}")
+
+    # The Map's child executions: one per shard, each with its download job and its log link.
+    page.goto(f"{console.url}#/runs/{name}/maps/Download%20shards")
+    page.wait_for_function(
+        f"document.querySelectorAll('[data-testid=\"child-row\"]').length === {SHARDS}", timeout=WAIT_MS
+    )
+    rows = page.locator('[data-testid="child-row"]')
+    for i in range(SHARDS):
+        text = rows.nth(i).inner_text()
+        assert "sdf-dl-" in text
+        assert rows.nth(i).get_attribute("data-status") == "SUCCEEDED"
+
+
+def test_console_endpoint_prompt_box_returns_an_image(cloud: LocalCloud, console: ConsoleServer, page: Any) -> None:
+    runs = cloud.client("stepfunctions").list_executions(stateMachineArn=cloud.state_machine_arn)["executions"]
+    done = [r["name"] for r in runs if r["status"] == "SUCCEEDED"]
+    assert done, "the upload test's run ends first"
+    page.goto(f"{console.url}#/runs/{done[0]}")
+    section = page.locator('[data-testid="endpoint"]')
+    section.wait_for(timeout=WAIT_MS)
+    page.wait_for_function("el => el.innerText.includes('InService')", arg=section.element_handle(), timeout=WAIT_MS)
+    page.locator('[data-testid="prompt-input"]').fill("a red circle on a blue background")
+    page.locator('[data-testid="prompt-submit"]').click()
+    image = page.locator('img[data-testid="prompt-image"]')
+    image.wait_for(timeout=WAIT_MS)
+    page.wait_for_function("img => img.complete && img.naturalWidth === 4", arg=image.element_handle())
+
+    page.locator('[data-testid="prompt-input"]').fill("")
+    page.locator('[data-testid="prompt-submit"]').click()
+    error = page.locator('[data-testid="prompt-error"]')
+    error.wait_for(timeout=WAIT_MS)
+    assert "prompt" in error.inner_text().lower()
+
+
+def test_console_killed_training_job_shows_failed_state_and_error(
+    cloud: LocalCloud, console: ConsoleServer, noop: dict[str, NoOpSageMaker], page: Any
+) -> None:
+    sfn = cloud.client("stepfunctions")
+    arn = sfn.start_execution(
+        stateMachineArn=cloud.state_machine_arn, name="console-killed",
+        input=json.dumps(_document(cloud, "sdflow-console-killed")),
+    )["executionArn"]  # fmt: skip
+    page.goto(f"{console.url}#/runs/console-killed")
+    page.wait_for_selector('g.state[data-state="Train model"][data-status="running"]', timeout=WAIT_MS)
+    sagemaker = cloud.client("sagemaker")
+    job = sagemaker.list_training_jobs(StatusEquals="InProgress")["TrainingJobSummaries"][0]["TrainingJobName"]
+    noop["sagemaker"].kill_job("training", job)
+
+    page.wait_for_selector('g.state[data-state="Train model"][data-status="failed"]', timeout=WAIT_MS)
+    header = page.locator('[data-testid="run-header"]')
+    page.wait_for_function("el => el.innerText.includes('FAILED')", arg=header.element_handle(), timeout=WAIT_MS)
+    assert "TrainingJobFailed" in header.inner_text() or "Failed" in header.inner_text()
+    assert sfn.describe_execution(executionArn=arn)["status"] == "FAILED"
+    assert _state(page, "Evaluate model").get_attribute("data-status") == "not_reached"
+
+
+def test_console_unknown_run_and_stopped_cloud_show_messages_not_traces(console: ConsoleServer, page: Any) -> None:
+    page.goto(f"{console.url}#/runs/no-such-run")
+    banner = page.locator('[data-testid="error"]')
+    banner.wait_for(timeout=WAIT_MS)
+    assert "does not exist" in banner.inner_text().lower()
+    assert "Traceback" not in page.content()
+
+    nowhere = f"http://127.0.0.1:{free_port()}"  # nothing listens there: a stopped local cloud
+    config = ConsoleConfig(
+        client=lambda service, **options: __import__("boto3").client(
+            service, endpoint_url=nowhere, region_name="us-east-1",
+            aws_access_key_id="testing", aws_secret_access_key="testing", **options,
+        ),
+        endpoint_url=nowhere, region="us-east-1", bucket="b",
+        state_machine_arn="arn:aws:states:us-east-1:123456789012:stateMachine:sdflow-local-pipeline",
+    )  # fmt: skip
+    with ConsoleServer(config, port=0) as stopped:
+        page.goto(stopped.url)
+        banner = page.locator('[data-testid="error"]')
+        banner.wait_for(timeout=WAIT_MS)
+        assert f"cannot reach {nowhere}" in banner.inner_text()
+        assert "sdflow local up" in banner.inner_text()

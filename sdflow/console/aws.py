@@ -6,6 +6,7 @@ show as a message within a second or two, not after botocore's back-off."""
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Callable
@@ -78,6 +79,7 @@ class Clients:
         self._clients: dict[str, Any] = {}
         self._lock = threading.Lock()
         self.calls = 0  # every API call the console made, for its cost figures
+        self.operations: collections.Counter[str] = collections.Counter()
 
     def __call__(self, service: str) -> Any:
         with self._lock:
@@ -87,8 +89,9 @@ class Clients:
                 self._clients[service] = client
             return self._clients[service]
 
-    def _count(self, **_: Any) -> None:
+    def _count(self, event_name: str = "", **_: Any) -> None:
         self.calls += 1
+        self.operations[event_name.removeprefix("before-call.")] += 1
 
 
 class TtlCache:

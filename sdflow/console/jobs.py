@@ -276,7 +276,12 @@ class JobReader:
                 "startTime": start_ms,
             }
             for _ in range(10):
-                page = self.clients("logs").filter_log_events(**kwargs)
+                try:
+                    page = self.clients("logs").filter_log_events(**kwargs)
+                except ClientError as exc:
+                    if error_code(exc) == "ResourceNotFoundException":
+                        return [], False  # the notify function has not logged yet
+                    raise
                 found += [n for n in map(_notification, page.get("events", [])) if n and n.pop("execution") == arn]
                 if not page.get("nextToken"):
                     break

@@ -15,9 +15,11 @@ from typing import Any
 import uvicorn
 from botocore.exceptions import BotoCoreError, ClientError
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sdflow.console.aws import Clients, ConsoleError, translate
 from sdflow.console.jobs import JobReader
@@ -62,11 +64,26 @@ def create_app(config: ConsoleConfig) -> FastAPI:
         translated = translate(exc, config.endpoint_url)
         return JSONResponse(translated.body(), status_code=translated.status)
 
+    @app.exception_handler(RequestValidationError)
+    def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in problem.get('loc', ())[1:]) or 'request'}: {problem.get('msg')}"
+            for problem in exc.errors()
+        )
+        error = ConsoleError(422, "InvalidRequest", problems[:300] or "invalid request", "correct it and try again")
+        return JSONResponse(error.body(), status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        error = ConsoleError(exc.status_code, f"HTTP{exc.status_code}", str(exc.detail)[:300])
+        return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+
     @app.exception_handler(Exception)
     def unexpected(request: Request, exc: Exception) -> JSONResponse:
         # Logged here with its traceback; the page gets one line, never the trace.
         LOG.exception("console: %s %s failed", request.method, request.url.path)
-        error = ConsoleError(500, type(exc).__name__, f"the console failed to answer: {exc}"[:300])
+        first_line = next(iter(str(exc).strip().splitlines()), "")
+        error = ConsoleError(500, type(exc).__name__, f"the console failed to answer: {first_line}"[:300])
         return JSONResponse(error.body(), status_code=500)
 
     @app.get("/")
@@ -159,6 +176,10 @@ class ConsoleServer:
     @property
     def api_calls(self) -> int:
         return int(self.app.state.clients.calls)
+
+    @property
+    def api_operations(self) -> dict[str, int]:
+        return dict(self.app.state.clients.operations)
 
     def __enter__(self) -> ConsoleServer:
         return self.start()

@@ -88,7 +88,7 @@ def test_local_up_signal_stops_every_process_and_removes_state_file(
     workdir = tmp_path / "work"
     state_file = workdir / "cloud.json"
     server = subprocess.Popen(
-        [*SDFLOW, "--workdir", str(workdir), "local", "up", "--port", str(free_port())],
+        [*SDFLOW, "--workdir", str(workdir), "local", "up", "--port", str(free_port()), "--console-port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, start_new_session=True,
     )  # fmt: skip
     try:

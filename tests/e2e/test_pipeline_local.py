@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from PIL import Image
 from sdflow import samples
 from sdflow.demo import DEMO_ENDPOINT, DemoOptions, manifest, prepare_inputs, run_pipeline
 from sdflow.local.cloud import LocalCloud
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -58,6 +59,10 @@ def test_demo_command_runs_pipeline_and_writes_endpoint_image(tmp_path: Path) ->
 
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "--- SNS: [sdflow] Run demo" in result.stdout
+    # The run exists only on this machine: the demo and its notification point at the local run console.
+    assert re.search(r"run console: http://127\.0\.0\.1:\d+/", result.stdout)
+    assert re.search(r"Console: +http://127\.0\.0\.1:\d+/#/runs/demo", result.stdout)
+    assert "console.aws.amazon.com" not in result.stdout
     assert "succeeded" in result.stdout
     assert "3 of 3 shards downloaded" in result.stdout
     assert f"Endpoint:  {DEMO_ENDPOINT} (created" in result.stdout
@@ -132,11 +137,21 @@ class _CloudFromOutside:
         return self._session.client(name, endpoint_url=self.endpoint_url)
 
 
+def _get_json(url: str, quiet: bool = False) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return json.loads(response.read())
+    except OSError:
+        if quiet:
+            return None
+        raise
+
+
 def test_local_up_is_driven_by_clients_from_another_process(tmp_path: Path, image_server: samples.ImageServer) -> None:
     workdir = tmp_path / "work"
-    port = free_port()
+    port, console_port = free_port(), free_port()
     server = subprocess.Popen(
-        [*SDFLOW, "--workdir", str(workdir), "local", "up", "--port", str(port)],
+        [*SDFLOW, "--workdir", str(workdir), "local", "up", "--port", str(port), "--console-port", str(console_port)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
     )  # fmt: skip
     try:
@@ -179,6 +194,27 @@ def test_local_up_is_driven_by_clients_from_another_process(tmp_path: Path, imag
         assert invoked.returncode == 0, invoked.stderr
         with Image.open(image) as png:
             assert png.format == "PNG"
+
+        # The console `local up` started, and `sdflow console` on its own, read the same run.
+        name = execution_arn.rsplit(":", 1)[-1]
+        beside = _get_json(f"http://127.0.0.1:{console_port}/api/overview")
+        assert [(r["name"], r["status"], r["started_by"]) for r in beside["runs"]] == [(name, "SUCCEEDED", "upload")]
+        alone_port = free_port()
+        alone = subprocess.Popen(
+            [*SDFLOW, "--workdir", str(workdir), "console", "--port", str(alone_port)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        )  # fmt: skip
+        try:
+            run = wait_for(
+                lambda: _get_json(f"http://127.0.0.1:{alone_port}/api/runs/{name}", quiet=True),
+                timeout_s=60, interval_s=0.3, what="sdflow console",
+            )  # fmt: skip
+            assert run["run"]["status"] == "SUCCEEDED"
+            assert {run["states"][s]["status"] for s in ("Train model", "Deploy endpoint")} == {"succeeded"}
+            assert run["map_runs"]["Download shards"]["counts"]["succeeded"] == SMALL["shards"]
+        finally:
+            alone.send_signal(signal.SIGINT)
+            alone.wait(timeout=30)
     finally:
         server.send_signal(signal.SIGINT)
         try:

@@ -10,8 +10,10 @@ Clients counts fake and moto calls alike."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -275,3 +277,74 @@ class Console:
 def install_clock(monkeypatch: Any, clock: Clock) -> None:
     """The console's TtlCache reads `time.monotonic` through sdflow.console.aws's `time`."""
     monkeypatch.setattr(console_aws, "time", clock)
+
+
+# ---------------------------------------------------------------------- the pipeline's run
+
+RUN = "pokemon-sd15-7f3a9c2e41"
+MAP = "Download shards"
+COUNTS = {"pending": 0, "running": 1, "succeeded": 8, "failed": 1, "timedOut": 0, "aborted": 0,
+          "total": 10, "resultsWritten": 9}  # fmt: skip
+
+
+def pipeline_history(name: str = RUN) -> History:
+    """Start run, Validate run and the Map succeeded; Build dataset index failed and was caught;
+    Check trained model is running."""
+    h = History()
+    h.add("ExecutionStarted", 0, executionStartedEventDetails={"input": "{}"})
+    h.enter("Start run", "Pass")
+    h.exit("Start run", "Pass")
+    h.task("Validate run", '{"config": {"run_id": "r1"}}', '{"config": {"run_id": "r1"}, "validated": true}')
+    h.enter(MAP, "Map")
+    h.add("MapStateStarted")
+    h.add("MapRunStarted", mapRunStartedEventDetails={"mapRunArn": map_run_arn(name)})
+    h.add("MapRunSucceeded")
+    h.add("MapStateSucceeded")
+    h.exit(MAP, "Map")
+    h.enter("Build dataset index")
+    h.add("TaskScheduled")
+    h.add("TaskStarted")
+    h.add("TaskFailed", taskFailedEventDetails={"error": "Index.TooFewShards", "cause": "2 of 10 shards"})
+    h.exit("Build dataset index")
+    h.enter("Check trained model", "Choice")
+    return h
+
+
+def add_run(console: Console, name: str = RUN, status: str = "RUNNING", history: History | None = None) -> History:
+    """The run in the fake Step Functions, with its Map Run; a finished run's history ends as
+    Step Functions ends it (the last state exited, then Execution<Status>)."""
+    h = history or pipeline_history(name)
+    if history is None and status != "RUNNING":
+        h.exit("Check trained model", "Choice")
+        h.add(f"Execution{status.title().replace('_', '')}")
+    console.sfn.add_execution(name, status=status, history=h)
+    console.sfn.map_runs[map_run_arn(name)] = {
+        "mapRunArn": map_run_arn(name),
+        "executionArn": execution_arn(name),
+        "status": "SUCCEEDED",
+        "startDate": T0 + timedelta(seconds=10),
+        "stopDate": T0 + timedelta(seconds=12),
+        "maxConcurrency": 8,
+        "toleratedFailurePercentage": 10.0,
+        "executionCounts": COUNTS,
+    }
+    return h
+
+
+# ---------------------------------------------------------------------- CloudWatch Logs (moto)
+
+
+def logs_client() -> Any:
+    return boto3.client("logs", region_name=REGION)
+
+
+def put_logs(group: str, stream: str, messages: list[str]) -> None:
+    """Lines in a moto log group and stream, created when missing, stamped now."""
+    logs = logs_client()
+    with contextlib.suppress(logs.exceptions.ResourceAlreadyExistsException):
+        logs.create_log_group(logGroupName=group)
+    with contextlib.suppress(logs.exceptions.ResourceAlreadyExistsException):
+        logs.create_log_stream(logGroupName=group, logStreamName=stream)
+    now = int(time.time() * 1000)
+    events = [{"timestamp": now + i, "message": message} for i, message in enumerate(messages)]
+    logs.put_log_events(logGroupName=group, logStreamName=stream, logEvents=events)

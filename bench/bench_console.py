@@ -108,6 +108,7 @@ def run_one(shards: int, concurrency: int, console: bool) -> dict[str, Any]:
             run_s = time.monotonic() - started
             cpu1, children1 = me.cpu_times(), _children_cpu(me)
             calls = server.api_calls if server is not None else 0
+            operations = server.api_operations if server is not None else {}
         finally:
             stop.set()
             if watcher is not None:

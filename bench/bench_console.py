@@ -139,7 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     for mode in ("without", "with"):
         command = [sys.executable, __file__, "--one", mode, "--shards", str(args.shards)]
         command += ["--concurrency", str(args.concurrency)]
-        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            print(done.stdout[-2000:], done.stderr[-4000:], sep="\n", file=sys.stderr)
+            return done.returncode
+        out = done.stdout
         results[mode] = json.loads(out.strip().splitlines()[-1])
     without, with_ = results["without"], results["with"]
     print(f"{'console':>8} {'status':>10} {'run s':>7} {'cloud CPU s':>12} {'workers CPU s':>14} {'console calls':>14}")

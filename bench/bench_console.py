@@ -60,7 +60,7 @@ def _watch_in_browser(url: str, name: str, stop: threading.Event) -> None:
 
 def run_one(shards: int, concurrency: int, console: bool) -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_local_runtime import _one_row_parquet  # type: ignore[import-not-found]
+    from bench_local_runtime import upload_noop_inputs  # type: ignore[import-not-found]
 
     from sdflow.cli import Session
     from sdflow.console.server import ConsoleServer
@@ -77,19 +77,8 @@ def run_one(shards: int, concurrency: int, console: bool) -> dict[str, Any]:
             quotas={"processing job": concurrency},
         ) as cloud,
     ):
-        s3, sfn = cloud.client("s3"), cloud.client("stepfunctions")
-        bucket = cloud.outputs["DataBucketName"]
-        parquet = _one_row_parquet(Path(workdir))
-        for i in range(shards):
-            s3.put_object(Bucket=bucket, Key=f"datasets/noop/part-{i:05d}.parquet", Body=parquet)
-        s3.put_object(Bucket=bucket, Key="models/noop/model_index.json", Body=b"{}")
-        document = {
-            "dataset": {"prefix": f"s3://{bucket}/datasets/noop/"},
-            "base_model_uri": f"s3://{bucket}/models/noop/",
-            "download": {"max_concurrency": concurrency},
-            "training": {"instance_type": "ml.m5.xlarge"},
-            "endpoint": {"name": "sdflow-noop", "instance_type": "ml.m5.large"},
-        }
+        sfn = cloud.client("stepfunctions")
+        document = upload_noop_inputs(cloud, Path(workdir), shards, concurrency)
         cloud.prewarm().join(timeout=300)
         server = ConsoleServer(Session.for_cloud(cloud).console_config(), port=0).start() if console else None
         stop = threading.Event()

@@ -46,6 +46,22 @@ def _one_row_parquet(folder: Path) -> bytes:
     ).read_bytes()
 
 
+def upload_noop_inputs(cloud: Any, workdir: Path, shards: int, concurrency: int) -> dict[str, Any]:
+    """`shards` one-row parquet files and a stub base model in the stack's bucket; the run document."""
+    s3, bucket = cloud.client("s3"), cloud.outputs["DataBucketName"]
+    parquet = _one_row_parquet(workdir)
+    for i in range(shards):
+        s3.put_object(Bucket=bucket, Key=f"datasets/noop/part-{i:05d}.parquet", Body=parquet)
+    s3.put_object(Bucket=bucket, Key="models/noop/model_index.json", Body=b"{}")
+    return {
+        "dataset": {"prefix": f"s3://{bucket}/datasets/noop/"},
+        "base_model_uri": f"s3://{bucket}/models/noop/",
+        "download": {"max_concurrency": concurrency},
+        "training": {"instance_type": "ml.m5.xlarge"},
+        "endpoint": {"name": "sdflow-noop", "instance_type": "ml.m5.large"},
+    }
+
+
 def _tree_rss(process: psutil.Process) -> int:
     total = 0
     for proc in [process, *process.children(recursive=True)]:
@@ -80,19 +96,8 @@ def run_one(shards: int, concurrency: int) -> dict[str, Any]:
             quotas={"processing job": concurrency},
         ) as cloud:
             up_s = time.monotonic() - started
-            s3, sfn = cloud.client("s3"), cloud.client("stepfunctions")
-            bucket = cloud.outputs["DataBucketName"]
-            parquet = _one_row_parquet(Path(workdir))
-            for i in range(shards):
-                s3.put_object(Bucket=bucket, Key=f"datasets/noop/part-{i:05d}.parquet", Body=parquet)
-            s3.put_object(Bucket=bucket, Key="models/noop/model_index.json", Body=b"{}")
-            document = {
-                "dataset": {"prefix": f"s3://{bucket}/datasets/noop/"},
-                "base_model_uri": f"s3://{bucket}/models/noop/",
-                "download": {"max_concurrency": concurrency},
-                "training": {"instance_type": "ml.m5.xlarge"},
-                "endpoint": {"name": "sdflow-noop", "instance_type": "ml.m5.large"},
-            }
+            sfn = cloud.client("stepfunctions")
+            document = upload_noop_inputs(cloud, Path(workdir), shards, concurrency)
             runtime = cloud.runtime
             assert runtime is not None
             with runtime.api_calls_lock:

@@ -37,6 +37,18 @@ def _duration(start: datetime, stop: datetime | None) -> float:
     return max(0.0, ((stop or datetime.now(UTC)) - start).total_seconds())
 
 
+def _execution_fields(item: dict[str, Any]) -> dict[str, Any]:
+    """What ListExecutions and DescribeExecution both give about an execution."""
+    return {
+        "name": item["name"],
+        "arn": item["executionArn"],
+        "status": item["status"],
+        "start": iso(item["startDate"]),
+        "stop": iso(item.get("stopDate")),
+        "duration_s": _duration(item["startDate"], item.get("stopDate")),
+    }
+
+
 class RunReader:
     def __init__(self, clients: Clients, bucket: str | None, state_machine_arn: str | None) -> None:
         self.clients = clients
@@ -75,12 +87,7 @@ class RunReader:
     def _summary(self, item: dict[str, Any]) -> dict[str, Any]:
         source = self.source(item["name"])
         return {
-            "name": item["name"],
-            "arn": item["executionArn"],
-            "status": item["status"],
-            "start": iso(item["startDate"]),
-            "stop": iso(item.get("stopDate")),
-            "duration_s": _duration(item["startDate"], item.get("stopDate")),
+            **_execution_fields(item),
             "started_by": "upload" if source else "api",
             "manifest": (source or {}).get("manifest"),
             "redrive_count": int(item.get("redriveCount") or 0),
@@ -266,18 +273,13 @@ class RunReader:
         job = None
         if shard_id:
             try:
-                key = f"{run_hash}-{names._shard_part(shard_id)}-r"
+                key = names.download_job_key(run_hash, shard_id)
             except names.InvalidNameInput:
                 key = None
             job = next((j for j in jobs.values() if key and key in j["ProcessingJobName"]), None)
         job_name = job["ProcessingJobName"] if job else None
         return {
-            "name": child["name"],
-            "arn": child["executionArn"],
-            "status": child["status"],
-            "start": iso(child["startDate"]),
-            "stop": iso(child.get("stopDate")),
-            "duration_s": _duration(child["startDate"], child.get("stopDate")),
+            **_execution_fields(child),
             "shard_id": shard_id,
             "job_name": job_name,
             "job_status": job["ProcessingJobStatus"] if job else None,

@@ -21,7 +21,7 @@ from sdflow.cli import Session
 from sdflow.console.server import ConsoleConfig, ConsoleServer
 from sdflow.local.cloud import LocalCloud
 from sdflow.local.noop_sagemaker import NoOpSageMaker
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -211,7 +211,12 @@ def test_console_killed_training_job_shows_failed_state_and_error(
     page.goto(f"{console.url}#/runs/console-killed")
     page.wait_for_selector('g.state[data-state="Train model"][data-status="running"]', timeout=WAIT_MS)
     sagemaker = cloud.client("sagemaker")
-    job = sagemaker.list_training_jobs(StatusEquals="InProgress")["TrainingJobSummaries"][0]["TrainingJobName"]
+    # The state is entered a moment before its Lambda creates the job.
+    jobs = wait_for(
+        lambda: sagemaker.list_training_jobs(StatusEquals="InProgress")["TrainingJobSummaries"],
+        timeout_s=60, interval_s=0.1, what="the held training job",
+    )  # fmt: skip
+    job = jobs[0]["TrainingJobName"]
     noop["sagemaker"].kill_job("training", job)
 
     page.wait_for_selector('g.state[data-state="Train model"][data-status="failed"]', timeout=WAIT_MS)

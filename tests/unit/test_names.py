@@ -167,3 +167,12 @@ def test_training_job_glob_matches_every_attempt_and_redrive_of_its_run_only() -
         assert fnmatch.fnmatchcase(names.training_job_name(run, "r" * 80, redrive, attempt), pattern)
     reused = names.run_hash(execution, "2027-02-21T16:48:03.123Z")
     assert not fnmatch.fnmatchcase(names.training_job_name(reused, "r" * 80, 0, 0), pattern)
+
+
+def test_download_job_key_is_in_every_attempt_of_its_shard_and_no_other_shard() -> None:
+    run_hash = names.run_hash("arn:aws:states:us-east-1:123456789012:execution:p:run", 1_700_000_000_000)
+    key = names.download_job_key(run_hash, "00007")
+
+    for redrive, attempt in ((0, 0), (3, 12)):
+        assert key in names.download_job_name(run_hash, "run", "00007", redrive, attempt)
+    assert key not in names.download_job_name(run_hash, "run", "00071", 0, 0)

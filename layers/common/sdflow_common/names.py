@@ -155,6 +155,12 @@ def download_job_name(hash_: str, run_id: str, shard_id: str, redrive: int, atte
     return _assemble(DOWNLOAD_PREFIX, run_id, key, _counters(redrive, attempt))
 
 
+def download_job_key(hash_: str, shard_id: str) -> str:
+    """What every attempt and redrive of one shard's download job name contains, and no other
+    job's: `<run hash>-<shard>-r` (the run console matches a child execution to its job by it)."""
+    return f"{hash_}-{_shard_part(shard_id)}-r"
+
+
 def training_job_name(hash_: str, run_id: str, redrive: int, attempt: int) -> str:
     """Training job of a run: `sdf-tr-<run slug>-<run hash>-r<redrive>-a<attempt>`."""
     return _assemble(TRAINING_PREFIX, run_id, hash_, _counters(redrive, attempt))

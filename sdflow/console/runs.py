@@ -70,6 +70,16 @@ class RunReader:
         return self.state_machine_arn
 
     def execution_arn(self, name: str) -> str:
+        """The pipeline's execution called `name`; an execution ARN is taken for its name when it
+        is one of this pipeline's (a link pasted from the CLI or a notification)."""
+        prefix = self.pipeline_arn().replace(":stateMachine:", ":execution:", 1) + ":"
+        if name.startswith("arn:"):
+            if not name.startswith(prefix):
+                raise ConsoleError(
+                    404, "NotThisPipeline", f"{name[:200]} is not an execution of {self.pipeline_arn()}",
+                    "open the console of the stack that ran it (--state-machine-arn)",
+                )  # fmt: skip
+            name = name.removeprefix(prefix)
         if not EXECUTION_NAME.match(name):
             raise ConsoleError(400, "BadExecutionName", f"{name[:100]!r} is not an execution name")
         return self.pipeline_arn().replace(":stateMachine:", ":execution:", 1) + f":{name}"

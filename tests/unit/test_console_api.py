@@ -466,3 +466,23 @@ def test_console_server_binds_loopback_only(console: Console) -> None:
 
     assert server.HOST == "127.0.0.1"
     assert console_server._server.config.host == server.HOST
+
+
+def test_run_execution_arn_of_this_pipeline_is_read_as_its_name(console: Console) -> None:
+    add_run(console, RUN)
+    arn = execution_arn(RUN)
+
+    response = console.client().get(f"/api/runs/{arn}")
+
+    assert response.status_code == 200
+    assert response.json()["run"]["name"] == RUN
+
+
+def test_run_execution_arn_of_another_state_machine_returns_404(console: Console) -> None:
+    other = "arn:aws:states:us-east-1:123456789012:execution:someone-elses-machine:" + RUN
+
+    response = console.client().get(f"/api/runs/{other}")
+
+    assert response.status_code == 404
+    assert assert_error_shape(response.json(), response.text)["code"] == "NotThisPipeline"
+    assert console.sfn.calls == []

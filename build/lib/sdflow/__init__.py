@@ -1,0 +1,1 @@
+"""sdflow CLI and local runtime."""

@@ -1,0 +1,554 @@
+"""`sdflow`: run the pipeline locally, start runs, watch them, call the endpoint.
+
+    sdflow local up                  the local cloud, in the foreground
+    sdflow run MANIFEST [--api]      start a run (upload the manifest, or StartExecution)
+    sdflow resume EXECUTION [--manifest NEW.json] [--name NAME]
+                                     a new run reusing what EXECUTION finished (docs/run-document.md)
+    sdflow status EXECUTION          where a run is
+    sdflow watch [EXECUTION]         live progress until the run ends
+    sdflow invoke ENDPOINT PROMPT -o out.png
+    sdflow console [--port N]        the run console in the browser (http://127.0.0.1:8566/)
+    sdflow demo                      everything above, on generated data and a tiny model
+
+`local up` and `demo` start the console beside the local cloud and print its URL.
+Every command but `local up` and `demo` talks to AWS APIs only, so with --endpoint-url
+omitted and real credentials they work against AWS too."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import json
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import boto3
+
+from sdflow import progress as progress_mod
+
+DEFAULT_WORKDIR = Path(".sdflow")
+STATE_FILE = "cloud.json"
+
+
+class CliError(Exception):
+    """A problem the user can fix; printed without a traceback."""
+
+
+class StopRequested(BaseException):
+    """SIGTERM or SIGINT reached a command that owns a local cloud: unwind, stopping what it started.
+
+    A BaseException like KeyboardInterrupt, so `except Exception` on the way out does not eat it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum  # the shell's convention for "ended by signal N"
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Turn SIGTERM and SIGINT into StopRequested in the main thread, once.
+
+    Python's default SIGTERM ends the process at once: no `finally`, no LocalCloud.stop(), so
+    jobs and endpoints (their own process groups) outlive it and cloud.json stays behind. A
+    second signal while stopping is ignored with a note: aborting the cleanup half-way would
+    leave exactly those processes behind. A signal the parent set to be ignored (nohup, a
+    background job of a non-interactive shell) stays ignored."""
+    stopping = False
+
+    def handler(signum: int, _frame: Any) -> None:
+        nonlocal stopping
+        if stopping:
+            print(f"sdflow: {signal.Signals(signum).name} again; still stopping (SIGKILL abandons the cleanup)",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            return
+        stopping = True
+        raise StopRequested(signum)
+
+    previous: dict[int, Any] = {}
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            previous[signum] = signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        for number, old in previous.items():
+            signal.signal(number, old)
+
+
+def remove_state(workdir: Path) -> None:
+    """Delete the state file if this process wrote it (another `local up` may own a newer one)."""
+    path = workdir / STATE_FILE
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        if json.loads(path.read_text()).get("pid") == os.getpid():
+            path.unlink()
+
+
+def _state(workdir: Path) -> dict[str, Any]:
+    path = workdir / STATE_FILE
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text())
+
+
+@dataclass
+class Session:
+    """Where the commands send their calls: an endpoint, the stack's outputs, a client factory."""
+
+    client: Callable[..., Any]  # (service, **boto3 client options) -> client
+    bucket: str | None
+    state_machine_arn: str | None
+    workdir: Path | None = None  # the local runtime's folder (job logs for `watch`), if local
+    endpoint_url: str | None = None
+    region: str | None = None
+    outputs: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Session:
+        """From flags, else the environment, else the state file `sdflow local up` writes."""
+        state = _state(args.workdir)
+        endpoint_url = args.endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or state.get("endpoint_url")
+        if endpoint_url:
+            for key, value in state.get("env", {}).items():
+                os.environ.setdefault(key, value)
+        session = boto3.session.Session(region_name=state.get("region") or os.environ.get("AWS_REGION"))
+        outputs = state.get("outputs", {})
+        return cls(
+            client=lambda name, **options: session.client(name, endpoint_url=endpoint_url, **options),
+            bucket=args.bucket or outputs.get("DataBucketName"),
+            state_machine_arn=args.state_machine_arn or outputs.get("PipelineStateMachineArn"),
+            workdir=Path(state["workdir"]) if state.get("workdir") else None,
+            endpoint_url=endpoint_url,
+            region=session.region_name,
+            outputs=outputs,
+        )
+
+    @classmethod
+    def for_cloud(cls, cloud: Any) -> Session:
+        """A session on a LocalCloud running in this process."""
+        return cls(
+            client=cloud.client,
+            bucket=cloud.outputs["DataBucketName"],
+            state_machine_arn=cloud.outputs["PipelineStateMachineArn"],
+            workdir=Path(cloud.workdir),
+            endpoint_url=cloud.endpoint_url,
+            region=cloud.cli_env()["AWS_REGION"],
+            outputs=dict(cloud.outputs),
+        )
+
+    def console_config(self) -> Any:
+        from sdflow.console.server import ConsoleConfig
+
+        return ConsoleConfig(
+            client=self.client,
+            endpoint_url=self.endpoint_url,
+            region=self.region,
+            bucket=self.bucket,
+            state_machine_arn=self.state_machine_arn,
+            notify_log_group=self.outputs.get("NotificationLogGroupName"),
+        )
+
+    def data_bucket(self) -> str:
+        return self._known(self.bucket, "bucket")
+
+    def pipeline_arn(self) -> str:
+        return self._known(self.state_machine_arn, "state_machine_arn")
+
+    @staticmethod
+    def _known(value: str | None, name: str) -> str:
+        if not value:
+            flag = "--" + name.replace("_", "-")
+            raise CliError(f"{name} unknown: start `sdflow local up` first, or pass {flag}")
+        return value
+
+
+def cmd_local_up(args: argparse.Namespace) -> int:
+    from sdflow.local.cloud import LocalCloud
+
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    console_port = console_port_for(args.console_port)
+    parameters = {"ConsoleUrl": console_url(console_port)} if console_port else {}
+    try:
+        with (
+            stop_on_signals(),
+            LocalCloud(args.workdir, port=args.port, parameters=parameters) as cloud,
+            console_beside(cloud, console_port) as console,
+        ):
+            write_state(args.workdir, cloud)
+            print(f"sdflow local cloud on {cloud.endpoint_url}  (work folder {args.workdir})")
+            if console is not None:
+                print(f"Run console: {console.url}")
+            print("Use it from another shell with the AWS CLI or boto3:")
+            for key, value in cloud.cli_env().items():
+                print(f"  export {key}={value}")
+            for key, value in cloud.outputs.items():
+                print(f"  {key}: {value}")
+            print("Ctrl-C stops it (and every job and endpoint it started).", flush=True)
+            try:
+                while True:
+                    time.sleep(3600)
+            except (KeyboardInterrupt, StopRequested) as stop:
+                # Stopping is this command's normal end; LocalCloud.__exit__ stops jobs, endpoints, workers.
+                print(f"stopping ({stop})", flush=True)
+    finally:
+        remove_state(args.workdir)
+    return 0
+
+
+def console_port_for(requested: int | None) -> int | None:
+    """The console's port, chosen before the stack is deployed (notifications link to it);
+    None: no console. 0 asks for any free port."""
+    if requested is None:
+        return None
+    if requested == 0:
+        from sdflow.local.sagemaker_host import free_port
+
+        return free_port()
+    return requested
+
+
+def console_url(port: int) -> str:
+    from sdflow.console.server import HOST
+
+    return f"http://{HOST}:{port}/"
+
+
+@contextlib.contextmanager
+def console_beside(cloud: Any, port: int | None) -> Iterator[Any]:
+    """The run console on `port`, reading `cloud`, for as long as the block runs."""
+    if port is None:
+        yield None
+        return
+    from sdflow.console.server import ConsoleServer
+
+    try:
+        server = ConsoleServer(Session.for_cloud(cloud).console_config(), port=port).start()
+    except OSError as exc:
+        raise CliError(f"{exc}; or --no-console") from None
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def cmd_console(args: argparse.Namespace) -> int:
+    from sdflow.console.server import ConsoleServer
+
+    session = Session.from_args(args)
+    try:
+        server = ConsoleServer(session.console_config(), port=args.port).start()
+    except OSError as exc:
+        raise CliError(str(exc)) from None
+    where = session.endpoint_url or f"AWS ({session.region or 'default region'})"
+    print(f"sdflow console on {server.url}  (reading {where}); Ctrl-C stops it", flush=True)
+    try:
+        with stop_on_signals():
+            while True:
+                time.sleep(3600)
+    except (KeyboardInterrupt, StopRequested):
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+def write_state(workdir: Path, cloud: Any) -> None:
+    state = {
+        "endpoint_url": cloud.endpoint_url,
+        "outputs": cloud.outputs,
+        "env": cloud.cli_env(),
+        "region": cloud.cli_env()["AWS_REGION"],
+        "workdir": str(cloud.workdir),
+        "pid": os.getpid(),
+    }
+    (workdir / STATE_FILE).write_text(json.dumps(state, indent=2))
+
+
+def start_run(session: Session, manifest: Path, *, api: bool, name: str | None = None) -> str:
+    """Start a run; return the execution ARN (for an upload: the one the upload started)."""
+    document = manifest.read_text()
+    json.loads(document)  # a broken file is the user's to fix before anything is sent
+    sfn = session.client("stepfunctions")
+    if api:
+        kwargs: dict[str, Any] = {"stateMachineArn": session.pipeline_arn(), "input": document}
+        if name:
+            kwargs["name"] = name
+        return str(sfn.start_execution(**kwargs)["executionArn"])
+    bucket, pipeline = session.data_bucket(), session.pipeline_arn()
+    before = {e["executionArn"] for e in _executions(sfn, pipeline)}
+    key = f"manifests/{manifest.name}"
+    session.client("s3").put_object(Bucket=bucket, Key=key, Body=document.encode())
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        new = [e for e in _executions(sfn, pipeline) if e["executionArn"] not in before]
+        if new:
+            return str(new[0]["executionArn"])
+        rejected = f"rejected/{key}.errors.json"
+        try:
+            report = session.client("s3").get_object(Bucket=bucket, Key=rejected)["Body"].read()
+        except Exception:
+            report = b""
+        if report:
+            raise CliError(f"manifest rejected (s3://{bucket}/{rejected}):\n{report.decode()}")
+        time.sleep(0.5)
+    raise CliError(f"no execution started within 60 s of uploading s3://{bucket}/{key}")
+
+
+def _executions(sfn: Any, state_machine_arn: str) -> list[dict[str, Any]]:
+    return list(sfn.list_executions(stateMachineArn=state_machine_arn, maxResults=1000)["executions"])
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    session = Session.from_args(args)
+    arn = start_run(session, args.manifest, api=args.api, name=args.name)
+    print(arn)
+    return 0
+
+
+# Executions still going (ExecutionStatus, Step Functions API Reference): Validate run refuses to resume
+# from them, so the CLI says so before starting anything.
+UNFINISHED = ("RUNNING", "PENDING_REDRIVE")
+MAX_EXECUTION_NAME = 80  # StartExecution's `name`: 1-80 characters
+RESUME_SUFFIX = re.compile(r"-resume-\d{8}T\d{6}$")
+
+
+def resume_name(old_name: str, now: datetime | None = None) -> str:
+    """`<old name>-resume-<UTC time>`; a resumed run's own suffix is replaced, not stacked."""
+    suffix = f"-resume-{(now or datetime.now(UTC)):%Y%m%dT%H%M%S}"
+    base = RESUME_SUFFIX.sub("", old_name)
+    return base[: MAX_EXECUTION_NAME - len(suffix)] + suffix
+
+
+def start_resume(session: Session, execution: str, *, manifest: Path | None = None, name: str | None = None) -> str:
+    """StartExecution of a run that resumes `execution`: its input (or the new manifest's document)
+    with `resume_from` set. Validate run decides what is reused; returns the new execution's ARN."""
+    sfn = session.client("stepfunctions")
+    old_arn = _resolve_execution(session, execution)
+    old = sfn.describe_execution(executionArn=old_arn)
+    if old["status"] in UNFINISHED:
+        raise CliError(
+            f"execution {old['name']} is {old['status']}; resume only from an execution that has ended: "
+            f"wait for it, or stop it with `aws stepfunctions stop-execution --execution-arn {old_arn}`"
+        )
+    source = str(manifest) if manifest else f"the input of {old['name']}"
+    try:
+        document = json.loads(manifest.read_text() if manifest else old.get("input") or "{}")
+    except (OSError, ValueError) as exc:
+        raise CliError(f"cannot read a run document from {source}: {exc}") from None
+    if not isinstance(document, dict):
+        raise CliError(f"{source} is not a JSON object (a run document)")
+    document["resume_from"] = old_arn
+    response = sfn.start_execution(
+        stateMachineArn=old["stateMachineArn"], name=name or resume_name(old["name"]), input=json.dumps(document)
+    )
+    return str(response["executionArn"])
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    session = Session.from_args(args)
+    arn = start_resume(session, args.execution, manifest=args.manifest, name=args.name)
+    print(arn)
+    print(
+        "Validate run reuses every shard whose parquet object and download options are unchanged and whose "
+        "_SUCCESS still exists, and the trained model when nothing that shapes it changed; "
+        f"`sdflow watch {arn.rsplit(':', 1)[-1]}` follows it.",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _resolve_execution(session: Session, execution: str | None) -> str:
+    if execution and execution.startswith("arn:"):
+        return execution
+    pipeline = session.pipeline_arn()
+    sfn = session.client("stepfunctions")
+    executions = sorted(_executions(sfn, pipeline), key=lambda e: e["startDate"], reverse=True)
+    for item in executions:
+        if execution is None or item["name"] == execution:
+            return str(item["executionArn"])
+    raise CliError(f"no execution {execution!r} of {pipeline}" if execution else "no execution yet")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    session = Session.from_args(args)
+    bucket = session.data_bucket()
+    arn = _resolve_execution(session, args.execution)
+    snap = progress_mod.snapshot(session.client("stepfunctions"), session.client("s3"), bucket, arn, session.workdir)
+    print("\n".join(progress_mod.render_lines(snap)))
+    return 0 if snap.status in {"RUNNING", "SUCCEEDED"} else 1
+
+
+def watch(
+    session: Session, execution_arn: str, *, interval: float = 1.0, out: Any = sys.stdout
+) -> progress_mod.Progress:
+    """Print a line whenever a state starts, ends or makes progress, until the execution ends."""
+    sfn, s3, bucket = session.client("stepfunctions"), session.client("s3"), session.data_bucket()
+    printed: dict[str, str] = {}
+    print(f"watching {execution_arn}", file=out, flush=True)
+    while True:
+        snap = progress_mod.snapshot(sfn, s3, bucket, execution_arn, session.workdir)
+        for state, line in progress_mod.state_lines(snap).items():
+            if printed.get(state) != line:
+                print(line, file=out, flush=True)
+                printed[state] = line
+        if snap.finished:
+            print(f"execution {execution_arn.rsplit(':', 1)[-1]}: {snap.status}", file=out, flush=True)
+            if snap.error:
+                print(f"  error: {snap.error}: {snap.cause or ''}"[:600], file=out, flush=True)
+            return snap
+        time.sleep(interval)
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    session = Session.from_args(args)
+    session.data_bucket()  # fail before any call when the stack is unknown
+    snap = watch(session, _resolve_execution(session, args.execution))
+    return 0 if snap.status == "SUCCEEDED" else 1
+
+
+def invoke(session: Session, endpoint: str, prompt: str, output: Path, **options: Any) -> Path:
+    from botocore.exceptions import ClientError
+
+    body = {"prompt": prompt, **{k: v for k, v in options.items() if v is not None}}
+    try:
+        response = session.client("sagemaker-runtime").invoke_endpoint(
+            EndpointName=endpoint, ContentType="application/json", Accept="application/json", Body=json.dumps(body)
+        )
+    except ClientError as exc:
+        # ModelError carries the model's own answer (e.g. a 400 naming the bad field) in OriginalMessage.
+        error = exc.response.get("Error", {})
+        detail = exc.response.get("OriginalMessage") or error.get("Message", "")
+        raise CliError(f"endpoint {endpoint} refused the request ({error.get('Code', 'error')}): {detail}") from None
+    answer = json.loads(response["Body"].read())
+    images = answer.get("images") if isinstance(answer, dict) else None
+    if not images:
+        raise CliError(f"endpoint {endpoint} answered without an image: {str(answer)[:300]}")
+    output.write_bytes(base64.b64decode(images[0]))
+    return output
+
+
+def cmd_invoke(args: argparse.Namespace) -> int:
+    session = Session.from_args(args)
+    path = invoke(
+        session, args.endpoint, args.prompt, args.output,
+        num_inference_steps=args.steps, seed=args.seed, width=args.width, height=args.height,
+    )  # fmt: skip
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from sdflow.demo import run_demo
+
+    try:
+        with stop_on_signals():
+            return run_demo(
+                args.workdir, output=args.output, keep_running=args.keep_running, console_port=args.console_port
+            )
+    finally:
+        remove_state(args.workdir)
+
+
+DEFAULT_CONSOLE_PORT = 8566
+
+
+def add_console_flags(parser: argparse.ArgumentParser, default: int = DEFAULT_CONSOLE_PORT) -> None:
+    parser.add_argument(
+        "--console-port", type=int, default=default,
+        help=f"the run console's port on 127.0.0.1 (default {default}; 0: any free port)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-console", dest="console_port", action="store_const", const=None, help="do not start the run console"
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="sdflow", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="local runtime work folder")
+    parser.add_argument("--endpoint-url", default=None, help="AWS API endpoint (default: the local cloud's)")
+    parser.add_argument("--bucket", default=None, help="the stack's data bucket (default: from the local cloud)")
+    parser.add_argument("--state-machine-arn", default=None, help="the pipeline (default: from the local cloud)")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    local = commands.add_parser("local", help="the local cloud").add_subparsers(dest="local_command", required=True)
+    up = local.add_parser("up", help="start the local cloud in the foreground")
+    up.add_argument("--port", type=int, default=4566, help="port on 127.0.0.1 (0: any free port)")
+    up.add_argument(
+        "--quota",
+        action="append",
+        default=[],
+        metavar="NAME=N",
+        help="a SageMaker instance quota, e.g. 'processing job=8' (every instance type) or "
+        "'ml.g5.xlarge for training job usage=1'; repeatable (default: $SDFLOW_LOCAL_QUOTAS, then 4/2/2)",
+    )
+    add_console_flags(up)
+    up.set_defaults(func=cmd_local_up)
+
+    run = commands.add_parser("run", help="start a run from a run document")
+    run.add_argument("manifest", type=Path, help="the run document (JSON)")
+    run.add_argument("--api", action="store_true", help="StartExecution instead of uploading to manifests/")
+    run.add_argument("--name", default=None, help="execution name (with --api)")
+    run.set_defaults(func=cmd_run)
+
+    resume = commands.add_parser("resume", help="start a run that reuses what an ended run finished")
+    resume.add_argument("execution", help="the earlier execution: name or ARN")
+    resume.add_argument("--manifest", type=Path, default=None, help="a changed run document (default: the old input)")
+    resume.add_argument("--name", default=None, help="execution name (default: <old name>-resume-<UTC time>)")
+    resume.set_defaults(func=cmd_resume)
+
+    status = commands.add_parser("status", help="where a run is")
+    status.add_argument("execution", nargs="?", default=None, help="execution name or ARN (default: the newest)")
+    status.set_defaults(func=cmd_status)
+
+    watch_cmd = commands.add_parser("watch", help="follow a run until it ends")
+    watch_cmd.add_argument("execution", nargs="?", default=None, help="execution name or ARN (default: the newest)")
+    watch_cmd.set_defaults(func=cmd_watch)
+
+    inv = commands.add_parser("invoke", help="generate an image with an endpoint")
+    inv.add_argument("endpoint", help="endpoint name")
+    inv.add_argument("prompt", help="the text prompt")
+    inv.add_argument("-o", "--output", type=Path, default=Path("out.png"), help="PNG file to write")
+    inv.add_argument("--steps", type=int, default=None, help="num_inference_steps")
+    inv.add_argument("--seed", type=int, default=None, help="seed for a reproducible image")
+    inv.add_argument("--width", type=int, default=None, help="image width (multiple of 8)")
+    inv.add_argument("--height", type=int, default=None, help="image height (multiple of 8)")
+    inv.set_defaults(func=cmd_invoke)
+
+    demo = commands.add_parser("demo", help="the whole pipeline on generated data and a tiny model")
+    demo.add_argument("-o", "--output", type=Path, default=Path("sdflow-demo.png"), help="image the endpoint makes")
+    demo.add_argument("--keep-running", action="store_true", help="keep the local cloud up after the run")
+    add_console_flags(demo, default=0)
+    demo.set_defaults(func=cmd_demo)
+
+    console = commands.add_parser("console", help="the run console in the browser, on 127.0.0.1")
+    console.add_argument("--port", type=int, default=DEFAULT_CONSOLE_PORT, help="port on 127.0.0.1 (0: any free port)")
+    console.set_defaults(func=cmd_console)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return int(args.func(args))
+    except CliError as exc:
+        print(f"sdflow: {exc}", file=sys.stderr)
+        return 2
+    except StopRequested as stop:
+        print(f"sdflow: stopped by {stop}", file=sys.stderr)
+        return stop.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+// #/runs/<name>/maps/<state> : the Map run's child executions, a page at a time (next_token),
+// filtered by status, refreshed every 5 s.
+
+import { api } from "./api.js";
+import { h, replace, badge, timeEl, fmtDuration, link, signature } from "./dom.js";
+import { reportError, clearError } from "./errors.js";
+import { Poller } from "./poll.js";
+
+const REFRESH_MS = 5000;
+const STATUSES = ["", "RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED", "PENDING_REDRIVE"];
+const COLUMNS = ["Child", "Status", "Shard", "Job", "Job status", "Samples", "Started", "Duration",
+  "Log", "Failure reason"];
+
+function childRow(c) {
+  return h("tr", { "data-testid": "child-row", "data-child-name": c.name, "data-status": c.status },
+    h("td", { class: "mono", title: c.arn || null }, c.name || "—"),
+    h("td", {}, badge(c.status)),
+    h("td", { class: "mono" }, c.shard_id ?? "—"),
+    h("td", { class: "mono" }, c.job_name ?? "—"),
+    h("td", {}, c.job_status ? badge(c.job_status) : "—"),
+    h("td", { class: "num" }, c.samples === null || c.samples === undefined ? "—" : String(c.samples)),
+    h("td", {}, timeEl(c.start)),
+    h("td", { class: "num" }, fmtDuration(c.duration_s)),
+    h("td", {}, c.log_url ? link(c.log_url, "log", { "data-testid": "child-log" }) : "—"),
+    h("td", { class: "failure" }, c.failure_reason || ""));
+}
+
+export function mountChildren(root, ctx, runName, state) {
+  document.title = `${state} · ${runName} · sdflow console`;
+  const runHref = `#/runs/${encodeURIComponent(runName)}`;
+  const select = h("select", { "data-testid": "status-filter", "aria-label": "Status" },
+    STATUSES.map((st) => h("option", { value: st }, st ? st.replace(/_/g, " ") : "All statuses")));
+  const first = h("button", { type: "button", "data-testid": "first-page" }, "First page");
+  const prev = h("button", { type: "button", "data-testid": "prev-page" }, "Previous page");
+  const next = h("button", { type: "button", "data-testid": "next-page" }, "Next page");
+  const pageNo = h("span", { class: "muted small", "data-testid": "page-number" });
+  const body = h("tbody");
+  const note = h("p", { class: "muted small" });
+  replace(root,
+    h("p", { class: "crumbs" }, h("a", { href: "#/" }, "Runs"), " / ",
+      h("a", { href: runHref }, runName), " / ", state),
+    h("section", { class: "card" },
+      h("div", { class: "card-head" }, h("h1", {}, `Child executions of ${state}`),
+        h("a", { href: runHref }, "← back to the run")),
+      h("div", { class: "toolbar" }, h("label", {}, "Status ", select), first, prev, next, pageNo),
+      h("div", { class: "table-wrap" }, h("table", { class: "table", "data-testid": "children-table" },
+        h("thead", {}, h("tr", {}, COLUMNS.map((t) => h("th", { scope: "col" }, t)))), body)),
+      note));
+
+  let alive = true;
+  let tokens = [null]; // the token of each page shown so far; the last is the current page
+  let nextToken = null;
+  let lastSig = null;
+  let loadedOnce = false;
+
+  const updateButtons = () => {
+    next.disabled = !nextToken;
+    prev.disabled = tokens.length < 2;
+    first.disabled = tokens.length < 2;
+    pageNo.textContent = `Page ${tokens.length}`;
+  };
+  updateButtons();
+  next.disabled = true;
+
+  const load = async () => {
+    const token = tokens[tokens.length - 1];
+    const status = select.value;
+    try {
+      const data = await api.children(runName, state, status, token);
+      if (!alive || token !== tokens[tokens.length - 1] || status !== select.value) return REFRESH_MS;
+      clearError("page");
+      loadedOnce = true;
+      nextToken = data.next_token || null;
+      const items = Array.isArray(data.items) ? data.items : [];
+      const sig = signature(items);
+      if (sig !== lastSig) {
+        lastSig = sig;
+        replace(body, items.length ? items.map(childRow)
+          : h("tr", {}, h("td", { colspan: COLUMNS.length, class: "muted" },
+            status ? `No ${status.replace(/_/g, " ").toLowerCase()} child executions.` : "No child executions yet.")));
+      }
+      note.textContent = data.map_run_arn ? `Map run ${data.map_run_arn}` : "";
+    } catch (err) {
+      if (alive) reportError("page", err);
+      if (alive && !loadedOnce) replace(body, h("tr", {}, h("td", { colspan: COLUMNS.length, class: "muted" },
+        "Could not load the child executions.")));
+    }
+    updateButtons();
+    return REFRESH_MS;
+  };
+
+  const poller = new Poller(load, REFRESH_MS).start();
+  const go = (newTokens) => { tokens = newTokens; nextToken = null; lastSig = null; updateButtons(); poller.now(); };
+  select.addEventListener("change", () => go([null]));
+  first.addEventListener("click", () => go([null]));
+  prev.addEventListener("click", () => go(tokens.slice(0, -1)));
+  next.addEventListener("click", () => { if (nextToken) go([...tokens, nextToken]); });
+
+  return () => { alive = false; poller.stop(); };
+}

@@ -1,0 +1,134 @@
+// The run page's sections below the graph: training, evaluation, endpoint, notifications.
+// Each part is rebuilt only when its own data changed, so images and the prompt box persist
+// across polls.
+
+import { h, replace, badge, timeEl, fmtDuration, fmtValue, kvTable, link, signature } from "./dom.js";
+import { lossCurve } from "./charts.js";
+import { EndpointSection } from "./endpoint.js";
+
+/** A slot that rebuilds its content only when the signature of its data changes. */
+class Part {
+  constructor(attrs = {}) { this.el = h("div", attrs); this.sig = undefined; }
+  set(data, build) {
+    const sig = signature(data);
+    if (sig === this.sig) return;
+    this.sig = sig;
+    replace(this.el, build(data));
+  }
+}
+
+function metricsTable(obj, testid) {
+  const entries = Object.entries(obj || {});
+  if (!entries.length) return h("p", { class: "muted small" }, "None yet.");
+  return kvTable(entries.map(([k, v]) => [k, fmtValue(v)]), { "data-testid": testid });
+}
+
+function image(src, testid, alt) {
+  if (!src) return null;
+  return h("a", { href: src, target: "_blank", rel: "noopener noreferrer", class: "image-link" },
+    h("img", { src, alt, "data-testid": testid }));
+}
+
+class TrainingSection {
+  constructor() {
+    this.info = new Part({ class: "part" });
+    this.metrics = new Part({ class: "part" });
+    this.chart = new Part({ class: "part chart" });
+    this.samples = new Part({ class: "part samples" });
+    this.summary = new Part({ class: "part" });
+    this.el = h("section", { class: "card", "data-testid": "training" },
+      h("h2", {}, "Training"),
+      h("div", { class: "grid-2" }, h("div", {}, this.info.el, h("h3", {}, "Final metrics"),
+        this.metrics.el), h("div", {}, h("h3", {}, "Loss"), this.chart.el)),
+      this.samples.el, this.summary.el);
+  }
+
+  update(t) {
+    this.info.set([t.job_name, t.status, t.secondary_status, t.instance_type, t.instance_count,
+      t.start, t.end, t.duration_s, t.failure_reason, t.log_url, t.loss_png_url], () => [
+      kvTable([
+        ["Job", h("span", { "data-testid": "training-job" }, t.job_name || "—")],
+        ["Status", h("span", {}, badge(t.status, "training-status"),
+          t.secondary_status ? h("span", { class: "muted small" }, ` ${t.secondary_status}`) : null)],
+        ["Instances", `${t.instance_type || "—"} × ${t.instance_count ?? 1}`],
+        ["Started", timeEl(t.start)],
+        ["Ended", t.end ? timeEl(t.end) : "—"],
+        ["Duration", fmtDuration(t.duration_s)],
+        t.failure_reason ? ["Failure", h("span", { class: "failure" }, t.failure_reason)] : null,
+        ["Logs", link(t.log_url, "Training log", { "data-testid": "training-log" })],
+      ]),
+    ]);
+    this.metrics.set(t.final_metrics, (m) => metricsTable(m, "final-metrics"));
+    this.chart.set(t.loss, (loss) => [lossCurve(loss),
+      t.loss_png_url ? h("p", { class: "small" }, link(t.loss_png_url, "loss.png")) : null]);
+    this.samples.set(t.samples_url, (url) => (url ? [h("h3", {}, "Samples"),
+      image(url, "samples", "Sample images from the trained model")] : null));
+    this.summary.set(t.summary, (sum) => (sum ? [h("h3", {}, "Summary"),
+      metricsTable(sum, "training-summary")] : null));
+  }
+}
+
+class EvaluationSection {
+  constructor() {
+    this.info = new Part({ class: "part" });
+    this.grid = new Part({ class: "part samples" });
+    this.el = h("section", { class: "card", "data-testid": "evaluation" },
+      h("h2", {}, "Evaluation"), this.info.el, this.grid.el);
+  }
+
+  update(e) {
+    this.info.set(e, () => h("div", { class: "grid-2" },
+      kvTable([
+        ["Job", e.job_name || "—"],
+        ["Status", badge(e.status, "evaluation-status")],
+        e.failure_reason ? ["Failure", h("span", { class: "failure" }, e.failure_reason)] : null,
+        ["Logs", link(e.log_url, "Evaluation log", { "data-testid": "evaluation-log" })],
+      ]),
+      h("div", {}, h("h3", {}, "Scores"), metricsTable(e.scores, "scores"))));
+    this.grid.set(e.grid_url, (url) => (url ? [h("h3", {}, "Prompt adherence"),
+      image(url, "adherence-grid", "Prompt adherence grid")] : null));
+  }
+}
+
+function notification(n) {
+  return h("li", { class: "notification", "data-testid": "notification", "data-status": n.status },
+    h("div", { class: "notification-head" }, timeEl(n.time), badge(n.status),
+      h("strong", { class: "subject" }, n.subject || "")),
+    h("pre", { class: "message" }, n.message || ""));
+}
+
+export class Sections {
+  constructor(host) {
+    this.host = host;
+    this.training = new TrainingSection();
+    this.evaluation = new EvaluationSection();
+    this.endpoint = new EndpointSection();
+    this.notifications = new Part({ class: "card", "data-testid": "notifications" });
+    this.slots = {
+      training: h("div"), evaluation: h("div"), endpoint: h("div"),
+    };
+    host.append(this.slots.training, this.slots.evaluation, this.slots.endpoint, this.notifications.el);
+    replace(this.notifications.el, h("h2", {}, "Notifications"));
+  }
+
+  show(key, data) {
+    const slot = this.slots[key];
+    const section = this[key];
+    if (data) {
+      if (slot.firstChild !== section.el) replace(slot, section.el);
+      section.update(data);
+    } else if (slot.firstChild) {
+      slot.replaceChildren();
+    }
+  }
+
+  update(data) {
+    this.show("training", data.training);
+    this.show("evaluation", data.evaluation);
+    this.show("endpoint", data.endpoint);
+    const notes = Array.isArray(data.notifications) ? data.notifications : [];
+    this.notifications.set(notes, (list) => [h("h2", {}, "Notifications"),
+      list.length ? h("ul", { class: "notifications" }, list.map(notification))
+        : h("p", { class: "muted small" }, "No notifications yet.")]);
+  }
+}

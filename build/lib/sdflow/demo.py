@@ -1,0 +1,292 @@
+"""`sdflow demo`: the whole pipeline on one machine, on data and a model made right here.
+
+A few parquet files point at images served on 127.0.0.1 (some URLs broken on purpose), a
+tiny Stable Diffusion stands in for the base model, and the run is started the way a user
+starts one on AWS: by uploading a manifest. The same template, state machine, handlers and
+container code run; only the cloud is local."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEMO_ENDPOINT = "sdflow-demo"
+DEMO_PROMPT = "a red circle on a blue background"
+ADHERENCE_PROMPTS = 48  # sdflow_image.scenes.HELDOUT_COUNT: the training job scores these
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """Sizes of the demo; tests shrink them, and break things on purpose."""
+
+    shards: int = 3
+    images_per_shard: int = 100
+    broken_per_shard: int = 2
+    instance_count: int = 2
+    max_train_steps: int = 800
+    vae_steps: int = 250  # the base model's VAE is fitted to scene images (sdflow_image.tiny_model)
+    tolerated_failure_percent: float = 34.0
+    broken_shard: bool = False  # one parquet without the URL column: a whole shard fails
+    failing_training: bool = False  # a GPU-only plugin on this CPU: the training job fails
+    # The quality gate: the demo's trained model scores ~0.85 on the held-out prompts, an untrained
+    # one ~0.12; None: no gate (tests whose 4-step model is not under test).
+    min_prompt_adherence: float | None = 0.6
+    approval_mode: str = "auto"
+    approval_timeout_seconds: int = 3600
+    eval_inference_steps: int = 20
+    eval_in_training: bool = True  # the training job scores too (its summary and SageMaker metrics)
+
+
+def manifest(bucket: str, options: DemoOptions) -> dict[str, Any]:
+    training: dict[str, Any] = {
+        "instance_type": "ml.m5.xlarge",
+        "instance_count": options.instance_count,
+        "plugin": "torch_ddp",
+        "mixed_precision": "no",
+        # The recipe that makes the tiny model visibly learn colours and shapes in minutes on two
+        # CPU cores: a high learning rate (a 1M-parameter UNet from scratch), Min-SNR weighting,
+        # noise offset for flat colours, and empty prompts for classifier-free guidance.
+        "resolution": 32,
+        "train_batch_size": 32,
+        "max_train_steps": options.max_train_steps,
+        "checkpointing_steps": max(1, options.max_train_steps // 2),
+        "learning_rate": 3e-3,
+        "snr_gamma": 5.0,
+        "noise_offset": 0.1,
+        "proportion_empty_prompts": 0.1,
+        "gradient_checkpointing": False,
+        "dataloader_num_workers": 0,
+        "interleave_shards": 4,
+        "max_runtime_seconds": 1800,
+        "validation_prompts": [DEMO_PROMPT],
+        "eval_adherence": options.eval_in_training,
+    }
+    if options.failing_training:
+        # Gemini shards parameters across GPUs: on a CPU-only machine the container refuses it.
+        training.update(plugin="gemini", mixed_precision="fp16")
+    return {
+        "run_name": "demo",
+        "dataset": {"prefix": f"s3://{bucket}/datasets/demo/"},
+        "base_model_uri": f"s3://{bucket}/models/tiny-sd/",
+        "download": {
+            "image_size": 64,
+            "samples_per_shard": 50,
+            "processes": 1,
+            "threads": 8,
+            "url_timeout_seconds": 2,
+            "max_runtime_seconds": 600,
+            "max_concurrency": 3,
+            "tolerated_failure_percent": options.tolerated_failure_percent,
+        },
+        "training": training,
+        "evaluation": {
+            "min_prompt_adherence": options.min_prompt_adherence,
+            "num_inference_steps": options.eval_inference_steps,
+            "instance_type": "ml.m5.xlarge",
+            "max_runtime_seconds": 900,
+        },
+        "approval": {"mode": options.approval_mode, "timeout_seconds": options.approval_timeout_seconds},
+        "endpoint": {"name": DEMO_ENDPOINT, "instance_type": "ml.m5.large", "max_wait_seconds": 600},
+    }
+
+
+def _upload_tree(s3: Any, bucket: str, root: Path, prefix: str) -> None:
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            s3.upload_file(str(path), bucket, prefix + path.relative_to(root).as_posix())
+
+
+def prepare_inputs(cloud: Any, workdir: Path, server: Any, options: DemoOptions, model_dir: Path | None = None) -> None:
+    """Parquet files and the tiny base model (built here unless `model_dir` holds it), uploaded
+    where the run document says."""
+    from sdflow import samples
+    from sdflow.local.job_env import build_tiny_pipeline
+
+    s3 = cloud.client("s3")
+    bucket = cloud.outputs["DataBucketName"]
+    data_dir = workdir / "inputs"
+    for shard in range(options.shards):
+        url_col = "NOT_URL" if options.broken_shard and shard == options.shards - 1 else "URL"
+        sample = samples.make_laion_parquet(
+            data_dir / f"part-{shard:05d}.parquet", server, good=options.images_per_shard,
+            missing=options.broken_per_shard, seed=shard, url_col=url_col, caption_col="TEXT",
+            min_size=64, max_size=64,
+        )  # fmt: skip
+        s3.upload_file(str(sample.path), bucket, f"datasets/demo/{sample.path.name}")
+    if model_dir is None:
+        model_dir = build_tiny_pipeline(workdir / "tiny-sd", 0, options.vae_steps)
+    _upload_tree(s3, bucket, model_dir, "models/tiny-sd/")
+
+
+def run_pipeline(cloud: Any, workdir: Path, options: DemoOptions, out: Any = sys.stdout) -> dict[str, Any]:
+    """Upload the manifest, follow the run to its end; return what happened."""
+    from sdflow.cli import Session, start_run, watch
+
+    bucket = cloud.outputs["DataBucketName"]
+    manifest_path = workdir / "demo.json"
+    manifest_path.write_text(json.dumps(manifest(bucket, options), indent=2))
+    session = Session.for_cloud(cloud)
+    started = time.monotonic()
+    execution_arn = start_run(session, manifest_path, api=False)
+    print(f"run started by s3://{bucket}/manifests/{manifest_path.name}: {execution_arn}", file=out, flush=True)
+    console = str(getattr(cloud, "parameters", {}).get("ConsoleUrl") or "")
+    if console:
+        from sdflow_common.notify import console_link
+
+        print(f"follow it in the run console: {console_link(execution_arn, console)}", file=out, flush=True)
+    snap = watch(session, execution_arn, out=out)
+    wall_s = time.monotonic() - started
+    wait_for_notification(cloud, execution_arn.rsplit(":", 1)[-1])
+    return {"session": session, "progress": snap, "wall_s": wall_s, "execution_arn": execution_arn}
+
+
+def wait_for_notification(cloud: Any, execution_name: str, timeout_s: float = 60.0) -> list[dict[str, Any]]:
+    """The run's notifications: they come from the execution's status event (an EventBridge rule
+    invokes the notify function), a moment after the execution has ended."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        mine = [m for m in cloud.sns_messages() if m.get("attributes", {}).get("run_id") == execution_name]
+        if mine or time.monotonic() > deadline:
+            return mine
+        time.sleep(0.2)
+
+
+def _download(session: Any, uri: str, target: Path) -> Path:
+    from sdflow_common.run_document import parse_s3_uri
+
+    bucket, key = parse_s3_uri(uri)
+    session.client("s3").download_file(bucket, key, str(target))
+    return target
+
+
+def show_training_outputs(session: Any, execution_arn: str, folder: Path, out: Any = sys.stdout) -> dict[str, Any]:
+    """What a person looks at after a run: the evaluation's prompt-adherence line (base → trained)
+    and its grid, the registered model package, and the loss curve and samples taken out of the
+    model archive into `folder`."""
+    import tarfile
+
+    output = json.loads(
+        session.client("stepfunctions").describe_execution(executionArn=execution_arn).get("output") or "{}"
+    )
+    training = output.get("training") or {}
+    metrics = training.get("final_metrics") or {}
+    model = (output.get("registry") or {}).get("model") or {}
+    shown: dict[str, Any] = {"metrics": metrics, "model": model, "files": {}}
+    if "prompt_adherence" in model:
+        print(
+            f"prompt adherence: base {float(model.get('base_prompt_adherence', float('nan'))):.2f} → "
+            f"trained {float(model['prompt_adherence']):.2f} ({model.get('prompts', ADHERENCE_PROMPTS)} prompts)",
+            file=out,
+            flush=True,
+        )
+        print(f"model package: {model.get('model_package_arn')} ({model.get('approval_status')})", file=out, flush=True)
+        if model.get("samples_uri"):
+            grid = _download(session, str(model["samples_uri"]), folder / "adherence.png")
+            shown["files"]["adherence.png"] = grid
+            print(f"adherence grid (base | trained per prompt): {grid.resolve()}", file=out, flush=True)
+    if "eval:prompt_adherence" in metrics:
+        print(
+            f"training job's own score: base {float(metrics.get('eval:base_prompt_adherence', float('nan'))):.2f} → "
+            f"trained {float(metrics['eval:prompt_adherence']):.2f} (metric eval:prompt_adherence)",
+            file=out,
+            flush=True,
+        )
+    uri = training.get("model_data_url")
+    if not uri:
+        return shown
+    archive = _download(session, str(uri), folder / "model.tar.gz")
+    with tarfile.open(archive) as tar:
+        for name, label in (("loss.png", "loss curve"), ("samples.png", "samples")):
+            member = next((m for m in tar.getmembers() if m.name.removeprefix("./") == name), None)
+            source = tar.extractfile(member) if member is not None else None
+            if source is None:
+                continue
+            target = folder / name
+            target.write_bytes(source.read())
+            shown["files"][name] = target
+            print(f"{label}: {target.resolve()}", file=out, flush=True)
+    return shown
+
+
+def critical_path_seconds(wall_times: dict[str, float]) -> float:
+    """Job time a run cannot go below: the slowest download (they run side by side, up to
+    max_concurrency), then training, then the endpoint's start."""
+    downloads = [s for name, s in wall_times.items() if name.startswith("sdf-dl-")]
+    training = [s for name, s in wall_times.items() if name.startswith("sdf-tr-")]
+    endpoints = [s for name, s in wall_times.items() if not name.startswith(("sdf-dl-", "sdf-tr-"))]
+    return max(downloads, default=0.0) + sum(training) + sum(endpoints)
+
+
+def run_demo(
+    workdir: Path,
+    *,
+    output: Path,
+    keep_running: bool = False,
+    options: DemoOptions | None = None,
+    console_port: int | None = 0,
+) -> int:
+    from sdflow import samples
+    from sdflow.cli import StopRequested, console_beside, console_port_for, console_url, invoke, write_state
+    from sdflow.local.cloud import LocalCloud
+    from sdflow.local.job_env import build_tiny_pipeline
+
+    options = options or DemoOptions()
+    demo_dir = workdir / "demo"
+    shutil.rmtree(demo_dir, ignore_errors=True)
+    demo_dir.mkdir(parents=True)
+    t0 = time.monotonic()
+    # The base model (its VAE is fitted, tens of seconds) is built while the local cloud starts.
+    builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sdflow-base-model")
+    base_model = builder.submit(build_tiny_pipeline, demo_dir / "tiny-sd", 0, options.vae_steps)
+    builder.shutdown(wait=False)
+    port = console_port_for(console_port)
+    parameters = {"ConsoleUrl": console_url(port)} if port else {}
+    with (
+        samples.ImageServer() as server,
+        LocalCloud(demo_dir, port=0, parameters=parameters) as cloud,
+        console_beside(cloud, port) as console,
+    ):
+        write_state(workdir, cloud)
+        print(f"local cloud on {cloud.endpoint_url} (started in {time.monotonic() - t0:.1f} s)", flush=True)
+        if console is not None:
+            print(f"run console: {console.url} (the run's graph, live)", flush=True)
+        warming = cloud.prewarm()
+        model_dir = base_model.result()
+        print(f"base model built in {demo_dir / 'tiny-sd'} ({time.monotonic() - t0:.1f} s)", flush=True)
+        prepare_inputs(cloud, demo_dir, server, options, model_dir)
+        warming.join()
+        result = run_pipeline(cloud, demo_dir, options)
+        print("", flush=True)
+        for message in cloud.sns_messages():
+            print(f"--- SNS: {message['subject']}\n{message['message']}", flush=True)
+        succeeded = result["progress"].status == "SUCCEEDED"
+        show_training_outputs(result["session"], result["execution_arn"], demo_dir)
+        if succeeded:
+            path = invoke(result["session"], DEMO_ENDPOINT, DEMO_PROMPT, output, num_inference_steps=20, seed=0)
+            print(f"endpoint {DEMO_ENDPOINT}: wrote {path.resolve()} for prompt {DEMO_PROMPT!r}", flush=True)
+        sagemaker: Any = cloud.runtime.sagemaker if cloud.runtime else None
+        timing = critical_path_seconds(sagemaker.job_wall_times() if sagemaker else {})
+        pipeline_s = result["wall_s"]
+        overhead = pipeline_s - timing
+        print(
+            f"demo wall time {time.monotonic() - t0:.1f} s; pipeline {pipeline_s:.1f} s, of which jobs on the "
+            f"critical path {timing:.1f} s; orchestration overhead {overhead:.1f} s "
+            f"({100 * overhead / max(timing, 1e-9):.1f} % of job time)",
+            flush=True,
+        )
+        if keep_running:
+            still = f" and the run console on {console.url}" if console is not None else ""
+            print(f"local cloud still up on {cloud.endpoint_url}{still}; Ctrl-C stops it", flush=True)
+            try:
+                while True:
+                    time.sleep(3600)
+            except (KeyboardInterrupt, StopRequested):
+                pass  # the documented way to end --keep-running: the run's own outcome decides the exit code
+    (workdir / "cloud.json").unlink(missing_ok=True)
+    return 0 if succeeded else 1

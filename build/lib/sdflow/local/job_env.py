@@ -1,0 +1,59 @@
+"""The job environment: the Python that runs the training image's code on this machine.
+
+The container's stack (torch, diffusers, Colossal-AI on Colossal-AI's declared versions) and the
+orchestration's (moto, boto3, Powertools, the SAM translator) do not share one venv: Colossal-AI
+pins uvicorn and transformers exactly, and the Lambda side needs no torch at all. `make setup`
+builds `.venv-image` from the very requirements files the Dockerfile installs
+(training_image/requirements.txt with training_image/constraints.txt), so a local download,
+training or serving job runs what the container runs. Everything here that needs torch goes
+through a subprocess of that Python.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TRAINING_IMAGE_DIR = REPO_ROOT / "training_image"
+IMAGE_PYTHON_ENV = "SDFLOW_IMAGE_PYTHON"
+DEFAULT_IMAGE_VENV = REPO_ROOT / ".venv-image"
+
+
+class JobEnvironmentMissing(RuntimeError):
+    """The job environment's Python is not there: the local runtime cannot run the image's code."""
+
+
+def image_python() -> str:
+    """$SDFLOW_IMAGE_PYTHON, else the repository's .venv-image; a clear error when neither exists."""
+    configured = os.environ.get(IMAGE_PYTHON_ENV, "").strip()
+    candidate = Path(configured) if configured else DEFAULT_IMAGE_VENV / "bin" / "python"
+    if not candidate.is_file():
+        source = f"{IMAGE_PYTHON_ENV}={configured}" if configured else str(candidate)
+        raise JobEnvironmentMissing(
+            f"the job environment's Python ({source}) does not exist: run `make setup`, which builds "
+            f"{DEFAULT_IMAGE_VENV.name} from training_image/requirements.txt, or point {IMAGE_PYTHON_ENV} "
+            "at a Python that has those requirements"
+        )
+    return str(candidate)
+
+
+def image_environment() -> dict[str, str]:
+    """This process's environment with the image's code importable (as WORKDIR /opt/ml/code is)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TRAINING_IMAGE_DIR), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
+    return env
+
+
+def build_tiny_pipeline(out_dir: Path, seed: int = 0, vae_steps: int = 0) -> Path:
+    """A tiny Stable Diffusion pipeline built offline by the image's own code, in the job environment
+    (`vae_steps` > 0 fits its VAE to scene images first: what the demo's base model needs to learn)."""
+    command = [image_python(), "-m", "sdflow_image.tiny_model", str(out_dir), "--seed", str(seed)]
+    command += ["--vae_steps", str(vae_steps)]
+    result = subprocess.run(command, env=image_environment(), capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"building the tiny model failed ({' '.join(command)}):\n{result.stderr[-4000:]}")
+    return Path(result.stdout.strip().splitlines()[-1])

@@ -1,0 +1,750 @@
+"""SageMaker processing jobs, training jobs and endpoints, run as local processes of the
+training_image code under the SageMaker container contract (docs/contracts.md).
+
+Each job gets a work folder `workdir/jobs/<job name>/` with one `/opt/ml` tree per emulated
+host (`algo-1/`, `algo-2/`, …, exported to the container code as `$SDFLOW_OPT_ML`) and the
+host's combined stdout/stderr in `algo-N.log`, also sent to the local CloudWatch Logs with the
+training metrics (sdflow/local/job_logs.py). Inputs come from the local S3 (the moto server
+at `endpoint_url`) before the container starts; outputs go back to it when it ends, as
+SageMaker's File mode and EndOfJob upload do. Endpoints (sdflow/local/sagemaker_endpoints.py)
+live in `workdir/endpoints/<endpoint>/<endpoint config>/`: the model artifact extracted to
+`opt_ml/model` and `serve` listening on a free port of 127.0.0.1.
+
+Every call returns at once; the work happens on a background thread that reports each status
+change to the StatusListener, which the local cloud turns into moto's Describe* answers and
+the "SageMaker … State Change" events."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from sdflow.local.job_env import image_python
+from sdflow.local.job_logs import JobLogs
+from sdflow.local.sagemaker_endpoints import EndpointHosting, EndpointState
+from sdflow.local.sagemaker_host import (
+    REASON_LIMIT,
+    ContainerError,
+    ContainerProcess,
+    DeploymentFailed,
+    EndpointNotFound,
+    EndpointUnreachable,
+    JobAlreadyRunning,
+    JobSetupError,
+    LocalSageMakerError,
+    S3Transfer,
+    clip_reason,
+    container_path,
+    free_port,
+    link_or_copy,
+    parse_s3_uri,
+    read_text_or_none,
+    rewrite_container_paths,
+    signal_group,
+    tar_folder,
+    terminate,
+    utc_now,
+)
+from sdflow.local.services.logs import CloudWatchSink
+
+__all__ = [
+    "ContainerError",
+    "DeploymentFailed",
+    "EndpointNotFound",
+    "EndpointUnreachable",
+    "JobAlreadyRunning",
+    "JobSetupError",
+    "LocalSageMaker",
+    "LocalSageMakerError",
+    "StatusListener",
+    "container_path",
+    "rewrite_container_paths",
+]
+
+LOG = logging.getLogger("sdflow.local.sagemaker")
+
+Kind = Literal["processing", "training", "endpoint"]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_MAX_RUNTIME_S = 86_400  # SageMaker's default StoppingCondition
+POLL_S = 0.2
+# The CLI's progress view: the trainer prints `step=N loss=X` on rank 0 (docs/contracts.md).
+PROGRESS_LINE = re.compile(r"step=(\d+)\s+loss=([-+0-9.eE]+|nan|inf)")
+# Only these survive from the parent's environment: the container sees no AWS credentials,
+# no proxy settings and no virtualenv quirks that the real image would not have.
+PASSTHROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TZ", "USER", "LOGNAME")
+
+
+# ---------------------------------------------------------------------------------------
+# The listener the local cloud implements
+# ---------------------------------------------------------------------------------------
+
+
+class StatusListener(Protocol):
+    def job_status_changed(self, kind: Kind, name: str, status: str, fields: dict[str, Any]) -> None:
+        """Called on every status change, from any thread.
+        processing: status InProgress | Completed | Failed | Stopped; fields may hold
+          FailureReason, ExitMessage, ProcessingStartTime, ProcessingEndTime (datetime).
+        training: status InProgress | Completed | Failed | Stopped; fields may hold
+          SecondaryStatus, FailureReason, ModelArtifacts={"S3ModelArtifacts": uri},
+          FinalMetricDataList=[{"MetricName","Value","Timestamp"}], TrainingStartTime, TrainingEndTime,
+          BillableTimeInSeconds.
+        endpoint: status Creating | Updating | InService | Failed | RollingBack; fields may hold
+          EndpointConfigName (the config now serving), FailureReason."""
+
+
+# ---------------------------------------------------------------------------------------
+# Jobs and endpoints
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Job:
+    kind: Kind
+    name: str
+    folder: Path
+    request: dict[str, Any]
+    stop_requested: threading.Event = field(default_factory=threading.Event)
+    processes: list[ContainerProcess] = field(default_factory=list)
+    thread: threading.Thread | None = None
+    status: str = "InProgress"
+    secondary_status: str | None = None
+    step: int | None = None
+    loss: float | None = None
+    metrics: dict[str, tuple[float, datetime]] = field(default_factory=dict)
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class _Outcome:
+    result: Literal["completed", "failed", "stopped", "timeout"]
+    failed: ContainerProcess | None = None
+    failed_opt_ml: Path | None = None
+
+
+class LocalSageMaker(EndpointHosting):
+    """SageMaker's job and endpoint runtime, on this machine. Thread-safe. Endpoints are served by
+    the EndpointHosting half (sdflow/local/sagemaker_endpoints.py)."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        endpoint_url: str,
+        listener: StatusListener,
+        training_image_dir: Path | None = None,
+        python: str | None = None,
+        region: str = "us-east-1",
+        *,
+        extra_env: Mapping[str, str] | None = None,
+        ping_timeout_s: float = 180.0,
+        stop_grace_s: float = 20.0,
+        invoke_timeout_s: float = 600.0,
+        account_id: str = "123456789012",
+        log_sink: CloudWatchSink | None = None,
+    ) -> None:
+        self.workdir = Path(workdir).resolve()
+        self.listener = listener
+        self.image_dir = Path(training_image_dir or REPO_ROOT / "training_image").resolve()
+        self.bin_dir = self.image_dir / "bin"
+        if not self.bin_dir.is_dir():
+            raise LocalSageMakerError(f"{self.bin_dir} does not exist: training_image_dir must hold bin/ entrypoints")
+        # The job environment (.venv-image), not this process's: jobs run the container's stack.
+        self.python = python or image_python()
+        self.region = region
+        self.extra_env = dict(extra_env or {})
+        self.ping_timeout_s = ping_timeout_s
+        self.stop_grace_s = stop_grace_s
+        self.invoke_timeout_s = invoke_timeout_s
+        self._s3 = S3Transfer(endpoint_url, region)
+        # Jobs' output and training metrics in the local CloudWatch (sdflow/local/job_logs.py); the
+        # local cloud's `log_sink` shares its flusher, else this object runs its own.
+        self.job_logs = JobLogs(account_id, region, log_sink)
+        # SageMaker moves a job's data with the job's RoleArn (a model's ExecutionRoleArn): when set
+        # (LocalCloud, IAM enforced), role ARN -> that role's STS credentials as environment variables.
+        self.role_credentials: Callable[[str], Mapping[str, str]] | None = None
+        self._role_s3: dict[str, S3Transfer] = {}
+        self._endpoint_url = endpoint_url
+        self._lock = threading.RLock()
+        self._jobs: dict[tuple[Kind, str], _Job] = {}
+        self._endpoints: dict[str, EndpointState] = {}
+        self._wall: dict[str, float] = {}
+        self._closing = threading.Event()
+        # The serve processes are plain 127.0.0.1 HTTP: never through a proxy from the environment.
+        self._http = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def _job_s3(self, job: _Job) -> S3Transfer:
+        return self._s3_for(job.request.get("RoleArn"))
+
+    def _s3_for(self, role_arn: str | None) -> S3Transfer:
+        if self.role_credentials is None or not role_arn:
+            return self._s3
+        with self._lock:
+            found = self._role_s3.get(role_arn)
+            if found is None:
+                found = self._role_s3[role_arn] = S3Transfer(
+                    self._endpoint_url, self.region, self.role_credentials(role_arn)
+                )
+        return found
+
+    # -- reporting --------------------------------------------------------------------------
+
+    def _report(self, kind: Kind, name: str, status: str, fields: dict[str, Any]) -> None:
+        LOG.info("%s %s: %s %s", kind, name, status, fields.get("SecondaryStatus") or fields.get("FailureReason") or "")
+        try:
+            self.listener.job_status_changed(kind, name, status, dict(fields))
+        except Exception:  # the job goes on (and ends) even if a listener is broken
+            LOG.exception("status listener failed for %s %s -> %s", kind, name, status)
+
+    # -- environment and commands -----------------------------------------------------------
+
+    def _environment(
+        self,
+        opt_ml: Path,
+        request_env: Mapping[str, str] | None,
+        fixed: Mapping[str, str],
+        role_arn: str | None = None,
+    ) -> dict[str, str]:
+        env = {key: os.environ[key] for key in PASSTHROUGH_ENV if key in os.environ}
+        python_bin = str(Path(self.python).parent)
+        env["PATH"] = os.pathsep.join(p for p in (python_bin, env.get("PATH", "")) if p)
+        env.update(
+            {
+                "PYTHONPATH": str(self.image_dir),
+                "PYTHONUNBUFFERED": "1",
+                "NO_ALBUMENTATIONS_UPDATE": "1",  # albumentations asks PyPI for updates on import
+                "WANDB_MODE": "disabled",
+                "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",
+                "AWS_REGION": self.region,
+                "AWS_DEFAULT_REGION": self.region,
+                # boto3 in the container (training streams its shards from S3, downloads write theirs)
+                # must reach the local cloud's S3, as a real container reaches S3 with the job's role.
+                "AWS_ENDPOINT_URL": self._endpoint_url,
+            }
+        )
+        env.update(self._role_environment(role_arn))
+        env.update(self.extra_env)
+        env.update({str(k): str(v) for k, v in (request_env or {}).items()})
+        env.update(fixed)
+        env["SDFLOW_OPT_ML"] = str(opt_ml)
+        return env
+
+    def _role_environment(self, role_arn: str | None) -> Mapping[str, str]:
+        """The job role's credentials, as SageMaker hands them to a container: its STS keys when the
+        local cloud enforces IAM, else the keys every local client uses."""
+        if self.role_credentials is not None and role_arn:
+            return self.role_credentials(role_arn)
+        return {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing"}
+
+    def _entrypoint(self, name: str, field_name: str) -> Path:
+        script = self.bin_dir / Path(name).name
+        if not script.is_file():
+            known = sorted(p.name for p in self.bin_dir.iterdir() if p.is_file())
+            raise JobSetupError(f"{field_name} {name!r} is not an entrypoint of the image; use one of {known}")
+        return script
+
+    def _processing_command(self, request: dict[str, Any], opt_ml: Path) -> list[str]:
+        app = request.get("AppSpecification") or {}
+        argv = [str(a) for a in (app.get("ContainerEntrypoint") or [])]
+        if not argv:
+            raise JobSetupError(
+                'AppSpecification.ContainerEntrypoint is required locally (the image has no default): e.g. ["download"]'
+            )
+        argv += [str(a) for a in (app.get("ContainerArguments") or [])]
+        # ["python3", "/opt/ml/code/bin/download", …] runs the same script as ["download", …].
+        if Path(argv[0]).name.startswith("python") and len(argv) > 1:
+            argv = argv[1:]
+        script = self._entrypoint(argv[0], "AppSpecification.ContainerEntrypoint")
+        return [self.python, str(script), *(rewrite_container_paths(a, opt_ml) for a in argv[1:])]
+
+    # -- public: jobs -----------------------------------------------------------------------
+
+    def _new_job(self, kind: Kind, request: dict[str, Any], name_field: str) -> _Job:
+        name = request.get(name_field)
+        if not isinstance(name, str) or not name:
+            raise LocalSageMakerError(f"{name_field} is required")
+        if self._closing.is_set():
+            raise LocalSageMakerError("the local SageMaker is shut down")
+        with self._lock:
+            existing = self._jobs.get((kind, name))
+            if existing is not None and not existing.done.is_set():
+                raise JobAlreadyRunning(f"{kind} job {name} is still running")
+            folder = self.workdir / "jobs" / name
+            if folder.exists():
+                shutil.rmtree(folder)  # a rerun of a finished job starts from a clean slate
+            folder.mkdir(parents=True)
+            job = _Job(kind=kind, name=name, folder=folder, request=request)
+            self._jobs[(kind, name)] = job
+        return job
+
+    def run_processing_job(self, request: dict[str, Any]) -> None:
+        job = self._new_job("processing", request, "ProcessingJobName")
+        self._start(job, self._run_processing)
+
+    def run_training_job(self, request: dict[str, Any]) -> None:
+        job = self._new_job("training", request, "TrainingJobName")
+        self._start(job, self._run_training)
+
+    def _start(self, job: _Job, target: Callable[[_Job], None]) -> None:
+        def run() -> None:
+            try:
+                target(job)
+            finally:
+                job.done.set()
+
+        job.thread = threading.Thread(target=run, name=f"sdflow-{job.kind}-{job.name}", daemon=True)
+        job.thread.start()
+
+    def stop_job(self, kind: Kind, name: str) -> None:
+        """StopProcessingJob / StopTrainingJob (SIGTERM, then kill after the grace), or for an
+        endpoint, stop its serve process (DeleteEndpoint)."""
+        if kind == "endpoint":
+            self.delete_endpoint(name)
+            return
+        with self._lock:
+            job = self._jobs.get((kind, name))
+        if job is None:
+            raise LocalSageMakerError(f"no {kind} job named {name}")
+        job.stop_requested.set()
+
+    def kill_job(self, kind: Kind, name: str, host: str = "algo-1", timeout_s: float = 60.0) -> int:
+        """Fault injection: SIGKILL the container process group of one host of a running job, as
+        when its instance dies or the kernel's OOM killer strikes; the job then fails as SageMaker
+        reports a killed algorithm (exit code 137). Waits up to `timeout_s` for the container to
+        start (inputs are downloaded first). Returns the pid killed."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                job = self._jobs.get((kind, name))
+                process = next((p for p in job.processes if p.label == f"{name}/{host}"), None) if job else None
+            if job is None or job.done.is_set():
+                raise LocalSageMakerError(f"no running {kind} job named {name}")
+            if process is not None and process.alive():
+                signal_group(process.pid, signal.SIGKILL)
+                return process.pid
+            if time.monotonic() > deadline:
+                raise LocalSageMakerError(f"{kind} job {name} started no container on {host} within {timeout_s:g} s")
+            time.sleep(0.05)
+
+    def wait(self, kind: Kind, name: str, timeout: float | None = None) -> str:
+        """Block until the job ends; returns its final status (for tests and the CLI)."""
+        with self._lock:
+            job = self._jobs.get((kind, name))
+        if job is None:
+            raise LocalSageMakerError(f"no {kind} job named {name}")
+        job.done.wait(timeout)
+        return job.status
+
+    def job_wall_times(self) -> dict[str, float]:
+        """Seconds the container processes ran, per processing/training job name, and per
+        endpoint config name the seconds from starting `serve` to its first healthy /ping."""
+        with self._lock:
+            return dict(self._wall)
+
+    def training_progress(self, name: str) -> dict[str, Any]:
+        """The training job's latest `step=N loss=X`, metrics and status; {} for an unknown job."""
+        with self._lock:
+            job = self._jobs.get(("training", name))
+            if job is None:
+                return {}
+            hyperparameters = job.request.get("HyperParameters") or {}
+            max_steps = str(hyperparameters.get("max_train_steps", ""))
+            return {
+                "status": job.status,
+                "secondary_status": job.secondary_status,
+                "step": job.step,
+                "loss": job.loss,
+                "max_steps": int(max_steps) if max_steps.isdigit() else None,
+                "metrics": {metric: value for metric, (value, _ts) in job.metrics.items()},
+                "log": str(job.folder / "algo-1.log"),
+            }
+
+    # -- running containers -----------------------------------------------------------------
+
+    def _supervise(self, job: _Job, hosts: list[tuple[ContainerProcess, Path]], max_runtime_s: float) -> _Outcome:
+        """Wait for every host to exit 0; stop them all on the first failure, a stop request,
+        shutdown, or MaxRuntimeInSeconds."""
+        deadline = time.monotonic() + max_runtime_s
+        processes = [p for p, _ in hosts]
+        outcome: _Outcome | None = None
+        while outcome is None:
+            if job.stop_requested.is_set() or self._closing.is_set():
+                outcome = _Outcome("stopped")
+            elif time.monotonic() > deadline:
+                outcome = _Outcome("timeout")
+            else:
+                for process, opt_ml in hosts:
+                    code = process.poll()
+                    if code not in (None, 0):
+                        outcome = _Outcome("failed", process, opt_ml)
+                        break
+                else:
+                    if all(p.poll() == 0 for p in processes):
+                        outcome = _Outcome("completed")
+                if outcome is None:
+                    time.sleep(POLL_S)
+        terminate(processes, self.stop_grace_s)
+        for process in processes:
+            process.finish_log()
+        self.job_logs.flush()  # the job's lines are readable once its status changes
+        with self._lock:
+            self._wall[job.name] = max(p.wall_s() for p in processes)
+        return outcome
+
+    def _failure_reason(self, outcome: _Outcome, hosts: list[tuple[ContainerProcess, Path]]) -> str:
+        """The failure file of the failed host (any host's, if it left none), else its output/message,
+        else the tail of its log, as SageMaker fills FailureReason."""
+        assert outcome.failed is not None
+        assert outcome.failed_opt_ml is not None
+        candidates = [outcome.failed_opt_ml] + [o for _, o in hosts if o != outcome.failed_opt_ml]
+        for opt_ml in candidates:
+            text = read_text_or_none(opt_ml / "output" / "failure")
+            if text:
+                return clip_reason(f"AlgorithmError: {text}")
+        message = read_text_or_none(outcome.failed_opt_ml / "output" / "message")
+        if message:
+            return clip_reason(f"AlgorithmError: {message}")
+        code = outcome.failed.popen.returncode
+        if code < 0:
+            # A container killed by a signal exits 128 + N under Docker, as on SageMaker.
+            code_text = f"exit code {128 - code} (killed by {signal.Signals(-code).name})"
+        else:
+            code_text = f"exit code {code}"
+        tail = outcome.failed.tail_text()[-(REASON_LIMIT - 100) :]
+        return clip_reason(f"AlgorithmError: {code_text} on {outcome.failed.label}; last log lines:\n{tail}")
+
+    # -- processing -------------------------------------------------------------------------
+
+    def _run_processing(self, job: _Job) -> None:
+        name = job.name
+        started = utc_now()
+        times: dict[str, Any] = {"ProcessingStartTime": started}
+        self._report("processing", name, "InProgress", times)
+        opt_ml = job.folder / "algo-1"
+        try:
+            status, fields = self._processing(job, opt_ml)
+        except JobSetupError as exc:
+            status, fields = "Failed", {"FailureReason": clip_reason(f"ClientError: {exc}")}
+        except Exception as exc:
+            LOG.exception("processing job %s", name)
+            status, fields = (
+                "Failed",
+                {"FailureReason": clip_reason(f"InternalServerError: {type(exc).__name__}: {exc}")},
+            )
+        job.status = status
+        self._report("processing", name, status, times | fields | {"ProcessingEndTime": utc_now()})
+
+    def _processing(self, job: _Job, opt_ml: Path) -> tuple[str, dict[str, Any]]:
+        request = job.request
+        for i, item in enumerate(request.get("ProcessingInputs") or []):
+            where = f"ProcessingInputs[{i}] ({item.get('InputName', '?')})"
+            s3_input = item.get("S3Input")
+            if s3_input is None:
+                raise JobSetupError(f"{where}: only S3Input is supported locally, not DatasetDefinition")
+            local = container_path(s3_input["LocalPath"], opt_ml, f"{where}.S3Input.LocalPath")
+            data_type = s3_input.get("S3DataType", "S3Prefix")
+            self._job_s3(job).download_input(data_type, s3_input["S3Uri"], local, f"{where}.S3Input.S3Uri")
+        outputs = []
+        for i, item in enumerate((request.get("ProcessingOutputConfig") or {}).get("Outputs") or []):
+            where = f"ProcessingOutputConfig.Outputs[{i}] ({item.get('OutputName', '?')})"
+            s3_output = item.get("S3Output")
+            if s3_output is None:
+                raise JobSetupError(f"{where}: only S3Output is supported locally")
+            local = container_path(s3_output["LocalPath"], opt_ml, f"{where}.S3Output.LocalPath")
+            parse_s3_uri(s3_output["S3Uri"], f"{where}.S3Output.S3Uri")
+            local.mkdir(parents=True, exist_ok=True)  # SageMaker creates the output folders
+            outputs.append((local, s3_output["S3Uri"], f"{where}.S3Output.S3Uri"))
+        command = self._processing_command(request, opt_ml)
+        env = self._environment(
+            opt_ml, request.get("Environment"), {"PROCESSING_JOB_NAME": job.name}, request.get("RoleArn")
+        )
+        max_runtime = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds", DEFAULT_MAX_RUNTIME_S)
+        (opt_ml / "output").mkdir(parents=True, exist_ok=True)
+        lines = self.job_logs.host_lines("processing", job.name, "algo-1")
+        process = ContainerProcess(f"{job.name}/algo-1", command, env, job.folder, job.folder / "algo-1.log", lines)
+        job.processes = [process]
+        hosts = [(process, opt_ml)]
+        outcome = self._supervise(job, hosts, float(max_runtime))
+        fields: dict[str, Any] = {}
+        exit_message = read_text_or_none(opt_ml / "output" / "message")
+        if exit_message:
+            fields["ExitMessage"] = clip_reason(exit_message)
+        if outcome.result == "completed":
+            for local, uri, where in outputs:  # EndOfJob: after the container exits 0
+                self._job_s3(job).upload_dir(local, uri, where)
+            return "Completed", fields
+        if outcome.result == "stopped":
+            return "Stopped", fields
+        if outcome.result == "timeout":
+            return "Failed", fields | {
+                "FailureReason": f"MaxRuntimeExceeded: the job ran longer than StoppingCondition."
+                f"MaxRuntimeInSeconds={max_runtime} and was stopped"
+            }
+        return "Failed", fields | {"FailureReason": self._failure_reason(outcome, hosts)}
+
+    # -- training ---------------------------------------------------------------------------
+
+    def _run_training(self, job: _Job) -> None:
+        name = job.name
+        started = utc_now()
+        base: dict[str, Any] = {"TrainingStartTime": started}
+        self._training_status(job, "InProgress", "Starting", base)
+        try:
+            status, secondary, fields = self._training(job, base)
+        except JobSetupError as exc:
+            status, secondary, fields = "Failed", "Failed", {"FailureReason": clip_reason(f"ClientError: {exc}")}
+        except Exception as exc:
+            LOG.exception("training job %s", name)
+            status, secondary = "Failed", "Failed"
+            fields = {"FailureReason": clip_reason(f"InternalServerError: {type(exc).__name__}: {exc}")}
+        ended = utc_now()
+        seconds = max(1, int((ended - started).total_seconds()))
+        count = int((job.request.get("ResourceConfig") or {}).get("InstanceCount", 1) or 1)
+        fields |= {
+            "TrainingEndTime": ended,
+            "TrainingTimeInSeconds": seconds,
+            "BillableTimeInSeconds": seconds * count,
+        }
+        metrics = self._final_metrics(job)
+        if metrics:
+            fields["FinalMetricDataList"] = metrics
+        self._training_status(job, status, secondary, base | fields)
+
+    def _training_status(self, job: _Job, status: str, secondary: str, fields: dict[str, Any]) -> None:
+        with self._lock:
+            job.status, job.secondary_status = status, secondary
+        self._report("training", job.name, status, fields | {"SecondaryStatus": secondary})
+
+    def _final_metrics(self, job: _Job) -> list[dict[str, Any]]:
+        with self._lock:
+            return [
+                {"MetricName": metric, "Value": value, "Timestamp": ts} for metric, (value, ts) in job.metrics.items()
+            ]
+
+    def _metric_parser(self, job: _Job) -> Callable[[str, datetime], dict[str, float]]:
+        definitions = []
+        specs = (job.request.get("AlgorithmSpecification") or {}).get("MetricDefinitions") or []
+        for i, spec in enumerate(specs):
+            try:
+                definitions.append((spec["Name"], re.compile(spec["Regex"])))
+            except (KeyError, re.error) as exc:
+                raise JobSetupError(
+                    f"AlgorithmSpecification.MetricDefinitions[{i}] needs a Name and a valid Regex: {exc}"
+                ) from None
+
+        def on_line(line: str, ts: datetime) -> dict[str, float]:
+            progress = PROGRESS_LINE.search(line)
+            found: dict[str, float] = {}
+            for metric, regex in definitions:
+                match = regex.search(line)
+                if match:
+                    with contextlib.suppress(ValueError, IndexError):
+                        found[metric] = float(match.group(1))
+            if not progress and not found:
+                return found
+            with self._lock:
+                if progress:
+                    job.step, job.loss = int(progress.group(1)), float(progress.group(2))
+                for metric, value in found.items():
+                    job.metrics[metric] = (value, ts)
+            return found
+
+        return on_line
+
+    def _training(self, job: _Job, base: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+        request, name = job.request, job.name
+        resources = request.get("ResourceConfig") or {}
+        count = int(resources.get("InstanceCount", 1) or 1)
+        if count < 1:
+            raise JobSetupError(f"ResourceConfig.InstanceCount must be >= 1, got {count}")
+        hosts = [f"algo-{i}" for i in range(1, count + 1)]
+        algorithm = request.get("AlgorithmSpecification") or {}
+        if algorithm.get("TrainingInputMode", "File") == "Pipe":
+            raise JobSetupError("AlgorithmSpecification.TrainingInputMode Pipe is not supported locally; use File")
+        on_line = self._metric_parser(job)
+        output_path = str((request.get("OutputDataConfig") or {}).get("S3OutputPath") or "")
+        parse_s3_uri(output_path, "OutputDataConfig.S3OutputPath")
+        max_runtime = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds", DEFAULT_MAX_RUNTIME_S)
+
+        self._training_status(job, "InProgress", "Downloading", base)
+        channel_files = self._download_channels(job, request.get("InputDataConfig") or [])
+        checkpoint = request.get("CheckpointConfig") or None
+        checkpoint_cache = job.folder / "_checkpoints"
+        if checkpoint:
+            _, _, keys = self._job_s3(job).list_keys(checkpoint["S3Uri"], "CheckpointConfig.S3Uri")
+            if keys:  # a restart resumes from the checkpoints an earlier attempt left
+                self._job_s3(job).download_prefix(checkpoint["S3Uri"], checkpoint_cache, "CheckpointConfig.S3Uri")
+
+        hyperparameters = {str(k): str(v) for k, v in (request.get("HyperParameters") or {}).items()}
+        input_data_config = {
+            channel["ChannelName"]: {
+                "TrainingInputMode": channel.get("InputMode", algorithm.get("TrainingInputMode", "File")),
+                "S3DistributionType": channel["DataSource"]["S3DataSource"].get(
+                    "S3DataDistributionType", "FullyReplicated"
+                ),
+                "RecordWrapperType": channel.get("RecordWrapperType", "None"),
+                **({"ContentType": channel["ContentType"]} if "ContentType" in channel else {}),
+            }
+            for channel in request.get("InputDataConfig") or []
+        }
+        layouts: list[tuple[str, Path, Path]] = []  # host, opt_ml, checkpoint folder
+        for index, host in enumerate(hosts):
+            opt_ml = job.folder / host
+            config = opt_ml / "input" / "config"
+            config.mkdir(parents=True)
+            (config / "hyperparameters.json").write_text(json.dumps(hyperparameters))
+            (config / "resourceconfig.json").write_text(
+                json.dumps(
+                    {
+                        "current_host": host,
+                        "current_instance_type": resources.get("InstanceType", "local"),
+                        "current_group_name": "homogeneousCluster",
+                        "hosts": hosts,
+                        "network_interface_name": "lo",
+                    }
+                )
+            )
+            (config / "inputdataconfig.json").write_text(json.dumps(input_data_config))
+            for channel, (cache, files, sharded) in channel_files.items():
+                mine = files[index::count] if sharded else files
+                for rel in mine:
+                    link_or_copy(cache / rel, opt_ml / "input" / "data" / channel / rel)
+                (opt_ml / "input" / "data" / channel).mkdir(parents=True, exist_ok=True)
+            local_checkpoints = opt_ml / "checkpoints"
+            if checkpoint and checkpoint.get("LocalPath"):
+                local_checkpoints = container_path(checkpoint["LocalPath"], opt_ml, "CheckpointConfig.LocalPath")
+            if checkpoint_cache.is_dir():
+                # Copies, not links: the trainer rewrites checkpoint files, and hosts must not share them.
+                shutil.copytree(checkpoint_cache, local_checkpoints, dirs_exist_ok=True)
+            for folder in (local_checkpoints, opt_ml / "model", opt_ml / "output" / "data"):
+                folder.mkdir(parents=True, exist_ok=True)
+            layouts.append((host, opt_ml, local_checkpoints))
+
+        self._training_status(job, "InProgress", "Training", base)
+        master_port = str(free_port())
+        script = self._entrypoint("train", "training entrypoint")
+        running: list[tuple[ContainerProcess, Path]] = []
+        try:
+            for host, opt_ml, _ in layouts:
+                env = self._environment(
+                    opt_ml,
+                    request.get("Environment"),
+                    {
+                        "TRAINING_JOB_NAME": name,
+                        "SM_CURRENT_HOST": host,
+                        "SDFLOW_MASTER_ADDR": "127.0.0.1",
+                        "SDFLOW_MASTER_PORT": master_port,
+                        # On AWS each instance has its own cores; here the instances share this
+                        # machine's. Each taking all of them oversubscribes the cores, and spinning
+                        # OpenMP threads then made the demo's steps about 30x slower (5 s, not 0.16 s).
+                        "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // len(layouts))),
+                    },
+                    request.get("RoleArn"),
+                )
+                # `docker run IMAGE train` runs bin/train with no arguments: hyperparameters come from the file.
+                command = [self.python, str(script)]
+                lines = self.job_logs.host_lines("training", name, host, on_line)
+                process = ContainerProcess(f"{name}/{host}", command, env, opt_ml, job.folder / f"{host}.log", lines)
+                running.append((process, opt_ml))
+                job.processes.append(process)
+        except BaseException:
+            terminate([p for p, _ in running], self.stop_grace_s)
+            raise
+        outcome = self._supervise(job, running, float(max_runtime))
+
+        if checkpoint:
+            # Like SageMaker's continuous sync, whatever the outcome: a retry resumes from it.
+            # algo-1 last, so that its files win where hosts wrote the same names.
+            for _host, _opt_ml, local_checkpoints in reversed(layouts):
+                self._job_s3(job).upload_dir(local_checkpoints, checkpoint["S3Uri"], "CheckpointConfig.S3Uri")
+
+        if outcome.result == "stopped":
+            return "Stopped", "Stopped", {}
+        if outcome.result == "timeout":
+            return (
+                "Failed",
+                "MaxRuntimeExceeded",
+                {
+                    "FailureReason": f"MaxRuntimeExceeded: the job ran longer than StoppingCondition."
+                    f"MaxRuntimeInSeconds={max_runtime} and was stopped"
+                },
+            )
+        if outcome.result == "failed":
+            return "Failed", "Failed", {"FailureReason": self._failure_reason(outcome, running)}
+
+        self._training_status(job, "InProgress", "Uploading", base)
+        model_uri = f"{output_path.rstrip('/')}/{name}/output/model.tar.gz"
+        archive = job.folder / "model.tar.gz"
+        tar_folder(layouts[0][1] / "model", archive)
+        self._job_s3(job).upload_file(archive, model_uri, "OutputDataConfig.S3OutputPath")
+        data = layouts[0][1] / "output" / "data"
+        if any(data.iterdir()):
+            output_archive = job.folder / "output.tar.gz"
+            tar_folder(data, output_archive)
+            self._job_s3(job).upload_file(
+                output_archive,
+                f"{output_path.rstrip('/')}/{name}/output/output.tar.gz",
+                "OutputDataConfig.S3OutputPath",
+            )
+        return "Completed", "Completed", {"ModelArtifacts": {"S3ModelArtifacts": model_uri}}
+
+    def _download_channels(self, job: _Job, channels: list[dict[str, Any]]) -> dict[str, tuple[Path, list[str], bool]]:
+        """Each channel once into the job's cache; hosts get links to it."""
+        result = {}
+        for i, channel in enumerate(channels):
+            name = channel.get("ChannelName")
+            where = f"InputDataConfig[{i}] ({name})"
+            if not name:
+                raise JobSetupError(f"InputDataConfig[{i}].ChannelName is required")
+            if channel.get("InputMode") == "Pipe":
+                raise JobSetupError(f"{where}.InputMode Pipe is not supported locally; use File")
+            source = (channel.get("DataSource") or {}).get("S3DataSource")
+            if source is None:
+                raise JobSetupError(f"{where}.DataSource: only S3DataSource is supported locally")
+            cache = job.folder / "_channels" / name
+            data_type = source.get("S3DataType", "S3Prefix")
+            files = self._job_s3(job).download_input(data_type, source["S3Uri"], cache, f"{where}.S3Uri")
+            sharded = source.get("S3DataDistributionType", "FullyReplicated") == "ShardedByS3Key"
+            result[name] = (cache, files, sharded)
+        return result
+
+    # -- shutdown ---------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Stop every job and serve process this object started (SIGTERM, then SIGKILL after the grace)."""
+        self._closing.set()
+        with self._lock:
+            jobs = list(self._jobs.values())
+            endpoints = list(self._endpoints.values())
+        for job in jobs:
+            job.stop_requested.set()
+        processes = [p for job in jobs for p in job.processes]
+        for endpoint in endpoints:
+            if endpoint.current is not None:
+                processes.append(endpoint.current.process)
+        terminate(processes, self.stop_grace_s)
+        wait_until = time.monotonic() + self.stop_grace_s + 30
+        for thread in [j.thread for j in jobs] + [t for e in endpoints for t in e.threads]:
+            if thread is not None:
+                thread.join(max(0.0, wait_until - time.monotonic()))
+        # A deployment that was starting when shutdown began has terminated its own process;
+        # anything that slipped through (started after the snapshot) goes now.
+        with self._lock:
+            late = [e.current.process for e in self._endpoints.values() if e.current is not None]
+            late += [p for job in self._jobs.values() for p in job.processes]
+        terminate(late, self.stop_grace_s)
+        self.job_logs.close()

@@ -1,0 +1,314 @@
+"""Endpoints of the local SageMaker: each endpoint config's model served by the image's `serve`
+entrypoint on a free port of 127.0.0.1, in `workdir/endpoints/<endpoint>/<endpoint config>/`
+(the model artifact extracted to `opt_ml/model`). CreateEndpoint starts the first process; a
+blue/green UpdateEndpoint starts the new one beside the old, which keeps serving until the new
+one answers /ping (else the update rolls back); InvokeEndpoint posts to the process serving now.
+
+`EndpointHosting` is the endpoint half of LocalSageMaker (sdflow/local/sagemaker.py), which owns
+the state and the helpers declared here."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tarfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sdflow.local.sagemaker_host import (
+    ContainerError,
+    ContainerProcess,
+    DeploymentFailed,
+    EndpointNotFound,
+    EndpointUnreachable,
+    JobSetupError,
+    LocalSageMakerError,
+    S3Transfer,
+    clip_reason,
+    free_port,
+    terminate,
+)
+
+LOG = logging.getLogger("sdflow.local.sagemaker")
+
+
+@dataclass
+class Deployment:
+    config_name: str
+    folder: Path
+    port: int
+    process: ContainerProcess
+
+
+@dataclass
+class EndpointState:
+    name: str
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one deployment at a time
+    current: Deployment | None = None
+    status: str = "Creating"
+    threads: list[threading.Thread] = field(default_factory=list)
+    deleted: threading.Event = field(default_factory=threading.Event)  # DeleteEndpoint came
+
+
+class EndpointHosting:
+    """Deploy, update, invoke and delete endpoints; LocalSageMaker provides the state and helpers."""
+
+    workdir: Path
+    python: str
+    region: str
+    ping_timeout_s: float
+    stop_grace_s: float
+    invoke_timeout_s: float
+    _lock: threading.RLock
+    _endpoints: dict[str, EndpointState]
+    _wall: dict[str, float]
+    _closing: threading.Event
+    _http: urllib.request.OpenerDirector
+
+    def _report(self, kind: Any, name: str, status: str, fields: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _s3_for(self, role_arn: str | None) -> S3Transfer:
+        raise NotImplementedError
+
+    def _environment(
+        self,
+        opt_ml: Path,
+        request_env: Mapping[str, str] | None,
+        fixed: Mapping[str, str],
+        role_arn: str | None = None,
+    ) -> dict[str, str]:
+        raise NotImplementedError
+
+    def _entrypoint(self, name: str, field_name: str) -> Path:
+        raise NotImplementedError
+
+    def deploy_endpoint(self, endpoint_name: str, endpoint_config: dict[str, Any], model: dict[str, Any]) -> None:
+        """CreateEndpoint (no serve process yet) or a blue/green UpdateEndpoint: the new process
+        must answer /ping before traffic moves to it; if it never does, the old one keeps serving."""
+        if self._closing.is_set():
+            raise LocalSageMakerError("the local SageMaker is shut down")
+        config_name = endpoint_config.get("EndpointConfigName")
+        if not config_name:
+            raise LocalSageMakerError("endpoint_config needs EndpointConfigName")
+        with self._lock:
+            endpoint = self._endpoints.setdefault(endpoint_name, EndpointState(endpoint_name))
+            thread = threading.Thread(
+                target=self._deploy,
+                args=(endpoint, config_name, model),
+                name=f"sdflow-endpoint-{endpoint_name}",
+                daemon=True,
+            )
+            endpoint.threads = [t for t in endpoint.threads if t.is_alive()] + [thread]
+        thread.start()
+
+    def _deploy(self, endpoint: EndpointState, config_name: str, model: dict[str, Any]) -> None:
+        name = endpoint.name
+        with endpoint.lock:
+            old = endpoint.current
+            if old is not None and not old.process.alive():
+                old = None  # a dead process is nothing to roll back to
+            status = "Updating" if old is not None else "Creating"
+            endpoint.status = status
+            self._report("endpoint", name, status, {"EndpointConfigName": old.config_name if old else config_name})
+            try:
+                deployment = self._start_serving(name, config_name, model, endpoint.deleted)
+            except Exception as exc:
+                if endpoint.deleted.is_set():
+                    self._drop_deleted(endpoint, [old.process] if old else [])
+                    return
+                reason = clip_reason(
+                    str(exc) if isinstance(exc, LocalSageMakerError) else f"{type(exc).__name__}: {exc}"
+                )
+                if old is not None:
+                    endpoint.status = "RollingBack"
+                    self._report(
+                        "endpoint",
+                        name,
+                        "RollingBack",
+                        {"EndpointConfigName": old.config_name, "FailureReason": reason},
+                    )
+                    endpoint.status = "InService"
+                    self._report(
+                        "endpoint", name, "InService", {"EndpointConfigName": old.config_name, "FailureReason": reason}
+                    )
+                else:
+                    with self._lock:
+                        endpoint.current = None
+                    endpoint.status = "Failed"
+                    self._report(
+                        "endpoint", name, "Failed", {"EndpointConfigName": config_name, "FailureReason": reason}
+                    )
+                return
+            if endpoint.deleted.is_set():
+                self._drop_deleted(endpoint, [deployment.process] + ([old.process] if old else []))
+                return
+            with self._lock:
+                endpoint.current = deployment  # traffic moves here: invoke reads `current`
+            if old is not None:
+                terminate([old.process], self.stop_grace_s)
+            endpoint.status = "InService"
+            self._report("endpoint", name, "InService", {"EndpointConfigName": config_name})
+
+    def _drop_deleted(self, endpoint: EndpointState, processes: list[ContainerProcess]) -> None:
+        """A deployment that ends after DeleteEndpoint: nothing of it keeps running."""
+        terminate(processes, self.stop_grace_s)
+        with self._lock:
+            endpoint.current = None
+        LOG.info("endpoint %s was deleted while %s; its processes are stopped", endpoint.name, endpoint.status)
+
+    def _start_serving(
+        self, name: str, config_name: str, model: dict[str, Any], cancelled: threading.Event | None = None
+    ) -> Deployment:
+        container = model.get("PrimaryContainer") or (model.get("Containers") or [None])[0]
+        if not container:
+            raise DeploymentFailed(f"model {model.get('ModelName')} has no PrimaryContainer")
+        if container.get("ModelPackageName") and not container.get("ModelDataUrl"):
+            container = self._model_package_container(name, model, container)
+        folder = self.workdir / "endpoints" / name / config_name
+        if folder.exists():
+            shutil.rmtree(folder)
+        opt_ml = folder / "opt_ml"
+        model_dir = opt_ml / "model"
+        model_dir.mkdir(parents=True)
+        url = container.get("ModelDataUrl")
+        try:
+            if not url:
+                raise JobSetupError("the model's PrimaryContainer.ModelDataUrl is required locally")
+            if url.endswith("/"):
+                model_s3 = self._s3_for(model.get("ExecutionRoleArn"))
+                model_s3.download_prefix(url, model_dir, "PrimaryContainer.ModelDataUrl")
+            else:
+                archive = folder / "model.tar.gz"
+                self._s3_for(model.get("ExecutionRoleArn")).download_file(url, archive, "PrimaryContainer.ModelDataUrl")
+                with tarfile.open(archive) as tar:
+                    tar.extractall(model_dir, filter="data")
+                archive.unlink()
+        except (JobSetupError, tarfile.TarError) as exc:
+            raise DeploymentFailed(f"model artifact of {model.get('ModelName')}: {exc}") from None
+        port = free_port()
+        env = self._environment(
+            opt_ml,
+            container.get("Environment"),
+            {"SAGEMAKER_BIND_TO_PORT": str(port), "SDFLOW_SERVE_HOST": "127.0.0.1"},
+            model.get("ExecutionRoleArn"),
+        )
+        script = self._entrypoint("serve", "serve entrypoint")
+        process = ContainerProcess(
+            f"{name}/{config_name}", [self.python, str(script)], env, folder, folder / "serve.log"
+        )
+        deployment = Deployment(config_name, folder, port, process)
+        try:
+            self._wait_healthy(deployment, cancelled)
+        except BaseException:
+            terminate([process], self.stop_grace_s)
+            raise
+        with self._lock:
+            self._wall[config_name] = process.wall_s()
+        return deployment
+
+    def _model_package_container(self, name: str, model: dict[str, Any], container: dict[str, Any]) -> dict[str, Any]:
+        """A model may name a model package instead of an image and artifact (CreateModel's
+        ModelPackageName): serve the package's container, read from the local cloud's registry when the
+        endpoint deploys. AWS documents that a version must be Approved to be deployed, not which call
+        checks it; checking here lets the local cloud accept CreateModel and fail the deployment."""
+        from sdflow.local.services.sagemaker_registry import ModelPackageUnusable, serving_container
+
+        try:
+            return serving_container(container, name, self.region)
+        except ModelPackageUnusable as exc:
+            raise DeploymentFailed(f"model {model.get('ModelName')}: {exc}") from None
+
+    def _wait_healthy(self, deployment: Deployment, cancelled: threading.Event | None = None) -> None:
+        url = f"http://127.0.0.1:{deployment.port}/ping"
+        deadline = time.monotonic() + self.ping_timeout_s
+        last = "no answer"
+        while time.monotonic() < deadline:
+            if self._closing.is_set():
+                raise DeploymentFailed("the local SageMaker is shutting down")
+            if cancelled is not None and cancelled.is_set():
+                raise DeploymentFailed("the endpoint was deleted while it was being deployed")
+            code = deployment.process.poll()
+            if code is not None:
+                deployment.process.finish_log()
+                raise DeploymentFailed(
+                    f"serve exited with status {code} before /ping answered 200; last log lines:\n"
+                    + deployment.process.tail_text()[-700:]
+                )
+            try:
+                with self._http.open(url, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except urllib.error.HTTPError as exc:
+                last = f"{exc.code} {exc.read()[:500].decode('utf-8', errors='replace')}"
+                # 503 means "still loading, ask again"; serve answers 500 only when the model can
+                # never load, so waiting out ping_timeout_s would only delay the same failure.
+                if exc.code == 500:
+                    raise DeploymentFailed(
+                        f"serve answered GET /ping with {last}; see {deployment.process.log_path}"
+                    ) from None
+            except (urllib.error.URLError, OSError) as exc:
+                last = str(exc)
+            time.sleep(0.25)
+        raise DeploymentFailed(
+            f"serve did not answer GET /ping with 200 within {self.ping_timeout_s:g} s (last: {last}); "
+            f"see {deployment.process.log_path}"
+        )
+
+    def _current(self, endpoint_name: str) -> Deployment:
+        with self._lock:
+            endpoint = self._endpoints.get(endpoint_name)
+            deployment = endpoint.current if endpoint else None
+        if deployment is None or not deployment.process.alive():
+            raise EndpointNotFound(f"endpoint {endpoint_name} has no serving process (not InService)")
+        return deployment
+
+    def endpoint_url(self, endpoint_name: str) -> str | None:
+        try:
+            return f"http://127.0.0.1:{self._current(endpoint_name).port}"
+        except EndpointNotFound:
+            return None
+
+    def invoke_endpoint(self, endpoint_name: str, body: bytes, content_type: str, accept: str) -> tuple[bytes, str]:
+        """POST /invocations of the process now serving; returns (body, Content-Type).
+        Raises ContainerError for an error status, EndpointNotFound, EndpointUnreachable."""
+        deployment = self._current(endpoint_name)
+        headers = {}
+        if content_type:
+            headers["Content-Type"] = content_type
+        if accept:
+            headers["Accept"] = accept
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{deployment.port}/invocations", data=body, headers=headers, method="POST"
+        )
+        try:
+            with self._http.open(request, timeout=self.invoke_timeout_s) as response:
+                return response.read(), response.headers.get("Content-Type", "application/octet-stream")
+        except urllib.error.HTTPError as exc:
+            raise ContainerError(endpoint_name, exc.code, exc.read(), exc.headers.get("Content-Type")) from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise EndpointUnreachable(f"endpoint {endpoint_name} did not answer: {exc}") from None
+
+    def delete_endpoint(self, endpoint_name: str) -> None:
+        """Stop the endpoint's serve process (DeleteEndpoint); unknown names are ignored. Returns at
+        once: a deployment in progress (Creating / Updating) sees `deleted` and stops its own
+        processes, old and new, when it ends."""
+        with self._lock:
+            endpoint = self._endpoints.pop(endpoint_name, None)
+        if endpoint is None:
+            return
+        endpoint.deleted.set()
+        if not endpoint.lock.acquire(blocking=False):
+            return
+        try:
+            if endpoint.current is not None:
+                terminate([endpoint.current.process], self.stop_grace_s)
+                endpoint.current = None
+        finally:
+            endpoint.lock.release()

@@ -1,0 +1,216 @@
+"""Step Functions: moto's interpreter (LocalStack's) made to keep AWS's semantics where the pipeline relies on them."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import functools
+import uuid
+from typing import Any
+
+from sdflow.local.patching import original
+from sdflow.local.runtime import runtime_or_none
+
+
+def sfn_send_task_failure(self: Any) -> Any:
+    """Replaces moto/stepfunctions/responses.py StepFunctionResponse.send_task_failure.
+
+    moto reads `error` only and drops `cause`, so the failure notification would lose the
+    SageMaker FailureReason job_events puts there."""
+    from moto.core.responses import EmptyResult
+
+    self.stepfunction_backend.send_task_failure(
+        self._get_param("taskToken"), error=self._get_param("error"), cause=self._get_param("cause")
+    )
+    return EmptyResult()
+
+
+def sfn_start_execution(
+    self: Any, state_machine_arn: str, name: str | None = None, execution_input: Any = None, trace_header: Any = None
+) -> Any:
+    """Wraps moto/stepfunctions/parser/models.py StepFunctionsParserBackend.start_execution.
+
+    Without a name moto builds the ARN "<machine>:None" (every unnamed start collides with the
+    first); AWS generates a UUID. An input over 256 KiB is refused at the API, as AWS's model
+    constraint on `input` does, before the state machine is even looked up."""
+    check_execution_input(execution_input)
+    return original(type(self), "start_execution")(
+        self, state_machine_arn, name or str(uuid.uuid4()), execution_input, trace_header
+    )
+
+
+def check_execution_input(execution_input: Any) -> None:
+    """StartExecution's `input`: "Length Constraints: Maximum length of 262144" bytes in UTF-8
+    (API reference); AWS answers ValidationException with this message (as observed on AWS)."""
+    from moto.stepfunctions.exceptions import ValidationException
+
+    from sdflow.local.services.stepfunctions_limits import MAX_PAYLOAD_BYTES
+
+    if isinstance(execution_input, str) and len(execution_input.encode("utf-8")) > MAX_PAYLOAD_BYTES:
+        raise ValidationException(
+            "1 validation error detected: Value at 'input' failed to satisfy constraint: "
+            f"Member must have size less than or equal to {MAX_PAYLOAD_BYTES} bytes in UTF-8 encoding"
+        )
+
+
+def sfn_reflect_execution_status(self: Any) -> None:
+    """Replaces moto/stepfunctions/parser/backend/execution.py
+    BaseExecutionWorkerCommunication._reflect_execution_status.
+
+    moto sets the status first and the output / error / cause after it, so a client polling
+    DescribeExecution can see SUCCEEDED without output (or FAILED without error). Here the
+    results are set first and the status last."""
+    from moto.stepfunctions.parser.api import ExecutionStatus
+    from moto.stepfunctions.parser.asl.eval.program_state import (
+        ProgramEnded,
+        ProgramError,
+        ProgramStopped,
+        ProgramTimedOut,
+    )
+
+    execution = self.execution
+    state = execution.exec_worker.env.program_state()
+    execution.stop_date = dt.datetime.now(tz=dt.UTC)
+    if isinstance(state, ProgramEnded):
+        execution.output = execution.exec_worker.env.states.get_input()
+        execution.exec_status = ExecutionStatus.SUCCEEDED
+    elif isinstance(state, ProgramStopped):
+        execution.exec_status = ExecutionStatus.ABORTED
+    elif isinstance(state, ProgramError):
+        details = state.error or {}
+        execution.error = details.get("error")
+        execution.cause = details.get("cause")
+        execution.exec_status = ExecutionStatus.FAILED
+    elif isinstance(state, ProgramTimedOut):
+        execution.exec_status = ExecutionStatus.TIMED_OUT
+    else:
+        raise RuntimeWarning(f"Execution ended with unsupported ProgramState type '{type(state)}'.")
+
+
+def sfn_boto_client_for(region: str, service: str, state_credentials: Any = None) -> Any:
+    """Wraps moto/stepfunctions/parser/asl/utils/boto_client.py boto_client_for.
+
+    The interpreter builds a new boto3 client for every task (~30 ms of CPU each); one client
+    per (port, region, service) is reused, which made Lambda tasks ~3x faster in the probes.
+    boto3 clients are thread-safe; creating them is not, hence the lock."""
+    import moto.stepfunctions.parser.asl.utils.boto_client as boto_client
+    from moto.core.models import botocore_stubber
+    from moto.settings import moto_server_port
+
+    from sdflow.local.services import iam
+
+    # Step Functions calls integrated services as the state machine's role (enforced by services/iam.py).
+    as_role = iam.interpreter_client(region, service, state_credentials)
+    if as_role is not None:
+        return as_role
+    if botocore_stubber.enabled or state_credentials:  # in-process mock or assumed role: no caching
+        return original(boto_client, "boto_client_for")(region, service, state_credentials)
+    runtime = runtime_or_none()
+    if runtime is None:
+        return original(boto_client, "boto_client_for")(region, service, state_credentials)
+    key = (moto_server_port(), region, service)
+    with runtime.sfn_clients_lock:
+        client = runtime.sfn_clients.get(key)
+        if client is None:
+            client = runtime.sfn_clients[key] = original(boto_client, "boto_client_for")(region, service)
+    return client
+
+
+def import_interpreter_modules() -> None:
+    """Imports every interpreter module, so each `from … import name` copy exists before it is patched."""
+    import importlib
+    import pkgutil
+
+    import moto.stepfunctions.parser.asl as asl
+
+    for module in pkgutil.walk_packages(asl.__path__, asl.__name__ + "."):
+        with contextlib.suppress(Exception):
+            importlib.import_module(module.name)
+
+
+def interpreter_modules_importing(owner: Any, attribute: str) -> list[Any]:
+    """Every interpreter module other than `owner` that did `from <owner> import <attribute>`:
+    patching `owner` alone leaves their copies of moto's function in place."""
+    import sys
+
+    moto_function = original(owner, attribute)
+    return [
+        module
+        for name, module in list(sys.modules.items())
+        if name.startswith("moto.stepfunctions.parser")
+        and module is not owner
+        and getattr(module, attribute, None) is moto_function
+    ]
+
+
+def states_failure(env: Any, error_type: Any, cause: str, *, map_run: bool = False) -> Exception:
+    """The FailureEventException moto's interpreter raises for a `States.*` error (`error_type`, a
+    StatesErrorNameType), recorded as a TaskFailed event, or as MapRunFailed for a Map Run."""
+    from moto.stepfunctions.parser.api import HistoryEventType, MapRunFailedEventDetails, TaskFailedEventDetails
+    from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import (
+        FailureEvent,
+        FailureEventException,
+    )
+    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import StatesErrorName
+    from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
+
+    if map_run:
+        event_type = HistoryEventType.MapRunFailed
+        details = EventDetails(  # type: ignore[typeddict-item]
+            mapRunFailedEventDetails=MapRunFailedEventDetails(error=error_type.to_name(), cause=cause)
+        )
+    else:
+        event_type = HistoryEventType.TaskFailed
+        failed = TaskFailedEventDetails(error=error_type.to_name(), cause=cause)
+        details = EventDetails(taskFailedEventDetails=failed)  # type: ignore[typeddict-item]
+    return FailureEventException(
+        failure_event=FailureEvent(
+            env=env, error_name=StatesErrorName(typ=error_type), event_type=event_type, event_details=details
+        )
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def cached_jsonpath_ext_parse(path: str) -> Any:
+    """Replaces `parse` in moto/stepfunctions/parser/asl/utils/json_path.py (jsonpath_ng.ext.parse).
+
+    moto parses every JSONPath again on every evaluation, and jsonpath_ng builds a new ply
+    parser each time: in a 300-shard run that was a tenth of the interpreter's CPU. A state
+    machine has a few dozen distinct paths; a parsed path is only read by find(), so one
+    parsed object per path string is shared by every thread."""
+    from jsonpath_ng.ext import parse
+
+    return parse(path)
+
+
+@functools.lru_cache(maxsize=4096)
+def cached_jsonpath_parse(path: str) -> Any:
+    """Replaces `parse` in moto/stepfunctions/parser/asl/component/common/path/result_path.py
+    (jsonpath_ng.parse), for the same reason as cached_jsonpath_ext_parse."""
+    from jsonpath_ng import parse
+
+    return parse(path)
+
+
+def patches() -> list[tuple[Any, str, Any]]:
+    import moto.stepfunctions.parser.asl.component.common.path.result_path as result_path
+    import moto.stepfunctions.parser.asl.utils.boto_client as boto_client
+    import moto.stepfunctions.parser.asl.utils.json_path as json_path
+    from moto.stepfunctions.parser.backend.execution import BaseExecutionWorkerCommunication
+    from moto.stepfunctions.parser.models import StepFunctionsParserBackend
+    from moto.stepfunctions.responses import StepFunctionResponse
+
+    # Every interpreter module must be imported first, so its `from … import boto_client_for` copy exists.
+    import_interpreter_modules()
+    return [
+        (StepFunctionResponse, "send_task_failure", sfn_send_task_failure),
+        (StepFunctionsParserBackend, "start_execution", sfn_start_execution),
+        (BaseExecutionWorkerCommunication, "_reflect_execution_status", sfn_reflect_execution_status),
+        (boto_client, "boto_client_for", sfn_boto_client_for),
+        (json_path, "parse", cached_jsonpath_ext_parse),
+        (result_path, "parse", cached_jsonpath_parse),
+        *(
+            (module, "boto_client_for", sfn_boto_client_for)
+            for module in interpreter_modules_importing(boto_client, "boto_client_for")
+        ),
+    ]

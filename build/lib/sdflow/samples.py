@@ -1,0 +1,296 @@
+"""Generated sample data: images of coloured shapes with captions (`sdflow_image.scenes`), a local HTTP server that
+serves them (plus deliberately broken and slow URLs), and LAION-style parquet files that
+point at it.
+
+Tests, benchmarks and `sdflow demo` use this so that nothing is fetched from the internet:
+the download job sees real HTTP, real 404s, real undecodable bytes and real timeouts."""
+
+from __future__ import annotations
+
+import io
+import random
+import threading
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import TracebackType
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from PIL import Image
+
+from sdflow_image import scenes
+
+TRAINING_SCENES = scenes.training_scenes()
+FORMATS = {"png": ("PNG", "image/png"), "jpeg": ("JPEG", "image/jpeg")}
+
+# A slow URL must outlast any sensible per-URL timeout in a test, yet end on its own so a
+# forgotten server never pins a thread for long.
+MAX_SLOW_SECONDS = 10.0
+CORRUPT_BODY = b"\xff\xd8\xff\xe0 this is not really a JPEG, the decoder must reject it\n"
+
+
+class SampleDataError(ValueError):
+    """An argument to the sample-data helpers is out of range."""
+
+
+@dataclass(frozen=True)
+class SampleImage:
+    """One generated image, as the server serves it."""
+
+    name: str  # file name under /images/, e.g. "img-00003.png"
+    caption: str
+    width: int
+    height: int
+    data: bytes
+    content_type: str
+
+
+@dataclass(frozen=True)
+class SampleRow:
+    """One row of a LAION-style parquet file."""
+
+    url: str
+    caption: str
+    width: int | None = None
+    height: int | None = None
+
+
+@dataclass(frozen=True)
+class LaionSample:
+    """A parquet file written by `make_laion_parquet` and what a download of it should yield."""
+
+    path: Path
+    rows: tuple[SampleRow, ...]
+    good: dict[str, str] = field(default_factory=dict)  # url -> caption, rows that must download
+    missing_urls: tuple[str, ...] = ()
+    corrupt_urls: tuple[str, ...] = ()
+    slow_urls: tuple[str, ...] = ()
+
+    @property
+    def broken_urls(self) -> tuple[str, ...]:
+        return self.missing_urls + self.corrupt_urls + self.slow_urls
+
+
+def _draw(rnd: random.Random, width: int, height: int) -> tuple[Image.Image, str]:
+    # Only scenes outside the held-out set: the prompt-adherence score asks for those, and a
+    # model must compose them from what it was taught, never have seen them as captions.
+    scene = rnd.choice(TRAINING_SCENES)
+    return scenes.draw(scene, width, height, rnd), scene.caption
+
+
+def make_images(
+    count: int,
+    *,
+    seed: int = 0,
+    min_size: int = 64,
+    max_size: int = 192,
+    formats: Sequence[str] = ("png", "jpeg"),
+    prefix: str = "img",
+) -> list[SampleImage]:
+    """`count` small images of a coloured shape on a coloured background, with a caption that
+    describes them; deterministic for a given seed. Formats alternate over `formats`."""
+    if count < 0:
+        raise SampleDataError(f"count must be >= 0, got {count}")
+    if not 8 <= min_size <= max_size:
+        raise SampleDataError(f"need 8 <= min_size <= max_size, got min_size={min_size} max_size={max_size}")
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown or not formats:
+        raise SampleDataError(f"formats must be a non-empty subset of {sorted(FORMATS)}, got {list(formats)}")
+    rnd = random.Random(seed)
+    images = []
+    for i in range(count):
+        width, height = rnd.randint(min_size, max_size), rnd.randint(min_size, max_size)
+        image, caption = _draw(rnd, width, height)
+        fmt = formats[i % len(formats)]
+        pil_format, content_type = FORMATS[fmt]
+        buffer = io.BytesIO()
+        image.save(buffer, format=pil_format)
+        ext = "jpg" if fmt == "jpeg" else fmt
+        images.append(SampleImage(f"{prefix}-{i:05d}.{ext}", caption, width, height, buffer.getvalue(), content_type))
+    return images
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def do_GET(self) -> None:
+        app = self.server.app
+        path = self.path.split("?", 1)[0]
+        app.count_hit(path)
+        kind, _, name = path.lstrip("/").partition("/")
+        if kind == "images" and name in app.images:
+            image = app.images[name]
+            self._send(HTTPStatus.OK, image.data, image.content_type)
+        elif kind == "corrupt":
+            self._send(HTTPStatus.OK, CORRUPT_BODY, "image/jpeg")
+        elif kind == "slow":
+            # Wakes early when the server stops, so stop() never waits on a sleeping thread.
+            app.stopping.wait(app.slow_seconds)
+            self._send(HTTPStatus.OK, app.slow_image.data, app.slow_image.content_type)
+        else:
+            self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
+
+    def _send(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (a timeout test): nothing left to tell it
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # thousands of requests per benchmark: keep test output readable
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # The default backlog of 5 drops the SYNs of a downloader opening dozens of connections
+    # at once; the retransmit after 1 s then reads as a timeout on a perfectly good URL.
+    request_queue_size = 1024
+    app: ImageServer
+
+
+class ImageServer:
+    """A threaded HTTP server on 127.0.0.1 (ephemeral port) serving generated images.
+
+    Paths: /images/<name> (a served SampleImage), /missing/<n>.jpg (404),
+    /corrupt/<n>.jpg (200, image/jpeg, bytes no decoder accepts), /slow/<n>.jpg (a valid
+    JPEG after `slow_seconds`). Use as a context manager or call start()/stop()."""
+
+    def __init__(self, images: Iterable[SampleImage] = (), *, slow_seconds: float = 3.0) -> None:
+        if not 0 <= slow_seconds <= MAX_SLOW_SECONDS:
+            raise SampleDataError(f"slow_seconds must be within [0, {MAX_SLOW_SECONDS}], got {slow_seconds}")
+        self.slow_seconds = slow_seconds
+        self.images: dict[str, SampleImage] = {}
+        self.slow_image = make_images(1, seed=12345, formats=("jpeg",), prefix="slow")[0]
+        self.stopping = threading.Event()
+        self.hits: Counter[str] = Counter()
+        self._hits_lock = threading.Lock()
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self.add(images)
+
+    def add(self, images: Iterable[SampleImage]) -> None:
+        """Serve more images under /images/<name> (a later image with the same name wins)."""
+        for image in images:
+            self.images[image.name] = image
+
+    @property
+    def base_url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("ImageServer is not running: call start() or use it in a with block")
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def url_for(self, name: str) -> str:
+        return f"{self.base_url}/images/{name}"
+
+    def missing_url(self, n: int = 0) -> str:
+        return f"{self.base_url}/missing/{n}.jpg"
+
+    def corrupt_url(self, n: int = 0) -> str:
+        return f"{self.base_url}/corrupt/{n}.jpg"
+
+    def slow_url(self, n: int = 0) -> str:
+        return f"{self.base_url}/slow/{n}.jpg"
+
+    def count_hit(self, path: str) -> None:
+        with self._hits_lock:
+            self.hits[path] += 1
+
+    def start(self) -> ImageServer:
+        if self._server is not None:
+            return self
+        self.stopping.clear()
+        server = _Server(("127.0.0.1", 0), _Handler)
+        server.app = self
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, name="sdflow-image-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is None:
+            return
+        self.stopping.set()
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._server = None
+        self._thread = None
+
+    def __enter__(self) -> ImageServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def write_parquet(path: str | Path, rows: Iterable[SampleRow], url_col: str = "URL", caption_col: str = "TEXT") -> Path:
+    """Write a LAION-style parquet (url, caption, WIDTH, HEIGHT); zero rows gives an empty file
+    with the full schema."""
+    if url_col == caption_col:
+        raise SampleDataError(f"url_col and caption_col must differ, both are {url_col!r}")
+    rows = list(rows)
+    schema = pa.schema(
+        [(url_col, pa.string()), (caption_col, pa.string()), ("WIDTH", pa.int64()), ("HEIGHT", pa.int64())]
+    )
+    table = pa.table(
+        {
+            url_col: [r.url for r in rows],
+            caption_col: [r.caption for r in rows],
+            "WIDTH": [r.width for r in rows],
+            "HEIGHT": [r.height for r in rows],
+        },
+        schema=schema,
+    )
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+    return path
+
+
+def make_laion_parquet(
+    path: str | Path,
+    server: ImageServer,
+    *,
+    good: int = 30,
+    missing: int = 0,
+    corrupt: int = 0,
+    slow: int = 0,
+    seed: int = 0,
+    url_col: str = "URL",
+    caption_col: str = "TEXT",
+    formats: Sequence[str] = ("png", "jpeg"),
+    min_size: int = 64,
+    max_size: int = 192,
+) -> LaionSample:
+    """Generate `good` images, serve them from the running `server`, and write a parquet that
+    lists them mixed (deterministically shuffled) with missing, corrupt and slow URLs."""
+    images = make_images(good, seed=seed, formats=formats, min_size=min_size, max_size=max_size, prefix=f"s{seed}")
+    server.add(images)
+    good_rows = [SampleRow(server.url_for(i.name), i.caption, i.width, i.height) for i in images]
+    missing_urls = tuple(server.missing_url(n) for n in range(missing))
+    corrupt_urls = tuple(server.corrupt_url(n) for n in range(corrupt))
+    slow_urls = tuple(server.slow_url(n) for n in range(slow))
+    bad_rows = [SampleRow(url, f"broken url {url}") for url in (*missing_urls, *corrupt_urls, *slow_urls)]
+    rows = good_rows + bad_rows
+    random.Random(seed).shuffle(rows)
+    written = write_parquet(path, rows, url_col=url_col, caption_col=caption_col)
+    return LaionSample(
+        path=written,
+        rows=tuple(rows),
+        good={r.url: r.caption for r in good_rows},
+        missing_urls=missing_urls,
+        corrupt_urls=corrupt_urls,
+        slow_urls=slow_urls,
+    )

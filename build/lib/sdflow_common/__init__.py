@@ -1,0 +1,1 @@
+"""Code shared by every sdflow Lambda function (deployed as the CommonLayer)."""

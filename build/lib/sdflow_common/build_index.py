@@ -1,0 +1,199 @@
+"""The "Build dataset index" task: collect each shard's `_SUCCESS`, write `dataset/index.json`,
+and decide whether enough shards succeeded to train.
+
+The Distributed Map lets every iteration fail on its own and keeps no results (its result would
+grow with the number of shards), so this task is where the run's tolerated failure percentage is
+applied: a shard counts as done exactly when its download job wrote `_SUCCESS`, which it does last.
+
+It also writes `dataset/manifest.json`, the training job's `dataset` channel (sdflow_common.dataset_manifest):
+a resumed run's reused shards stay in the earlier run's folder, and the manifest lists them next to
+this run's own, so every tar path is relative to `s3://<bucket>/runs/`."""
+
+from __future__ import annotations
+
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from botocore.exceptions import ClientError
+from pydantic import BaseModel, ConfigDict
+
+from sdflow_common import aws, dataset_manifest
+from sdflow_common.dataset_manifest import OutsideRunsFolder
+from sdflow_common.errors import NoUsableShards
+from sdflow_common.run_document import parse_s3_uri
+from sdflow_common.validate_run import RunConfig
+
+log = logging.getLogger(__name__)
+
+SUCCESS_MARKER = "_SUCCESS"
+INDEX_VERSION = 1
+# Thousands of shards means thousands of GETs; 16 in flight finishes 10,000 in well under a minute.
+READ_WORKERS = 16
+# `$.dataset` must stay small whatever the shard count (Step Functions' 256 KB state limit).
+FAILED_SHARDS_IN_SUMMARY = 20
+FAILED_IDS_IN_MESSAGE = 10
+
+
+class BuildIndexRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    config: RunConfig
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    shard_id: str
+    parquet_uri: str
+    output_uri: str
+    success: dict[str, Any] | None
+    reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.success is not None
+
+
+def _read_success(item: dict[str, str]) -> ShardResult:
+    shard_id, parquet_uri, output_uri = item["shard_id"], item["parquet_uri"], item["output_uri"]
+    bucket, key = parse_s3_uri(output_uri)
+    marker_key = f"{key.rstrip('/')}/{SUCCESS_MARKER}"
+    try:
+        body = aws.client("s3").get_object(Bucket=bucket, Key=marker_key)["Body"].read()
+    except ClientError as exc:
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        if code in ("NoSuchKey", "404"):
+            return ShardResult(shard_id, parquet_uri, output_uri, None, "no _SUCCESS (download job failed)")
+        raise  # throttling or permissions: the task's Retry should see it, not a silently failed shard
+    try:
+        success = json.loads(body)
+        if not isinstance(success, dict):
+            raise ValueError("not a JSON object")
+        samples = int(success.get("samples", 0))
+        tar_files = success.get("tar_files", [])
+        if samples < 0 or not isinstance(tar_files, list):
+            raise ValueError("samples must be ≥ 0 and tar_files a list")
+    except ValueError as exc:
+        # A corrupt marker is the shard's own failure; the run tolerates it like any other.
+        log.warning("shard %s: unreadable %s (%s); counted as failed", shard_id, marker_key, exc)
+        return ShardResult(shard_id, parquet_uri, output_uri, None, f"corrupt _SUCCESS: {exc}")
+    return ShardResult(shard_id, parquet_uri, output_uri, success)
+
+
+def read_shard_results(items: list[dict[str, str]]) -> list[ShardResult]:
+    aws.client("s3")  # create the cached client before the threads share it (clients are thread-safe)
+    with ThreadPoolExecutor(max_workers=READ_WORKERS) as pool:
+        return list(pool.map(_read_success, items))
+
+
+def _relative_folder(result: ShardResult, bucket: str) -> str:
+    """`<run>/dataset/shards/00003/`: the shard folder relative to the manifest's prefix (`runs/`), which
+    is where SageMaker puts it in the dataset channel. A reused shard's folder is an earlier run's."""
+    folder = result.output_uri if result.output_uri.endswith("/") else f"{result.output_uri}/"
+    try:
+        return dataset_manifest.channel_key(folder, bucket)
+    except OutsideRunsFolder as exc:
+        raise OutsideRunsFolder(
+            f"shard {result.shard_id}: output_uri {exc}. Its shards.json entry must point at a shard folder "
+            f"s3://{bucket}/runs/<execution>/dataset/shards/<shard id>/ (validate_run and resume write only such)"
+        ) from None
+
+
+def build_index_document(config: RunConfig, results: list[ShardResult]) -> dict[str, Any]:
+    shards = []
+    image_size = None
+    for result in results:
+        if result.success is None:
+            continue
+        samples = int(result.success.get("samples", 0))
+        tar_files = [str(name) for name in result.success.get("tar_files", [])]
+        if image_size is None and result.success.get("image_size"):
+            image_size = int(result.success["image_size"])
+        if samples == 0 or not tar_files:
+            continue  # the job succeeded but every URL failed: nothing to train on
+        folder = _relative_folder(result, config.bucket)
+        shards.append(
+            {
+                "shard_id": result.shard_id,
+                "tar_files": [folder + name for name in tar_files],
+                "samples": samples,
+            }
+        )
+    return {
+        "version": INDEX_VERSION,
+        "run_id": config.run_id,
+        "total_samples": sum(shard["samples"] for shard in shards),
+        "shards": shards,
+        "failed_shards": [
+            {"shard_id": r.shard_id, "parquet_uri": r.parquet_uri, "reason": r.reason} for r in results if not r.ok
+        ],
+        "image_size": image_size or config.run.download.image_size,
+    }
+
+
+def check_tolerance(results: list[ShardResult], tolerated_percent: float, total_samples: int) -> None:
+    total = len(results)
+    failed = [r.shard_id for r in results if not r.ok]
+    failed_percent = 100.0 * len(failed) / total if total else 100.0
+    first = ", ".join(failed[:FAILED_IDS_IN_MESSAGE]) + (" …" if len(failed) > FAILED_IDS_IN_MESSAGE else "")
+    if len(failed) == total:
+        raise NoUsableShards(
+            f"all {total} shards failed to download (first: {first}); see each shard's processing job "
+            "logs, check that the parquet files' URL column is right and the URLs are reachable"
+        )
+    if failed_percent > tolerated_percent:
+        raise NoUsableShards(
+            f"{len(failed)} of {total} shards failed ({failed_percent:.1f}%), more than "
+            f"download.tolerated_failure_percent={tolerated_percent:g}; first failed shard ids: {first}. "
+            "Rerun, or raise download.tolerated_failure_percent to train on the rest"
+        )
+    if total_samples == 0:
+        raise NoUsableShards(
+            f"{total - len(failed)} of {total} shards downloaded but hold 0 samples: no image URL could be "
+            "fetched; check dataset.url_column and that the URLs are reachable"
+        )
+
+
+def write_manifest(config: RunConfig, index: dict[str, Any]) -> str:
+    """`runs/<run>/dataset/manifest.json`: index.json first, then every tar file of every usable shard."""
+    keys = [dataset_manifest.index_in_channel(config.dataset_prefix_uri, config.bucket)]
+    keys.extend(name for shard in index["shards"] for name in shard["tar_files"])
+    uri = dataset_manifest.manifest_uri(config.dataset_prefix_uri)
+    bucket, key = parse_s3_uri(uri)
+    body = json.dumps(dataset_manifest.manifest_document(config.bucket, keys)).encode()
+    aws.client("s3").put_object(Bucket=bucket, Key=key, Body=body, ContentType="application/json")
+    return uri
+
+
+def build_index(request: BuildIndexRequest) -> dict[str, Any]:
+    """Write `runs/<exec>/dataset/index.json`; return the `$.dataset` summary (docs/contracts.md)."""
+    config = request.config
+    s3 = aws.client("s3")
+    items = json.loads(s3.get_object(Bucket=config.bucket, Key=config.shard_list_key)["Body"].read())
+    results = read_shard_results(items)
+    index = build_index_document(config, results)
+    index_bucket, index_key = parse_s3_uri(dataset_manifest.index_uri(config.dataset_prefix_uri))
+    # Written before the tolerance check, so a failed run still leaves a record of which shards failed.
+    s3.put_object(Bucket=index_bucket, Key=index_key, Body=json.dumps(index).encode(), ContentType="application/json")
+    manifest_uri = write_manifest(config, index)
+    failed = index["failed_shards"]
+    log.info(
+        "run %s: %d shards ok, %d failed, %d samples",
+        config.run_id,
+        len(results) - len(failed),
+        len(failed),
+        index["total_samples"],
+    )
+    check_tolerance(results, config.run.download.tolerated_failure_percent, index["total_samples"])
+    return {
+        "index_uri": f"s3://{index_bucket}/{index_key}",
+        "manifest_uri": manifest_uri,
+        "total_samples": index["total_samples"],
+        "shards_ok": len(results) - len(failed),
+        "shards_failed": len(failed),
+        "failed_shards": [
+            {"shard_id": f["shard_id"], "parquet_uri": f["parquet_uri"]} for f in failed[:FAILED_SHARDS_IN_SUMMARY]
+        ],
+    }

@@ -1,0 +1,197 @@
+"""Check every parquet object of a run before any job starts: it exists, it is a parquet file, it has
+rows, and it has the document's URL column (holding strings) and caption column.
+
+A download job fails on each of these at once and would fail again on a retry, so catching them
+here turns thousands of failed jobs into one clear error naming the field to change. A few bad
+files within `download.tolerated_failure_percent` do not stop the run (the document says that
+share of shards may fail): they come back as warnings, which the run's notification shows."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from botocore.exceptions import ClientError
+
+from sdflow_common import aws
+from sdflow_common.errors import DatasetNotFound
+from sdflow_common.parquet_schema import NotParquet, ParquetSchema, SchemaTooLarge, read_schema
+from sdflow_common.run_document import Dataset, invalid, parse_s3_uri
+
+# Enough parallel reads to check a few thousand objects within a Lambda's time, few enough to
+# stay far below S3's per-prefix request rate.
+READ_WORKERS = 16
+SHOWN = 3  # objects named per problem; the message counts the rest
+
+
+@dataclass
+class Findings:
+    """Which objects have which problem (URIs in the order they were given)."""
+
+    total: int = 0
+    missing: list[str] = field(default_factory=list)
+    not_parquet: list[tuple[str, str]] = field(default_factory=list)
+    empty: list[str] = field(default_factory=list)
+    no_url: list[tuple[str, list[str]]] = field(default_factory=list)
+    url_not_text: list[tuple[str, str]] = field(default_factory=list)
+    no_caption: list[tuple[str, list[str]]] = field(default_factory=list)
+
+    def unusable(self) -> int:
+        """How many objects a download job would fail on."""
+        bad = {uri for uri, _ in self.not_parquet} | set(self.empty)
+        bad |= {uri for uri, _ in self.no_url} | {uri for uri, _ in self.url_not_text}
+        bad |= {uri for uri, _ in self.no_caption}
+        return len(bad)
+
+
+def missing_or_unreadable(exc: ClientError) -> bool:
+    # Without s3:ListBucket, S3 answers 403 for a missing key; either way the object cannot be used.
+    code = str(exc.response.get("Error", {}).get("Code", ""))
+    return code in ("404", "NoSuchKey", "NotFound", "403", "AccessDenied", "Forbidden")
+
+
+def _schema(uri: str) -> ParquetSchema | str | None:
+    """The schema; the reason it is not parquet; None when the object is missing."""
+    bucket, key = parse_s3_uri(uri)
+    try:
+        return read_schema(aws.client("s3"), bucket, key)
+    except ClientError as exc:
+        if missing_or_unreadable(exc):
+            return None
+        raise
+    except NotParquet as exc:
+        return str(exc)
+    except SchemaTooLarge:
+        # Only a file with tens of thousands of columns gets here; the download job checks it.
+        return ParquetSchema()
+
+
+def inspect(uris: list[str], dataset: Dataset) -> Findings:
+    aws.client("s3")  # create the cached client before the threads share it (clients are thread-safe)
+    found = Findings(total=len(uris))
+    with ThreadPoolExecutor(max_workers=READ_WORKERS) as pool:
+        for uri, schema in zip(uris, pool.map(_schema, uris), strict=True):
+            if schema is None:
+                found.missing.append(uri)
+            elif isinstance(schema, str):
+                found.not_parquet.append((uri, schema))
+            elif schema.columns:  # an unchecked (too large) schema has none and passes
+                _check_columns(found, uri, schema, dataset)
+    return found
+
+
+def _check_columns(found: Findings, uri: str, schema: ParquetSchema, dataset: Dataset) -> None:
+    names = list(schema.columns)
+    url = schema.columns.get(dataset.url_column)
+    if url is None:
+        found.no_url.append((uri, names))
+    elif not url.is_string:
+        found.url_not_text.append((uri, url.type_name))
+    if dataset.caption_column not in schema.columns:
+        found.no_caption.append((uri, names))
+    if schema.num_rows == 0:
+        found.empty.append(uri)
+
+
+def _shown(uris: Iterable[str], count: int) -> str:
+    listed = list(uris)[:SHOWN]
+    more = count - len(listed)
+    return ", ".join(listed) + (f" and {more} more" if more > 0 else "")
+
+
+def _of(count: int, total: int) -> str:
+    return "the object" if total == 1 else f"{count} of {total} objects"
+
+
+def _verb(count: int, singular: str, plural: str) -> str:
+    return singular if count == 1 else plural
+
+
+def _did_you_mean(wanted: str, columns: list[str]) -> str:
+    same_but_case = [name for name in columns if name.lower() == wanted.lower()]
+    close = same_but_case or difflib.get_close_matches(wanted, columns, n=1, cutoff=0.6)
+    return f"did you mean '{close[0]}'? " if close else ""
+
+
+def _column_problem(field_name: str, wanted: str, hits: list[tuple[str, list[str]]], total: int) -> dict[str, str]:
+    uri, columns = hits[0]
+    present = ", ".join(columns[:20]) + (" …" if len(columns) > 20 else "")
+    return {
+        "field": field_name,
+        "message": f"column '{wanted}' is not in {_of(len(hits), total)} "
+        f"({_shown((u for u, _ in hits), len(hits))}); {uri} has the columns: {present}. "
+        f"{_did_you_mean(wanted, columns)}Set {field_name} to the column's name",
+    }
+
+
+def problems(found: Findings, dataset: Dataset, source_field: str) -> list[dict[str, str]]:
+    """What the document must change, one entry per kind of problem."""
+    out: list[dict[str, str]] = []
+    total = found.total
+    if found.not_parquet:
+        uri, reason = found.not_parquet[0]
+        count = len(found.not_parquet)
+        out.append(
+            {
+                "field": source_field,
+                "message": f"{_of(count, total)} {_verb(count, 'is not a parquet file', 'are not parquet files')} "
+                "the download job can read "
+                f"({_shown((u for u, _ in found.not_parquet), count)}); {uri}: {reason}. "
+                "List only parquet files (img2dataset's LAION format)",
+            }
+        )
+    if found.no_url:
+        out.append(_column_problem("dataset.url_column", dataset.url_column, found.no_url, total))
+    if found.url_not_text:
+        uri, type_name = found.url_not_text[0]
+        out.append(
+            {
+                "field": "dataset.url_column",
+                "message": f"column '{dataset.url_column}' holds {type_name}, not URL strings, in "
+                f"{_of(len(found.url_not_text), total)} ({uri}); name the column that holds the image URLs",
+            }
+        )
+    if found.no_caption:
+        out.append(_column_problem("dataset.caption_column", dataset.caption_column, found.no_caption, total))
+    if found.empty:
+        count = len(found.empty)
+        out.append(
+            {
+                "field": source_field,
+                "message": f"{_of(count, total)} {_verb(count, 'has', 'have')} no rows ({_shown(found.empty, count)}); "
+                "there is nothing to download from them: remove them",
+            }
+        )
+    return out
+
+
+def check_parquet_objects(
+    uris: list[str], dataset: Dataset, source_field: str, tolerated_percent: float
+) -> list[dict[str, str]]:
+    """DatasetNotFound when objects are missing; InvalidRunDocument when more objects cannot be
+    downloaded than the run tolerates (or all of them). Returns the problems it tolerated."""
+    found = inspect(uris, dataset)
+    if found.missing:
+        count = len(found.missing)
+        problem = {
+            "field": source_field,
+            "message": f"{count} of {len(uris)} objects do not exist or are not readable: "
+            f"{_shown(found.missing, count)}; upload them or remove them from the list",
+        }
+        raise DatasetNotFound(json.dumps([problem]))
+    found_problems = problems(found, dataset, source_field)
+    unusable = found.unusable()
+    share = 100.0 * unusable / found.total if found.total else 0.0
+    if unusable == found.total and found_problems:
+        raise invalid(found_problems)
+    if share > tolerated_percent:
+        tolerance = {
+            "field": "download.tolerated_failure_percent",
+            "message": f"{unusable} of {found.total} objects ({share:.1f}%) cannot be downloaded, more than the "
+            f"{tolerated_percent:g}% this run tolerates; fix or remove them (or raise the percentage)",
+        }
+        raise invalid([*found_problems, tolerance])
+    return found_problems

@@ -1,0 +1,156 @@
+"""Nothing left running: what a run that FAILED, TIMED_OUT or was ABORTED leaves behind is
+stopped or rolled back before the notification says so.
+
+Step Functions ends an execution without touching what its tasks started: a processing or
+training job runs on until its MaxRuntime, an endpoint deployment still completes. So:
+1. every SageMaker job of the run is stopped. Every job name of a run carries
+   `names.run_hash(execution ARN, start time)`, so ListProcessingJobs / ListTrainingJobs with
+   NameContains=<hash> and StatusEquals=InProgress find them all, across redrives and Map
+   children; StopProcessingJob / StopTrainingJob each. A job that ended between the list and
+   the stop answers ValidationException ("The request was rejected because the training job is
+   in status Stopped.", the documented refusal for a job not InProgress): nothing to do.
+2. the run's endpoint deployment is rolled back (sdflow_common.rollback).
+3. the run's remaining task-token claims are deleted (their tokens died with the execution),
+   except a deferred rollback's, which job_events needs when the endpoint settles.
+Every step is idempotent and one item's error does not stop the others: the errors are
+collected, reported, and raised by the caller after the rest is done, so the event is retried."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from aws_lambda_powertools import Logger
+from botocore.exceptions import ClientError
+
+from sdflow_common import job_control, names, rollback, sagemaker_jobs
+from sdflow_common.errors import SdflowError
+from sdflow_common.token_store import TokenRecord, TokenStore
+
+logger = Logger(child=True)
+
+NAMES_SHOWN = 10
+
+
+class CleanupIncomplete(SdflowError):
+    """Some of a run's jobs or its endpoint could not be stopped or rolled back (the message
+    lists each); the event is retried."""
+
+
+@dataclass
+class CleanupReport:
+    stopped: dict[str, list[str]] = field(default_factory=dict)
+    rollbacks: list[rollback.Rollback] = field(default_factory=list)
+    claims_deleted: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def stopped_count(self) -> int:
+        return sum(len(jobs) for jobs in self.stopped.values())
+
+    def lines(self) -> list[str]:
+        """The notification's account of the cleanup, one finding a line."""
+        lines = []
+        parts = [_job_phrase(label, jobs) for label, jobs in self.stopped.items() if jobs]
+        if parts:
+            lines.append("Stopped: " + "; ".join(parts))
+        lines.extend(item.text for item in self.rollbacks if item.outcome != "untouched")
+        if not lines and not self.errors:
+            lines.append("Nothing was left running.")
+        lines.extend(f"NOT cleaned up: {error}" for error in self.errors)
+        return lines
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "stopped": self.stopped_count,
+            "rollbacks": [item.outcome for item in self.rollbacks],
+            "claims_deleted": self.claims_deleted,
+            "errors": len(self.errors),
+        }
+
+
+def _job_phrase(label: str, jobs: list[str]) -> str:
+    shown = ", ".join(jobs[:NAMES_SHOWN])
+    more = f" and {len(jobs) - NAMES_SHOWN} more" if len(jobs) > NAMES_SHOWN else ""
+    noun = label if len(jobs) == 1 else f"{label}s"
+    return f"{len(jobs)} {noun} ({shown}{more})"
+
+
+def _in_progress_jobs(api: job_control.JobApi, run_hash: str) -> list[str]:
+    """Every InProgress job of the run (all pages listed before any is stopped, so stopping
+    does not shift the pages under the listing)."""
+    # NameContains is a substring match: keep only sdflow's own names of this run.
+    return [name for name in api.in_progress(run_hash) if name.startswith(f"{api.prefix}-") and f"-{run_hash}-" in name]
+
+
+def _cli_name(noun: str) -> str:
+    """ "ProcessingJob" -> "processing-job", as the AWS CLI spells operations and options."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "-", noun).lower()
+
+
+def stop_jobs(sagemaker: Any, run_hash: str, report: CleanupReport) -> None:
+    for api in (job_control.processing_jobs(sagemaker), job_control.training_jobs(sagemaker)):
+        try:
+            jobs = _in_progress_jobs(api, run_hash)
+        except ClientError as exc:
+            report.errors.append(f"could not list the run's {api.label}s ({exc}); look for names containing {run_hash}")
+            continue
+        for name in jobs:
+            try:
+                if api.stop(name):
+                    report.stopped.setdefault(api.label, []).append(name)
+            except ClientError as exc:
+                noun = _cli_name(api.noun)
+                report.errors.append(
+                    f"{api.label} {name} is still running ({exc}); stop it: aws sagemaker stop-{noun} "
+                    f"--{noun}-name {name}"
+                )
+
+
+def _settle_claim(record: TokenRecord, sagemaker: Any, store: TokenStore, report: CleanupReport) -> None:
+    if record.kind == "endpoint":
+        outcome = rollback.roll_back(record, sagemaker)
+        report.rollbacks.append(outcome)
+        if outcome.outcome == "manual":
+            report.errors.append(outcome.text)
+        if outcome.keeps_claim:
+            _request_rollback(record, store)
+            return
+    if store.delete(record.resource_name, token=record.task_token):
+        report.claims_deleted += 1
+
+
+def _request_rollback(record: TokenRecord, store: TokenStore) -> None:
+    try:
+        store.update_context(
+            record.resource_name, record.task_token, {rollback.ROLLBACK_KEY: rollback.ROLLBACK_REQUESTED}
+        )
+    except ClientError as exc:
+        if sagemaker_jobs.error_code(exc) != "ConditionalCheckFailedException":
+            raise
+        # Another token holds the endpoint by now (a redrive's new attempt): not ours to undo.
+        logger.info("endpoint claim changed hands; rollback not requested", extra={"endpoint": record.resource_name})
+
+
+def settle_claims(execution_arn: str, sagemaker: Any, store: TokenStore, report: CleanupReport) -> None:
+    try:
+        records = list(store.for_execution(execution_arn))
+    except ClientError as exc:
+        report.errors.append(f"could not read the run's task-token claims ({exc})")
+        return
+    for record in records:
+        try:
+            _settle_claim(record, sagemaker, store, report)
+        except ClientError as exc:
+            report.errors.append(f"{record.kind} {record.resource_name}: {exc}")
+
+
+def clean_up_run(execution_arn: str, start_time: Any, *, sagemaker: Any, store: TokenStore) -> CleanupReport:
+    """Stop, roll back and release everything of the run; see the module docstring."""
+    run_hash = names.run_hash(execution_arn, start_time)
+    report = CleanupReport()
+    stop_jobs(sagemaker, run_hash, report)
+    settle_claims(execution_arn, sagemaker, store, report)
+    logger.info("run cleaned up", extra={"run_hash": run_hash, **report.as_dict()})
+    return report

@@ -1,0 +1,557 @@
+"""The run document: what a user asks sdflow to do, as one pydantic model.
+
+The same document is a manifest uploaded to `manifests/` and the input of a direct
+StartExecution. `schemas/run-document.schema.json` is generated from this model:
+`PYTHONPATH=layers/common python -m sdflow_common.run_document --write schemas/run-document.schema.json`
+(`--check PATH` exits non-zero when the committed file is stale)."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import sys
+import unicodedata
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from sdflow_common.errors import InvalidRunDocument
+
+S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])/(?P<key>.*)$")
+ENDPOINT_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+INSTANCE_TYPE = r"^ml\.[a-z0-9]+\.[a-z0-9]+$"
+RUN_NAME = r"^[a-zA-Z0-9\-_]{1,40}$"
+# A Standard execution's ARN: arn:<partition>:states:<region>:<account>:execution:<state machine>:<name>.
+# No "/" in the state machine part: Distributed Map children (<machine>/<label>) are not runs.
+EXECUTION_ARN = r"^arn:aws[a-z-]*:states:[a-z0-9-]+:[0-9]{12}:execution:[^:/\s]{1,80}:[^:/\s]{1,80}$"
+# What each pattern means, in words: pydantic's own message would show the user the raw regex.
+PATTERN_HELP = {
+    ENDPOINT_NAME.pattern: "use letters, digits and hyphens, starting and ending with a letter or digit "
+    "(a SageMaker endpoint name), e.g. 'sdflow-cats'",
+    INSTANCE_TYPE: "use a SageMaker instance type of the form ml.<family>.<size>, e.g. 'ml.g5.xlarge'",
+    RUN_NAME: "use 1-40 letters, digits, '-' or '_', e.g. 'cats-v1'",
+    EXECUTION_ARN: "give the ARN of an earlier execution of this pipeline, as `aws stepfunctions "
+    "list-executions` prints it: arn:aws:states:<region>:<account>:execution:<pipeline>:<name>",
+}
+# A report lists at most this many problems: its text travels as a Step Functions error cause
+# (kept in 256 KB state) and an SNS message (256 KB), and a few are enough to start fixing.
+MAX_PROBLEMS = 20
+# Field names and values quoted in a message are cut to this many characters.
+QUOTE_LIMIT = 80
+# Escaped when quoted: control and format characters, lone surrogates (JSON allows them, UTF-8
+# encoders refuse them), line and paragraph separators (they would break a report's lines).
+UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+# SageMaker's maximum for MaxRuntimeInSeconds is 28 days.
+MAX_RUNTIME_LIMIT = 28 * 24 * 3600
+# Step Functions state data is capped at 256 KB, and the run document travels twice in it (the
+# execution input and `$.config.run`), so a document must stay well under half of that. Large
+# datasets use `dataset.prefix`, which costs a few bytes whatever the number of shards.
+MAX_DOCUMENT_BYTES = 96 * 1024
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    """`s3://bucket/key` → (bucket, key); ValueError naming the expected form otherwise."""
+    match = S3_URI.match(uri)
+    if not match:
+        raise ValueError(f"'{uri}' is not an S3 URI; write it as s3://<bucket>/<key>")
+    return match["bucket"], match["key"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Dataset(_Strict):
+    """Exactly one of `parquet_uris` or `prefix`."""
+
+    parquet_uris: list[str] | None = Field(
+        default=None, description="Parquet objects, one download job each (s3://bucket/key.parquet)."
+    )
+    prefix: str | None = Field(default=None, description="An S3 prefix; every *.parquet object below it is one shard.")
+    url_column: str = Field(default="URL", min_length=1, description="Column holding the image URL.")
+    caption_column: str = Field(default="TEXT", min_length=1, description="Column holding the caption.")
+
+    @field_validator("parquet_uris")
+    @classmethod
+    def _uris_are_parquet_objects(cls, uris: list[str] | None) -> list[str] | None:
+        if uris is None:
+            return None
+        if not uris:
+            raise ValueError("is empty; list at least one s3://…/*.parquet object, or give `prefix`")
+        for uri in uris:
+            _bucket, key = parse_s3_uri(uri)
+            if not key or key.endswith("/"):
+                raise ValueError(f"'{uri}' names a folder; list objects here or use `prefix`")
+        if len(set(uris)) != len(uris):
+            raise ValueError("lists the same object twice; each parquet file is one shard")
+        return uris
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix_is_s3(cls, prefix: str | None) -> str | None:
+        if prefix is not None:
+            parse_s3_uri(prefix)
+        return prefix
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> Dataset:
+        if (self.parquet_uris is None) == (self.prefix is None):
+            raise ValueError("give exactly one of `parquet_uris` (a list) or `prefix` (an s3:// prefix)")
+        return self
+
+
+class DownloadOptions(_Strict):
+    image_size: int = Field(default=256, ge=32, le=2048, description="Images are resized to this size.")
+    resize_mode: Literal["center_crop", "border", "keep_ratio", "no"] = Field(
+        default="center_crop", description="img2dataset resize mode."
+    )
+    samples_per_shard: int = Field(default=1000, ge=10, le=100_000, description="Samples per webdataset tar.")
+    instance_type: str = Field(
+        default="ml.c5.xlarge", pattern=INSTANCE_TYPE, description="Processing instance per shard."
+    )
+    processes: int = Field(default=4, ge=1, le=96, description="img2dataset processes (≈ vCPUs).")
+    threads: int = Field(default=16, ge=1, le=256, description="Download threads per process.")
+    url_timeout_seconds: int = Field(default=10, ge=1, le=300, description="Per-URL timeout.")
+    max_runtime_seconds: int = Field(
+        default=3600, ge=60, le=MAX_RUNTIME_LIMIT, description="Hard limit of one download job (hung URLs)."
+    )
+    max_concurrency: int = Field(
+        default=10, ge=1, le=1000, description="Download jobs running at once (SageMaker quota!)."
+    )
+    tolerated_failure_percent: float = Field(
+        default=10.0, ge=0, le=100, description="Share of shards that may fail before the run fails."
+    )
+
+
+class TrainingOptions(_Strict):
+    instance_type: str = Field(default="ml.g5.12xlarge", pattern=INSTANCE_TYPE, description="Training instance type.")
+    instance_count: int = Field(default=1, ge=1, le=64, description="Instances (nodes); > 1 trains distributed.")
+    volume_size_gb: int = Field(default=200, ge=1, le=16384, description="EBS volume per instance.")
+    max_runtime_seconds: int = Field(
+        default=24 * 3600, ge=60, le=MAX_RUNTIME_LIMIT, description="Stopping condition of the training job."
+    )
+    use_spot: bool = Field(default=False, description="Managed spot training; needs max_wait_seconds.")
+    max_wait_seconds: int | None = Field(
+        default=None, ge=60, le=MAX_RUNTIME_LIMIT, description="Spot: runtime + waiting, ≥ max_runtime."
+    )
+    keep_alive_seconds: int = Field(default=0, ge=0, le=3600, description="Warm pool after the job.")
+    max_retry_attempts: int = Field(default=2, ge=1, le=30, description="SageMaker RetryStrategy.")
+    plugin: Literal["torch_ddp", "low_level_zero", "gemini"] = Field(
+        default="gemini", description="Colossal-AI booster plugin (low_level_zero and gemini need GPUs)."
+    )
+    mixed_precision: Literal["no", "fp16", "bf16"] = Field(default="fp16", description="Training precision.")
+    resolution: int = Field(default=256, ge=32, le=2048, description="Training image size in pixels.")
+    train_batch_size: int = Field(default=8, ge=1, le=1024, description="Samples per step per GPU.")
+    gradient_accumulation_steps: int = Field(default=1, ge=1, le=1024, description="Steps per optimizer update.")
+    gradient_checkpointing: bool = Field(default=True, description="Trade compute for UNet activation memory.")
+    learning_rate: float = Field(default=1e-5, gt=0, le=1, description="AdamW learning rate.")
+    max_train_steps: int = Field(default=1000, ge=1, le=10_000_000, description="Optimizer updates in total.")
+    checkpointing_steps: int = Field(default=500, ge=1, description="Checkpoint every N steps (spot resumes).")
+    use_ema: bool = Field(default=False, description="Keep an exponential moving average of the UNet.")
+    seed: int = Field(default=42, ge=0, description="Random seed.")
+    dataloader_num_workers: int = Field(default=4, ge=0, le=64, description="Data loader worker processes.")
+    interleave_shards: int = Field(
+        default=8,
+        ge=1,
+        le=64,
+        description="Shards each data reader keeps open and draws samples from at random (1: one after another); "
+        "the mix stays exact across a resume.",
+    )
+    validation_prompts: list[Annotated[str, Field(min_length=1, max_length=300)]] = Field(
+        default_factory=lambda: ["a photo of a cat"],
+        max_length=16,
+        description="Prompts rendered into samples.png after training.",
+    )
+    noise_offset: float = Field(
+        default=0.0, ge=0, le=1, description="Noise offset (0 disables); helps learn very dark or bright images."
+    )
+    snr_gamma: float = Field(
+        default=0.0, ge=0, le=100, description="Min-SNR loss weighting gamma, e.g. 5 (0 disables)."
+    )
+    proportion_empty_prompts: float = Field(
+        default=0.0, ge=0, le=1, description="Share of captions trained as the empty prompt (classifier-free guidance)."
+    )
+    eval_adherence: bool = Field(
+        default=False,
+        description="Also score prompt adherence (held-out scene prompts) of the base and the trained model at the "
+        "end of the training job, as SageMaker metrics (the Evaluate model step always scores it).",
+    )
+
+    @model_validator(mode="after")
+    def _spot_needs_wait(self) -> TrainingOptions:
+        if self.use_spot:
+            if self.max_wait_seconds is None:
+                raise ValueError("use_spot is true: set max_wait_seconds (≥ max_runtime_seconds)")
+            if self.max_wait_seconds < self.max_runtime_seconds:
+                raise ValueError("max_wait_seconds must be ≥ max_runtime_seconds")
+            if self.keep_alive_seconds:
+                # SageMaker refuses warm pools (KeepAlivePeriodInSeconds) for spot training jobs.
+                raise ValueError("keep_alive_seconds (warm pool) cannot be used with use_spot; set one of them")
+        elif self.max_wait_seconds is not None:
+            raise ValueError("max_wait_seconds is only for spot training; set use_spot: true or drop it")
+        return self
+
+    def hyperparameters(self) -> dict[str, str]:
+        """The training container's hyperparameters, as the strings SageMaker delivers."""
+        values: dict[str, Any] = {
+            "plugin": self.plugin,
+            "mixed_precision": self.mixed_precision,
+            "resolution": self.resolution,
+            "train_batch_size": self.train_batch_size,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+            "gradient_checkpointing": self.gradient_checkpointing,
+            "learning_rate": self.learning_rate,
+            "max_train_steps": self.max_train_steps,
+            "checkpointing_steps": self.checkpointing_steps,
+            "use_ema": self.use_ema,
+            "seed": self.seed,
+            "dataloader_num_workers": self.dataloader_num_workers,
+            "interleave_shards": self.interleave_shards,
+            "validation_prompts": json.dumps(list(self.validation_prompts)),
+            "noise_offset": self.noise_offset,
+            "snr_gamma": self.snr_gamma,
+            "proportion_empty_prompts": self.proportion_empty_prompts,
+            "eval_adherence": self.eval_adherence,
+        }
+        return {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in values.items()}
+
+
+class EndpointOptions(_Strict):
+    name: str = Field(
+        default="sdflow",
+        pattern=ENDPOINT_NAME.pattern,
+        max_length=48,
+        description="Endpoint to create, or to update blue/green when it exists.",
+    )
+    instance_type: str = Field(default="ml.g5.xlarge", pattern=INSTANCE_TYPE, description="Serving instance type.")
+    initial_instance_count: int = Field(default=1, ge=1, le=100, description="Serving instances.")
+    max_wait_seconds: int = Field(
+        default=3600, ge=300, le=4 * 3600, description="How long a create/update may take before the run fails."
+    )
+
+
+# The scene grammar of the prompt-adherence score (training_image/sdflow_image/scenes.py, which the
+# layer cannot import; tests/unit/test_run_document.py checks the two agree).
+SCENE_COLOURS = ("red", "green", "blue", "yellow", "white", "black", "orange", "purple")
+SCENE_SHAPES = ("square", "circle", "triangle")
+SCENE_PROMPT = re.compile(r"^an? (?P<fg>[a-z]+) (?P<shape>[a-z]+) on an? (?P<bg>[a-z]+) background$")
+SCENE_GRAMMAR = "a <colour> <shape> on a <colour> background"
+MAX_EVALUATION_PROMPTS = 256
+
+
+def scene_prompt_problem(prompt: str) -> str | None:
+    """Why the adherence score cannot read `prompt`, or None when it follows the grammar."""
+    match = SCENE_PROMPT.match(prompt)
+    if match is None:
+        return f"'{printable(prompt)}' does not follow '{SCENE_GRAMMAR}'"
+    for word, allowed, what in (
+        (match["fg"], SCENE_COLOURS, "colour"),
+        (match["shape"], SCENE_SHAPES, "shape"),
+        (match["bg"], SCENE_COLOURS, "colour"),
+    ):
+        if word not in allowed:
+            return f"'{printable(prompt)}': unknown {what} '{printable(word)}'; use one of {', '.join(allowed)}"
+    return None
+
+
+class EvaluationOptions(_Strict):
+    """Evaluate model: a processing job of the training image scores prompt adherence of the base and
+    the trained model on held-out scene prompts and renders them side by side (adherence.png)."""
+
+    min_prompt_adherence: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Quality gate: deploy only when the trained model scores at least this (0-1); "
+        "null: no gate, the score is only reported.",
+    )
+    prompts: list[Annotated[str, Field(min_length=1, max_length=300)]] | None = Field(
+        default=None,
+        max_length=MAX_EVALUATION_PROMPTS,
+        description="Prompts to score, each 'a <colour> <shape> on a <colour> background'; default: the 48 "
+        "held-out scene prompts.",
+    )
+    prompts_uri: str | None = Field(
+        default=None,
+        description="Or an S3 object in this stack's bucket with the prompts: a JSON list, or one prompt a line.",
+    )
+    num_inference_steps: int = Field(default=20, ge=1, le=200, description="Denoising steps per image.")
+    guidance_scale: float = Field(default=5.0, ge=0, le=50, description="Classifier-free guidance scale.")
+    instance_type: str = Field(
+        default="ml.g5.xlarge", pattern=INSTANCE_TYPE, description="Processing instance of the evaluation job."
+    )
+    max_runtime_seconds: int = Field(
+        default=3600, ge=60, le=MAX_RUNTIME_LIMIT, description="Stopping condition of the evaluation job."
+    )
+
+    @field_validator("prompts")
+    @classmethod
+    def _prompts_follow_grammar(cls, prompts: list[str] | None) -> list[str] | None:
+        if prompts is None:
+            return None
+        if not prompts:
+            raise ValueError("is empty; list at least one prompt, or leave it out for the 48 held-out prompts")
+        problems = [problem for prompt in prompts if (problem := scene_prompt_problem(prompt))]
+        if problems:
+            raise ValueError(f"{problems[0]} (the adherence score reads only that grammar)")
+        return prompts
+
+    @field_validator("prompts_uri")
+    @classmethod
+    def _prompts_uri_is_s3(cls, uri: str | None) -> str | None:
+        if uri is not None:
+            _bucket, key = parse_s3_uri(uri)
+            if not key or key.endswith("/"):
+                raise ValueError(f"'{uri}' names a folder; give the object that lists the prompts")
+        return uri
+
+    @model_validator(mode="after")
+    def _one_prompt_source(self) -> EvaluationOptions:
+        if self.prompts is not None and self.prompts_uri is not None:
+            raise ValueError("give `prompts` or `prompts_uri`, not both")
+        return self
+
+
+class ApprovalOptions(_Strict):
+    """Who approves the registered model package before it is deployed."""
+
+    mode: Literal["auto", "manual"] = Field(
+        default="auto",
+        description="auto: approved when the quality gate passes; manual: the run waits for a person to approve "
+        "the package (aws sagemaker update-model-package --model-approval-status Approved).",
+    )
+    timeout_seconds: int = Field(
+        default=7 * 24 * 3600,
+        ge=60,
+        le=365 * 24 * 3600,
+        description="Manual approval: how long the run waits before it fails.",
+    )
+
+
+class RunDocument(_Strict):
+    """A training run: dataset and base model are required, everything else has defaults."""
+
+    schema_version: Literal[1] = Field(default=1, description="Version of this document format.")
+    run_name: str | None = Field(default=None, pattern=RUN_NAME, description="Readable name, part of the run id.")
+    dataset: Dataset = Field(description="Where the LAION-style parquet files are (required).")
+    base_model_uri: str = Field(description="S3 prefix of a diffusers-format Stable Diffusion model.")
+    download: DownloadOptions = Field(
+        default_factory=DownloadOptions, description="One SageMaker processing job (img2dataset) per parquet file."
+    )
+    training: TrainingOptions = Field(
+        default_factory=TrainingOptions, description="The SageMaker training job (Colossal-AI)."
+    )
+    endpoint: EndpointOptions = Field(
+        default_factory=EndpointOptions, description="The SageMaker endpoint created or updated."
+    )
+    evaluation: EvaluationOptions = Field(
+        default_factory=EvaluationOptions, description="Prompt-adherence evaluation and the quality gate."
+    )
+    approval: ApprovalOptions = Field(
+        default_factory=ApprovalOptions, description="Approval of the registered model package before deploy."
+    )
+    notify_email_subject_prefix: str = Field(
+        default="[sdflow]", max_length=40, description="Prefix of the notification subjects."
+    )
+    resume_from: str | None = Field(
+        default=None,
+        pattern=EXECUTION_ARN,
+        max_length=256,
+        description="ARN of an earlier, ended execution of this pipeline whose finished shards (and, when "
+        "nothing that shapes the model changed, its trained model) this run reuses (docs/run-document.md).",
+    )
+
+    @field_validator("base_model_uri")
+    @classmethod
+    def _base_model_is_s3(cls, uri: str) -> str:
+        parse_s3_uri(uri)
+        return uri
+
+
+def printable(text: str, limit: int = QUOTE_LIMIT) -> str:
+    """`text` safe to quote in a report, an error cause and an SNS message: control characters and
+    lone surrogates (legal in JSON, refused by UTF-8 encoders) escaped, cut to `limit` characters."""
+    out = []
+    for char in text:
+        if unicodedata.category(char) in UNSAFE_CATEGORIES:
+            out.append(char.encode("unicode_escape", "backslashreplace").decode("ascii"))
+        else:
+            out.append(char)
+    shown = "".join(out)
+    return shown if len(shown) <= limit else shown[: limit - 1] + "…"
+
+
+def _model_at(path: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model class that holds the field at `path` (None when the path leaves the models)."""
+    model: type[BaseModel] = RunDocument
+    for part in path:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model
+
+
+def _unknown_field_message(loc: tuple[Any, ...]) -> str:
+    model = _model_at(loc[:-1])
+    known = list(model.model_fields) if model is not None else []
+    close = difflib.get_close_matches(str(loc[-1]).lower(), known, n=1, cutoff=0.6)
+    if close:
+        return f"unknown field; did you mean `{close[0]}`? (docs/run-document.md lists every field)"
+    if known and len(known) <= 10:
+        return f"unknown field; remove it (fields allowed here: {', '.join(known)})"
+    return "unknown field; remove it or check its spelling (docs/run-document.md lists every field)"
+
+
+def _pattern_message(item: Any) -> str:
+    pattern = str(item.get("ctx", {}).get("pattern", ""))
+    value = item.get("input")
+    shown = printable(value) if isinstance(value, str) else repr(value)
+    advice = PATTERN_HELP.get(pattern, "see docs/run-document.md for the allowed form")
+    return f"'{shown}' is not allowed here; {advice}"
+
+
+def _field_part(part: Any) -> str:
+    shown = printable(str(part))
+    # A blank key (`{" ": 1}`) would name no field at all: quote it so the user sees what to remove.
+    return shown if shown.strip() else json.dumps(str(part))
+
+
+def field_path(loc: tuple[Any, ...]) -> str:
+    return ".".join(_field_part(part) for part in loc) or "(document)"
+
+
+def format_errors(error: ValidationError) -> list[dict[str, str]]:
+    """pydantic's errors as `{"field": "training.instance_count", "message": …}`, one per problem."""
+    out = []
+    for item in error.errors():
+        loc = tuple(item["loc"])
+        message = item["msg"]
+        if item["type"] == "extra_forbidden":
+            message = _unknown_field_message(loc)
+        elif item["type"] == "missing":
+            message = "is required"
+        elif item["type"] == "string_pattern_mismatch":
+            message = _pattern_message(item)
+        elif item["type"] == "string_unicode":
+            # A lone surrogate ("\ud800" in the JSON): valid JSON, but no text a field can hold.
+            shown = printable(str(item.get("input")))
+            message = f"'{shown}' is not valid Unicode text (it holds a lone surrogate); write it as plain UTF-8"
+        elif item["type"] == "value_error":
+            # pydantic prefixes our own validators' messages with "Value error, "; users need only ours.
+            message = message.removeprefix("Value error, ")
+        out.append({"field": field_path(loc), "message": printable(message, limit=1000)})
+    return out
+
+
+def bounded(problems: list[dict[str, str]]) -> list[dict[str, str]]:
+    """At most MAX_PROBLEMS entries; the last one says how many more there are."""
+    if len(problems) <= MAX_PROBLEMS:
+        return problems
+    rest = len(problems) - (MAX_PROBLEMS - 1)
+    more = {"field": "(document)", "message": f"and {rest} more problems; fix the ones above and check again"}
+    return [*problems[: MAX_PROBLEMS - 1], more]
+
+
+def invalid(problems: list[dict[str, str]]) -> InvalidRunDocument:
+    """InvalidRunDocument whose message is the JSON list of problems (what notifications render)."""
+    return InvalidRunDocument(json.dumps(bounded(problems)))
+
+
+def problems_of(error: Exception) -> list[dict[str, str]]:
+    """The problem list an InvalidRunDocument or DatasetNotFound carries (its message is JSON)."""
+    try:
+        decoded = json.loads(str(error))
+    except ValueError:
+        decoded = None
+    if isinstance(decoded, list) and decoded and all(isinstance(item, dict) for item in decoded):
+        return [
+            {"field": str(item.get("field", "(document)")), "message": str(item.get("message"))} for item in decoded
+        ]
+    return [{"field": "(document)", "message": str(error)}]
+
+
+def parse_run_document(raw: Any, *, max_shards: int | None = None) -> RunDocument:
+    """Validate a decoded document; InvalidRunDocument carries a readable list of problems."""
+    if not isinstance(raw, dict):
+        raise invalid([{"field": "(document)", "message": f"must be a JSON object, not {_json_type(raw)}"}])
+    try:
+        document = RunDocument.model_validate(raw)
+        size = len(json.dumps(raw, separators=(",", ":")).encode())
+    except ValidationError as exc:
+        raise invalid(format_errors(exc)) from exc
+    except RecursionError as exc:
+        raise invalid(
+            [{"field": "(document)", "message": "nests too deeply; a run document is a few levels deep"}]
+        ) from exc
+    uris = document.dataset.parquet_uris
+    if max_shards is not None and uris is not None and len(uris) > max_shards:
+        problem = {
+            "field": "dataset.parquet_uris",
+            "message": f"lists {len(uris)} files; this stack allows at most {max_shards} "
+            "(the stack's MaxShards parameter); split the dataset into several runs",
+        }
+        raise invalid([problem])
+    if size > MAX_DOCUMENT_BYTES:
+        field = "dataset.parquet_uris" if uris is not None else "(document)"
+        problem = {
+            "field": field,
+            "message": f"the document is {size} bytes; at most {MAX_DOCUMENT_BYTES} fit in the pipeline's "
+            "state; put the parquet files under one S3 folder and give `dataset.prefix` instead",
+        }
+        raise invalid([problem])
+    return document
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return type(value).__name__
+
+
+def json_schema() -> dict[str, Any]:
+    schema = RunDocument.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = "https://github.com/sdflow/sdflow/schemas/run-document.schema.json"
+    return schema
+
+
+def schema_text() -> str:
+    """The committed file's exact content (stable key order, trailing newline)."""
+    return json.dumps(json_schema(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Print, write or check the run document's JSON Schema.")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--write", type=Path, metavar="PATH", help="write the schema to PATH")
+    group.add_argument("--check", type=Path, metavar="PATH", help="exit 1 when PATH differs from the model")
+    args = parser.parse_args(argv)
+    text = schema_text()
+    if args.write:
+        args.write.parent.mkdir(parents=True, exist_ok=True)
+        args.write.write_text(text, encoding="utf-8")
+    elif args.check:
+        current = args.check.read_text(encoding="utf-8") if args.check.exists() else ""
+        if current != text:
+            print(f"{args.check} is stale; regenerate it with --write {args.check}", file=sys.stderr)
+            return 1
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

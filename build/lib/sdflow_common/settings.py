@@ -1,0 +1,64 @@
+"""Environment a function receives from template.yaml, read once and typed.
+
+Every name here is set in template.yaml's Globals or the function's own Environment."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+# template.yaml's EndpointNamePrefix default, for a function run outside the template (tests).
+DEFAULT_ENDPOINT_NAME_PREFIX = "sdflow"
+
+
+def _required(name: str) -> str:
+    value = os.environ.get(name, "")
+    if not value:
+        raise RuntimeError(f"environment variable {name} is not set; template.yaml must define it")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_bucket: str
+    token_table: str
+    topic_arn: str
+    state_machine_arn: str
+    sagemaker_role_arn: str
+    training_image_uri: str
+    idempotency_table: str
+    max_shards: int
+    # How long before a waiting task's deadline the reconciler describes its resource itself.
+    reconcile_lead_seconds: int
+    # Every endpoint a run may create or update starts with this (template parameter
+    # EndpointNamePrefix; the deploy role's IAM is scoped to it).
+    endpoint_name_prefix: str
+    # Where notifications link a run: a run console's base URL (template parameter ConsoleUrl; the
+    # local runtime sets its `sdflow console`); empty: the AWS Step Functions console.
+    console_url: str = ""
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        return cls(
+            data_bucket=os.environ.get("DATA_BUCKET", ""),
+            token_table=os.environ.get("TOKEN_TABLE", ""),
+            topic_arn=os.environ.get("TOPIC_ARN", ""),
+            state_machine_arn=os.environ.get("STATE_MACHINE_ARN", ""),
+            sagemaker_role_arn=os.environ.get("SAGEMAKER_ROLE_ARN", ""),
+            training_image_uri=os.environ.get("TRAINING_IMAGE_URI", ""),
+            idempotency_table=os.environ.get("IDEMPOTENCY_TABLE", ""),
+            max_shards=int(os.environ.get("MAX_SHARDS", "10000")),
+            # The template speaks in minutes (CloudFormation cannot multiply); the *_SECONDS
+            # form wins so tests and the local runtime can use short values.
+            reconcile_lead_seconds=int(
+                os.environ.get("RECONCILE_LEAD_SECONDS") or int(os.environ.get("RECONCILE_LEAD_MINUTES", "20")) * 60
+            ),
+            endpoint_name_prefix=os.environ.get("ENDPOINT_NAME_PREFIX") or DEFAULT_ENDPOINT_NAME_PREFIX,
+            console_url=os.environ.get("CONSOLE_URL", ""),
+        )
+
+    def require(self, *names: str) -> None:
+        """Fail fast with the variable's name when a function runs without its configuration."""
+        for name in names:
+            if not getattr(self, name):
+                _required(name.upper())

@@ -1,0 +1,1 @@
+"""The training image's code: download, train and serve entrypoints (SageMaker contract)."""

@@ -1,0 +1,281 @@
+"""The evaluate job: score a trained model's prompt adherence against its base model.
+
+SageMaker runs it as a processing job after training (`ContainerEntrypoint = ["evaluate"]`, the
+flags as ContainerArguments), so the pipeline can gate deployment on the score:
+
+    evaluate --model_dir /opt/ml/processing/model --base_model_dir /opt/ml/processing/base_model
+             --output_dir /opt/ml/processing/evaluation [--prompts_file FILE | --prompts JSON]
+             [--num_inference_steps 20] [--guidance_scale 5.0] [--seed 0] [--resolution 0]
+
+What it promises:
+- the prompts and both model folders are checked before anything is loaded or rendered, and a
+  bad one fails in seconds with a message naming the flag and the fix;
+- --model_dir may hold the training job's `model.tar.gz` as SageMaker downloads it: it is
+  extracted (tarfile's "data" filter: no links or paths out of the folder) under --work_dir;
+- the evaluation itself is the training job's end-of-training one (adherence.compare), so the two
+  scores of a model agree for the same prompts and settings;
+- `<output_dir>/evaluation.json` is written last, after `adherence.png`.
+Any error goes to the processing job's ExitMessage file (and the failure file), and the exit
+status is non-zero."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tarfile
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from sdflow_image import adherence, contract, flags, scenes, serve_model
+from sdflow_image.serve_request import SIZE_MULTIPLE
+
+LOG = logging.getLogger("sdflow.evaluate")
+
+EVALUATION_FILE = "evaluation.json"
+MAX_PROMPTS = 256
+MODEL_FIX = "mount the training job's model artifact (model.tar.gz) or its extracted files there"
+BASE_FIX = "mount the base diffusers model the training job started from there"
+
+
+class EvaluationError(RuntimeError):
+    """The evaluation cannot run; the message says why and what to change."""
+
+
+class Terminated(EvaluationError):
+    """SIGTERM: SageMaker is stopping the job."""
+
+
+def _path(text: str) -> Path:
+    if not text.strip():
+        raise ValueError("is empty; expected a path")
+    return Path(text)
+
+
+def _resolution(text: str) -> int:
+    value = flags.non_negative_int(text)
+    if value % SIZE_MULTIPLE:
+        raise ValueError(f"must be a multiple of {SIZE_MULTIPLE} (or 0: the trained resolution)")
+    return int(value)
+
+
+FLAGS: list[flags.Flag] = [
+    flags.Flag("model_dir", _path, None, "the trained model: diffusers files or the job's model.tar.gz", required=True),
+    flags.Flag("base_model_dir", _path, None, "the base diffusers model the training started from", required=True),
+    flags.Flag("output_dir", _path, None, "where evaluation.json and adherence.png go", required=True),
+    flags.Flag("prompts_file", _path, None, "a JSON list of prompts, or one prompt per line (# comments)"),
+    flags.Flag("prompts", flags.prompt_list, None, "JSON list of scene prompts; neither flag: the 48 held-out ones"),
+    flags.Flag("num_inference_steps", flags.positive_int, 20, "denoising steps per image"),
+    flags.Flag("guidance_scale", flags.non_negative_float, 5.0, "classifier-free guidance scale"),
+    flags.Flag("seed", flags.non_negative_int, 0, "seed of the first prompt's generator (prompt i: seed + i)"),
+    flags.Flag("resolution", _resolution, 0, "image side in pixels; 0 = the trained resolution (sdflow_model.json)"),
+    flags.Flag("work_dir", _path, None, "where a model.tar.gz is extracted (None: $SDFLOW_OPT_ML/processing/work)"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return flags.build_parser("evaluate", "Score a trained model's prompt adherence against its base.", FLAGS)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse the job's arguments; raises flags.FlagError naming the flag."""
+    return flags.parse(build_parser(), FLAGS, argv)
+
+
+# --- prompts ------------------------------------------------------------------------------
+
+
+def _prompts_from_file(path: Path) -> list[str]:
+    if not path.is_file():
+        raise EvaluationError(f"--prompts_file {path} is not a file; pass the prompts file the job mounts")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise EvaluationError(f"--prompts_file {path} is not readable UTF-8 text ({exc})") from exc
+    if text.lstrip().startswith("["):
+        try:
+            return flags.prompt_list(text)
+        except ValueError as exc:
+            raise EvaluationError(f"--prompts_file {path} {exc}") from None
+    lines = (line.strip() for line in text.splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def read_prompts(args: argparse.Namespace) -> list[str]:
+    """The prompts to score, each checked against the scene grammar the score reads."""
+    if args.prompts is not None and args.prompts_file is not None:
+        raise EvaluationError("pass --prompts or --prompts_file, not both")
+    if args.prompts_file is not None:
+        source, prompts = f"--prompts_file {args.prompts_file}", _prompts_from_file(args.prompts_file)
+    elif args.prompts is not None:
+        source, prompts = "--prompts", list(args.prompts)
+    else:
+        return adherence.default_prompts()
+    if not prompts:
+        raise EvaluationError(f"{source} holds no prompts")
+    if len(prompts) > MAX_PROMPTS:
+        raise EvaluationError(f"{source} holds {len(prompts)} prompts; at most {MAX_PROMPTS} are scored")
+    for number, prompt in enumerate(prompts, 1):
+        try:
+            scenes.parse_prompt(prompt)
+        except scenes.PromptGrammarError as exc:
+            raise EvaluationError(
+                f"{source}, prompt {number}: {exc}. Every prompt must read {scenes.GRAMMAR!r} "
+                f"with colours {', '.join(scenes.COLORS)} and shapes {', '.join(scenes.SHAPES)}"
+            ) from None
+    return prompts
+
+
+# --- model folders ------------------------------------------------------------------------
+
+
+def check_pipeline_dir(path: Path, flag: str, fix: str) -> Path:
+    """`path` holds a diffusers pipeline: model_index.json and a folder for each component it names."""
+    if not path.is_dir():
+        raise EvaluationError(f"{flag} {path} does not exist or is not a folder; {fix}")
+    index = path / "model_index.json"
+    if not index.is_file():
+        raise EvaluationError(f"{flag} {path} holds no diffusers pipeline (model_index.json missing); {fix}")
+    try:
+        components = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise EvaluationError(f"{flag} {index} is not readable JSON ({exc}); {fix}") from exc
+    if not isinstance(components, dict):
+        raise EvaluationError(f"{flag} {index} is not a JSON object; {fix}")
+    # Entries are [library, class] (null for an absent optional part such as the safety checker).
+    missing = [
+        name
+        for name, spec in components.items()
+        if not name.startswith("_") and isinstance(spec, list) and spec and spec[0] and not (path / name).is_dir()
+    ]
+    if missing:
+        raise EvaluationError(f"{flag} {path} lacks the pipeline's {', '.join(sorted(missing))} folder(s); {fix}")
+    return path
+
+
+def model_folder(path: Path, work: Path) -> Path:
+    """The trained model's folder: --model_dir itself, or its model.tar.gz extracted into `work`."""
+    if path.is_dir() and (path / "model_index.json").is_file():
+        return check_pipeline_dir(path, "--model_dir", MODEL_FIX)
+    if path.is_file():
+        archive = path
+    elif path.is_dir():
+        archives = sorted(path.glob("*.tar.gz"))
+        if len(archives) != 1:
+            return check_pipeline_dir(path, "--model_dir", MODEL_FIX)  # raises, naming what is missing
+        archive = archives[0]
+    else:
+        raise EvaluationError(f"--model_dir {path} does not exist; {MODEL_FIX}")
+    LOG.info("extracting %s into %s", archive, work)
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            tar.extractall(work, filter="data")
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise EvaluationError(f"--model_dir {archive} is not a readable tar.gz archive ({exc}); {MODEL_FIX}") from exc
+    # An archive made of a folder (tar czf model.tar.gz model/) holds the pipeline one level down.
+    entries = [p for p in work.iterdir() if not p.name.startswith(".")]
+    root = entries[0] if len(entries) == 1 and entries[0].is_dir() else work
+    return check_pipeline_dir(root, "--model_dir", f"{archive.name} must hold the trained model's files")
+
+
+def trained_resolution(model_dir: Path) -> int:
+    """As the server picks its default size: sdflow_model.json's resolution, else the UNet's
+    sample size times the VAE's downscaling, else 512."""
+    try:
+        info = serve_model.read_model_info(model_dir)
+    except serve_model.ModelInfoError as exc:
+        raise EvaluationError(f"--model_dir: {exc}; pass --resolution to override") from None
+    if info is not None:
+        return info.resolution
+    try:
+        unet = json.loads((model_dir / "unet" / "config.json").read_text(encoding="utf-8"))
+        vae = json.loads((model_dir / "vae" / "config.json").read_text(encoding="utf-8"))
+        return int(unet["sample_size"]) * 2 ** (len(vae["block_out_channels"]) - 1)
+    except (OSError, ValueError, KeyError, TypeError):
+        return serve_model.FALLBACK_IMAGE_SIZE
+
+
+def _loader(path: Path, flag: str, fix: str, device: str) -> Callable[[], Any]:
+    def load() -> Any:
+        try:
+            return adherence.load_pipeline(path, device)
+        except Exception as exc:  # diffusers raises OSError, ValueError, KeyError... for a bad file
+            raise EvaluationError(
+                f"{flag} {path}: the pipeline does not load ({type(exc).__name__}: {exc}); {fix}"
+            ) from exc
+
+    return load
+
+
+# --- the job ------------------------------------------------------------------------------
+
+
+def evaluation_document(result: adherence.Comparison, settings: dict[str, Any]) -> dict[str, Any]:
+    def accuracies(report: adherence.AdherenceReport) -> dict[str, float]:
+        return {key: getattr(report, key) for key in ("foreground_accuracy", "background_accuracy", "shape_accuracy")}
+
+    return {
+        "prompt_adherence": result.trained.score,
+        "base_prompt_adherence": result.base.score,
+        "prompts": result.trained.prompts,
+        **accuracies(result.trained),
+        "base": accuracies(result.base),
+        "grid": adherence.GRID_FILE,
+        "settings": settings,
+        "results": result.trained.results,
+    }
+
+
+def evaluate(args: argparse.Namespace) -> dict[str, Any]:
+    """Do the job; return the evaluation.json document."""
+    prompts = read_prompts(args)
+    check_pipeline_dir(args.base_model_dir, "--base_model_dir", BASE_FIX)
+    work_root = args.work_dir if args.work_dir is not None else contract.opt_ml() / "processing" / "work"
+    work_root.mkdir(parents=True, exist_ok=True)
+    # On the job's volume (not the image's small root disk): a real model is gigabytes.
+    with tempfile.TemporaryDirectory(prefix="model-", dir=work_root) as work:
+        model_dir = model_folder(args.model_dir, Path(work))
+        import torch  # here: a job failing the checks above should not pay for importing it
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        settings = {
+            "resolution": args.resolution or trained_resolution(model_dir),
+            "num_inference_steps": args.num_inference_steps,
+            "guidance_scale": args.guidance_scale,
+            "seed": args.seed,
+        }
+        LOG.info("scoring %d prompts on %s with %s", len(prompts), device, json.dumps(settings))
+        args.output_dir.mkdir(parents=True, exist_ok=True)
+        result = adherence.compare(
+            _loader(model_dir, "--model_dir", MODEL_FIX, device),
+            _loader(args.base_model_dir, "--base_model_dir", BASE_FIX, device),
+            prompts,
+            out_dir=args.output_dir,
+            **settings,
+        )
+    document = evaluation_document(result, {**settings, "device": device})
+    # Written last: its presence means the grid is in place too.
+    (args.output_dir / EVALUATION_FILE).write_text(json.dumps(document, indent=2), encoding="utf-8")
+    return document
+
+
+def main(args: argparse.Namespace | None = None) -> int:
+    """Run the job; return the exit status (0 scored, 1 failed)."""
+
+    def work() -> str:
+        document = evaluate(args if args is not None else parse_args())
+        return (
+            f"ok: prompt adherence base {document['base_prompt_adherence']:.4f} → trained "
+            f"{document['prompt_adherence']:.4f} ({document['prompts']} prompts)"
+        )
+
+    return contract.run_processing_job(
+        work, lambda signum: Terminated(f"stopped by signal {signum} (SageMaker stops jobs with SIGTERM)")
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

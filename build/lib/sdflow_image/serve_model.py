@@ -1,0 +1,203 @@
+"""The served model: its settings, loading it, what training said about it, and how fast it is.
+
+`<model_dir>/sdflow_model.json`, written by the training job, gives the size the model was
+trained at (the default serving size: a Stable Diffusion model asked for another size draws
+worse) and the dtype its weights were saved in (used on a GPU; a CPU computes in float32).
+
+A generation's time is estimated from a timing taken once at load: denoising steps dominate,
+and each costs about the same at a given size, so a request costs
+`images * (width * height / size**2) * (overhead + steps * step)`, scaled linearly in pixels.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sdflow_image import contract
+from sdflow_image.serve_request import SIZE_MULTIPLE, SizeLimits
+
+MODEL_INFO_FILE = "sdflow_model.json"
+DTYPES = ("float16", "bfloat16", "float32")
+FALLBACK_IMAGE_SIZE = 512  # when neither training nor the pipeline says what size it was trained at
+# InvokeEndpoint: "A customer's model containers must respond to requests within 60 seconds."
+# (https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_runtime_InvokeEndpoint.html)
+INVOCATION_LIMIT_S = 60.0
+CALIBRATION_STEPS = 3
+CALIBRATION_GUIDANCE = 7.5  # > 1: classifier-free guidance doubles the UNet batch, as most requests do
+
+
+class ServeError(Exception):
+    """Base class of the serve job's own errors."""
+
+
+class ModelNotFoundError(ServeError):
+    """The model folder holds no diffusers pipeline."""
+
+
+class ModelInfoError(ServeError):
+    """sdflow_model.json is there but unreadable or holds a value the server cannot use."""
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    model_dir: Path = field(default_factory=contract.model_dir)
+    host: str = "0.0.0.0"
+    port: int = 8080
+    max_queue: int = 8
+    limits: SizeLimits = field(default_factory=SizeLimits)
+    max_body_bytes: int = 64 * 1024
+    device: str = "auto"
+    dtype: str = "auto"
+    graceful_timeout: int = 60
+    log_level: str = "info"
+    invocation_limit_s: float = INVOCATION_LIMIT_S
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the training job recorded in sdflow_model.json (the fields the server uses)."""
+
+    resolution: int
+    dtype: str
+
+
+def read_model_info(model_dir: Path) -> ModelInfo | None:
+    """sdflow_model.json's resolution and dtype; None when training wrote no such file."""
+    path = model_dir / MODEL_INFO_FILE
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ModelInfoError(f"{path} is not readable JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ModelInfoError(f"{path} must hold a JSON object, got {type(raw).__name__}")
+    resolution = raw.get("resolution")
+    if type(resolution) is not int or resolution <= 0 or resolution % SIZE_MULTIPLE:
+        raise ModelInfoError(
+            f"{path}: resolution must be a positive multiple of {SIZE_MULTIPLE} (the training size), got {resolution!r}"
+        )
+    dtype = raw.get("dtype", "float32")
+    if dtype not in DTYPES:
+        raise ModelInfoError(f"{path}: dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    return ModelInfo(resolution=resolution, dtype=dtype)
+
+
+def torch_placement(settings: ServeSettings, info: ModelInfo | None) -> tuple[str, Any]:
+    """(device, torch dtype): the saved dtype on a GPU, float32 on a CPU (it lacks fast half kernels)."""
+    import torch
+
+    device = settings.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype_name = settings.dtype
+    if dtype_name == "auto":
+        on_gpu = device.startswith("cuda")
+        dtype_name = (info.dtype if info else "float16") if on_gpu else "float32"
+    return device, getattr(torch, dtype_name)
+
+
+def load_pipeline(settings: ServeSettings) -> Any:
+    """Load the diffusers pipeline from the model folder; nothing is fetched from a hub."""
+    model_dir = settings.model_dir
+    if not (model_dir / "model_index.json").is_file():
+        raise ModelNotFoundError(
+            f"no diffusers pipeline in {model_dir} (model_index.json missing); "
+            "the training job writes one to $SDFLOW_OPT_ML/model"
+        )
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from diffusers import StableDiffusionPipeline
+    from diffusers.utils import logging as diffusers_logging
+
+    # Progress bars are noise in a server's log (CloudWatch keeps every redraw).
+    diffusers_logging.disable_progress_bar()
+    device, dtype = torch_placement(settings, read_model_info(model_dir))
+    pipe = StableDiffusionPipeline.from_pretrained(
+        str(model_dir),
+        local_files_only=True,
+        safety_checker=None,
+        requires_safety_checker=False,
+        torch_dtype=dtype,  # diffusers 0.29 names it torch_dtype (`dtype` came in later releases)
+    )
+    pipe = pipe.to(device)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def default_size(info: ModelInfo | None, pipe: Any) -> int:
+    """The trained size: sdflow_model.json's, else the UNet's latent size times the VAE's scale."""
+    if info is not None:
+        return info.resolution
+    try:
+        return int(pipe.unet.config.sample_size) * int(pipe.vae_scale_factor)
+    except (AttributeError, TypeError, ValueError):
+        return FALLBACK_IMAGE_SIZE
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """One image at `size`²: seconds per denoising step, and the rest (text encoder, VAE, PNG)."""
+
+    size: int
+    step_s: float
+    overhead_s: float
+
+    def estimate_s(self, *, steps: int, images: int, width: int, height: int) -> float:
+        pixels = (width * height) / (self.size * self.size)
+        return images * pixels * (self.overhead_s + steps * self.step_s)
+
+    def max_steps(self, *, images: int, width: int, height: int, limit_s: float) -> int:
+        """The most steps that fit in `limit_s` at this size and count (0 when none do)."""
+        per_image = limit_s / (images * (width * height) / (self.size * self.size))
+        return max(0, int((per_image - self.overhead_s) / self.step_s)) if self.step_s > 0 else 10**6
+
+
+def calibrate(pipe: Any, size: int) -> StepTiming:
+    """Time the pipeline at `size`: a warm-up call (lazy initialisation, kernel choice), then
+    a timed one whose step-end callbacks give the per-step time; the slowest step is kept."""
+    import torch
+
+    marks: list[float] = []
+
+    def mark(pipeline: Any, step: int, timestep: Any, tensors: dict[str, Any]) -> dict[str, Any]:
+        marks.append(time.monotonic())
+        return {}
+
+    def run(steps: int) -> None:
+        result = pipe(
+            prompt="calibration",
+            num_inference_steps=steps,
+            guidance_scale=CALIBRATION_GUIDANCE,
+            width=size,
+            height=size,
+            num_images_per_prompt=1,
+            generator=torch.Generator("cpu").manual_seed(0),
+            output_type="pil",
+            callback_on_step_end=mark,
+        )
+        for image in result.images:
+            to_png(image)
+
+    run(1)
+    marks.clear()
+    started = time.monotonic()
+    run(CALIBRATION_STEPS)
+    total = time.monotonic() - started
+    gaps = [b - a for a, b in itertools.pairwise(marks)]
+    step_s = max(gaps) if gaps else total / CALIBRATION_STEPS
+    overhead_s = max(0.0, total - CALIBRATION_STEPS * statistics.fmean(gaps or [step_s]))
+    return StepTiming(size=size, step_s=step_s, overhead_s=overhead_s)
+
+
+def to_png(image: Any) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()

@@ -1,0 +1,237 @@
+"""The inference worker: loads the model once, admits requests, runs them one at a time.
+
+Inference is serialized: one pipeline call at a time (a GPU holds one model copy and
+concurrent calls would only thrash it), run in a worker thread so /ping stays responsive.
+Admission is bounded twice: by the number of requests waiting (`max_queue`) and by time, so
+that what is admitted can finish within SageMaker's invocation limit. A request that could
+not finish alone is the caller's to change (400, naming the limit and what would fit); one
+that could, but not behind the work already queued, is told to retry (503 busy).
+
+Work whose client has gone is dropped: before it starts, and between denoising steps
+through diffusers' `callback_on_step_end` (diffusers 0.29 calls it as
+`callback(pipe, step, timestep, tensors)` after each step). A request still running when
+SageMaker's limit has passed is stopped too: SageMaker has already answered its caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sdflow_image.serve_model import (
+    ServeError,
+    ServeSettings,
+    StepTiming,
+    calibrate,
+    default_size,
+    load_pipeline,
+    read_model_info,
+    to_png,
+)
+from sdflow_image.serve_request import BadRequestError, InvocationRequest
+
+LOG = logging.getLogger("sdflow.serve")
+
+PipelineLoader = Callable[[ServeSettings], Any]
+Calibrator = Callable[[Any, int], StepTiming]
+
+
+class BusyError(ServeError):
+    """Too many requests, or too much work, are already waiting for the pipeline."""
+
+
+class ClientGoneError(ServeError):
+    """The client disconnected before the generation ended."""
+
+
+class DeadlineError(ServeError):
+    """The generation ran past SageMaker's limit (the estimate was short): SageMaker has answered its caller."""
+
+
+@dataclass
+class Generation:
+    images: list[bytes]  # PNG files
+    seed: int
+    width: int
+    height: int
+    elapsed_s: float
+
+
+@dataclass
+class Job:
+    """One admitted request and what the worker needs to drop it early."""
+
+    request: InvocationRequest
+    width: int
+    height: int
+    estimate_s: float
+    gone: threading.Event
+    deadline: float  # time.monotonic() past which SageMaker has answered the caller itself
+
+
+class ModelServer:
+    """Holds the pipeline's load state and runs generations one at a time."""
+
+    def __init__(
+        self,
+        settings: ServeSettings,
+        loader: PipelineLoader = load_pipeline,
+        calibrator: Calibrator = calibrate,
+    ):
+        self.settings = settings
+        self._loader = loader
+        self._calibrator = calibrator
+        self.status: Literal["loading", "ready", "failed"] = "loading"
+        self.error: str | None = None
+        self.timing: StepTiming | None = None
+        self.default_size = 0
+        self._pipe: Any = None
+        self._pipe_lock = threading.Lock()
+        self._queue_lock = asyncio.Lock()
+        # Touched only on the event loop thread: requests running + waiting, and their estimates.
+        self._admitted = 0
+        self._pending_s = 0.0
+
+    def start_loading(self) -> threading.Thread:
+        # A daemon thread: a SIGTERM during a long load must not wait for the load to end.
+        thread = threading.Thread(target=self._load, name="sdflow-model-loader", daemon=True)
+        thread.start()
+        return thread
+
+    def _load(self) -> None:
+        started = time.monotonic()
+        model_dir = self.settings.model_dir
+        LOG.info("loading model from %s", model_dir)
+        try:
+            info = read_model_info(model_dir)
+            pipe = self._loader(self.settings)
+            size = default_size(info, pipe)
+            timing = self._calibrator(pipe, size)
+        except Exception as exc:  # reported by /ping (500) and the log, not raised into nowhere
+            self.error = f"{type(exc).__name__}: {exc}"
+            self.status = "failed"
+            LOG.exception("model failed to load from %s", model_dir)
+            return
+        self._pipe, self.default_size, self.timing = pipe, size, timing
+        self.status = "ready"
+        LOG.info(
+            "model ready in %.1f s: default size %d, %.3f s per step + %.3f s per image at %d²",
+            time.monotonic() - started,
+            size,
+            timing.step_s,
+            timing.overhead_s,
+            timing.size,
+        )
+
+    def plan(self, request: InvocationRequest, gone: threading.Event, arrived: float) -> Job:
+        """The job for a request, or BadRequestError when it could not finish within the limit."""
+        assert self.timing is not None, "plan() before the model is ready"
+        limit = self.settings.invocation_limit_s
+        width = request.width or self.default_size
+        height = request.height or self.default_size
+        shape = {"images": request.num_images, "width": width, "height": height}
+        estimate = self.timing.estimate_s(steps=request.num_inference_steps, **shape)
+        if estimate > limit:
+            fits = self.timing.max_steps(limit_s=limit, **shape)
+            advice = (
+                f"at most {fits} num_inference_steps fit at this size and num_images"
+                if fits
+                else "no step count fits at this size and num_images; lower width, height or num_images"
+            )
+            raise BadRequestError(
+                f"this request would take about {estimate:.0f} s ({request.num_inference_steps} steps, "
+                f"{request.num_images} image(s) at {width}x{height}) but SageMaker's InvokeEndpoint "
+                f"allows a model {limit:g} s to respond; {advice}",
+                field="num_inference_steps",
+                estimated_s=round(estimate, 1),
+                limit_s=limit,
+                max_num_inference_steps=fits,
+            )
+        return Job(request, width, height, estimate, gone, arrived + limit)
+
+    async def generate(self, job: Job) -> Generation:
+        """Admit, queue and run one job: BusyError when the queue is full, ClientGoneError or
+        DeadlineError when dropped."""
+        limit = self.settings.invocation_limit_s
+        if self._admitted > self.settings.max_queue:  # one running + max_queue waiting
+            raise BusyError(
+                f"server busy: {self._admitted} requests in progress or waiting "
+                f"(limit {self.settings.max_queue + 1}); retry later"
+            )
+        if self._admitted and self._pending_s + job.estimate_s > limit:
+            raise BusyError(
+                f"server busy: about {self._pending_s:.0f} s of work is ahead of this request "
+                f"(about {job.estimate_s:.0f} s), which would end past SageMaker's {limit:g} s limit; retry later"
+            )
+        self._admitted += 1
+        self._pending_s += job.estimate_s
+        try:
+            async with self._queue_lock:
+                if job.gone.is_set():
+                    raise ClientGoneError("the client went away while the request was queued")
+                return await asyncio.to_thread(self._generate_blocking, job)
+        finally:
+            self._admitted -= 1
+            self._pending_s -= job.estimate_s
+
+    def _generate_blocking(self, job: Job) -> Generation:
+        import torch
+
+        request = job.request
+        seed = request.seed if request.seed is not None else secrets.randbelow(2**31)
+        LOG.info(
+            "generating %d image(s) %dx%d steps=%d guidance=%.2f seed=%d (estimate %.1f s)",
+            request.num_images,
+            job.width,
+            job.height,
+            request.num_inference_steps,
+            request.guidance_scale,
+            seed,
+            job.estimate_s,
+        )
+        started = time.monotonic()
+        # A CPU generator gives the same images for the same seed on any device.
+        generator = torch.Generator("cpu").manual_seed(seed)
+        # The asyncio lock orders requests; this one guards the pipeline itself should a
+        # cancelled request's thread still be running when the next one starts.
+        with self._pipe_lock:
+            result = self._pipe(
+                prompt=request.prompt,
+                negative_prompt=request.negative_prompt,
+                num_inference_steps=request.num_inference_steps,
+                guidance_scale=request.guidance_scale,
+                width=job.width,
+                height=job.height,
+                num_images_per_prompt=request.num_images,
+                generator=generator,
+                output_type="pil",
+                callback_on_step_end=_stop_when_gone(job, self.settings.invocation_limit_s),
+            )
+        pngs = [to_png(image) for image in result.images]
+        elapsed = time.monotonic() - started
+        LOG.info("generated %d image(s) in %.2f s", len(pngs), elapsed)
+        return Generation(images=pngs, seed=seed, width=job.width, height=job.height, elapsed_s=elapsed)
+
+
+def _stop_when_gone(job: Job, limit_s: float) -> Callable[..., dict[str, Any]]:
+    total = job.request.num_inference_steps
+
+    def on_step_end(pipe: Any, step: int, timestep: Any, tensors: dict[str, Any]) -> dict[str, Any]:
+        # Raising ends the denoising loop at once; setting pipe._interrupt would still decode.
+        if job.gone.is_set():
+            raise ClientGoneError(f"the client went away after step {step + 1} of {total}")
+        if time.monotonic() > job.deadline:
+            raise DeadlineError(
+                f"stopped after step {step + 1} of {total}: SageMaker's {limit_s:g} s limit passed "
+                f"(estimated {job.estimate_s:.1f} s) and its caller has been told the request timed out; "
+                "retry with fewer num_inference_steps, num_images or pixels"
+            )
+        return {}
+
+    return on_step_end

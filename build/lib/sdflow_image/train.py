@@ -1,0 +1,248 @@
+"""Stable Diffusion text-to-image fine-tuning, in the shape of diffusers'
+examples/text_to_image/train_text_to_image.py, distributed with one Colossal-AI Booster.
+
+The UNet is trained on the noise-prediction loss; the VAE and the text encoder are frozen.
+The plugin (torch_ddp | low_level_zero | gemini) is a hyperparameter; on CPU only torch_ddp
+runs (see `check_inputs` for where Colossal-AI 0.5.0 stops on CPU). The shards stream from
+`dataset_dir` as the dataset index lists them (sdflow_image.data). The work itself is in
+sdflow_image.training: model building, the loop, checkpoints, outputs.
+
+Flags come from `$SDFLOW_OPT_ML/input/config/hyperparameters.json` (strings, as SageMaker
+writes them; each key is a flag's name) and the command line, which wins.
+
+Exit status (`cli`): 0 done; 1 failed (the reason is in `$SDFLOW_OPT_ML/output/failure`);
+143 stopped by SIGTERM after saving a checkpoint. A stop is not a failure, so it writes no
+failure file: SageMaker reports a stopped job itself, and the next run of the same job
+(spot restart, retry) resumes from that checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sdflow_image import contract, flags, scenes
+from sdflow_image.data_source import FLAGS as DATA_FLAGS
+from sdflow_image.data_source import DatasetIndexError, load_index
+from sdflow_image.training.checkpoints import CheckpointError, list_checkpoints
+from sdflow_image.training.loop import TrainingStopped
+
+__all__ = [
+    "EXIT_STOPPED",
+    "FLAGS",
+    "ChannelError",
+    "CheckpointError",
+    "HyperparameterError",
+    "PluginError",
+    "TrainingStopped",
+    "check_inputs",
+    "cli",
+    "list_checkpoints",
+    "main",
+    "parse_args",
+]
+
+log = logging.getLogger("sdflow.train")
+
+PLUGINS = ("torch_ddp", "low_level_zero", "gemini")
+MIXED_PRECISIONS = ("no", "fp16", "bf16")
+LR_SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
+EXIT_STOPPED = 128 + signal.SIGTERM
+DEFAULT_VALIDATION_PROMPTS = [
+    "a photograph of an astronaut riding a horse",
+    "a red square on a blue background",
+]
+BASE_MODEL_PARTS = ("model_index.json", "unet", "vae", "text_encoder", "tokenizer", "scheduler")
+
+HyperparameterError = flags.FlagError  # a flag or hyperparameter is wrong; the message names it
+
+
+class TrainConfigError(ValueError):
+    """The inputs or settings cannot train here; the message names what and the fix."""
+
+
+class ChannelError(TrainConfigError):
+    """An input (dataset index, base_model channel) is missing or incomplete."""
+
+
+class PluginError(TrainConfigError):
+    """The chosen plugin cannot run here or with these settings."""
+
+
+Flag = flags.Flag
+FLAGS: list[flags.Flag] = [
+    Flag(
+        "pretrained_model_name_or_path",
+        flags.text,
+        None,
+        "base model folder (diffusers layout); default: the base_model channel",
+    ),
+    *DATA_FLAGS,
+    Flag("output_dir", flags.text, None, "where the fine-tuned pipeline goes; default: $SDFLOW_OPT_ML/model"),
+    Flag("checkpoints_dir", flags.text, None, "periodic checkpoints; default: $SDFLOW_OPT_ML/checkpoints"),
+    Flag(
+        "checkpoint_s3_uri",
+        flags.text,
+        None,
+        "the job's CheckpointConfig.S3Uri: old checkpoints are pruned there too (SageMaker's sync only adds)",
+    ),
+    Flag("plugin", flags.choice(PLUGINS), "torch_ddp", "Colossal-AI Booster plugin (low_level_zero, gemini need CUDA)"),
+    Flag("mixed_precision", flags.choice(MIXED_PRECISIONS), "no", "no | fp16 (CUDA) | bf16"),
+    Flag("resolution", flags.positive_int, 512, "training image size in pixels (square; multiple of 8)"),
+    Flag("train_batch_size", flags.positive_int, 4, "batch size per process"),
+    Flag("gradient_accumulation_steps", flags.positive_int, 1, "micro-batches per optimizer step"),
+    Flag("gradient_checkpointing", flags.boolean, False, "recompute UNet activations in backward to save memory"),
+    Flag("learning_rate", flags.positive_float, 1e-5, "AdamW learning rate"),
+    Flag("lr_scheduler", flags.choice(LR_SCHEDULERS), "constant", "learning-rate schedule"),
+    Flag("lr_warmup_steps", flags.non_negative_int, 0, "warmup steps of the schedule"),
+    Flag("adam_beta1", flags.number(float, 0), 0.9, "AdamW beta1 (< 1)"),
+    Flag("adam_beta2", flags.number(float, 0), 0.999, "AdamW beta2 (< 1)"),
+    Flag("adam_weight_decay", flags.non_negative_float, 1e-2, "AdamW weight decay"),
+    Flag("adam_epsilon", flags.positive_float, 1e-8, "AdamW epsilon"),
+    Flag("max_grad_norm", flags.non_negative_float, 1.0, "gradient clipping norm (0 disables)"),
+    Flag("max_train_steps", flags.positive_int, 1000, "optimizer steps to train for (total, across resumes)"),
+    Flag("checkpointing_steps", flags.positive_int, 500, "save a resumable checkpoint every N optimizer steps"),
+    Flag("checkpoints_total_limit", flags.positive_int, 2, "keep only the newest N checkpoints (S3: at least 2)"),
+    Flag("use_ema", flags.boolean, False, "keep an exponential moving average of the UNet and save that"),
+    Flag("ema_decay", flags.number(float, 0), 0.9999, "EMA decay (< 1)"),
+    Flag("seed", flags.non_negative_int, 0, "random seed"),
+    Flag("noise_offset", flags.non_negative_float, 0.0, "noise offset (0 disables)"),
+    Flag("snr_gamma", flags.non_negative_float, 0.0, "Min-SNR loss weighting gamma, e.g. 5 (0 disables)"),
+    Flag(
+        "proportion_empty_prompts",
+        flags.number(float, 0, maximum=1),
+        0.0,
+        "share of captions replaced by the empty prompt, for classifier-free guidance (0..1)",
+    ),
+    Flag("validation_prompts", flags.prompt_list, DEFAULT_VALIDATION_PROMPTS, "JSON list of prompts for samples.png"),
+    Flag("validation_inference_steps", flags.positive_int, 25, "denoising steps for samples.png"),
+    Flag("eval_adherence", flags.boolean, False, "score prompt adherence of the base and trained model at the end"),
+    Flag("eval_prompts", flags.prompt_list, [], "JSON list of scene prompts to score; [] = the held-out set"),
+    Flag("eval_inference_steps", flags.positive_int, 20, "denoising steps for the adherence images"),
+    Flag("eval_guidance_scale", flags.non_negative_float, 5.0, "classifier-free guidance for the adherence images"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return flags.build_parser(
+        "sdflow-train", "Fine-tune a Stable Diffusion UNet on webdataset shards with a Colossal-AI Booster.", FLAGS
+    )
+
+
+def parse_args(
+    argv: Sequence[str] | None = None, hyperparameters: Mapping[str, str] | None = None
+) -> argparse.Namespace:
+    """Hyperparameters (default: hyperparameters.json) then `argv` (default: sys.argv[1:]) on top."""
+    hp = contract.read_hyperparameters() if hyperparameters is None else hyperparameters
+    args = flags.parse(build_parser(), FLAGS, argv, hp)
+    if args.resolution % 8:
+        raise HyperparameterError(f"resolution={args.resolution} must be a multiple of 8 (e.g. 512)")
+    for name in ("adam_beta1", "adam_beta2", "ema_decay"):
+        if getattr(args, name) >= 1:
+            raise HyperparameterError(f"{name}={getattr(args, name)} must be < 1")
+    args.pretrained_model_name_or_path = args.pretrained_model_name_or_path or str(contract.channel_dir("base_model"))
+    args.dataset_dir = args.dataset_dir or str(contract.channel_dir("dataset"))
+    args.output_dir = args.output_dir or str(contract.model_dir())
+    args.checkpoints_dir = args.checkpoints_dir or str(contract.checkpoints_dir())
+    args.checkpoint_s3_uri = args.checkpoint_s3_uri or None
+    if args.checkpoint_s3_uri and not args.checkpoint_s3_uri.startswith("s3://"):
+        raise HyperparameterError(f"checkpoint_s3_uri={args.checkpoint_s3_uri!r} must be an s3://bucket/prefix/ URI")
+    return args
+
+
+# Where Colossal-AI 0.5.0 stops on a machine without CUDA (found by running each plugin there;
+# tests/image/test_plugins.py pins each of these).
+CPU_STOPS = {
+    "low_level_zero": "its LowLevelZeroOptimizer asserts a CUDA or NPU accelerator ('device is required')",
+    "gemini": (
+        "its GeminiDDP asks the accelerator for a CUDA stream ('this method is not supported for cpu "
+        "accelerator') and its HybridAdam's CPU kernel is a CUDA extension ('No usable kernel found for "
+        "CPUAdamLoader')"
+    ),
+}
+
+
+def check_inputs(args: argparse.Namespace, cuda: bool) -> None:
+    """The checks that need no torch: before the slow imports and the process group."""
+    base = Path(args.pretrained_model_name_or_path)
+    if not base.is_dir():
+        raise ChannelError(f"base model {base} does not exist: the training job needs a 'base_model' channel")
+    missing = [p for p in BASE_MODEL_PARTS if not (base / p).exists()]
+    if missing:
+        raise ChannelError(
+            f"base model {base} is not a diffusers StableDiffusionPipeline folder: missing {', '.join(missing)}"
+        )
+    try:
+        load_index(args.dataset_dir, args.dataset_index)
+    except DatasetIndexError as exc:
+        raise ChannelError(str(exc)) from None
+    check_plugin(args, cuda)
+    for prompt in args.eval_prompts:
+        try:
+            scenes.parse_prompt(prompt)
+        except scenes.PromptGrammarError as exc:
+            raise HyperparameterError(f"eval_prompts: {exc}") from None
+
+
+def check_plugin(args: argparse.Namespace, cuda: bool) -> None:
+    if args.plugin in CPU_STOPS and not cuda:
+        raise PluginError(
+            f"plugin={args.plugin} needs CUDA GPUs: on CPU {CPU_STOPS[args.plugin]}; on CPU use plugin=torch_ddp"
+        )
+    if args.mixed_precision == "fp16" and not cuda:
+        # Colossal-AI's CPU accelerator returns the nullcontext class as its autocast, so the AMP
+        # module's forward fails, and torch's GradScaler disables itself without CUDA.
+        raise PluginError("mixed_precision=fp16 needs a CUDA GPU; on CPU use bf16 or no")
+    if args.plugin == "gemini" and args.mixed_precision == "no":
+        raise PluginError("plugin=gemini trains in fp16 or bf16: set mixed_precision to fp16 or bf16")
+    if args.plugin == "gemini" and args.use_ema:
+        raise PluginError(
+            "use_ema=true is not supported with plugin=gemini (its parameters live in sharded chunks); "
+            "use low_level_zero or torch_ddp"
+        )
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    """Train, save the pipeline and the summary; returns the summary. Raises on failure,
+    TrainingStopped on SIGTERM (after a checkpoint)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    import torch
+
+    from sdflow_image.training import loop, outputs
+
+    cuda = torch.cuda.is_available()
+    check_inputs(args, cuda)
+    with loop.StopFlag() as stop, loop.distributed(args.seed, cuda):
+        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        trainer = loop.Trainer(args, device)
+        trainer.resume()
+        trainer.open_data()
+        summary = trainer.summary(trainer.train(stop))
+        outputs.save(args, trainer, summary)
+        return summary
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """Entry point: the exit status per the module docstring."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        summary = main(parse_args(argv))
+    except TrainingStopped as stopped:
+        print(str(stopped), file=sys.stderr, flush=True)
+        return EXIT_STOPPED
+    except Exception as exc:
+        return contract.fail(exc)
+    print(json.dumps({"final_loss": summary["final_loss"], "steps": summary["steps"]}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

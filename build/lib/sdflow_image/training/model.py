@@ -1,0 +1,323 @@
+"""The pipeline's parts, the optimizer and the Colossal-AI Booster each plugin needs.
+
+Each plugin wants its own optimizer (Colossal-AI 0.5.0, read from its source):
+- gemini: `GeminiOptimizer` asserts `type(optim) in {FusedAdam, CPUAdam, HybridAdam}`
+  (colossalai/zero/gemini/gemini_optimizer.py, `_AVAIL_OPTIM_LIST`): HybridAdam, as Colossal-AI's
+  own diffusion examples use, which updates CUDA parameters with its fused kernel and offloaded
+  ones with its CPU kernel.
+- low_level_zero: any torch optimizer; HybridAdam as in Colossal-AI's examples (fused kernel).
+- torch_ddp: `torch.optim.AdamW`, the optimizer of diffusers' text-to-image example.
+HybridAdam's constructor loads the CPU Adam kernel, which on x86 is built as a CUDA extension:
+on a machine without CUDA it raises "No usable kernel found for CPUAdamLoader".
+
+torch_ddp with fp16: the Booster wraps the DDP model in its AMP module (TorchAMPModule), and
+TorchDDPPlugin.no_sync asserts a TorchDDPModel ("Model is not boosted by TorchDDPPlugin."):
+`no_sync` below finds the DDP model inside the wrappers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+ADAM_PLUGINS = ("gemini", "low_level_zero")  # plugins that get Colossal-AI's HybridAdam
+
+
+@dataclass
+class Parts:
+    """A Stable Diffusion pipeline's parts as training uses them."""
+
+    tokenizer: Any
+    text_encoder: Any
+    vae: Any
+    unet: Any
+    noise_scheduler: Any
+
+
+def load_parts(base: str) -> Parts:
+    from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
+    from transformers import CLIPTextModel, CLIPTokenizer
+
+    return Parts(
+        tokenizer=CLIPTokenizer.from_pretrained(base, subfolder="tokenizer", local_files_only=True),
+        text_encoder=CLIPTextModel.from_pretrained(base, subfolder="text_encoder", local_files_only=True),
+        vae=AutoencoderKL.from_pretrained(base, subfolder="vae", local_files_only=True),
+        unet=UNet2DConditionModel.from_pretrained(base, subfolder="unet", local_files_only=True),
+        noise_scheduler=DDPMScheduler.from_pretrained(base, subfolder="scheduler", local_files_only=True),
+    )
+
+
+def precision_dtype(mixed_precision: str) -> Any:
+    import torch
+
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(mixed_precision, torch.float32)
+
+
+def prepare_parts(parts: Parts, *, mixed_precision: str, gradient_checkpointing: bool, device: Any) -> None:
+    """Freeze the VAE and text encoder on `device`; the UNet trains (the Booster moves it)."""
+    import torch
+
+    # Frozen parts run in the training precision on GPU (as diffusers' example does); on CPU
+    # they stay fp32, which is what CPU kernels are fast at.
+    dtype = precision_dtype(mixed_precision) if device.type == "cuda" else torch.float32
+    for frozen in (parts.vae, parts.text_encoder):
+        frozen.requires_grad_(False)
+        frozen.eval()
+        frozen.to(device, dtype=dtype)
+    if gradient_checkpointing:
+        parts.unet.enable_gradient_checkpointing()
+    parts.unet.train()
+
+
+def optimizer_class(plugin: str) -> type:
+    """The optimizer class `plugin` needs (see the module docstring); imports HybridAdam lazily."""
+    if plugin in ADAM_PLUGINS:
+        from colossalai.nn.optimizer import HybridAdam
+
+        return HybridAdam
+    if plugin == "torch_ddp":
+        import torch
+
+        return torch.optim.AdamW
+    raise ValueError(f"plugin={plugin!r} is not one of torch_ddp, low_level_zero, gemini")
+
+
+def build_optimizer(
+    plugin: str,
+    params: Iterable[Any],
+    *,
+    lr: float,
+    betas: tuple[float, float],
+    weight_decay: float,
+    eps: float,
+) -> Any:
+    """AdamW for `plugin`: HybridAdam (decoupled weight decay, adamw_mode) or torch's AdamW."""
+    cls = optimizer_class(plugin)
+    kwargs: dict[str, Any] = {"lr": lr, "betas": betas, "weight_decay": weight_decay, "eps": eps}
+    if plugin in ADAM_PLUGINS:
+        kwargs["adamw_mode"] = True  # HybridAdam's default, said out loud: AdamW, not Adam + L2
+    return cls(params, **kwargs)
+
+
+def make_plugin(
+    plugin: str, mixed_precision: str, *, max_grad_norm: float, gradient_accumulation_steps: int = 1
+) -> Any:
+    """The Colossal-AI plugin object (needs an initialised process group)."""
+    precision = "fp32" if mixed_precision == "no" else mixed_precision
+    if plugin == "torch_ddp":
+        from colossalai.booster.plugin import TorchDDPPlugin
+
+        return TorchDDPPlugin()
+    if plugin == "low_level_zero":
+        from colossalai.booster.plugin import LowLevelZeroPlugin
+
+        return LowLevelZeroPlugin(stage=2, precision=precision, max_norm=max_grad_norm)
+    if plugin == "gemini":
+        from colossalai.booster.plugin import GeminiPlugin
+
+        if precision == "fp32":
+            raise ValueError("plugin=gemini trains in fp16 or bf16: set mixed_precision to fp16 or bf16")
+        return GeminiPlugin(
+            precision=precision,
+            placement_policy="static",
+            max_norm=max_grad_norm,
+            enable_gradient_accumulation=gradient_accumulation_steps > 1,
+        )
+    raise ValueError(f"plugin={plugin!r} is not one of torch_ddp, low_level_zero, gemini")
+
+
+def make_booster(
+    plugin: str, mixed_precision: str, *, max_grad_norm: float, gradient_accumulation_steps: int = 1
+) -> Any:
+    """The Booster for `plugin`. torch_ddp: the Booster's fp16 is torch AMP with a grad scaler;
+    its bf16 is a stub in 0.5.0, so bf16 is plain autocast in the loop (`autocast_dtype`) and
+    clipping is the loop's (`optimizer.clip_grad_by_norm`). The ZeRO plugins own precision and clipping."""
+    from colossalai.booster import Booster
+
+    built = make_plugin(
+        plugin, mixed_precision, max_grad_norm=max_grad_norm, gradient_accumulation_steps=gradient_accumulation_steps
+    )
+    if plugin == "torch_ddp":
+        return Booster(plugin=built, mixed_precision="fp16" if mixed_precision == "fp16" else None)
+    return Booster(plugin=built)
+
+
+def autocast_dtype(plugin: str, mixed_precision: str) -> Any:
+    """The dtype the loop autocasts the UNet's forward to itself, or None (see make_booster)."""
+    import torch
+
+    return torch.bfloat16 if plugin == "torch_ddp" and mixed_precision == "bf16" else None
+
+
+def loop_clips_gradients(plugin: str, max_grad_norm: float) -> bool:
+    return plugin == "torch_ddp" and max_grad_norm > 0
+
+
+def ddp_model(model: Any) -> Any:
+    """The TorchDDPModel inside the Booster's wrappers (AMP's TorchAMPModule wraps it for fp16)."""
+    from colossalai.booster.plugin.torch_ddp_plugin import TorchDDPModel
+    from colossalai.interface import ModelWrapper
+
+    inner = model
+    while not isinstance(inner, TorchDDPModel):
+        if not isinstance(inner, ModelWrapper):
+            raise TypeError(f"{type(model).__name__} wraps no TorchDDPModel: boost it with TorchDDPPlugin first")
+        inner = inner.module
+    return inner
+
+
+def no_sync(booster: Any, model: Any, optimizer: Any, *, skip: bool) -> contextlib.AbstractContextManager[Any]:
+    """Gradient sync off for an accumulation micro-batch (`skip`) under torch_ddp; else nothing.
+
+    The ZeRO plugins accumulate without it: LowLevelZero stage 2 reduces into its partitioned
+    gradients on every backward (its no_sync is stage 1 only), Gemini with
+    enable_gradient_accumulation keeps the chunks' gradients between steps."""
+    if not skip:
+        return contextlib.nullcontext()
+    return booster.plugin.no_sync(ddp_model(model), optimizer)
+
+
+@dataclass
+class Boosted:
+    booster: Any
+    model: Any
+    optimizer: Any
+    lr_scheduler: Any
+    autocast_dtype: Any
+
+
+def boost(args: argparse.Namespace, unet: Any) -> Boosted:
+    """Optimizer, schedule and Booster for `args.plugin`, and the boosted UNet."""
+    from diffusers.optimization import get_scheduler
+
+    optimizer = build_optimizer(
+        args.plugin,
+        unet.parameters(),
+        lr=args.learning_rate,
+        betas=(args.adam_beta1, args.adam_beta2),
+        weight_decay=args.adam_weight_decay,
+        eps=args.adam_epsilon,
+    )
+    lr_scheduler = get_scheduler(
+        args.lr_scheduler,
+        optimizer=optimizer,
+        num_warmup_steps=args.lr_warmup_steps,
+        num_training_steps=args.max_train_steps,
+    )
+    booster = make_booster(
+        args.plugin,
+        args.mixed_precision,
+        max_grad_norm=args.max_grad_norm,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+    )
+    model, optimizer, _, _, lr_scheduler = booster.boost(unet, optimizer, lr_scheduler=lr_scheduler)
+    return Boosted(booster, model, optimizer, lr_scheduler, autocast_dtype(args.plugin, args.mixed_precision))
+
+
+def make_ema(unet: Any, decay: float, device: Any) -> Any:
+    """diffusers' EMAModel, with its `step` mended for transformers >= 4.46 (`EMAStep`)."""
+    from diffusers import UNet2DConditionModel
+    from diffusers.training_utils import EMAModel
+
+    class EMA(EMAStep, EMAModel):
+        pass
+
+    ema = EMA(unet.parameters(), decay=decay, model_cls=UNet2DConditionModel, model_config=unet.config)
+    ema.to(device)
+    return ema
+
+
+class EMAStep:
+    """EMAModel.step of diffusers 0.29 without its DeepSpeed ZeRO-3 branch: that branch reads
+    `transformers.deepspeed`, which transformers 4.46 removed (now transformers.integrations.deepspeed;
+    huggingface/transformers#34582), so on Colossal-AI 0.5.0's own pins (diffusers 0.29.0,
+    transformers 4.51.3) every EMA step raises AttributeError. No DeepSpeed here; same update."""
+
+    def step(self: Any, parameters: Iterable[Any]) -> None:
+        import torch
+
+        parameters = list(parameters)
+        self.optimization_step += 1
+        decay = self.get_decay(self.optimization_step)
+        self.cur_decay_value = decay
+        with torch.no_grad():
+            for shadow, param in zip(self.shadow_params, parameters, strict=True):
+                if param.requires_grad:
+                    shadow.sub_((1 - decay) * (shadow - param))
+                else:
+                    shadow.copy_(param)
+
+
+def encode_batch(
+    batch: dict[str, Any], parts: Parts, device: Any, generator: Any, proportion_empty_prompts: float = 0.0
+) -> tuple[Any, Any]:
+    """Latents and text embeddings of a batch, through the frozen VAE and text encoder. With
+    `proportion_empty_prompts`, that share of the captions (drawn from `generator`) is replaced
+    by the empty prompt, so the UNet also learns the unconditional prediction that
+    classifier-free guidance subtracts (diffusers' examples use the same flag name)."""
+    import torch
+
+    vae = parts.vae
+    input_ids = batch["input_ids"].to(device, non_blocking=True)
+    if proportion_empty_prompts > 0:
+        tokenizer = parts.tokenizer
+        empty = tokenizer(
+            "", padding="max_length", max_length=tokenizer.model_max_length, truncation=True, return_tensors="pt"
+        ).input_ids.to(device)
+        dropped = torch.rand(input_ids.shape[0], generator=generator, device=device) < proportion_empty_prompts
+        input_ids = torch.where(dropped[:, None], empty, input_ids)
+    with torch.no_grad():
+        pixels = batch["pixel_values"].to(device, dtype=vae.dtype, non_blocking=True)
+        latents = vae.encode(pixels).latent_dist.sample(generator=generator) * vae.config.scaling_factor
+        hidden = parts.text_encoder(input_ids, return_dict=False)[0]
+    return latents, hidden
+
+
+def compute_loss(
+    model: Any,
+    noise_scheduler: Any,
+    latents: Any,
+    encoder_hidden_states: Any,
+    generator: Any,
+    noise_offset: float = 0.0,
+    autocast: Any = None,
+    snr_gamma: float = 0.0,
+) -> Any:
+    """The epsilon (or v) prediction MSE of diffusers' text-to-image example; with `snr_gamma`,
+    weighted by min(SNR, gamma) / SNR per sample (Min-SNR, Hang et al. 2023, as the example's
+    --snr_gamma does): the nearly noise-free timesteps stop dominating the gradient, which
+    speeds up learning of what the prompt decides at high noise (layout and colour)."""
+    import torch
+    import torch.nn.functional as F
+
+    device = latents.device
+    noise = torch.randn(latents.shape, generator=generator, device=device, dtype=latents.dtype)
+    if noise_offset:
+        offset_shape = (latents.shape[0], latents.shape[1], 1, 1)
+        noise += noise_offset * torch.randn(offset_shape, generator=generator, device=device, dtype=latents.dtype)
+    timesteps = torch.randint(
+        0, noise_scheduler.config.num_train_timesteps, (latents.shape[0],), generator=generator, device=device
+    ).long()
+    noisy = noise_scheduler.add_noise(latents, noise, timesteps)
+    prediction_type = noise_scheduler.config.prediction_type
+    if prediction_type == "epsilon":
+        target = noise
+    elif prediction_type == "v_prediction":
+        target = noise_scheduler.get_velocity(latents, noise, timesteps)
+    else:
+        raise ValueError(f"unsupported prediction_type {prediction_type!r} in the base model's scheduler")
+    dtype = next(model.parameters()).dtype
+    ctx = torch.autocast(device.type, dtype=autocast) if autocast else contextlib.nullcontext()
+    with ctx:
+        pred = model(noisy.to(dtype), timesteps, encoder_hidden_states.to(dtype), return_dict=False)[0]
+    if not snr_gamma:
+        return F.mse_loss(pred.float(), target.float(), reduction="mean")
+    from diffusers.training_utils import compute_snr
+
+    snr = compute_snr(noise_scheduler, timesteps)
+    weights = torch.clamp(snr, max=snr_gamma) / (snr + 1 if prediction_type == "v_prediction" else snr)
+    per_sample = F.mse_loss(pred.float(), target.float(), reduction="none").mean(dim=(1, 2, 3))
+    return (per_sample * weights).mean()

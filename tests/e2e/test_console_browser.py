@@ -113,7 +113,7 @@ def _fill(page: Any, name: str) -> str:
 
 
 def test_console_upload_run_graph_follows_states_to_success_with_details(
-    cloud: LocalCloud, console: ConsoleServer, page: Any, tmp_path: Path
+    cloud: LocalCloud, console: ConsoleServer, page: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     page.goto(console.url)
     cloud.client("s3").put_object(
@@ -165,7 +165,8 @@ def test_console_upload_run_graph_follows_states_to_success_with_details(
     assert f"127.0.0.1:{cloud.console_port}/#/runs/{name}" in note.inner_text()  # type: ignore[attr-defined]
     screenshot = tmp_path / "console-finished-run.png"
     page.screenshot(path=str(screenshot), full_page=True)
-    print(f"\nconsole screenshot of the finished run: {screenshot}")
+    with capsys.disabled():  # in the test output even when pytest captures it
+        print(f"\nconsole screenshot of the finished run: {screenshot}")
 
     # The Map's child executions: one per shard, each with its download job and its log link.
     page.goto(f"{console.url}#/runs/{name}/maps/Download%20shards")

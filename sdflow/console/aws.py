@@ -94,6 +94,25 @@ class Clients:
         self.operations[event_name.removeprefix("before-call.")] += 1
 
 
+class Recent(collections.OrderedDict[str, T]):
+    """A dict that keeps only its `size` most recently used entries: a console left open for
+    weeks holds the histories and loss curves of the runs people look at, not of every run."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def __getitem__(self, key: str) -> T:
+        self.move_to_end(key)
+        return super().__getitem__(key)
+
+    def __setitem__(self, key: str, value: T) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.size:
+            self.popitem(last=False)
+
+
 class TtlCache:
     """Values computed at most once per `ttl_s` per key, however many pages poll; a value may
     be marked final (a finished run's history, a completed job's summary) and kept for good."""

@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 from botocore.exceptions import ClientError
 
-from sdflow.console.aws import Clients, ConsoleError, TtlCache, error_code
+from sdflow.console.aws import Clients, ConsoleError, Recent, TtlCache, error_code
 from sdflow.console.runs import iso
 from sdflow_common import names
 from sdflow_common.run_document import parse_s3_uri
@@ -64,7 +64,7 @@ class JobReader:
         self.notify_log_group = notify_log_group
         self._cache = TtlCache(1.0)
         self._final = TtlCache(1.0, max_entries=256)
-        self._curves: dict[str, _LossCurve] = {}
+        self._curves: Recent[_LossCurve] = Recent(32)
 
     # ------------------------------------------------------------------ discovery
 
@@ -117,7 +117,9 @@ class JobReader:
 
     def _loss(self, job: dict[str, Any]) -> list[tuple[int, float]]:
         name = job["TrainingJobName"]
-        curve = self._curves.setdefault(name, _LossCurve())
+        if name not in self._curves:
+            self._curves[name] = _LossCurve()
+        curve = self._curves[name]
         if curve.done:
             return curve.points
         definitions = (job.get("AlgorithmSpecification") or {}).get("MetricDefinitions") or []

@@ -17,7 +17,7 @@ from typing import Any
 
 from sdflow import history
 from sdflow.console import graph
-from sdflow.console.aws import Clients, ConsoleError, TtlCache
+from sdflow.console.aws import Clients, ConsoleError, Recent, TtlCache
 from sdflow_common import names
 from sdflow_common.run_document import parse_s3_uri
 from sdflow_common.start_pipeline import source_key
@@ -57,7 +57,7 @@ class RunReader:
         self._list_cache = TtlCache(2.0)
         self._describe_cache = TtlCache(1.0)
         self._final = TtlCache(1.0, max_entries=20_000)  # definitions, sources, children's shards
-        self._histories: dict[str, list[dict[str, Any]]] = {}
+        self._histories: Recent[list[dict[str, Any]]] = Recent(64)
 
     # ------------------------------------------------------------------ executions
 

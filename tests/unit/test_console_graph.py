@@ -186,3 +186,14 @@ def test_graph_inline_map_with_iterator_is_parent_and_not_distributed() -> None:
 def test_graph_build_unreadable_definition_raises_unreadable_definition(definition: str) -> None:
     with pytest.raises(graph.UnreadableDefinition):
         graph.build(definition)
+
+
+def test_recent_keeps_only_the_most_recently_used_entries() -> None:
+    from sdflow.console.aws import Recent
+
+    recent: Recent[int] = Recent(2)
+    recent["a"], recent["b"] = 1, 2
+    assert recent["a"] == 1  # a is now the newest
+    recent["c"] = 3
+
+    assert list(recent) == ["a", "c"]

@@ -62,10 +62,10 @@ def run_one(shards: int, concurrency: int, console: bool) -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_local_runtime import upload_noop_inputs  # type: ignore[import-not-found]
 
-    from sdflow.cli import Session
     from sdflow.console.server import ConsoleServer
     from sdflow.local.cloud import LocalCloud
     from sdflow.local.noop_sagemaker import NoOpSageMaker
+    from sdflow.session import Session
 
     me = psutil.Process()
     with (

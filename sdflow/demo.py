@@ -126,7 +126,8 @@ def prepare_inputs(cloud: Any, workdir: Path, server: Any, options: DemoOptions,
 
 def run_pipeline(cloud: Any, workdir: Path, options: DemoOptions, out: Any = sys.stdout) -> dict[str, Any]:
     """Upload the manifest, follow the run to its end; return what happened."""
-    from sdflow.cli import Session, start_run, watch
+    from sdflow.cli import start_run, watch
+    from sdflow.session import Session
 
     bucket = cloud.outputs["DataBucketName"]
     manifest_path = workdir / "demo.json"
@@ -232,9 +233,11 @@ def run_demo(
     console_port: int | None = 0,
 ) -> int:
     from sdflow import samples
-    from sdflow.cli import StopRequested, console_beside, console_port_for, console_url, invoke, write_state
+    from sdflow.cli import StopRequested, invoke
+    from sdflow.console.beside import console_beside, console_port_for, console_url
     from sdflow.local.cloud import LocalCloud
     from sdflow.local.job_env import build_tiny_pipeline
+    from sdflow.session import write_state
 
     options = options or DemoOptions()
     demo_dir = workdir / "demo"

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from sdflow import samples
-from sdflow.cli import Session
 from sdflow.console.server import ConsoleConfig, ConsoleServer
 from sdflow.local.cloud import LocalCloud
 from sdflow.local.noop_sagemaker import NoOpSageMaker
+from sdflow.session import Session
 from tests.conftest import free_port, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

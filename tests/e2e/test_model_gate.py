@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 
 from sdflow import samples
-from sdflow.cli import Session, start_run, watch
+from sdflow.cli import start_run, watch
 from sdflow.demo import DEMO_ENDPOINT, DemoOptions, manifest, prepare_inputs, wait_for_notification
 from sdflow.local.cloud import LocalCloud
+from sdflow.session import Session
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from sdflow.cli import CliError, invoke
+from sdflow.cli import invoke
+from sdflow.session import CliError
 
 
 class _Runtime:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sdflow import cli
+from sdflow import cli, session
 from sdflow.local.lambda_runner import FunctionSpec, InvocationResult, LambdaRunner
 from tests.unit.local.conftest import HANDLERS, REGION, _wait_for
 
@@ -87,19 +87,19 @@ def test_stop_on_signals_ignored_signal_stays_ignored() -> None:
 
 
 def _write(workdir: Path, state: dict[str, Any]) -> Path:
-    path = workdir / cli.STATE_FILE
+    path = workdir / session.STATE_FILE
     path.write_text(json.dumps(state))
     return path
 
 
 def test_remove_state_own_pid_file_removed(tmp_path: Path) -> None:
     path = _write(tmp_path, {"pid": os.getpid()})
-    cli.remove_state(tmp_path)
+    session.remove_state(tmp_path)
     assert not path.exists()
 
 
 def test_remove_state_other_process_file_kept(tmp_path: Path) -> None:
     path = _write(tmp_path, {"pid": os.getpid() + 1})
-    cli.remove_state(tmp_path)
+    session.remove_state(tmp_path)
     assert path.exists()
-    cli.remove_state(tmp_path / "missing")  # no file: nothing to do
+    session.remove_state(tmp_path / "missing")  # no file: nothing to do

@@ -1,1 +1,0 @@
-"""sdflow CLI and local runtime."""

@@ -1,1 +1,0 @@
-"""The local cloud's changes to moto, one module per AWS service (installed by sdflow.local.patching)."""

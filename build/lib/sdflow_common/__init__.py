@@ -1,1 +1,0 @@
-"""Code shared by every sdflow Lambda function (deployed as the CommonLayer)."""

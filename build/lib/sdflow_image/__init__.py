@@ -1,1 +1,0 @@
-"""The training image's code: download, train and serve entrypoints (SageMaker contract)."""

@@ -135,7 +135,7 @@ class IamEnforcer:
         if found is None:
             from moto.utilities.utils import get_partition
 
-            documents = _role_policy_documents(principal.account, get_partition(self.region), principal.role_name)
+            documents = role_policy_documents(principal.account, get_partition(self.region), principal.role_name)
             found = PolicySet.from_documents(documents)
             with self._lock:
                 self._policies[key] = found
@@ -171,7 +171,7 @@ def _assumed_role(access_key: str) -> Principal | None:
     return Principal(account, session.role_arn.rsplit("/", 1)[-1], session.arn)
 
 
-def _role_policy_documents(account: str, partition: str, role_name: str) -> dict[str, Any]:
+def role_policy_documents(account: str, partition: str, role_name: str) -> dict[str, Any]:
     """The role's inline and attached policies (a missing role has none: everything is denied)."""
     from moto.iam.models import iam_backends
 

@@ -26,6 +26,8 @@ are readable by the time its status changes."""
 
 from __future__ import annotations
 
+import contextlib
+import re
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -40,6 +42,32 @@ LOG_GROUPS = {"training": TRAINING_LOG_GROUP, "processing": PROCESSING_LOG_GROUP
 
 # Training metrics in one line: the line, when it was read (aware UTC) -> {metric name: value}.
 MetricParser = Callable[[str, datetime], Mapping[str, float]]
+
+
+def metric_definitions(request: Mapping[str, Any]) -> list[tuple[str, re.Pattern[str]]]:
+    """AlgorithmSpecification.MetricDefinitions as (metric name, compiled regex); ValueError names
+    the definition that has no Name or no valid Regex."""
+    definitions = []
+    specs = (request.get("AlgorithmSpecification") or {}).get("MetricDefinitions") or []
+    for i, spec in enumerate(specs):
+        try:
+            definitions.append((spec["Name"], re.compile(spec["Regex"])))
+        except (KeyError, re.error) as exc:
+            raise ValueError(
+                f"AlgorithmSpecification.MetricDefinitions[{i}] needs a Name and a valid Regex: {exc}"
+            ) from None
+    return definitions
+
+
+def metric_values(definitions: list[tuple[str, re.Pattern[str]]], line: str) -> dict[str, float]:
+    """The values one log line holds, as SageMaker reads them: each regex's first group."""
+    found: dict[str, float] = {}
+    for metric, regex in definitions:
+        match = regex.search(line)
+        if match:
+            with contextlib.suppress(ValueError, IndexError):
+                found[metric] = float(match.group(1))
+    return found
 
 
 def log_stream_name(job_name: str, host: str, started_s: float) -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import re
 import tarfile
 import threading
 import time
@@ -26,12 +25,11 @@ from typing import Any
 
 import boto3
 
-from sdflow.local.job_logs import JobLogs
+from sdflow.local.job_logs import JobLogs, metric_definitions, metric_values
 from sdflow_common.evaluation import EVALUATION_FILE, GRID_FILE
 from sdflow_common.run_document import parse_s3_uri
 
 MAX_LOG_STEPS = 50
-LOSS = re.compile(r"loss=([0-9.]+)")
 
 
 class NoOpSageMaker:
@@ -148,36 +146,39 @@ class NoOpSageMaker:
 
     def _training(self, request: dict[str, Any]) -> None:
         name = request["TrainingJobName"]
-        self._training_log(name, request)
+        steps = str((request.get("HyperParameters") or {}).get("max_train_steps", ""))
+        steps_count = int(steps) if steps.isdigit() else 1
+        self._training_log(name, request, steps_count)
         why = self._hold("training", name)
         if why is not None:
             self._report_early_end("training", name, why)
             return
         output = f"{request['OutputDataConfig']['S3OutputPath'].rstrip('/')}/{name}/output"
         artifacts = f"{output}/model.tar.gz"
-        steps = str((request.get("HyperParameters") or {}).get("max_train_steps", ""))
-        self._put(*parse_s3_uri(f"{output}/output.tar.gz"), output_archive(int(steps) if steps.isdigit() else 1, 0.1))
+        self._put(*parse_s3_uri(f"{output}/output.tar.gz"), output_archive(steps_count, 0.1))
         fields = {
             "ModelArtifacts": {"S3ModelArtifacts": artifacts},
             "FinalMetricDataList": [{"MetricName": "train:loss", "Value": 0.1}],
         }
         self.listener.job_status_changed("training", name, "Completed", fields)
 
-    def _training_log(self, name: str, request: dict[str, Any]) -> None:
+    def _training_log(self, name: str, request: dict[str, Any], steps: int) -> None:
         """A falling loss, one line a step, in the job's CloudWatch log stream (as the trainer
-        prints it), so that a console reads a no-op run's loss curve where it reads a real one's."""
-        steps = str((request.get("HyperParameters") or {}).get("max_train_steps", ""))
-        count = min(int(steps) if steps.isdigit() else 1, MAX_LOG_STEPS)
+        prints it), read with the request's MetricDefinitions as the local SageMaker reads a real
+        job's, so that a console reads a no-op run's loss curve where it reads a real one's."""
+        try:
+            definitions = metric_definitions(request)
+        except ValueError:
+            definitions = []  # a no-op job does not judge its request; its log lines still go out
 
         def loss_of(line: str, _at: datetime) -> dict[str, float]:
-            match = LOSS.search(line)
-            return {"train:loss": float(match.group(1))} if match else {}
+            return metric_values(definitions, line)
 
         with self._lock:
             if self._logs is None:
                 self._logs = JobLogs(self.account_id, "us-east-1")
         write = self._logs.host_lines("training", name, "algo-1", loss_of)
-        for step in range(1, count + 1):
+        for step in range(1, min(steps, MAX_LOG_STEPS) + 1):
             write(f"step={step} loss={0.1 + 0.9 / step:.4f}")
         self._logs.flush()
 

@@ -16,7 +16,6 @@ the "SageMaker … State Change" events."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from sdflow.local.job_env import image_python
-from sdflow.local.job_logs import JobLogs
+from sdflow.local.job_logs import JobLogs, metric_definitions, metric_values
 from sdflow.local.sagemaker_endpoints import EndpointHosting, EndpointState
 from sdflow.local.sagemaker_host import (
     REASON_LIMIT,
@@ -536,24 +535,14 @@ class LocalSageMaker(EndpointHosting):
             ]
 
     def _metric_parser(self, job: _Job) -> Callable[[str, datetime], dict[str, float]]:
-        definitions = []
-        specs = (job.request.get("AlgorithmSpecification") or {}).get("MetricDefinitions") or []
-        for i, spec in enumerate(specs):
-            try:
-                definitions.append((spec["Name"], re.compile(spec["Regex"])))
-            except (KeyError, re.error) as exc:
-                raise JobSetupError(
-                    f"AlgorithmSpecification.MetricDefinitions[{i}] needs a Name and a valid Regex: {exc}"
-                ) from None
+        try:
+            definitions = metric_definitions(job.request)
+        except ValueError as exc:
+            raise JobSetupError(str(exc)) from None
 
         def on_line(line: str, ts: datetime) -> dict[str, float]:
             progress = PROGRESS_LINE.search(line)
-            found: dict[str, float] = {}
-            for metric, regex in definitions:
-                match = regex.search(line)
-                if match:
-                    with contextlib.suppress(ValueError, IndexError):
-                        found[metric] = float(match.group(1))
+            found = metric_values(definitions, line)
             if not progress and not found:
                 return found
             with self._lock:

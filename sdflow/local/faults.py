@@ -41,7 +41,6 @@ from sdflow.local import lambda_runner
 if TYPE_CHECKING:
     from sdflow.local.cloud import LocalCloud
 
-POLL_S = 0.05
 EVENT_STATUS_FIELDS = ("ProcessingJobStatus", "TrainingJobStatus", "EndpointStatus")
 
 
@@ -142,20 +141,21 @@ class Faults:
     # ------------------------------------------------------------------ Lambda
 
     def kill_lambda_worker(self, function: str, *, timeout_s: float = 30.0) -> int:
-        """SIGKILL a worker process of `function` (logical id or name) while it runs an invocation;
-        waits up to `timeout_s` for one to be busy. Returns the pid killed."""
+        """SIGKILL a worker process of `function` (logical id or name) while it runs an invocation:
+        one busy now, or else the one that takes the next invocation, waiting up to `timeout_s`
+        for it. Returns the pid killed."""
         runner = self._runtime().lambda_runner
         name = self._function(function)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            pids = runner.busy_worker_pids(name)
-            if pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pids[0], signal.SIGKILL)  # its own session: the group is the worker's
-                return int(pids[0])
-            if time.monotonic() > deadline:
-                raise FaultError(f"no worker of {name} ran an invocation within {timeout_s:g} s")
-            time.sleep(POLL_S)
+        pids = runner.busy_worker_pids(name)
+        if pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pids[0], signal.SIGKILL)  # its own session: the group is the worker's
+            return int(pids[0])
+        armed = runner.arm_kill(name)
+        if not armed.wait(timeout_s):
+            runner.disarm_kill(name, armed)
+            raise FaultError(f"no invocation of {name} came within {timeout_s:g} s")
+        return armed.pid
 
     def crash_lambda_after(self, function: str, operation: str, *, times: int = 1) -> Path:
         """Make `times` invocations of `function` exit (Runtime.ExitError) right after a successful

@@ -220,6 +220,21 @@ class _Worker:
             self.proc.wait(timeout=5)
 
 
+class ArmedKill:
+    """A worker kill waiting for the function's next invocation; `pid` is set once it happened."""
+
+    def __init__(self) -> None:
+        self.pid = 0
+        self._event = threading.Event()
+
+    def done(self, pid: int) -> None:
+        self.pid = pid
+        self._event.set()
+
+    def wait(self, timeout_s: float) -> bool:
+        return self._event.wait(timeout_s)
+
+
 class _Pool:
     """Warm workers of one function configuration, at most `size` at a time."""
 
@@ -263,6 +278,8 @@ class LambdaRunner:
         self.stats = {"invocations": 0, "errors": 0, "timeouts": 0, "cold_starts": 0}
         # Function name -> extra environment for its new workers (sdflow/local/faults.py).
         self.fault_env: dict[str, dict[str, str]] = {}
+        # Function name -> a kill armed for its next invocation (faults.kill_lambda_worker).
+        self._armed_kills: dict[str, ArmedKill] = {}
 
     # ------------------------------------------------------------------ environment
 
@@ -456,6 +473,11 @@ class LambdaRunner:
         """The invocation's result, and whether the worker can serve another one."""
         deadline_ms = int((time.time() + spec.timeout_s) * 1000)
         worker.send({"event": text, "request_id": request_id, "deadline_ms": deadline_ms, "arn": spec.arn})
+        with self._lock:
+            armed = self._armed_kills.pop(spec.name, None)
+        if armed is not None:  # the event is in the worker's hands: this is a mid-invocation death
+            worker.kill()
+            armed.done(worker.proc.pid)
         try:
             answer = worker.answers.get(timeout=spec.timeout_s)
         except queue.Empty:
@@ -496,6 +518,19 @@ class LambdaRunner:
         with self._lock:
             workers = list(self._all_workers)
         return [w.proc.pid for w in workers if w.spec.name == function_name and w.busy and w.alive()]
+
+    def arm_kill(self, function_name: str) -> ArmedKill:
+        """SIGKILL the worker that takes the function's next invocation, once the event is sent to
+        it. Polling for a busy worker misses invocations shorter than the poll on a loaded machine."""
+        armed = ArmedKill()
+        with self._lock:
+            self._armed_kills[function_name] = armed
+        return armed
+
+    def disarm_kill(self, function_name: str, armed: ArmedKill) -> None:
+        with self._lock:
+            if self._armed_kills.get(function_name) is armed:
+                del self._armed_kills[function_name]
 
     def worker_pids(self) -> list[int]:
         """Pids of the idle (warm) workers, for tests and diagnostics."""

@@ -16,7 +16,7 @@ import pytest
 from sdflow.local import runtime as runtime_module
 from sdflow.local import sagemaker as local_sagemaker
 from sdflow.local import sagemaker_endpoints
-from sdflow.local.faults import Faults
+from sdflow.local.faults import FaultError, Faults
 from sdflow.local.noop_sagemaker import NoOpSageMaker
 from sdflow.local.sagemaker import LocalSageMaker
 from sdflow.local.services.sagemaker import SageMakerStatusPublisher
@@ -174,6 +174,30 @@ def test_kill_lambda_worker_mid_invocation_answers_runtime_exit_error(
     [answer] = answers
     assert (answer["error"], answer["body"]["errorType"]) == ("Unhandled", "Runtime.ExitError")
     # The next invocation gets a fresh worker and succeeds.
+    assert "FunctionError" not in _client("lambda").invoke(FunctionName="probe", Payload=b"{}")
+
+
+def test_kill_lambda_worker_with_none_busy_kills_the_next_invocation(
+    runtime: runtime_module.Runtime, function_arn: str
+) -> None:
+    killed: list[int] = []
+    thread = threading.Thread(target=lambda: killed.append(_faults(runtime).kill_lambda_worker("probe", timeout_s=20)))
+    thread.start()
+    time.sleep(0.3)  # armed before the invocation comes, as when the run's events are still ahead
+    response = _client("lambda").invoke(FunctionName="probe", Payload=b"{}")
+    thread.join(30)
+    assert response.get("FunctionError") == "Unhandled"
+    assert json.loads(response["Payload"].read())["errorType"] == "Runtime.ExitError"
+    assert killed
+    assert killed[0] > 0
+    assert "FunctionError" not in _client("lambda").invoke(FunctionName="probe", Payload=b"{}")
+
+
+def test_kill_lambda_worker_no_invocation_comes_raises_and_disarms(
+    runtime: runtime_module.Runtime, function_arn: str
+) -> None:
+    with pytest.raises(FaultError, match=r"no invocation of probe came within 0\.2 s"):
+        _faults(runtime).kill_lambda_worker("probe", timeout_s=0.2)
     assert "FunctionError" not in _client("lambda").invoke(FunctionName="probe", Payload=b"{}")
 
 

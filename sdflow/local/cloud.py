@@ -33,6 +33,8 @@ from sdflow.local import moto_logging, patching, template
 from sdflow.local.faults import Faults
 from sdflow.local.lambda_runner import DEFAULT_MAX_WORKERS_PER_FUNCTION, LambdaRunner
 from sdflow.local.runtime import Runtime, SageMakerRuntime
+from sdflow.local.sdk_config import CONFIG_ENV, write_sdk_config
+from sdflow.local.sdk_config import FILE_NAME as SDK_CONFIG_FILE
 from sdflow.local.services import awslambda, sagemaker_quotas, scheduler, sns
 from sdflow.local.services.iam import IamEnforcer
 from sdflow.local.services.logs import CloudWatchSink
@@ -195,6 +197,7 @@ class LocalCloud:
             region=REGION,
             account_id=ACCOUNT_ID,
         )
+        write_sdk_config(self.workdir, self.deployment.outputs)
         for function in self.deployment.functions.values():
             self.runtime.register_code(function.name, function.code_dir, function.layer_dirs)
         if self.sagemaker_factory is not None:
@@ -309,6 +312,8 @@ class LocalCloud:
             "AWS_DEFAULT_REGION": REGION,
             "AWS_REGION": REGION,
             **CLI_CREDENTIALS,
+            # The SageMaker Python SDK's defaults: this stack's bucket and notebook role (sdk_config.py).
+            CONFIG_ENV: str(self.workdir / SDK_CONFIG_FILE),
         }
 
     def client(self, service: str, **options: Any) -> Any:

@@ -109,9 +109,14 @@ def sagemaker_create_processing_job(self: Any) -> Any:
         )
     _hold_instances(current_runtime(), ("processing", name, ""), quotas.processing_needs(request))
     result = original(type(self), "create_processing_job")(self)
+    job = backend.processing_jobs[name]
+    # moto keeps neither, and DescribeProcessingJob returns both (ProcessingResources is required
+    # in its response): the SageMaker Python SDK sizes its log tailing by the instance count.
+    job.processing_resources = request["ProcessingResources"]
+    if request.get("Environment"):
+        job.environment = request["Environment"]
     sagemaker = _sagemaker(current_runtime())
     if sagemaker is not None:
-        job = backend.processing_jobs[name]
         job.processing_job_status = "InProgress"
         job.processing_end_time = None
         current_runtime().sagemaker_where[("processing", name)] = (self.current_account, self.region)
@@ -475,6 +480,27 @@ class SageMakerStatusPublisher:
         return detail
 
 
+# Members moto stores as {} or [] when the request left them out, and then returns; AWS omits them.
+# An empty VpcConfig (no Subnets) or DataCaptureConfig (no DestinationS3Uri) is invalid to the
+# SageMaker Python SDK's typed resources (sagemaker-core), which read Describe* after each Create*.
+UNSET_WHEN_EMPTY = ("VpcConfig", "Containers", "DataCaptureConfig")
+
+
+def _describe_without_unset(operation: str) -> Any:
+    """Wraps SageMakerResponse.<operation> (a Describe*) to drop the members the request never set."""
+
+    def describe(self: Any) -> Any:
+        from moto.core.responses import ActionResult
+
+        answer = original(type(self), operation)(self)
+        described = answer.result if isinstance(answer, ActionResult) else None
+        if not isinstance(described, dict):
+            return answer
+        return ActionResult({k: v for k, v in described.items() if not (k in UNSET_WHEN_EMPTY and not v)})
+
+    return describe
+
+
 def patches() -> list[tuple[Any, str, Any]]:
     from moto.sagemaker.responses import SageMakerResponse
 
@@ -488,4 +514,8 @@ def patches() -> list[tuple[Any, str, Any]]:
         (SageMakerResponse, "create_endpoint", sagemaker_create_endpoint),
         (SageMakerResponse, "update_endpoint", sagemaker_update_endpoint),
         (SageMakerResponse, "delete_endpoint", sagemaker_delete_endpoint),
+        *(
+            (SageMakerResponse, operation, _describe_without_unset(operation))
+            for operation in ("describe_model", "describe_endpoint_config", "describe_endpoint")
+        ),
     ]

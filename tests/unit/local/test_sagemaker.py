@@ -26,6 +26,16 @@ def test_moto_gap_processing_job_completed_at_once(aws: None) -> None:
     assert described["ProcessingJobStatus"] == "Completed"
 
 
+def test_describe_processing_job_after_create_returns_resources_and_environment(
+    runtime: runtime_module.Runtime,
+) -> None:
+    sagemaker = _client("sagemaker")
+    sagemaker.create_processing_job(**PROCESSING_REQUEST, Environment={"STAGE": "notebook"})
+    described = sagemaker.describe_processing_job(ProcessingJobName="sdf-dl-run-00000-a0")
+    assert described["ProcessingResources"] == PROCESSING_REQUEST["ProcessingResources"]
+    assert described["Environment"] == {"STAGE": "notebook"}
+
+
 def test_patch_processing_job_runs_locally_and_publishes_state_change(runtime: runtime_module.Runtime) -> None:
     sagemaker = _client("sagemaker")
     queue_url = _events_queue("SageMaker Processing Job State Change")
@@ -151,3 +161,28 @@ def test_patch_endpoint_create_update_and_invoke_go_to_local_sagemaker(runtime: 
 
 
 # ------------------------------------------------------------------------------------ (f) SNS
+
+
+def test_describe_model_without_vpc_config_omits_vpc_config_and_containers(runtime: runtime_module.Runtime) -> None:
+    sagemaker = _client("sagemaker")
+    sagemaker.create_model(
+        ModelName="notebook-model",
+        PrimaryContainer={"Image": "123456789012.dkr.ecr.us-east-1.amazonaws.com/repo:v1"},
+        ExecutionRoleArn=ROLE,
+    )
+    described = sagemaker.describe_model(ModelName="notebook-model")
+    assert "VpcConfig" not in described
+    assert "Containers" not in described
+    assert described["PrimaryContainer"]["Image"].endswith("repo:v1")
+
+
+def test_describe_endpoint_config_without_data_capture_omits_it(runtime: runtime_module.Runtime) -> None:
+    sagemaker = _client("sagemaker")
+    sagemaker.create_model(ModelName="m", PrimaryContainer={"Image": "img"}, ExecutionRoleArn=ROLE)
+    sagemaker.create_endpoint_config(
+        EndpointConfigName="c",
+        ProductionVariants=[
+            {"VariantName": "AllTraffic", "ModelName": "m", "InstanceType": "ml.m5.large", "InitialInstanceCount": 1}
+        ],
+    )
+    assert "DataCaptureConfig" not in sagemaker.describe_endpoint_config(EndpointConfigName="c")

@@ -5,7 +5,7 @@ the processing/training spelling differences (operation and field names) in one 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -54,7 +54,7 @@ class JobApi:
         snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in self.noun).lstrip("_")
         return getattr(self.sagemaker, f"{verb}_{snake}{suffix}")
 
-    def create(self, request: dict[str, Any]) -> None:
+    def create(self, request: Mapping[str, Any]) -> None:
         self._call("create")(**request)
 
     def describe(self, name: str) -> dict[str, Any] | None:
@@ -150,7 +150,8 @@ class JobStart:
     task: CallbackTaskLike
     api: JobApi
     name: str
-    request: dict[str, Any]
+    # A CreateProcessingJob / CreateTrainingJob request (sagemaker_jobs' TypedDicts, or a plain dict).
+    request: Mapping[str, Any]
     context: dict[str, str]
     failure: type[SdflowError]
     # The claim's kind when the API's default is not it (an evaluation is a processing job too).

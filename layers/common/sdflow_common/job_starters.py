@@ -18,7 +18,7 @@ result comes later, from job_events."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from aws_lambda_powertools import Logger
@@ -328,7 +328,7 @@ def _deploys_config(described: dict[str, Any], config_name: str) -> bool:
     return config_name in (described.get("EndpointConfigName"), pending.get("EndpointConfigName"))
 
 
-def _create_if_missing(call: Callable[..., Any], request: dict[str, Any]) -> None:
+def _create_if_missing(call: Callable[..., Any], request: Mapping[str, Any]) -> None:
     """Model and endpoint config are per attempt; a re-invocation finds them made already."""
     try:
         call(**request)

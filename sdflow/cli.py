@@ -17,21 +17,20 @@ omitted and real credentials they work against AWS too."""
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
-import json
-import re
 import signal
 import sys
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from sdflow import progress as progress_mod
 from sdflow.console.beside import console_beside, console_port_for, console_url
-from sdflow.session import DEFAULT_WORKDIR, CliError, Session, remove_state, write_state
+from sdflow.endpoints import invoke
+from sdflow.errors import CliError
+from sdflow.runs import follow, resolve_execution, start_resume, start_run
+from sdflow.session import DEFAULT_WORKDIR, Session, remove_state, write_state
 
 
 class StopRequested(BaseException):
@@ -133,84 +132,12 @@ def cmd_console(args: argparse.Namespace) -> int:
     return 0
 
 
-def start_run(session: Session, manifest: Path, *, api: bool, name: str | None = None) -> str:
-    """Start a run; return the execution ARN (for an upload: the one the upload started)."""
-    document = manifest.read_text()
-    json.loads(document)  # a broken file is the user's to fix before anything is sent
-    sfn = session.client("stepfunctions")
-    if api:
-        kwargs: dict[str, Any] = {"stateMachineArn": session.pipeline_arn(), "input": document}
-        if name:
-            kwargs["name"] = name
-        return str(sfn.start_execution(**kwargs)["executionArn"])
-    bucket, pipeline = session.data_bucket(), session.pipeline_arn()
-    before = {e["executionArn"] for e in _executions(sfn, pipeline)}
-    key = f"manifests/{manifest.name}"
-    session.client("s3").put_object(Bucket=bucket, Key=key, Body=document.encode())
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        new = [e for e in _executions(sfn, pipeline) if e["executionArn"] not in before]
-        if new:
-            return str(new[0]["executionArn"])
-        rejected = f"rejected/{key}.errors.json"
-        try:
-            report = session.client("s3").get_object(Bucket=bucket, Key=rejected)["Body"].read()
-        except Exception:
-            report = b""
-        if report:
-            raise CliError(f"manifest rejected (s3://{bucket}/{rejected}):\n{report.decode()}")
-        time.sleep(0.5)
-    raise CliError(f"no execution started within 60 s of uploading s3://{bucket}/{key}")
-
-
-def _executions(sfn: Any, state_machine_arn: str) -> list[dict[str, Any]]:
-    return list(sfn.list_executions(stateMachineArn=state_machine_arn, maxResults=1000)["executions"])
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     session = Session.from_args(args)
-    arn = start_run(session, args.manifest, api=args.api, name=args.name)
+    # --name is the execution's name, which only StartExecution takes.
+    arn = start_run(session, args.manifest, api=args.api, name=args.name if args.api else None)
     print(arn)
     return 0
-
-
-# Executions still going (ExecutionStatus, Step Functions API Reference): Validate run refuses to resume
-# from them, so the CLI says so before starting anything.
-UNFINISHED = ("RUNNING", "PENDING_REDRIVE")
-MAX_EXECUTION_NAME = 80  # StartExecution's `name`: 1-80 characters
-RESUME_SUFFIX = re.compile(r"-resume-\d{8}T\d{6}$")
-
-
-def resume_name(old_name: str, now: datetime | None = None) -> str:
-    """`<old name>-resume-<UTC time>`; a resumed run's own suffix is replaced, not stacked."""
-    suffix = f"-resume-{(now or datetime.now(UTC)):%Y%m%dT%H%M%S}"
-    base = RESUME_SUFFIX.sub("", old_name)
-    return base[: MAX_EXECUTION_NAME - len(suffix)] + suffix
-
-
-def start_resume(session: Session, execution: str, *, manifest: Path | None = None, name: str | None = None) -> str:
-    """StartExecution of a run that resumes `execution`: its input (or the new manifest's document)
-    with `resume_from` set. Validate run decides what is reused; returns the new execution's ARN."""
-    sfn = session.client("stepfunctions")
-    old_arn = _resolve_execution(session, execution)
-    old = sfn.describe_execution(executionArn=old_arn)
-    if old["status"] in UNFINISHED:
-        raise CliError(
-            f"execution {old['name']} is {old['status']}; resume only from an execution that has ended: "
-            f"wait for it, or stop it with `aws stepfunctions stop-execution --execution-arn {old_arn}`"
-        )
-    source = str(manifest) if manifest else f"the input of {old['name']}"
-    try:
-        document = json.loads(manifest.read_text() if manifest else old.get("input") or "{}")
-    except (OSError, ValueError) as exc:
-        raise CliError(f"cannot read a run document from {source}: {exc}") from None
-    if not isinstance(document, dict):
-        raise CliError(f"{source} is not a JSON object (a run document)")
-    document["resume_from"] = old_arn
-    response = sfn.start_execution(
-        stateMachineArn=old["stateMachineArn"], name=name or resume_name(old["name"]), input=json.dumps(document)
-    )
-    return str(response["executionArn"])
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
@@ -226,22 +153,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
-def _resolve_execution(session: Session, execution: str | None) -> str:
-    if execution and execution.startswith("arn:"):
-        return execution
-    pipeline = session.pipeline_arn()
-    sfn = session.client("stepfunctions")
-    executions = sorted(_executions(sfn, pipeline), key=lambda e: e["startDate"], reverse=True)
-    for item in executions:
-        if execution is None or item["name"] == execution:
-            return str(item["executionArn"])
-    raise CliError(f"no execution {execution!r} of {pipeline}" if execution else "no execution yet")
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     session = Session.from_args(args)
     bucket = session.data_bucket()
-    arn = _resolve_execution(session, args.execution)
+    arn = resolve_execution(session, args.execution)
     snap = progress_mod.snapshot(session.client("stepfunctions"), session.client("s3"), bucket, arn, session.workdir)
     print("\n".join(progress_mod.render_lines(snap)))
     return 0 if snap.status in {"RUNNING", "SUCCEEDED"} else 1
@@ -251,49 +166,24 @@ def watch(
     session: Session, execution_arn: str, *, interval: float = 1.0, out: Any = sys.stdout
 ) -> progress_mod.Progress:
     """Print a line whenever a state starts, ends or makes progress, until the execution ends."""
-    sfn, s3, bucket = session.client("stepfunctions"), session.client("s3"), session.data_bucket()
     printed: dict[str, str] = {}
     print(f"watching {execution_arn}", file=out, flush=True)
-    while True:
-        snap = progress_mod.snapshot(sfn, s3, bucket, execution_arn, session.workdir)
+    for snap in follow(session, execution_arn, interval_s=interval):
         for state, line in progress_mod.state_lines(snap).items():
             if printed.get(state) != line:
                 print(line, file=out, flush=True)
                 printed[state] = line
-        if snap.finished:
-            print(f"execution {execution_arn.rsplit(':', 1)[-1]}: {snap.status}", file=out, flush=True)
-            if snap.error:
-                print(f"  error: {snap.error}: {snap.cause or ''}"[:600], file=out, flush=True)
-            return snap
-        time.sleep(interval)
+    print(f"execution {execution_arn.rsplit(':', 1)[-1]}: {snap.status}", file=out, flush=True)
+    if snap.error:
+        print(f"  error: {snap.error}: {snap.cause or ''}"[:600], file=out, flush=True)
+    return snap
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
     session = Session.from_args(args)
     session.data_bucket()  # fail before any call when the stack is unknown
-    snap = watch(session, _resolve_execution(session, args.execution))
+    snap = watch(session, resolve_execution(session, args.execution))
     return 0 if snap.status == "SUCCEEDED" else 1
-
-
-def invoke(session: Session, endpoint: str, prompt: str, output: Path, **options: Any) -> Path:
-    from botocore.exceptions import ClientError
-
-    body = {"prompt": prompt, **{k: v for k, v in options.items() if v is not None}}
-    try:
-        response = session.client("sagemaker-runtime").invoke_endpoint(
-            EndpointName=endpoint, ContentType="application/json", Accept="application/json", Body=json.dumps(body)
-        )
-    except ClientError as exc:
-        # ModelError carries the model's own answer (e.g. a 400 naming the bad field) in OriginalMessage.
-        error = exc.response.get("Error", {})
-        detail = exc.response.get("OriginalMessage") or error.get("Message", "")
-        raise CliError(f"endpoint {endpoint} refused the request ({error.get('Code', 'error')}): {detail}") from None
-    answer = json.loads(response["Body"].read())
-    images = answer.get("images") if isinstance(answer, dict) else None
-    if not images:
-        raise CliError(f"endpoint {endpoint} answered without an image: {str(answer)[:300]}")
-    output.write_bytes(base64.b64decode(images[0]))
-    return output
 
 
 def cmd_invoke(args: argparse.Namespace) -> int:

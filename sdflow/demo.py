@@ -102,14 +102,14 @@ def _upload_tree(s3: Any, bucket: str, root: Path, prefix: str) -> None:
             s3.upload_file(str(path), bucket, prefix + path.relative_to(root).as_posix())
 
 
-def prepare_inputs(cloud: Any, workdir: Path, server: Any, options: DemoOptions, model_dir: Path | None = None) -> None:
+def prepare_inputs(
+    s3: Any, bucket: str, workdir: Path, server: Any, options: DemoOptions, model_dir: Path | None = None
+) -> None:
     """Parquet files and the tiny base model (built here unless `model_dir` holds it), uploaded
-    where the run document says."""
+    to `bucket` where the run document says (a local cloud's, or any the s3 client can write)."""
     from sdflow import samples
     from sdflow.local.job_env import build_tiny_pipeline
 
-    s3 = cloud.client("s3")
-    bucket = cloud.outputs["DataBucketName"]
     data_dir = workdir / "inputs"
     for shard in range(options.shards):
         url_col = "NOT_URL" if options.broken_shard and shard == options.shards - 1 else "URL"
@@ -262,7 +262,7 @@ def run_demo(
         warming = cloud.prewarm()
         model_dir = base_model.result()
         print(f"base model built in {demo_dir / 'tiny-sd'} ({time.monotonic() - t0:.1f} s)", flush=True)
-        prepare_inputs(cloud, demo_dir, server, options, model_dir)
+        prepare_inputs(cloud.client("s3"), cloud.bucket, demo_dir, server, options, model_dir)
         warming.join()
         result = run_pipeline(cloud, demo_dir, options)
         print("", flush=True)

@@ -2,7 +2,9 @@
 
 `sdflow local up` writes `<workdir>/cloud.json` (its endpoint, the stack's outputs, the CLI's
 environment); every other command reads it when no --endpoint-url is given, so a second shell
-needs no exports. With real credentials and no endpoint, the same Session talks to AWS."""
+needs no exports. With real credentials and no endpoint, the same Session talks to AWS.
+`Session.connect` is the SDK's way in: no flags, and the stack's outputs from CloudFormation
+when no local cloud runs."""
 
 from __future__ import annotations
 
@@ -16,13 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+from botocore.exceptions import BotoCoreError, ClientError
+
+from sdflow.errors import CliError, NotConnected
 
 DEFAULT_WORKDIR = Path(".sdflow")
 STATE_FILE = "cloud.json"
-
-
-class CliError(Exception):
-    """A problem the user can fix; printed without a traceback."""
+DEFAULT_STACK_NAME = "sdflow"  # samconfig.toml's [prod] stack
+# sdflow.local.template.DEFAULT_STACK_NAME, the stack a local cloud deploys; not imported from there,
+# so that a notebook's venv needs nothing of the local runtime (a unit test keeps the two equal).
+LOCAL_STACK_NAME = "sdflow-local"
 
 
 def remove_state(workdir: Path) -> None:
@@ -38,6 +43,37 @@ def _state(workdir: Path) -> dict[str, Any]:
     if not path.exists():
         return {}
     return json.loads(path.read_text())
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int):
+        return True  # no pid recorded: nothing says it ended
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _stack_outputs(client: Callable[..., Any], stack_name: str, where: str) -> dict[str, str]:
+    try:
+        stacks = client("cloudformation").describe_stacks(StackName=stack_name)["Stacks"]
+    except (BotoCoreError, ClientError) as exc:
+        raise NotConnected(
+            f"no sdflow stack {stack_name!r} found ({exc}) and {where}: start `sdflow local up` (pass workdir= "
+            "if it runs in another folder), or deploy the stack (`sam deploy`) and pass stack_name=, "
+            "or pass bucket= and state_machine_arn="
+        ) from None
+    outputs = {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs", [])}
+    missing = [key for key in ("DataBucketName", "PipelineStateMachineArn") if key not in outputs]
+    if missing:
+        raise NotConnected(
+            f"stack {stack_name!r} has no output {', '.join(missing)}: is it an sdflow stack, and done deploying? "
+            "Pass the right stack_name=, or bucket= and state_machine_arn="
+        )
+    return outputs
 
 
 @dataclass
@@ -69,6 +105,67 @@ class Session:
             workdir=Path(state["workdir"]) if state.get("workdir") else None,
             endpoint_url=endpoint_url,
             region=session.region_name,
+            outputs=outputs,
+        )
+
+    @classmethod
+    def connect(
+        cls,
+        *,
+        workdir: Path | str | None = None,
+        endpoint_url: str | None = None,
+        stack_name: str | None = None,
+        bucket: str | None = None,
+        state_machine_arn: str | None = None,
+        region: str | None = None,
+    ) -> Session:
+        """The running local cloud (its state file in `workdir`), else `endpoint_url` / $AWS_ENDPOINT_URL,
+        else AWS; the stack's outputs from the state file, else CloudFormation (`stack_name`), unless
+        `bucket` and `state_machine_arn` are both given."""
+        folder = Path(workdir) if workdir is not None else DEFAULT_WORKDIR
+        state = _state(folder)
+        stale = bool(state) and not _alive(state.get("pid"))
+        explicit = endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
+        local = bool(state) and not stale and explicit in (None, state.get("endpoint_url"))
+        url = explicit or (state.get("endpoint_url") if local else None)
+        if local:
+            # The local cloud's own credentials, not the caller's: real AWS keys never go to it.
+            env = state.get("env", {})
+            boto = boto3.session.Session(
+                aws_access_key_id=env.get("AWS_ACCESS_KEY_ID"),
+                aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY"),
+                aws_session_token=env.get("AWS_SESSION_TOKEN"),
+                region_name=region or state.get("region"),
+            )
+        else:
+            boto = boto3.session.Session(region_name=region or os.environ.get("AWS_REGION"))
+        clients: dict[str, Any] = {}
+
+        def client(name: str, **options: Any) -> Any:
+            if options:
+                return boto.client(name, endpoint_url=url, **options)  # type: ignore[call-overload]
+            # One client per service: an SDK loop polls every few seconds.
+            if name not in clients:
+                clients[name] = boto.client(name, endpoint_url=url)  # type: ignore[call-overload]
+            return clients[name]
+
+        outputs: dict[str, str] = dict(state.get("outputs", {})) if local and not stack_name else {}
+        if not outputs and not (bucket and state_machine_arn):
+            if not state:
+                where = f"no local cloud runs ({folder / STATE_FILE} absent)"
+            elif stale:
+                where = f"the local cloud of {folder / STATE_FILE} (pid {state.get('pid')}) has ended"
+            else:
+                where = f"{url} is not the endpoint of the local cloud in {folder / STATE_FILE}"
+            name = stack_name or (LOCAL_STACK_NAME if url else DEFAULT_STACK_NAME)
+            outputs = _stack_outputs(client, name, where)
+        return cls(
+            client=client,
+            bucket=bucket or outputs.get("DataBucketName"),
+            state_machine_arn=state_machine_arn or outputs.get("PipelineStateMachineArn"),
+            workdir=Path(state["workdir"]) if local and state.get("workdir") else None,
+            endpoint_url=url,
+            region=boto.region_name,
             outputs=outputs,
         )
 

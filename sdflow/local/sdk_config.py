@@ -35,7 +35,7 @@ def sdk_config(outputs: Mapping[str, str]) -> dict[str, Any]:
                     "Session": {
                         "DefaultS3Bucket": outputs["DataBucketName"],
                         "DefaultS3ObjectKeyPrefix": OBJECT_KEY_PREFIX,
-                    }
+                    },
                 }
             },
             "TrainingJob": {"RoleArn": role},

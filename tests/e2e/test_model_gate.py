@@ -46,7 +46,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def cloud(workdir: Path) -> Iterator[LocalCloud]:
     with samples.ImageServer() as server, LocalCloud(workdir, port=0) as local:
-        prepare_inputs(local, workdir, server, SMALL)
+        prepare_inputs(local.client("s3"), local.bucket, workdir, server, SMALL)
         yield local
 
 

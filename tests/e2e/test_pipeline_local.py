@@ -88,7 +88,7 @@ def test_pipeline_broken_shard_within_tolerance_succeeds_and_names_it(
 ) -> None:
     options = DemoOptions(**{**SMALL, "shards": 3}, broken_shard=True, tolerated_failure_percent=34.0)
     with LocalCloud(tmp_path, port=0) as cloud:
-        prepare_inputs(cloud, tmp_path, image_server, options)
+        prepare_inputs(cloud.client("s3"), cloud.bucket, tmp_path, image_server, options)
         result = run_pipeline(cloud, tmp_path, options)
 
         assert result["progress"].status == "SUCCEEDED"
@@ -106,7 +106,7 @@ def test_pipeline_training_failure_notifies_and_deploys_no_endpoint(
 ) -> None:
     options = DemoOptions(**{**SMALL, "shards": 1}, failing_training=True)
     with LocalCloud(tmp_path, port=0) as cloud:
-        prepare_inputs(cloud, tmp_path, image_server, options)
+        prepare_inputs(cloud.client("s3"), cloud.bucket, tmp_path, image_server, options)
         result = run_pipeline(cloud, tmp_path, options)
 
         assert result["progress"].status == "FAILED"
@@ -164,7 +164,7 @@ def test_local_up_is_driven_by_clients_from_another_process(tmp_path: Path, imag
         assert state["endpoint_url"] == f"http://127.0.0.1:{port}"
         cloud = _CloudFromOutside(state)
         options = DemoOptions(**SMALL)
-        prepare_inputs(cloud, tmp_path, image_server, options)
+        prepare_inputs(cloud.client("s3"), cloud.bucket, tmp_path, image_server, options)
         run_file = tmp_path / "run.json"
         run_file.write_text(json.dumps(manifest(state["outputs"]["DataBucketName"], options)))
         env = {**os.environ, **state["env"]}

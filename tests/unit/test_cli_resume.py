@@ -11,7 +11,8 @@ import boto3
 import pytest
 
 from sdflow import progress
-from sdflow.cli import parse_args, resume_name, start_resume
+from sdflow.cli import parse_args
+from sdflow.runs import resume_name, start_resume
 from sdflow.session import CliError, Session
 from tests.unit.conftest import ACCOUNT, DATA_BUCKET, REGION, STATE_MACHINE_ARN, AwsWorld
 

@@ -1,0 +1,163 @@
+"""What a run did, in one frozen record: read from the execution (its output, or for a run that did
+not succeed the last state its history shows), the run's S3 objects and, locally, its job logs:
+the same sources as `sdflow status` and the notification."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sdflow import history, progress
+from sdflow.runs import UNFINISHED
+
+LOSS_METRICS = ("train:loss", "loss")  # the trainer's metric name (model_registry.LOSS_METRIC_NAME), then a bare one
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One run: its status, shards, training, model and endpoint; None where the run got no further."""
+
+    name: str
+    execution_arn: str
+    status: str
+    started: datetime
+    stopped: datetime | None
+    duration_s: float
+    shards_total: int | None = None
+    shards_succeeded: int | None = None
+    shards_failed: int | None = None
+    shards_reused: int = 0
+    samples: int | None = None
+    training_job_name: str | None = None
+    final_loss: float | None = None
+    prompt_adherence: float | None = None
+    base_prompt_adherence: float | None = None
+    model_data_uri: str | None = None
+    model_package_arn: str | None = None
+    endpoint_name: str | None = None
+    failed_state: str | None = None
+    error: str | None = None
+    cause: str | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == "SUCCEEDED"
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(label, text) for each thing known, in the order a person reads them."""
+        rows = [("run", self.name), ("status", f"{self.status} after {_duration(self.duration_s)}")]
+        if self.shards_total is not None:
+            shards = f"{self.shards_succeeded or 0} of {self.shards_total} downloaded"
+            shards += f" ({self.shards_reused} reused)" if self.shards_reused else ""
+            shards += f", {self.shards_failed} failed" if self.shards_failed else ""
+            shards += f"; {self.samples:,} samples" if self.samples is not None else ""
+            rows.append(("shards", shards))
+        if self.training_job_name:
+            loss = f", final loss {self.final_loss:.4f}" if self.final_loss is not None else ""
+            rows.append(("training", f"{self.training_job_name}{loss}"))
+        if self.prompt_adherence is not None:
+            base = f"base {self.base_prompt_adherence:.2f} → " if self.base_prompt_adherence is not None else ""
+            rows.append(("prompt adherence", f"{base}trained {self.prompt_adherence:.2f}"))
+        for label, value in (
+            ("model", self.model_data_uri),
+            ("model package", self.model_package_arn),
+            ("endpoint", self.endpoint_name),
+        ):
+            if value:
+                rows.append((label, value))
+        if self.error or self.failed_state:
+            parts = [f"in {self.failed_state}" if self.failed_state else "", self.error or "", self.cause or ""]
+            rows.append(("error", ": ".join(part for part in parts if part)[:600]))
+        return rows
+
+    def __str__(self) -> str:
+        width = max(len(label) for label, _ in self.rows())
+        return "\n".join(f"{label:<{width}}  {text}" for label, text in self.rows())
+
+    def _repr_html_(self) -> str:
+        cells = "".join(
+            f"<tr><th style='text-align:left'>{html.escape(label)}</th>"
+            f"<td style='text-align:left'>{html.escape(text)}</td></tr>"
+            for label, text in self.rows()
+        )
+        return f"<table>{cells}</table>"
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes}m {secs}s" if hours else f"{minutes}m {secs}s" if minutes else f"{seconds:.1f} s"
+
+
+def _last_state(sfn: Any, execution_arn: str) -> dict[str, Any]:
+    """The state document as the newest state to exit left it: what the steps had written."""
+    runs = [run for run in history.read(history.fetch(sfn, execution_arn)).states.values() if run.output]
+    if not runs:
+        return {}
+    newest = max(runs, key=lambda run: run.event_ids[-1])
+    document = history.decode(newest.output)
+    return document if isinstance(document, dict) else {}
+
+
+def _part(document: dict[str, Any], key: str) -> dict[str, Any]:
+    value = document.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _number(value: Any) -> float | None:
+    try:
+        return float(value) if value is not None and not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def summarize(sfn: Any, s3: Any, bucket: str, execution_arn: str, workdir: Path | None = None) -> RunSummary:
+    snap = progress.snapshot(sfn, s3, bucket, execution_arn, workdir)
+    described = sfn.describe_execution(executionArn=execution_arn)  # after the snapshot: at least as new
+    status = str(described["status"])
+    output = history.decode(described.get("output")) if described.get("output") else None
+    state = output if isinstance(output, dict) else _last_state(sfn, execution_arn)
+    dataset, training = _part(state, "dataset"), _part(state, "training")
+    model, endpoint = _part(_part(state, "registry"), "model"), _part(state, "endpoint")
+    metrics = _part(training, "final_metrics")
+    loss = next((_number(metrics[key]) for key in LOSS_METRICS if key in metrics), snap.training_loss)
+    adherence = model.get("prompt_adherence", metrics.get("eval:prompt_adherence"))
+    base = model.get("base_prompt_adherence", metrics.get("eval:base_prompt_adherence"))
+    ok, failed = _int(dataset.get("shards_ok")), _int(dataset.get("shards_failed"))
+    total = snap.shards_total
+    if total is None and ok is not None:
+        total = ok + (failed or 0)
+    started, stopped = described["startDate"], described.get("stopDate")
+    failed_state = None
+    if status not in ("SUCCEEDED", *UNFINISHED):
+        failed_state = next((s for s, st in snap.states.items() if st in ("failed", "aborted")), None)
+    return RunSummary(
+        name=str(described["name"]),
+        execution_arn=execution_arn,
+        status=status,
+        started=started,
+        stopped=stopped,
+        duration_s=max(0.0, ((stopped or datetime.now(UTC)) - started).total_seconds()),
+        shards_total=total,
+        shards_succeeded=ok if ok is not None else (snap.shards_done if total is not None else None),
+        shards_failed=failed if failed is not None else snap.shards_failed,
+        shards_reused=snap.shards_reused,
+        samples=_int(dataset.get("total_samples")),
+        training_job_name=training.get("job_name") or snap.training_job,
+        final_loss=loss,
+        prompt_adherence=_number(adherence),
+        base_prompt_adherence=_number(base),
+        model_data_uri=training.get("model_data_url"),
+        model_package_arn=model.get("model_package_arn"),
+        endpoint_name=endpoint.get("endpoint_name"),
+        failed_state=failed_state,
+        error=described.get("error"),
+        cause=described.get("cause"),
+    )

@@ -10,12 +10,15 @@ IMAGE_VENV := .venv-image
 IMAGE_BIN := $(IMAGE_VENV)/bin
 IMAGE_STAMP := $(IMAGE_VENV)/.ready
 TOOLS_STAMP := .tools/.installed
+# The notebook environment: the SageMaker Python SDK v3 and sdflow.sdk (docs/notebooks).
+SDK_VENV := .venv-sdk
+SDK_STAMP := $(SDK_VENV)/.ready
 # Debian's Chromium, for the run console's browser tests (tests/e2e/test_console_browser.py):
 # Playwright drives it and never downloads a browser of its own.
 CHROMIUM := /usr/bin/chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help setup browser console test test-unit test-image test-fast demo lint format bench schema clean
+.PHONY: help setup browser console notebook test test-unit test-image test-fast demo lint format bench schema clean
 
 help:  ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -37,6 +40,14 @@ $(IMAGE_STAMP): training_image/requirements.txt training_image/requirements-colo
 	$(IMAGE_BIN)/pip check
 	touch $@
 
+# Its own venv: the SDK's resolved set (mlflow among it) caps pyarrow and rich below .venv's pins.
+$(SDK_STAMP): requirements/sdk.txt requirements/sdk-constraints.txt pyproject.toml
+	$(PYTHON) -m venv $(SDK_VENV)
+	$(SDK_VENV)/bin/pip install --disable-pip-version-check -q -c requirements/sdk-constraints.txt -r requirements/sdk.txt
+	$(SDK_VENV)/bin/pip install --disable-pip-version-check -q --no-deps -e .
+	$(SDK_VENV)/bin/pip check
+	touch $@
+
 # The SAM CLI and checkov each get a venv of their own, as their docs advise: in one venv
 # with the rest, pip backtracks through every uvicorn release.
 $(TOOLS_STAMP): .tools/sam/.installed .tools/checkov/.installed
@@ -47,9 +58,9 @@ $(TOOLS_STAMP): .tools/sam/.installed .tools/checkov/.installed
 	.tools/$*/bin/pip install --disable-pip-version-check -q -r $<
 	touch $@
 
-setup:  ## create .venv (orchestration), .venv-image (jobs) and the tool venvs, pinned
-	# The four venvs are independent and mostly wait on downloads: built side by side.
-	$(MAKE) --no-print-directory -j4 $(STAMP) $(IMAGE_STAMP) $(TOOLS_STAMP)
+setup:  ## create .venv (orchestration), .venv-image (jobs), .venv-sdk (notebooks) and the tool venvs, pinned
+	# The five venvs are independent and mostly wait on downloads: built side by side.
+	$(MAKE) --no-print-directory -j5 $(STAMP) $(IMAGE_STAMP) $(SDK_STAMP) $(TOOLS_STAMP)
 
 $(CHROMIUM):
 	$(SUDO) apt-get update -qq
@@ -66,6 +77,9 @@ test-unit: setup  ## unit tests only (seconds)
 
 test-image: setup  ## the training_image code on CPU, in the job environment
 	$(IMAGE_BIN)/pytest tests/image --durations=15
+
+notebook: $(STAMP) $(IMAGE_STAMP) $(SDK_STAMP)  ## run docs/notebooks/sdk-quickstart.ipynb top to bottom against a fresh local cloud (as CI does)
+	$(BIN)/pytest tests/e2e/test_sdk_notebook.py --durations=0
 
 console: $(STAMP)  ## the run console for the local cloud of `sdflow local up` (or AWS with --endpoint-url unset)
 	$(BIN)/sdflow console

@@ -169,6 +169,25 @@ def test_parse_out_of_range_value_names_field(section: str, values: dict[str, An
     assert fields_of({**minimal(), section: values}) == {field}
 
 
+@pytest.mark.parametrize(
+    ("section", "instance_type"),
+    [
+        ("download", "ml.c7i-flex.xlarge"),
+        ("training", "ml.p6-b200.48xlarge"),
+        ("training", "ml.p6e-gb200.36xlarge"),
+        ("endpoint", "ml.m8i-flex.large"),
+    ],
+)
+def test_parse_instance_type_with_hyphenated_family_is_accepted(section: str, instance_type: str) -> None:
+    document = parse_run_document({**minimal(), section: {"instance_type": instance_type}})
+    assert getattr(document, section).instance_type == instance_type
+
+
+@pytest.mark.parametrize("instance_type", ["ml.-g5.xlarge", "ml.g5-.xlarge", "ml.g5--x.xlarge", "ml.g5"])
+def test_parse_malformed_instance_type_names_field(instance_type: str) -> None:
+    assert fields_of({**minimal(), "training": {"instance_type": instance_type}}) == {"training.instance_type"}
+
+
 def test_parse_several_problems_are_all_reported() -> None:
     raw = {**minimal(), "download": {"image_size": 1}, "training": {"seed": -1}, "extra": 1}
     assert fields_of(raw) == {"download.image_size", "training.seed", "extra"}

@@ -22,7 +22,7 @@ from sdflow_common.errors import InvalidRunDocument
 
 S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])/(?P<key>.*)$")
 ENDPOINT_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
-INSTANCE_TYPE = r"^ml\.[a-z0-9]+\.[a-z0-9]+$"
+INSTANCE_TYPE = r"^ml\.[a-z0-9]+(-[a-z0-9]+)*\.[a-z0-9]+$"
 RUN_NAME = r"^[a-zA-Z0-9\-_]{1,40}$"
 # A Standard execution's ARN: arn:<partition>:states:<region>:<account>:execution:<state machine>:<name>.
 # No "/" in the state machine part: Distributed Map children (<machine>/<label>) are not runs.

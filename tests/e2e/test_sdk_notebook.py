@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -47,6 +48,9 @@ def test_sdk_notebook_local_cloud_runs_top_to_bottom_with_job_logs_and_images(tm
     assert JUPYTER_EXECUTE.exists(), "the notebook venv is missing: `make setup` builds .venv-sdk"
     folder = tmp_path / "notebook"
     folder.mkdir()
+    # The kernel runs in the notebook's folder (nbclient), so a copy runs: what it writes stays here.
+    notebook = folder / NOTEBOOK.name
+    shutil.copyfile(NOTEBOOK, notebook)
     executed = tmp_path / "executed.ipynb"
     with LocalCloud(tmp_path / "cloud", port=0) as cloud:
         # Only what `sdflow local up` prints: no AWS profile or key of the machine leaks in.
@@ -54,7 +58,7 @@ def test_sdk_notebook_local_cloud_runs_top_to_bottom_with_job_logs_and_images(tm
         env.update(cloud.cli_env(), JUPYTER_PLATFORM_DIRS="1")
         started = time.monotonic()
         done = subprocess.run(
-            [str(JUPYTER_EXECUTE), str(NOTEBOOK), "--output", str(executed), "--timeout", "1500"],
+            [str(JUPYTER_EXECUTE), str(notebook), "--output", str(executed), "--timeout", "1500"],
             cwd=folder, env=env, capture_output=True, text=True, timeout=1700, check=False,
         )  # fmt: skip
         took = time.monotonic() - started

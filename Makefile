@@ -106,6 +106,7 @@ bench: setup  ## benchmarks: ratios measured side by side in one run
 	PYTHONPATH=training_image:. $(IMAGE_BIN)/python bench/bench_download.py
 	PYTHONPATH=training_image:. $(IMAGE_BIN)/python bench/bench_data_scale.py
 	$(BIN)/python bench/bench_local_runtime.py
+	$(BIN)/python bench/bench_sdk_core_layer.py
 
 schema: setup  ## regenerate schemas/run-document.schema.json from the pydantic model
 	PYTHONPATH=layers/common $(BIN)/python -m sdflow_common.run_document > schemas/run-document.schema.json

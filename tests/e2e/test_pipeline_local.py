@@ -122,7 +122,7 @@ def test_pipeline_training_failure_notifies_and_deploys_no_endpoint(
 
 
 class _CloudFromOutside:
-    """What prepare_inputs needs, from a `sdflow local up` running in another process."""
+    """Clients of a `sdflow local up` running in another process, from its state file."""
 
     def __init__(self, state: dict[str, Any]) -> None:
         import boto3
@@ -164,7 +164,7 @@ def test_local_up_is_driven_by_clients_from_another_process(tmp_path: Path, imag
         assert state["endpoint_url"] == f"http://127.0.0.1:{port}"
         cloud = _CloudFromOutside(state)
         options = DemoOptions(**SMALL)
-        prepare_inputs(cloud.client("s3"), cloud.bucket, tmp_path, image_server, options)
+        prepare_inputs(cloud.client("s3"), cloud.outputs["DataBucketName"], tmp_path, image_server, options)
         run_file = tmp_path / "run.json"
         run_file.write_text(json.dumps(manifest(state["outputs"]["DataBucketName"], options)))
         env = {**os.environ, **state["env"]}

@@ -53,7 +53,14 @@ def create_app(config: ConsoleConfig) -> FastAPI:
     jobs = JobReader(clients, config.bucket, config.notify_log_group)
     app = FastAPI(title="sdflow console", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.clients = clients
+    _add_error_handlers(app, config)
+    _add_run_routes(app, config, runs, jobs)
+    _add_job_routes(app, jobs)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    return app
 
+
+def _add_error_handlers(app: FastAPI, config: ConsoleConfig) -> None:
     @app.exception_handler(ConsoleError)
     def console_error(_request: Request, exc: ConsoleError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
@@ -86,6 +93,8 @@ def create_app(config: ConsoleConfig) -> FastAPI:
         error = ConsoleError(500, type(exc).__name__, f"the console failed to answer: {first_line}"[:300])
         return JSONResponse(error.body(), status_code=500)
 
+
+def _add_run_routes(app: FastAPI, config: ConsoleConfig, runs: RunReader, jobs: JobReader) -> None:
     @app.get("/")
     def index() -> FileResponse:
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
@@ -121,6 +130,8 @@ def create_app(config: ConsoleConfig) -> FastAPI:
             raise ConsoleError(400, "BadStatus", f"status {status[:40]!r} is not an execution status")
         return runs.children(name, state, status or None, next_token or None)
 
+
+def _add_job_routes(app: FastAPI, jobs: JobReader) -> None:
     @app.get("/api/logs")
     def logs(group: str, stream: str, next_token: str | None = None) -> dict[str, Any]:
         if not group.startswith(("/aws/sagemaker/", "/aws/lambda/")):
@@ -136,9 +147,6 @@ def create_app(config: ConsoleConfig) -> FastAPI:
     def invoke(name: str, request: InvokeRequest) -> dict[str, Any]:
         body = request.model_dump(exclude_none=True)
         return jobs.invoke(name, body)
-
-    app.mount("/static", StaticFiles(directory=STATIC), name="static")
-    return app
 
 
 class ConsoleServer:

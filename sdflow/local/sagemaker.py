@@ -6,9 +6,10 @@ host (`algo-1/`, `algo-2/`, …, exported to the container code as `$SDFLOW_OPT_
 host's combined stdout/stderr in `algo-N.log`, also sent to the local CloudWatch Logs with the
 training metrics (sdflow/local/job_logs.py). Inputs come from the local S3 (the moto server
 at `endpoint_url`) before the container starts; outputs go back to it when it ends, as
-SageMaker's File mode and EndOfJob upload do. Endpoints (sdflow/local/sagemaker_endpoints.py)
-live in `workdir/endpoints/<endpoint>/<endpoint config>/`: the model artifact extracted to
-`opt_ml/model` and `serve` listening on a free port of 127.0.0.1.
+SageMaker's File mode and EndOfJob upload do. Training jobs run in sdflow/local/sagemaker_training.py
+(each host's `/opt/ml` laid out by sdflow/local/training_layout.py). Endpoints
+(sdflow/local/sagemaker_endpoints.py) live in `workdir/endpoints/<endpoint>/<endpoint config>/`:
+the model artifact extracted to `opt_ml/model` and `serve` listening on a free port of 127.0.0.1.
 
 Every call returns at once; the work happens on a background thread that reports each status
 change to the StatusListener, which the local cloud turns into moto's Describe* answers and
@@ -16,10 +17,8 @@ the "SageMaker … State Change" events."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 import shutil
 import signal
 import threading
@@ -27,16 +26,22 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any
 
 from sdflow.local.job_env import image_python
-from sdflow.local.job_logs import JobLogs, metric_definitions, metric_values
+from sdflow.local.job_logs import JobLogs
+from sdflow.local.job_state import (
+    Job,
+    Kind,
+    Outcome,
+    StatusListener,
+    failure_reason,
+    max_runtime,
+    max_runtime_reason,
+)
 from sdflow.local.sagemaker_endpoints import EndpointHosting, EndpointState
 from sdflow.local.sagemaker_host import (
-    REASON_LIMIT,
     ContainerError,
     ContainerProcess,
     DeploymentFailed,
@@ -49,15 +54,14 @@ from sdflow.local.sagemaker_host import (
     clip_reason,
     container_path,
     free_port,
-    link_or_copy,
     parse_s3_uri,
     read_text_or_none,
     rewrite_container_paths,
     signal_group,
-    tar_folder,
     terminate,
     utc_now,
 )
+from sdflow.local.sagemaker_training import TrainingJobs
 from sdflow.local.services.logs import CloudWatchSink
 
 __all__ = [
@@ -76,67 +80,16 @@ __all__ = [
 
 LOG = logging.getLogger("sdflow.local.sagemaker")
 
-Kind = Literal["processing", "training", "endpoint"]
-
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_MAX_RUNTIME_S = 86_400  # SageMaker's default StoppingCondition
 POLL_S = 0.2
-# The CLI's progress view: the trainer prints `step=N loss=X` on rank 0 (docs/contracts.md).
-PROGRESS_LINE = re.compile(r"step=(\d+)\s+loss=([-+0-9.eE]+|nan|inf)")
 # Only these survive from the parent's environment: the container sees no AWS credentials,
 # no proxy settings and no virtualenv quirks that the real image would not have.
 PASSTHROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TZ", "USER", "LOGNAME")
 
 
-# ---------------------------------------------------------------------------------------
-# The listener the local cloud implements
-# ---------------------------------------------------------------------------------------
-
-
-class StatusListener(Protocol):
-    def job_status_changed(self, kind: Kind, name: str, status: str, fields: dict[str, Any]) -> None:
-        """Called on every status change, from any thread.
-        processing: status InProgress | Completed | Failed | Stopped; fields may hold
-          FailureReason, ExitMessage, ProcessingStartTime, ProcessingEndTime (datetime).
-        training: status InProgress | Completed | Failed | Stopped; fields may hold
-          SecondaryStatus, FailureReason, ModelArtifacts={"S3ModelArtifacts": uri},
-          FinalMetricDataList=[{"MetricName","Value","Timestamp"}], TrainingStartTime, TrainingEndTime,
-          BillableTimeInSeconds.
-        endpoint: status Creating | Updating | InService | Failed | RollingBack; fields may hold
-          EndpointConfigName (the config now serving), FailureReason."""
-
-
-# ---------------------------------------------------------------------------------------
-# Jobs and endpoints
-# ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Job:
-    kind: Kind
-    name: str
-    folder: Path
-    request: dict[str, Any]
-    stop_requested: threading.Event = field(default_factory=threading.Event)
-    processes: list[ContainerProcess] = field(default_factory=list)
-    thread: threading.Thread | None = None
-    status: str = "InProgress"
-    secondary_status: str | None = None
-    step: int | None = None
-    loss: float | None = None
-    metrics: dict[str, tuple[float, datetime]] = field(default_factory=dict)
-    done: threading.Event = field(default_factory=threading.Event)
-
-
-@dataclass
-class _Outcome:
-    result: Literal["completed", "failed", "stopped", "timeout"]
-    failed: ContainerProcess | None = None
-    failed_opt_ml: Path | None = None
-
-
-class LocalSageMaker(EndpointHosting):
-    """SageMaker's job and endpoint runtime, on this machine. Thread-safe. Endpoints are served by
+class LocalSageMaker(TrainingJobs, EndpointHosting):
+    """SageMaker's job and endpoint runtime, on this machine. Thread-safe. Training jobs are run by
+    the TrainingJobs half (sdflow/local/sagemaker_training.py); endpoints are served by
     the EndpointHosting half (sdflow/local/sagemaker_endpoints.py)."""
 
     def __init__(
@@ -178,14 +131,14 @@ class LocalSageMaker(EndpointHosting):
         self._role_s3: dict[str, S3Transfer] = {}
         self._endpoint_url = endpoint_url
         self._lock = threading.RLock()
-        self._jobs: dict[tuple[Kind, str], _Job] = {}
+        self._jobs: dict[tuple[Kind, str], Job] = {}
         self._endpoints: dict[str, EndpointState] = {}
         self._wall: dict[str, float] = {}
         self._closing = threading.Event()
         # The serve processes are plain 127.0.0.1 HTTP: never through a proxy from the environment.
         self._http = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
-    def _job_s3(self, job: _Job) -> S3Transfer:
+    def _job_s3(self, job: Job) -> S3Transfer:
         return self._s3_for(job.request.get("RoleArn"))
 
     def _s3_for(self, role_arn: str | None) -> S3Transfer:
@@ -272,7 +225,7 @@ class LocalSageMaker(EndpointHosting):
 
     # -- public: jobs -----------------------------------------------------------------------
 
-    def _new_job(self, kind: Kind, request: dict[str, Any], name_field: str) -> _Job:
+    def _new_job(self, kind: Kind, request: dict[str, Any], name_field: str) -> Job:
         name = request.get(name_field)
         if not isinstance(name, str) or not name:
             raise LocalSageMakerError(f"{name_field} is required")
@@ -286,7 +239,7 @@ class LocalSageMaker(EndpointHosting):
             if folder.exists():
                 shutil.rmtree(folder)  # a rerun of a finished job starts from a clean slate
             folder.mkdir(parents=True)
-            job = _Job(kind=kind, name=name, folder=folder, request=request)
+            job = Job(kind=kind, name=name, folder=folder, request=request)
             self._jobs[(kind, name)] = job
         return job
 
@@ -298,7 +251,7 @@ class LocalSageMaker(EndpointHosting):
         job = self._new_job("training", request, "TrainingJobName")
         self._start(job, self._run_training)
 
-    def _start(self, job: _Job, target: Callable[[_Job], None]) -> None:
+    def _start(self, job: Job, target: Callable[[Job], None]) -> None:
         def run() -> None:
             try:
                 target(job)
@@ -374,26 +327,30 @@ class LocalSageMaker(EndpointHosting):
 
     # -- running containers -----------------------------------------------------------------
 
-    def _supervise(self, job: _Job, hosts: list[tuple[ContainerProcess, Path]], max_runtime_s: float) -> _Outcome:
+    def _master_port(self) -> int:
+        # Through this module's `free_port`: the unit tests replace that name, as they open no socket.
+        return free_port()
+
+    def _supervise(self, job: Job, hosts: list[tuple[ContainerProcess, Path]], max_runtime_s: float) -> Outcome:
         """Wait for every host to exit 0; stop them all on the first failure, a stop request,
         shutdown, or MaxRuntimeInSeconds."""
         deadline = time.monotonic() + max_runtime_s
         processes = [p for p, _ in hosts]
-        outcome: _Outcome | None = None
+        outcome: Outcome | None = None
         while outcome is None:
             if job.stop_requested.is_set() or self._closing.is_set():
-                outcome = _Outcome("stopped")
+                outcome = Outcome("stopped")
             elif time.monotonic() > deadline:
-                outcome = _Outcome("timeout")
+                outcome = Outcome("timeout")
             else:
                 for process, opt_ml in hosts:
                     code = process.poll()
                     if code not in (None, 0):
-                        outcome = _Outcome("failed", process, opt_ml)
+                        outcome = Outcome("failed", process, opt_ml)
                         break
                 else:
                     if all(p.poll() == 0 for p in processes):
-                        outcome = _Outcome("completed")
+                        outcome = Outcome("completed")
                 if outcome is None:
                     time.sleep(POLL_S)
         terminate(processes, self.stop_grace_s)
@@ -404,31 +361,9 @@ class LocalSageMaker(EndpointHosting):
             self._wall[job.name] = max(p.wall_s() for p in processes)
         return outcome
 
-    def _failure_reason(self, outcome: _Outcome, hosts: list[tuple[ContainerProcess, Path]]) -> str:
-        """The failure file of the failed host (any host's, if it left none), else its output/message,
-        else the tail of its log, as SageMaker fills FailureReason."""
-        assert outcome.failed is not None
-        assert outcome.failed_opt_ml is not None
-        candidates = [outcome.failed_opt_ml] + [o for _, o in hosts if o != outcome.failed_opt_ml]
-        for opt_ml in candidates:
-            text = read_text_or_none(opt_ml / "output" / "failure")
-            if text:
-                return clip_reason(f"AlgorithmError: {text}")
-        message = read_text_or_none(outcome.failed_opt_ml / "output" / "message")
-        if message:
-            return clip_reason(f"AlgorithmError: {message}")
-        code = outcome.failed.popen.returncode
-        if code < 0:
-            # A container killed by a signal exits 128 + N under Docker, as on SageMaker.
-            code_text = f"exit code {128 - code} (killed by {signal.Signals(-code).name})"
-        else:
-            code_text = f"exit code {code}"
-        tail = outcome.failed.tail_text()[-(REASON_LIMIT - 100) :]
-        return clip_reason(f"AlgorithmError: {code_text} on {outcome.failed.label}; last log lines:\n{tail}")
-
     # -- processing -------------------------------------------------------------------------
 
-    def _run_processing(self, job: _Job) -> None:
+    def _run_processing(self, job: Job) -> None:
         name = job.name
         started = utc_now()
         times: dict[str, Any] = {"ProcessingStartTime": started}
@@ -447,7 +382,7 @@ class LocalSageMaker(EndpointHosting):
         job.status = status
         self._report("processing", name, status, times | fields | {"ProcessingEndTime": utc_now()})
 
-    def _processing(self, job: _Job, opt_ml: Path) -> tuple[str, dict[str, Any]]:
+    def _processing(self, job: Job, opt_ml: Path) -> tuple[str, dict[str, Any]]:
         request = job.request
         for i, item in enumerate(request.get("ProcessingInputs") or []):
             where = f"ProcessingInputs[{i}] ({item.get('InputName', '?')})"
@@ -471,13 +406,13 @@ class LocalSageMaker(EndpointHosting):
         env = self._environment(
             opt_ml, request.get("Environment"), {"PROCESSING_JOB_NAME": job.name}, request.get("RoleArn")
         )
-        max_runtime = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds", DEFAULT_MAX_RUNTIME_S)
+        runtime_s = max_runtime(request)
         (opt_ml / "output").mkdir(parents=True, exist_ok=True)
         lines = self.job_logs.host_lines("processing", job.name, "algo-1")
         process = ContainerProcess(f"{job.name}/algo-1", command, env, job.folder, job.folder / "algo-1.log", lines)
         job.processes = [process]
         hosts = [(process, opt_ml)]
-        outcome = self._supervise(job, hosts, float(max_runtime))
+        outcome = self._supervise(job, hosts, float(runtime_s))
         fields: dict[str, Any] = {}
         exit_message = read_text_or_none(opt_ml / "output" / "message")
         if exit_message:
@@ -489,227 +424,8 @@ class LocalSageMaker(EndpointHosting):
         if outcome.result == "stopped":
             return "Stopped", fields
         if outcome.result == "timeout":
-            return "Failed", fields | {
-                "FailureReason": f"MaxRuntimeExceeded: the job ran longer than StoppingCondition."
-                f"MaxRuntimeInSeconds={max_runtime} and was stopped"
-            }
-        return "Failed", fields | {"FailureReason": self._failure_reason(outcome, hosts)}
-
-    # -- training ---------------------------------------------------------------------------
-
-    def _run_training(self, job: _Job) -> None:
-        name = job.name
-        started = utc_now()
-        base: dict[str, Any] = {"TrainingStartTime": started}
-        self._training_status(job, "InProgress", "Starting", base)
-        try:
-            status, secondary, fields = self._training(job, base)
-        except JobSetupError as exc:
-            status, secondary, fields = "Failed", "Failed", {"FailureReason": clip_reason(f"ClientError: {exc}")}
-        except Exception as exc:
-            LOG.exception("training job %s", name)
-            status, secondary = "Failed", "Failed"
-            fields = {"FailureReason": clip_reason(f"InternalServerError: {type(exc).__name__}: {exc}")}
-        ended = utc_now()
-        seconds = max(1, int((ended - started).total_seconds()))
-        count = int((job.request.get("ResourceConfig") or {}).get("InstanceCount", 1) or 1)
-        fields |= {
-            "TrainingEndTime": ended,
-            "TrainingTimeInSeconds": seconds,
-            "BillableTimeInSeconds": seconds * count,
-        }
-        metrics = self._final_metrics(job)
-        if metrics:
-            fields["FinalMetricDataList"] = metrics
-        self._training_status(job, status, secondary, base | fields)
-
-    def _training_status(self, job: _Job, status: str, secondary: str, fields: dict[str, Any]) -> None:
-        with self._lock:
-            job.status, job.secondary_status = status, secondary
-        self._report("training", job.name, status, fields | {"SecondaryStatus": secondary})
-
-    def _final_metrics(self, job: _Job) -> list[dict[str, Any]]:
-        with self._lock:
-            return [
-                {"MetricName": metric, "Value": value, "Timestamp": ts} for metric, (value, ts) in job.metrics.items()
-            ]
-
-    def _metric_parser(self, job: _Job) -> Callable[[str, datetime], dict[str, float]]:
-        try:
-            definitions = metric_definitions(job.request)
-        except ValueError as exc:
-            raise JobSetupError(str(exc)) from None
-
-        def on_line(line: str, ts: datetime) -> dict[str, float]:
-            progress = PROGRESS_LINE.search(line)
-            found = metric_values(definitions, line)
-            if not progress and not found:
-                return found
-            with self._lock:
-                if progress:
-                    job.step, job.loss = int(progress.group(1)), float(progress.group(2))
-                for metric, value in found.items():
-                    job.metrics[metric] = (value, ts)
-            return found
-
-        return on_line
-
-    def _training(self, job: _Job, base: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
-        request, name = job.request, job.name
-        resources = request.get("ResourceConfig") or {}
-        count = int(resources.get("InstanceCount", 1) or 1)
-        if count < 1:
-            raise JobSetupError(f"ResourceConfig.InstanceCount must be >= 1, got {count}")
-        hosts = [f"algo-{i}" for i in range(1, count + 1)]
-        algorithm = request.get("AlgorithmSpecification") or {}
-        if algorithm.get("TrainingInputMode", "File") == "Pipe":
-            raise JobSetupError("AlgorithmSpecification.TrainingInputMode Pipe is not supported locally; use File")
-        on_line = self._metric_parser(job)
-        output_path = str((request.get("OutputDataConfig") or {}).get("S3OutputPath") or "")
-        parse_s3_uri(output_path, "OutputDataConfig.S3OutputPath")
-        max_runtime = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds", DEFAULT_MAX_RUNTIME_S)
-
-        self._training_status(job, "InProgress", "Downloading", base)
-        channel_files = self._download_channels(job, request.get("InputDataConfig") or [])
-        checkpoint = request.get("CheckpointConfig") or None
-        checkpoint_cache = job.folder / "_checkpoints"
-        if checkpoint:
-            _, _, keys = self._job_s3(job).list_keys(checkpoint["S3Uri"], "CheckpointConfig.S3Uri")
-            if keys:  # a restart resumes from the checkpoints an earlier attempt left
-                self._job_s3(job).download_prefix(checkpoint["S3Uri"], checkpoint_cache, "CheckpointConfig.S3Uri")
-
-        hyperparameters = {str(k): str(v) for k, v in (request.get("HyperParameters") or {}).items()}
-        input_data_config = {
-            channel["ChannelName"]: {
-                "TrainingInputMode": channel.get("InputMode", algorithm.get("TrainingInputMode", "File")),
-                "S3DistributionType": channel["DataSource"]["S3DataSource"].get(
-                    "S3DataDistributionType", "FullyReplicated"
-                ),
-                "RecordWrapperType": channel.get("RecordWrapperType", "None"),
-                **({"ContentType": channel["ContentType"]} if "ContentType" in channel else {}),
-            }
-            for channel in request.get("InputDataConfig") or []
-        }
-        layouts: list[tuple[str, Path, Path]] = []  # host, opt_ml, checkpoint folder
-        for index, host in enumerate(hosts):
-            opt_ml = job.folder / host
-            config = opt_ml / "input" / "config"
-            config.mkdir(parents=True)
-            (config / "hyperparameters.json").write_text(json.dumps(hyperparameters))
-            (config / "resourceconfig.json").write_text(
-                json.dumps(
-                    {
-                        "current_host": host,
-                        "current_instance_type": resources.get("InstanceType", "local"),
-                        "current_group_name": "homogeneousCluster",
-                        "hosts": hosts,
-                        "network_interface_name": "lo",
-                    }
-                )
-            )
-            (config / "inputdataconfig.json").write_text(json.dumps(input_data_config))
-            for channel, (cache, files, sharded) in channel_files.items():
-                mine = files[index::count] if sharded else files
-                for rel in mine:
-                    link_or_copy(cache / rel, opt_ml / "input" / "data" / channel / rel)
-                (opt_ml / "input" / "data" / channel).mkdir(parents=True, exist_ok=True)
-            local_checkpoints = opt_ml / "checkpoints"
-            if checkpoint and checkpoint.get("LocalPath"):
-                local_checkpoints = container_path(checkpoint["LocalPath"], opt_ml, "CheckpointConfig.LocalPath")
-            if checkpoint_cache.is_dir():
-                # Copies, not links: the trainer rewrites checkpoint files, and hosts must not share them.
-                shutil.copytree(checkpoint_cache, local_checkpoints, dirs_exist_ok=True)
-            for folder in (local_checkpoints, opt_ml / "model", opt_ml / "output" / "data"):
-                folder.mkdir(parents=True, exist_ok=True)
-            layouts.append((host, opt_ml, local_checkpoints))
-
-        self._training_status(job, "InProgress", "Training", base)
-        master_port = str(free_port())
-        script = self._entrypoint("train", "training entrypoint")
-        running: list[tuple[ContainerProcess, Path]] = []
-        try:
-            for host, opt_ml, _ in layouts:
-                env = self._environment(
-                    opt_ml,
-                    request.get("Environment"),
-                    {
-                        "TRAINING_JOB_NAME": name,
-                        "SM_CURRENT_HOST": host,
-                        "SDFLOW_MASTER_ADDR": "127.0.0.1",
-                        "SDFLOW_MASTER_PORT": master_port,
-                        # On AWS each instance has its own cores; here the instances share this
-                        # machine's. Each taking all of them oversubscribes the cores, and spinning
-                        # OpenMP threads then made the demo's steps about 30x slower (5 s, not 0.16 s).
-                        "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // len(layouts))),
-                    },
-                    request.get("RoleArn"),
-                )
-                # `docker run IMAGE train` runs bin/train with no arguments: hyperparameters come from the file.
-                command = [self.python, str(script)]
-                lines = self.job_logs.host_lines("training", name, host, on_line)
-                process = ContainerProcess(f"{name}/{host}", command, env, opt_ml, job.folder / f"{host}.log", lines)
-                running.append((process, opt_ml))
-                job.processes.append(process)
-        except BaseException:
-            terminate([p for p, _ in running], self.stop_grace_s)
-            raise
-        outcome = self._supervise(job, running, float(max_runtime))
-
-        if checkpoint:
-            # Like SageMaker's continuous sync, whatever the outcome: a retry resumes from it.
-            # algo-1 last, so that its files win where hosts wrote the same names.
-            for _host, _opt_ml, local_checkpoints in reversed(layouts):
-                self._job_s3(job).upload_dir(local_checkpoints, checkpoint["S3Uri"], "CheckpointConfig.S3Uri")
-
-        if outcome.result == "stopped":
-            return "Stopped", "Stopped", {}
-        if outcome.result == "timeout":
-            return (
-                "Failed",
-                "MaxRuntimeExceeded",
-                {
-                    "FailureReason": f"MaxRuntimeExceeded: the job ran longer than StoppingCondition."
-                    f"MaxRuntimeInSeconds={max_runtime} and was stopped"
-                },
-            )
-        if outcome.result == "failed":
-            return "Failed", "Failed", {"FailureReason": self._failure_reason(outcome, running)}
-
-        self._training_status(job, "InProgress", "Uploading", base)
-        model_uri = f"{output_path.rstrip('/')}/{name}/output/model.tar.gz"
-        archive = job.folder / "model.tar.gz"
-        tar_folder(layouts[0][1] / "model", archive)
-        self._job_s3(job).upload_file(archive, model_uri, "OutputDataConfig.S3OutputPath")
-        data = layouts[0][1] / "output" / "data"
-        if any(data.iterdir()):
-            output_archive = job.folder / "output.tar.gz"
-            tar_folder(data, output_archive)
-            self._job_s3(job).upload_file(
-                output_archive,
-                f"{output_path.rstrip('/')}/{name}/output/output.tar.gz",
-                "OutputDataConfig.S3OutputPath",
-            )
-        return "Completed", "Completed", {"ModelArtifacts": {"S3ModelArtifacts": model_uri}}
-
-    def _download_channels(self, job: _Job, channels: list[dict[str, Any]]) -> dict[str, tuple[Path, list[str], bool]]:
-        """Each channel once into the job's cache; hosts get links to it."""
-        result = {}
-        for i, channel in enumerate(channels):
-            name = channel.get("ChannelName")
-            where = f"InputDataConfig[{i}] ({name})"
-            if not name:
-                raise JobSetupError(f"InputDataConfig[{i}].ChannelName is required")
-            if channel.get("InputMode") == "Pipe":
-                raise JobSetupError(f"{where}.InputMode Pipe is not supported locally; use File")
-            source = (channel.get("DataSource") or {}).get("S3DataSource")
-            if source is None:
-                raise JobSetupError(f"{where}.DataSource: only S3DataSource is supported locally")
-            cache = job.folder / "_channels" / name
-            data_type = source.get("S3DataType", "S3Prefix")
-            files = self._job_s3(job).download_input(data_type, source["S3Uri"], cache, f"{where}.S3Uri")
-            sharded = source.get("S3DataDistributionType", "FullyReplicated") == "ShardedByS3Key"
-            result[name] = (cache, files, sharded)
-        return result
+            return "Failed", fields | {"FailureReason": max_runtime_reason(runtime_s)}
+        return "Failed", fields | {"FailureReason": failure_reason(outcome, hosts)}
 
     # -- shutdown ---------------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sdflow.local import lambda_runner
+from sdflow.local import lambda_worker
 
 if TYPE_CHECKING:
     from sdflow.local.cloud import LocalCloud
@@ -174,9 +174,9 @@ class Faults:
         name = self._function(function)
         claims = Path(runtime.workdir) / "faults" / f"{name}-{op}-{uuid.uuid4().hex[:8]}"
         runtime.lambda_runner.fault_env[name] = {
-            lambda_runner.EXIT_AFTER_ENV: operation,
-            lambda_runner.EXIT_TIMES_ENV: str(times),
-            lambda_runner.EXIT_CLAIMS_ENV: str(claims),
+            lambda_worker.EXIT_AFTER_ENV: operation,
+            lambda_worker.EXIT_TIMES_ENV: str(times),
+            lambda_worker.EXIT_CLAIMS_ENV: str(claims),
         }
         return claims
 

@@ -101,7 +101,7 @@ def test_local_up_signal_stops_every_process_and_removes_state_file(
         _start_worker_and_job(state, tmp_path, image_server)
         wait_for(
             lambda: (lines := _cmdlines(_descendants(server.pid)))
-            and any("lambda_runner" in line for line in lines)
+            and any("lambda_worker.py" in line for line in lines)
             and sum("bin/download" in line for line in lines) >= 2,
             timeout_s=120, interval_s=0.2, what="a Lambda worker, the download job and its own children",
         )  # fmt: skip

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from sdflow.local.lambda_runner import FunctionSpec, LambdaRunner, log_stream_name, report_line
+from sdflow.local.lambda_runner import FunctionSpec, LambdaRunner, log_stream_name
+from sdflow.local.lambda_worker import report_line
 from sdflow.local.services import logs
 from tests.unit.local.conftest import ACCOUNT, HANDLERS, REGION, _client, _wait_for
 

@@ -16,7 +16,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from sdflow.local.sagemaker_host import (
     EndpointUnreachable,
     JobSetupError,
     LocalSageMakerError,
+    LocalSageMakerHalf,
     S3Transfer,
     clip_reason,
     free_port,
@@ -56,37 +56,19 @@ class EndpointState:
     deleted: threading.Event = field(default_factory=threading.Event)  # DeleteEndpoint came
 
 
-class EndpointHosting:
+class EndpointHosting(LocalSageMakerHalf):
     """Deploy, update, invoke and delete endpoints; LocalSageMaker provides the state and helpers."""
 
     workdir: Path
-    python: str
     region: str
     ping_timeout_s: float
-    stop_grace_s: float
     invoke_timeout_s: float
-    _lock: threading.RLock
     _endpoints: dict[str, EndpointState]
     _wall: dict[str, float]
     _closing: threading.Event
     _http: urllib.request.OpenerDirector
 
-    def _report(self, kind: Any, name: str, status: str, fields: dict[str, Any]) -> None:
-        raise NotImplementedError
-
     def _s3_for(self, role_arn: str | None) -> S3Transfer:
-        raise NotImplementedError
-
-    def _environment(
-        self,
-        opt_ml: Path,
-        request_env: Mapping[str, str] | None,
-        fixed: Mapping[str, str],
-        role_arn: str | None = None,
-    ) -> dict[str, str]:
-        raise NotImplementedError
-
-    def _entrypoint(self, name: str, field_name: str) -> Path:
         raise NotImplementedError
 
     def deploy_endpoint(self, endpoint_name: str, endpoint_config: dict[str, Any], model: dict[str, Any]) -> None:

@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import boto3
 from botocore.config import Config
@@ -84,6 +85,31 @@ class DeploymentFailed(LocalSageMakerError):
 # ---------------------------------------------------------------------------------------
 # Small helpers
 # ---------------------------------------------------------------------------------------
+
+
+class LocalSageMakerHalf:
+    """What LocalSageMaker (sagemaker.py) gives both of its halves, the training jobs
+    (sagemaker_training.py) and the endpoints (sagemaker_endpoints.py): declared once, for the
+    type checker; LocalSageMaker defines them."""
+
+    python: str
+    stop_grace_s: float
+    _lock: threading.RLock
+
+    def _report(self, kind: Any, name: str, status: str, fields: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _environment(
+        self,
+        opt_ml: Path,
+        request_env: Mapping[str, str] | None,
+        fixed: Mapping[str, str],
+        role_arn: str | None = None,
+    ) -> dict[str, str]:
+        raise NotImplementedError
+
+    def _entrypoint(self, name: str, field_name: str) -> Path:
+        raise NotImplementedError
 
 
 def utc_now() -> datetime:

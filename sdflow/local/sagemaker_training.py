@@ -13,15 +13,22 @@ import functools
 import logging
 import os
 import re
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from sdflow.local.job_logs import JobLogs, metric_definitions, metric_values
 from sdflow.local.job_state import Job, Outcome, failure_reason, max_runtime, max_runtime_reason
-from sdflow.local.sagemaker_host import ContainerProcess, JobSetupError, S3Transfer, clip_reason, terminate, utc_now
+from sdflow.local.sagemaker_host import (
+    ContainerProcess,
+    JobSetupError,
+    LocalSageMakerHalf,
+    S3Transfer,
+    clip_reason,
+    terminate,
+    utc_now,
+)
 from sdflow.local.training_layout import (
     HostLayout,
     check_training_input_mode,
@@ -40,30 +47,12 @@ LOG = logging.getLogger("sdflow.local.sagemaker")
 PROGRESS_LINE = re.compile(r"step=(\d+)\s+loss=([-+0-9.eE]+|nan|inf)")
 
 
-class TrainingJobs:
+class TrainingJobs(LocalSageMakerHalf):
     """Run training jobs; LocalSageMaker provides the state and helpers."""
 
-    python: str
-    stop_grace_s: float
     job_logs: JobLogs
-    _lock: threading.RLock
-
-    def _report(self, kind: Any, name: str, status: str, fields: dict[str, Any]) -> None:
-        raise NotImplementedError
 
     def _job_s3(self, job: Job) -> S3Transfer:
-        raise NotImplementedError
-
-    def _environment(
-        self,
-        opt_ml: Path,
-        request_env: Mapping[str, str] | None,
-        fixed: Mapping[str, str],
-        role_arn: str | None = None,
-    ) -> dict[str, str]:
-        raise NotImplementedError
-
-    def _entrypoint(self, name: str, field_name: str) -> Path:
         raise NotImplementedError
 
     def _supervise(self, job: Job, hosts: list[tuple[ContainerProcess, Path]], max_runtime_s: float) -> Outcome:

@@ -117,10 +117,13 @@ class Run:
         )  # fmt: skip
 
     def summary(self) -> RunSummary:
+        return self._summarize(None)
+
+    def _summarize(self, final: progress_mod.Progress | None) -> RunSummary:
         session = self.pipeline.session
         return summarize(
             session.client("stepfunctions"), session.client("s3"), session.data_bucket(), self.execution_arn,
-            session.workdir,
+            session.workdir, final,
         )  # fmt: skip
 
     def wait(
@@ -139,14 +142,15 @@ class Run:
 
             bar = RunBar(self.name)
         snaps = runs_mod.follow(self.pipeline.session, self.execution_arn, interval_s=poll_s, timeout_s=timeout_s)
+        final = None
         try:
-            for snap in snaps:
+            for final in snaps:
                 if bar is not None:
-                    bar.update(snap)
+                    bar.update(final)
         finally:
             if bar is not None:
                 bar.close()
-        summary = self.summary()
+        summary = self._summarize(final)  # follow's last snapshot is the ended run's
         if raise_on_failure and not summary.succeeded:
             raise RunFailed(summary)
         return summary

@@ -118,8 +118,18 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def summarize(sfn: Any, s3: Any, bucket: str, execution_arn: str, workdir: Path | None = None) -> RunSummary:
-    snap = progress.snapshot(sfn, s3, bucket, execution_arn, workdir)
+def summarize(
+    sfn: Any,
+    s3: Any,
+    bucket: str,
+    execution_arn: str,
+    workdir: Path | None = None,
+    snap: progress.Progress | None = None,
+) -> RunSummary:
+    """The run's summary; `snap` is a final snapshot the caller already holds (a wait's last one),
+    so the history, which runs to many pages for a large run, is not read twice."""
+    if snap is None:
+        snap = progress.snapshot(sfn, s3, bucket, execution_arn, workdir)
     described = sfn.describe_execution(executionArn=execution_arn)  # after the snapshot: at least as new
     status = str(described["status"])
     output = history.decode(described.get("output")) if described.get("output") else None

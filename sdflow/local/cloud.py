@@ -30,6 +30,7 @@ from typing import Any, cast
 import boto3
 
 from sdflow.local import moto_logging, patching, template
+from sdflow.local.clock import Clock
 from sdflow.local.faults import Faults
 from sdflow.local.lambda_runner import DEFAULT_MAX_WORKERS_PER_FUNCTION, LambdaRunner
 from sdflow.local.runtime import Runtime, SageMakerRuntime
@@ -99,7 +100,8 @@ class LocalCloud:
             sagemaker_quotas.DEFAULT_CREATE_RATE_PER_S,
             sagemaker_quotas.DEFAULT_CREATE_BURST,
         ),
-        schedule_speedup: float | None = 1.0,
+        time_scale: float = 1.0,
+        clock: Clock | None = None,
     ) -> None:
         self.workdir = Path(workdir).resolve()
         self.requested_port = port
@@ -120,9 +122,10 @@ class LocalCloud:
         self.sagemaker_quotas = sagemaker_quotas.SageMakerQuotas(
             overrides=dict(overrides), create_rate_per_s=sagemaker_create_rate[0], create_burst=sagemaker_create_rate[1]
         )
-        # Scheduled rules and schedules fire on a clock this many times faster than real time
-        # (services/scheduler.py); None: only when fire_schedules() is called.
-        self.schedule_speedup = schedule_speedup
+        # The one clock every waiting part reads (sdflow/local/clock.py): real time, or
+        # `time_scale` times faster while nothing is working (tests; `local up --time-scale`).
+        self.clock = clock if clock is not None else Clock(scale=time_scale)
+        self.sagemaker_quotas.clock = self.clock
         self.schedules: scheduler.ScheduleRunner | None = None
         self.deployment: template.Deployment | None = None
         self.runtime: Runtime | None = None
@@ -178,11 +181,13 @@ class LocalCloud:
             account_id=ACCOUNT_ID,
             # Function output also goes to /aws/lambda/<fn> log groups and EMF lines to CloudWatch metrics.
             output_sink=(cloudwatch := CloudWatchSink(ACCOUNT_ID, REGION)),
+            clock=self.clock,
         )
         self._cloudwatch = cloudwatch
         self.runtime = Runtime(
             workdir=self.workdir,
             lambda_runner=runner,
+            clock=self.clock,
             async_retry_delays_s=self.async_retry_delays_s,
             sagemaker_quotas=self.sagemaker_quotas,
             # Functions, the state machine and jobs call as their template roles (services/iam.py).
@@ -207,9 +212,8 @@ class LocalCloud:
                 # SageMaker's own session for a job's role is named "SageMaker".
                 credentials = lambda arn: enforcer.credentials_for_role(arn, "SageMaker")  # noqa: E731
                 setattr(self.runtime.sagemaker, "role_credentials", credentials)  # noqa: B010
-        self.schedules = scheduler.ScheduleRunner(ACCOUNT_ID, REGION, speedup=self.schedule_speedup or 1.0)
-        if self.schedule_speedup is not None:
-            self.schedules.start()
+        self.schedules = scheduler.ScheduleRunner(ACCOUNT_ID, REGION, clock=self.clock)
+        self.schedules.start()
         log.info("local cloud on %s, stack %s deployed", self.endpoint_url, self.stack_name)
 
     def stop(self) -> None:
@@ -217,6 +221,7 @@ class LocalCloud:
         global _running
         if self.schedules is not None:
             self.schedules.stop()
+        self.clock.close()
         runtime, self.runtime = self.runtime, None
         if runtime is not None:
             if runtime.sagemaker is not None and hasattr(runtime.sagemaker, "shutdown"):

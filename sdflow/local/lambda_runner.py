@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sdflow.local import lambda_worker
+from sdflow.local.clock import REAL_TIME, Clock
 from sdflow.local.lambda_worker import error_payload
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,9 @@ DEFAULT_MAX_WORKERS_PER_FUNCTION = 2
 DEFAULT_MAX_WORKERS_TOTAL = 6
 # How long a worker is given to exit after its stdin closes, before it is killed.
 STOP_GRACE_S = 3.0
+# Below this the worker keeps its own time: the wall clock and a real-speed Clock drift apart by
+# milliseconds, and shifting a handler's time costs an import (time-machine) it need not pay.
+CLOCK_OFFSET_MIN_S = 1.0
 FAKE_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -255,8 +259,12 @@ class LambdaRunner:
         init_timeout_s: float = DEFAULT_INIT_TIMEOUT_S,
         account_id: str = "123456789012",
         output_sink: OutputSink | None = None,
+        clock: Clock = REAL_TIME,
     ) -> None:
         self.endpoint_url = endpoint_url
+        # An invocation is work: the clock runs at real speed while one runs (clock.busy), and
+        # the worker tells the time as the clock does (its offset travels with each event).
+        self.clock = clock
         self.region = region
         self.log_dir = Path(log_dir)
         self.python = python
@@ -410,6 +418,10 @@ class LambdaRunner:
         text = event.decode() if isinstance(event, bytes) else event
         _, pool = self._pool(spec)
         self.stats["invocations"] += 1
+        with self.clock.busy():
+            return self._invoke(spec, pool, text, request_id)
+
+    def _invoke(self, spec: FunctionSpec, pool: _Pool, text: str, request_id: str) -> InvocationResult:
         worker = self._acquire(spec, pool)
         worker.busy = True
         try:
@@ -466,8 +478,14 @@ class LambdaRunner:
         self, worker: _Worker, spec: FunctionSpec, text: str, request_id: str
     ) -> tuple[InvocationResult, bool]:
         """The invocation's result, and whether the worker can serve another one."""
-        deadline_ms = int((time.time() + spec.timeout_s) * 1000)
-        worker.send({"event": text, "request_id": request_id, "deadline_ms": deadline_ms, "arn": spec.arn})
+        # While the invocation runs the clock runs at real speed, so the timeout below (real
+        # seconds) is the same length on the clock; the worker shifts its time by the offset.
+        offset_s = round(self.clock.offset_s(), 3)
+        deadline_ms = int((time.time() + offset_s + spec.timeout_s) * 1000)
+        request = {"event": text, "request_id": request_id, "deadline_ms": deadline_ms, "arn": spec.arn}
+        if abs(offset_s) >= CLOCK_OFFSET_MIN_S:
+            request["clock_offset_s"] = offset_s
+        worker.send(request)
         with self._lock:
             armed = self._armed_kills.pop(spec.name, None)
         if armed is not None:  # the event is in the worker's hands: this is a mid-invocation death

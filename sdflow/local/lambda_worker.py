@@ -3,13 +3,14 @@ and runs its invocations (sdflow/local/lambda_runner.py starts it and speaks to 
 
 It runs as `python -I lambda_worker.py --worker`: isolated, with only the function's code and
 layers on sys.path, so this file imports the standard library only (botocore lazily, for the
-crash fault).
+crash fault; time-machine lazily, when the local cloud's clock is ahead of this machine's).
 
 Parent and worker speak JSON lines over the worker's stdin and a duplicate of its original
 stdout; the handler's own prints and logs go to stderr, with Lambda's START/END/REPORT lines."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
@@ -17,6 +18,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -110,6 +112,21 @@ def install_exit_after(target: str, claims: Path, times: int) -> None:
     client_class._make_api_call = make_api_call
 
 
+@contextlib.contextmanager
+def shifted_time(offset_s: float) -> Iterator[None]:
+    """Run the handler on the local cloud's clock (sdflow/local/clock.py): `offset_s` ahead of
+    this machine's. time-machine moves time.time(), datetime.now() and their C-level callers
+    alike, so a default argument bound to time.time (token_store's clock) moves too; the
+    local cloud's venv has it, and it is imported only when the clock is ahead."""
+    if not offset_s:
+        yield
+        return
+    import time_machine
+
+    with time_machine.travel(time.time() + offset_s, tick=True):
+        yield
+
+
 def _worker_main() -> None:  # pragma: no cover - runs in the worker process
     # Keep the protocol on the original stdout; anything the handler prints goes to stderr (the log).
     protocol: IO[str] = os.fdopen(os.dup(1), "w", buffering=1)
@@ -151,7 +168,8 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
         started = time.monotonic()
         try:
             event = json.loads(request["event"]) if request["event"] else {}
-            result = handler(event, context)
+            with shifted_time(float(request.get("clock_offset_s", 0.0))):
+                result = handler(event, context)
         except Exception as exc:
             traceback.print_exc()
             answer({"error": _format_exception(exc, request_id)})

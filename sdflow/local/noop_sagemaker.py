@@ -6,7 +6,7 @@ job writes the `_SUCCESS` marker build_index reads, an evaluation job the `evalu
 model reads (a perfect score, so any gate passes), a training job reports artifacts and a loss and
 leaves `output/output.tar.gz` with a few-pixel samples.png and loss.png and a training_summary.json
 (where the real job's output data dir goes, so a console shows a no-op run's outputs), an
-endpoint goes InService. `job_seconds` holds each job that long, so concurrency and
+endpoint goes InService. `job_seconds` holds each job that long on the local cloud's clock, so concurrency and
 quotas are exercised; `peak_running` records the most processing jobs ever running at once.
 StopProcessingJob / StopTrainingJob end a held job at once as Stopped (no `_SUCCESS`, no
 artifacts); the fault `kill_job` ends it at once as Failed, as a killed container would."""
@@ -26,6 +26,7 @@ from typing import Any
 import boto3
 
 from sdflow.local.job_logs import JobLogs, metric_definitions, metric_values
+from sdflow.local.runtime import current_clock
 from sdflow_common.evaluation import EVALUATION_FILE, GRID_FILE
 from sdflow_common.run_document import parse_s3_uri
 
@@ -75,7 +76,8 @@ class NoOpSageMaker:
             wakeup = self._wakeups.setdefault(key, threading.Event())
             if key in self._ends:
                 wakeup.set()  # stopped while it waited for a pool thread
-        wakeup.wait(self.seconds_by_kind.get(kind, self.job_seconds))
+        # On the local cloud's clock: a scaled clock shortens the hold, as it does every wait.
+        current_clock().wait(wakeup, self.seconds_by_kind.get(kind, self.job_seconds), what=f"no-op {kind} job {name}")
         with self._lock:
             self._wakeups.pop(key, None)
             return self._ends.pop(key, None)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from sdflow.local.clock import REAL_TIME, Clock
 from sdflow.local.lambda_runner import LambdaRunner
 from sdflow.local.services.awslambda_concurrency import LambdaConcurrency
 from sdflow.local.services.sagemaker_quotas import SageMakerQuotas
@@ -53,6 +54,8 @@ class Runtime:
 
     workdir: Path
     lambda_runner: LambdaRunner | None = None
+    # The one clock every waiting part reads (sdflow/local/clock.py): real time unless scaled.
+    clock: Clock = field(default_factory=Clock)
     sagemaker: SageMakerRuntime | None = None
     # Function name -> local code; functions not listed run from their deployed zip.
     code: dict[str, FunctionCode] = field(default_factory=dict)
@@ -125,6 +128,11 @@ def current_runtime() -> Runtime:
     if _current is None:
         raise PatchError("sdflow.local.patching.install(runtime) has not been called")
     return _current
+
+
+def current_clock() -> Clock:
+    """The clock of the runtime in force, or real time when the patches run without one."""
+    return _current.clock if _current is not None else REAL_TIME
 
 
 def runtime_or_none() -> Runtime | None:

@@ -40,6 +40,7 @@ from sdflow.local.job_state import (
     max_runtime,
     max_runtime_reason,
 )
+from sdflow.local.runtime import current_clock
 from sdflow.local.sagemaker_endpoints import EndpointHosting, EndpointState
 from sdflow.local.sagemaker_host import (
     ContainerError,
@@ -253,8 +254,11 @@ class LocalSageMaker(TrainingJobs, EndpointHosting):
 
     def _start(self, job: Job, target: Callable[[Job], None]) -> None:
         def run() -> None:
+            # A job's containers are work: the local cloud's clock runs at real speed meanwhile,
+            # so MaxRuntimeInSeconds and the job's own timings keep their real length.
             try:
-                target(job)
+                with current_clock().busy():
+                    target(job)
             finally:
                 job.done.set()
 
@@ -334,13 +338,14 @@ class LocalSageMaker(TrainingJobs, EndpointHosting):
     def _supervise(self, job: Job, hosts: list[tuple[ContainerProcess, Path]], max_runtime_s: float) -> Outcome:
         """Wait for every host to exit 0; stop them all on the first failure, a stop request,
         shutdown, or MaxRuntimeInSeconds."""
-        deadline = time.monotonic() + max_runtime_s
+        clock = current_clock()
+        deadline = clock.monotonic() + max_runtime_s
         processes = [p for p, _ in hosts]
         outcome: Outcome | None = None
         while outcome is None:
             if job.stop_requested.is_set() or self._closing.is_set():
                 outcome = Outcome("stopped")
-            elif time.monotonic() > deadline:
+            elif clock.monotonic() > deadline:
                 outcome = Outcome("timeout")
             else:
                 for process, opt_ml in hosts:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sdflow.local.runtime import current_clock
 from sdflow.local.sagemaker_host import (
     ContainerError,
     ContainerProcess,
@@ -82,13 +83,18 @@ class EndpointHosting(LocalSageMakerHalf):
         with self._lock:
             endpoint = self._endpoints.setdefault(endpoint_name, EndpointState(endpoint_name))
             thread = threading.Thread(
-                target=self._deploy,
+                target=self._deploy_busy,
                 args=(endpoint, config_name, model),
                 name=f"sdflow-endpoint-{endpoint_name}",
                 daemon=True,
             )
             endpoint.threads = [t for t in endpoint.threads if t.is_alive()] + [thread]
         thread.start()
+
+    def _deploy_busy(self, endpoint: EndpointState, config_name: str, model: dict[str, Any]) -> None:
+        # Starting a serve process and waiting for /ping is work: the clock runs at real speed.
+        with current_clock().busy():
+            self._deploy(endpoint, config_name, model)
 
     def _deploy(self, endpoint: EndpointState, config_name: str, model: dict[str, Any]) -> None:
         name = endpoint.name

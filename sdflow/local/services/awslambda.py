@@ -8,7 +8,6 @@ import json
 import logging
 import re
 import threading
-import time
 import uuid
 import zipfile
 from pathlib import Path
@@ -89,7 +88,7 @@ def invoke_function_async(fn: Any, payload: bytes) -> None:
         with runtime.async_task():
             result: InvocationResult | None = None
             for delay in (0.0, *runtime.async_retry_delays_s):
-                time.sleep(delay)
+                runtime.clock.sleep(delay, what=f"Lambda asynchronous retry of {spec.name}")
                 try:
                     # Past reserved concurrency the event stays queued (awslambda_concurrency).
                     with runtime.lambda_concurrency.slot(concurrency_key(fn), reserved_concurrency(fn), wait=True):

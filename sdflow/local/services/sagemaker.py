@@ -158,7 +158,7 @@ def sagemaker_create_training_job(self: Any) -> Any:
             job.algorithm_specification["MetricDefinitions"] = request["AlgorithmSpecification"]["MetricDefinitions"]
         current_runtime().sagemaker_where[("training", name)] = (self.current_account, self.region)
         if capacity.take_capacity_failure(current_runtime()):
-            capacity.fail_for_capacity(_publisher(current_runtime()), name)
+            capacity.fail_for_capacity(_publisher(current_runtime()), name, current_runtime().clock)
         else:
             sagemaker.run_training_job(request)
     return result

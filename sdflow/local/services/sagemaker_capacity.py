@@ -15,9 +15,9 @@ show it."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
+from sdflow.local.clock import Clock, Timer
 from sdflow.local.runtime import Runtime
 from sdflow.local.sagemaker_host import utc_now
 
@@ -37,8 +37,8 @@ def take_capacity_failure(runtime: Runtime) -> bool:
         return True
 
 
-def fail_for_capacity(listener: Any, name: str, delay_s: float = CAPACITY_DELAY_S) -> threading.Timer:
-    """Report the training job Failed for capacity after `delay_s`, as SageMaker would."""
+def fail_for_capacity(listener: Any, name: str, clock: Clock, delay_s: float = CAPACITY_DELAY_S) -> Timer:
+    """Report the training job Failed for capacity after `delay_s` on the clock, as SageMaker would."""
 
     def report() -> None:
         fields = {
@@ -49,8 +49,4 @@ def fail_for_capacity(listener: Any, name: str, delay_s: float = CAPACITY_DELAY_
         }
         listener.job_status_changed("training", name, "Failed", fields)
 
-    timer = threading.Timer(delay_s, report)
-    timer.name = f"sdflow-capacity-{name}"
-    timer.daemon = True
-    timer.start()
-    return timer
+    return clock.call_later(delay_s, report, what=f"capacity failure of {name}")

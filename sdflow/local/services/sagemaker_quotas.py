@@ -29,10 +29,11 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from sdflow.local.clock import REAL_TIME, Clock
 
 USES = ("processing job", "training job", "spot training job", "endpoint")
 DEFAULT_INSTANCE_QUOTAS: dict[str, int] = {
@@ -125,8 +126,10 @@ class SageMakerQuotas:
     create_burst: int = DEFAULT_CREATE_BURST
     # (kind, resource name, generation) -> [(quota name, instances)]
     _held: dict[tuple[str, str, str], list[tuple[str, int]]] = field(default_factory=dict, repr=False)
+    # The Create* bucket refills on the local cloud's clock (sdflow/local/clock.py).
+    clock: Clock = field(default=REAL_TIME, repr=False)
     _tokens: float | None = field(default=None, repr=False)
-    _refilled_at: float = field(default_factory=time.monotonic, repr=False)
+    _refilled_at: float | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -178,9 +181,10 @@ class SageMakerQuotas:
     def take_create_token(self) -> None:
         """One Create* call from the token bucket, or RateExceeded."""
         with self._lock:
-            now = time.monotonic()
+            now = self.clock.monotonic()
             tokens = float(self.create_burst) if self._tokens is None else self._tokens
-            tokens = min(float(self.create_burst), tokens + (now - self._refilled_at) * self.create_rate_per_s)
+            elapsed = 0.0 if self._refilled_at is None else now - self._refilled_at
+            tokens = min(float(self.create_burst), tokens + elapsed * self.create_rate_per_s)
             self._refilled_at = now
             if tokens < 1.0:
                 self._tokens = tokens

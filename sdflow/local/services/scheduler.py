@@ -2,8 +2,9 @@
 
 moto records rules with a ScheduleExpression and Scheduler schedules but never fires them.
 `ScheduleRunner` does, from a clock: `fire_due(now)` delivers every occurrence due by `now`, and
-`start()` runs it in a background thread on a simulated clock that runs `speedup` times faster
-than real time (tests compress `rate(10 minutes)` into a second).
+`start()` runs it in a background thread on the local cloud's clock (sdflow/local/clock.py), so a
+scaled clock compresses `rate(10 minutes)` into seconds and `Clock.advance` brings the next
+occurrence at once.
 
 What a target receives, as AWS sends it:
 - A scheduled rule (events:PutRule ScheduleExpression): the target's Input / InputPath /
@@ -29,12 +30,13 @@ import json
 import logging
 import re
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from zoneinfo import ZoneInfo
+
+from sdflow.local.clock import REAL_TIME, Clock
 
 log = logging.getLogger(__name__)
 
@@ -133,22 +135,18 @@ class _Due:
 class ScheduleRunner:
     """Fires due scheduled rules and schedules of one account and region (thread-safe)."""
 
-    def __init__(self, account: str, region: str, *, speedup: float = 1.0) -> None:
-        if speedup <= 0:
-            raise ValueError("schedule speedup must be > 0 (1.0 is real time)")
-        self.account, self.region, self.speedup = account, region, speedup
+    def __init__(self, account: str, region: str, *, clock: Clock = REAL_TIME) -> None:
+        self.account, self.region, self.clock = account, region, clock
         self.fired: list[tuple[str, str]] = []  # (ARN, time) of each delivery, for tests and diagnostics
         self._due: dict[str, _Due] = {}
         self._invalid: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._origin = (dt.datetime.now(dt.UTC), time.monotonic())
 
     def now(self) -> dt.datetime:
-        """The simulated clock: real time since start(), `speedup` times faster."""
-        wall, mono = self._origin
-        return wall + dt.timedelta(seconds=(time.monotonic() - mono) * self.speedup)
+        """The local cloud's clock."""
+        return self.clock.now()
 
     def fire_due(self, now: dt.datetime) -> list[str]:
         """Deliver every occurrence due by `now`; the ARNs delivered, in order."""
@@ -188,7 +186,8 @@ class ScheduleRunner:
         return [arn for arn, _expression, _deliver in targets]
 
     def start(self, tick_s: float = 0.25) -> None:
-        self._origin = (dt.datetime.now(dt.UTC), time.monotonic())
+        """Look for due occurrences every `tick_s` of real time (a scaled clock may have moved
+        further; up to MAX_CATCH_UP occurrences of each schedule are delivered per look)."""
 
         def loop() -> None:
             while not self._stop.wait(tick_s):

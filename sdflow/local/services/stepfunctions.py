@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import functools
 import uuid
 from typing import Any
 
 from sdflow.local.patching import original
-from sdflow.local.runtime import runtime_or_none
+from sdflow.local.runtime import current_clock, runtime_or_none
 
 
 def sfn_send_task_failure(self: Any) -> Any:
@@ -70,7 +69,7 @@ def sfn_reflect_execution_status(self: Any) -> None:
 
     execution = self.execution
     state = execution.exec_worker.env.program_state()
-    execution.stop_date = dt.datetime.now(tz=dt.UTC)
+    execution.stop_date = current_clock().now()
     if isinstance(state, ProgramEnded):
         execution.output = execution.exec_worker.env.states.get_input()
         execution.exec_status = ExecutionStatus.SUCCEEDED

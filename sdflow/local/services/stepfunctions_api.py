@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from sdflow.local.patching import previous
+from sdflow.local.runtime import current_clock
 from sdflow.local.services import stepfunctions_maprun as maprun
 from sdflow.local.services.stepfunctions_maprun import (
     StepFunctionsValidationError,
@@ -194,8 +195,8 @@ def stop_execution(backend: Any, execution_arn: str, error: str | None, cause: s
     env = _wait_for_env(execution)
     with _lock(execution):
         if execution.exec_status != ExecutionStatus.RUNNING:
-            return execution.stop_date or dt.datetime.now(dt.UTC)
-        stop_date = dt.datetime.now(dt.UTC)
+            return execution.stop_date or current_clock().now()
+        stop_date = current_clock().now()
         manager = _event_manager(execution)
         length = len(getattr(manager, "_history_event_list", ())) if manager is not None else 0
         execution._sdflow_abort = (stop_date, error, cause, length)

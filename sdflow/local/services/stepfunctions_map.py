@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sdflow.local.patching import previous
+from sdflow.local.runtime import current_clock
 from sdflow.local.services.stepfunctions import states_failure
 from sdflow.local.services.stepfunctions_limits import check_map_result
 
@@ -140,7 +141,7 @@ def sfn_child_job(self: Any, env: Any, job: Any) -> None:
     )
     from moto.stepfunctions.parser.asl.eval.program_state import ProgramError, ProgramStopped, ProgramTimedOut
 
-    start = dt.datetime.now(tz=dt.UTC)
+    start = current_clock().now()
     previous(DistributedItemProcessorWorker, "_eval_job", sfn_child_job)(self, env, job)
     state = env.program_state()
     child = ChildRecord(
@@ -148,7 +149,7 @@ def sfn_child_job(self: Any, env: Any, job: Any) -> None:
         name=getattr(getattr(job, "sdflow_child", None), "name", None) or str(uuid.uuid4()),
         input=getattr(env, "sdflow_child_input", job.job_input),
         start=start,
-        stop=dt.datetime.now(tz=dt.UTC),
+        stop=current_clock().now(),
         status="SUCCEEDED",
         output=job.job_output,
     )

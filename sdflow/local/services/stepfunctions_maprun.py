@@ -21,6 +21,7 @@ from typing import Any
 from moto.core.exceptions import AWSError
 
 from sdflow.local.patching import previous
+from sdflow.local.runtime import current_clock
 
 SOURCE = "aws.states"
 DETAIL_TYPE = "Step Functions Execution Status Change"
@@ -302,7 +303,7 @@ class MapRunChildren:
             name=name,
             state_machine_arn=machine,
             map_run_arn=self.record.map_run_arn,
-            start_date=dt.datetime.now(dt.UTC),
+            start_date=current_clock().now(),
             input_text=compact_json(item),
             index=index,
         )
@@ -319,7 +320,7 @@ class MapRunChildren:
             child.status, child.stop_date = "RUNNING", None
             child.output_text = child.error = child.cause = None
             child.redrive_count += 1
-            child.redrive_date = dt.datetime.now(dt.UTC)
+            child.redrive_date = current_clock().now()
         if self.standard:
             publish_status_change(*self.where, child.detail)
         return child
@@ -333,7 +334,7 @@ class MapRunChildren:
                 return
             if child_input is not _UNSET:
                 child.input_text = compact_json(child_input)
-            child.stop_date = dt.datetime.now(dt.UTC)
+            child.stop_date = current_clock().now()
             child.output_text = compact_json(output) if status == "SUCCEEDED" else None
             child.error, child.cause, child.status = error, cause, status
         if self.standard:

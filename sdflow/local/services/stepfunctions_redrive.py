@@ -39,6 +39,7 @@ from typing import Any
 from moto.core.exceptions import AWSError
 
 from sdflow.local.patching import previous
+from sdflow.local.runtime import current_clock
 
 # Developer Guide, "Redrive eligibility for unsuccessful executions".
 REDRIVABLE_PERIOD = dt.timedelta(days=14)
@@ -178,7 +179,7 @@ def sfn_program_resume(self: Any, env: Any) -> None:
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
+    return current_clock().now()
 
 
 def _is_express(execution: Any) -> bool:

@@ -27,13 +27,12 @@ kept successful children count as succeeded items of the run.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from sdflow.local.patching import previous
-from sdflow.local.runtime import runtime_or_none
+from sdflow.local.runtime import current_clock, runtime_or_none
 from sdflow.local.services import stepfunctions_map
 from sdflow.local.services.stepfunctions import states_failure
 
@@ -153,7 +152,7 @@ def _reopen(record: Any, fresh: Any, redrive: MapRunRedrive, denied: set[int]) -
     )
 
     record.sdflow_redrive_count = getattr(record, "sdflow_redrive_count", 0) + 1
-    record.sdflow_redrive_date = dt.datetime.now(dt.UTC)
+    record.sdflow_redrive_date = current_clock().now()
     record.status, record.stop_date, record._sdflow_aborted_at = MapRunStatus.RUNNING, None, None
     record.max_concurrency = fresh.max_concurrency
     record.tolerated_failure_count = fresh.tolerated_failure_count

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sdflow.local import runtime as runtime_module
+from sdflow.local.clock import Clock
 from sdflow.local.services import scheduler
 from tests.unit.local.conftest import ACCOUNT, REGION, ROLE, _client, _records, _wait_for
 
@@ -122,7 +124,7 @@ def test_disabled_rule_does_not_fire(runtime: runtime_module.Runtime) -> None:
     assert runner.fire_due(T0 + dt.timedelta(hours=1)) == []
 
 
-def test_background_clock_with_speedup_fires_rate_schedule(runtime: runtime_module.Runtime) -> None:
+def test_schedules_on_scaled_clock_fire_rate_schedule_in_real_seconds(runtime: runtime_module.Runtime) -> None:
     url, arn = _queue("fast")
     _client("scheduler").create_schedule(
         Name="fast",
@@ -130,9 +132,29 @@ def test_background_clock_with_speedup_fires_rate_schedule(runtime: runtime_modu
         FlexibleTimeWindow={"Mode": "OFF"},
         Target={"Arn": arn, "RoleArn": ROLE, "Input": '{"n": 1}'},
     )
-    runner = scheduler.ScheduleRunner(ACCOUNT, REGION, speedup=1200.0)  # 10 minutes in 0.5 s
+    runner = scheduler.ScheduleRunner(ACCOUNT, REGION, clock=Clock(scale=1200.0))  # 10 minutes in 0.5 s
     runner.start(tick_s=0.05)
     try:
         assert _wait_for(lambda: _bodies(url), what="the scheduled message") == [{"n": 1}]
+    finally:
+        runner.stop()
+
+
+def test_schedules_on_advanced_clock_fire_once_per_period(runtime: runtime_module.Runtime) -> None:
+    url, arn = _queue("advanced")
+    _client("scheduler").create_schedule(
+        Name="advanced",
+        ScheduleExpression="rate(1 hour)",
+        FlexibleTimeWindow={"Mode": "OFF"},
+        Target={"Arn": arn, "RoleArn": ROLE, "Input": '{"n": 2}'},
+    )
+    clock = Clock()  # real speed: only advance() moves it an hour
+    runner = scheduler.ScheduleRunner(ACCOUNT, REGION, clock=clock)
+    runner.start(tick_s=0.05)
+    try:
+        time.sleep(0.2)
+        assert _bodies(url) == []
+        clock.advance(3600)
+        assert _wait_for(lambda: _bodies(url), what="the scheduled message") == [{"n": 2}]
     finally:
         runner.stop()

@@ -25,10 +25,12 @@ import pytest
 from moto import mock_aws
 
 from sdflow.local import patching
+from sdflow.local.clock import Clock
 from sdflow.local.lambda_runner import InvocationResult
 from sdflow.local.runtime import Runtime
 from sdflow_common import aws
 from tests.conftest import load_function_module
+from tests.constants import TIME_SCALE
 from tests.unit.conftest import (
     ACCOUNT,
     DATA_BUCKET,
@@ -44,25 +46,10 @@ REAL_HANDLERS = {"ValidateRunFunction": "validate_run", "NotifyFunction": "notif
 STATUS_CHANGE = "Step Functions Execution Status Change"
 
 
-def definition_for_tests() -> tuple[str, list[str]]:
-    """The real definition, retry waits cut to one second (moto really sleeps), and its functions."""
-    definition = json.loads(ASL.read_text())
-
-    def shrink(node: Any) -> None:
-        if isinstance(node, dict):
-            for retrier in node.get("Retry", []):
-                retrier["IntervalSeconds"] = 1
-                retrier["BackoffRate"] = 1
-                retrier.pop("MaxDelaySeconds", None)
-                retrier.pop("JitterStrategy", None)
-            for value in node.values():
-                shrink(value)
-        elif isinstance(node, list):
-            for value in node:
-                shrink(value)
-
-    shrink(definition)
-    text = json.dumps(definition)
+def pipeline_definition() -> tuple[str, list[str]]:
+    """The real definition as written (its Retry intervals play out on a scaled clock: the
+    runtimes here run on Clock(scale=TIME_SCALE)), its ARNs substituted, and its functions."""
+    text = ASL.read_text()
     functions = sorted(set(re.findall(r"\$\{(\w+Function)Arn\}", text)))
     for name in functions:
         text = text.replace(f"${{{name}Arn}}", f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{name}")
@@ -221,7 +208,7 @@ def intake_cloud(monkeypatch: pytest.MonkeyPatch) -> Iterator[Intake]:
 
         iam = boto3.client("iam", region_name=REGION)
         role = iam.create_role(RoleName="fn", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
-        text, functions = definition_for_tests()
+        text, functions = pipeline_definition()
         sfn = boto3.client("stepfunctions", region_name=REGION)
         intake = Intake(
             sfn=sfn,
@@ -238,6 +225,7 @@ def intake_cloud(monkeypatch: pytest.MonkeyPatch) -> Iterator[Intake]:
                 workdir=Path(workdir),
                 lambda_runner=InProcessRunner(_answer_with_real_handlers(intake)),  # type: ignore[arg-type]
                 async_retry_delays_s=(),
+                clock=Clock(scale=TIME_SCALE),
             )
             with patching.patched(runtime):
                 awslambda = boto3.client("lambda", region_name=REGION)

@@ -23,10 +23,13 @@ import pytest
 from moto import mock_aws
 
 from sdflow.local import patching
+from sdflow.local.clock import Clock
 from sdflow.local.runtime import Runtime
 from sdflow_common import errors, names
+from tests.conftest import wait_for
+from tests.constants import TIME_SCALE
 from tests.unit.conftest import DATA_BUCKET, REGION
-from tests.unit.intake_harness import InProcessRunner, definition_for_tests
+from tests.unit.intake_harness import InProcessRunner, pipeline_definition
 
 ASL = Path(__file__).resolve().parents[2] / "statemachines" / "pipeline.asl.json"
 FUNCTIONS = (
@@ -39,6 +42,10 @@ FUNCTIONS = (
     "AwaitApprovalFunction",
     "DeployEndpointFunction",
 )
+HOUR, DAY = 3600, 86_400
+# Task timeouts as run documents give them (hours: the clock is scaled, so they cost nothing).
+HOURS_4 = {"download": 4 * HOUR, "training": 4 * HOUR, "endpoint": 4 * HOUR}
+DISTINCT_TIMEOUTS = {"download": 4 * HOUR, "training": 4 * HOUR + 1, "endpoint": 4 * HOUR + 2}
 RUN_DOCUMENT = {
     "run_name": "cats",
     "dataset": {"prefix": f"s3://{DATA_BUCKET}/datasets/cats/"},
@@ -48,9 +55,9 @@ RUN_DOCUMENT = {
 Behaviour = Callable[[dict[str, Any]], Any]
 
 
-def _definition_for_tests() -> str:
-    """The real definition with every retry wait cut to one second (moto really sleeps)."""
-    text, functions = definition_for_tests()
+def _definition() -> str:
+    """The real definition, Retry intervals as written (the runtime's clock is scaled)."""
+    text, functions = pipeline_definition()
     assert set(functions) == set(FUNCTIONS), functions
     return text
 
@@ -74,6 +81,7 @@ class Pipeline:
     calls: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
     tokens: queue.Queue[tuple[str, dict[str, Any]]] = field(default_factory=queue.Queue)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    clock: Clock = field(default_factory=lambda: Clock(scale=TIME_SCALE))
 
     def invoke(self, function_name: str, payload: dict[str, Any]) -> Any:
         name = function_name.split(":")[-1]
@@ -84,6 +92,15 @@ class Pipeline:
         if "token" in payload:
             self.tokens.put((name, payload))
         return result
+
+    def pass_task_timeout(self) -> None:
+        """Advance the clock past the waiting task's TimeoutSeconds (what nobody answering does)."""
+        wait_for(
+            lambda: self.clock.advance_to_next(what="TimeoutSeconds"),
+            timeout_s=10,
+            what="a task waiting with TimeoutSeconds",
+            interval_s=0.01,
+        )
 
     def run(
         self,
@@ -147,7 +164,7 @@ def _validate_run(
             "shard_list_key": key,
             "shard_count": shard_count,
             "dataset_prefix_uri": f"s3://{DATA_BUCKET}/runs/{run_id}/dataset/",
-            "timeouts": {"evaluation": 33, "approval": 34, **timeouts},
+            "timeouts": {"evaluation": 4 * HOUR + 3, "approval": 4 * HOUR + 4, **timeouts},
             "run": run,
         }
         if resume is not None:
@@ -222,7 +239,12 @@ def pipeline(aws_env: None, tmp_path: Path) -> Iterator[Pipeline]:
         role = iam.create_role(RoleName="fn", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
         sfn = boto3.client("stepfunctions", region_name=REGION)
         harness = Pipeline(sfn=sfn, s3=s3, arn="")
-        runtime = Runtime(workdir=tmp_path, lambda_runner=InProcessRunner(harness.invoke), async_retry_delays_s=())  # type: ignore[arg-type]
+        runtime = Runtime(
+            workdir=tmp_path,
+            lambda_runner=InProcessRunner(harness.invoke),  # type: ignore[arg-type]
+            async_retry_delays_s=(),
+            clock=harness.clock,
+        )
         with patching.patched(runtime):
             awslambda = boto3.client("lambda", region_name=REGION)
             for name in FUNCTIONS:
@@ -234,11 +256,11 @@ def pipeline(aws_env: None, tmp_path: Path) -> Iterator[Pipeline]:
                     Code={"ZipFile": b"double"},
                 )
                 runtime.register_code(name, tmp_path)
-            harness.arn = sfn.create_state_machine(
-                name="sdflow-test-pipeline", definition=_definition_for_tests(), roleArn=role
-            )["stateMachineArn"]
+            harness.arn = sfn.create_state_machine(name="sdflow-test-pipeline", definition=_definition(), roleArn=role)[
+                "stateMachineArn"
+            ]
             harness.behaviours = {
-                "ValidateRunFunction": _validate_run(s3, 3, {"download": 30, "training": 31, "endpoint": 32}),
+                "ValidateRunFunction": _validate_run(s3, 3, DISTINCT_TIMEOUTS),
                 "StartDownloadFunction": _started,
                 "BuildIndexFunction": _build_index,
                 "StartTrainingFunction": _started,
@@ -307,7 +329,7 @@ def test_pipeline_manual_approval_waits_for_the_decision_then_deploys(pipeline: 
     assert result["status"] == "SUCCEEDED", result.get("cause")
     [wait] = pipeline.calls["AwaitApprovalFunction"]
     assert wait["model_package_arn"] == PACKAGE_ARN
-    assert wait["timeout_seconds"] == 34
+    assert wait["timeout_seconds"] == 4 * HOUR + 4
     assert _final_state(result)["approval"]["approval_status"] == "Approved"
     assert pipeline.calls["DeployEndpointFunction"]
 
@@ -325,11 +347,15 @@ def test_pipeline_manual_approval_rejected_or_timed_out_fails_without_deploy(
 ) -> None:
     pipeline.behaviours["RegisterModelFunction"] = _register("PendingManualApproval")
     pipeline.behaviours["ValidateRunFunction"] = _validate_run(
-        pipeline.s3, 1, {"download": 30, "training": 30, "endpoint": 30, "approval": 2}
+        pipeline.s3, 1, {"download": 4 * HOUR, "training": 4 * HOUR, "endpoint": 4 * HOUR, "approval": DAY}
     )
 
     def answer(name: str, payload: dict[str, Any]) -> tuple[str, Any] | None:
-        return answer_approval if name == "AwaitApprovalFunction" else _answer_all_success(name, payload)
+        if name != "AwaitApprovalFunction":
+            return _answer_all_success(name, payload)
+        if answer_approval is None:  # nobody decides: a day passes
+            pipeline.pass_task_timeout()
+        return answer_approval
 
     result = pipeline.run(answer)
 
@@ -346,9 +372,9 @@ def test_pipeline_callback_payloads_carry_the_execution_identity_and_the_timeout
     assert result["status"] == "SUCCEEDED"
     started = result["startDate"].timestamp()
     calls = {
-        "download": (pipeline.calls["StartDownloadFunction"][0], 30),
-        "training": (pipeline.calls["StartTrainingFunction"][0], 31),
-        "endpoint": (pipeline.calls["DeployEndpointFunction"][0], 32),
+        "download": (pipeline.calls["StartDownloadFunction"][0], 4 * HOUR),
+        "training": (pipeline.calls["StartTrainingFunction"][0], 4 * HOUR + 1),
+        "endpoint": (pipeline.calls["DeployEndpointFunction"][0], 4 * HOUR + 2),
     }
     for kind, (call, timeout) in calls.items():
         assert call["execution_arn"] == result["executionArn"], kind
@@ -359,9 +385,7 @@ def test_pipeline_callback_payloads_carry_the_execution_identity_and_the_timeout
 
 
 def test_pipeline_state_stays_small_whatever_the_shard_count(pipeline: Pipeline) -> None:
-    pipeline.behaviours["ValidateRunFunction"] = _validate_run(
-        pipeline.s3, 40, {"download": 30, "training": 30, "endpoint": 30}
-    )
+    pipeline.behaviours["ValidateRunFunction"] = _validate_run(pipeline.s3, 40, HOURS_4)
     result = pipeline.run(_answer_all_success)
 
     assert result["status"] == "SUCCEEDED"
@@ -387,7 +411,7 @@ def test_pipeline_map_writes_child_results_under_the_runs_prefix(pipeline: Pipel
 
 def test_pipeline_map_children_return_empty_objects_even_when_collected_inline(pipeline: Pipeline) -> None:
     """Were the results collected into the state (no ResultWriter), each shard would cost 3 bytes."""
-    definition = json.loads(_definition_for_tests())
+    definition = json.loads(_definition())
     download = definition["States"]["Download shards"]
     del download["ResultWriter"]
     download["ResultPath"] = "$.download_results"
@@ -490,9 +514,7 @@ def test_pipeline_failed_shard_is_retried_once_then_fails_its_child_and_run_cont
 
 
 def test_pipeline_cached_shard_starts_no_download_job(pipeline: Pipeline) -> None:
-    pipeline.behaviours["ValidateRunFunction"] = _validate_run(
-        pipeline.s3, 3, {"download": 30, "training": 30, "endpoint": 30}, cached=frozenset({0, 2})
-    )
+    pipeline.behaviours["ValidateRunFunction"] = _validate_run(pipeline.s3, 3, HOURS_4, cached=frozenset({0, 2}))
 
     result = pipeline.run(_answer_all_success)
 
@@ -504,7 +526,11 @@ def test_pipeline_reused_training_deploys_the_earlier_model_without_training(pip
     earlier = {"job_name": "sdf-tr-old", "model_data_url": "s3://b/old/model.tar.gz", "final_metrics": {}}
     resume = {"from_execution_arn": "arn:aws:states:us-east-1:123456789012:execution:p:old", "training": earlier}
     pipeline.behaviours["ValidateRunFunction"] = _validate_run(
-        pipeline.s3, 2, {"download": 30, "training": 30, "endpoint": 30}, cached=frozenset({0, 1}), resume=resume
+        pipeline.s3,
+        2,
+        HOURS_4,
+        cached=frozenset({0, 1}),
+        resume=resume,
     )
 
     result = pipeline.run(_answer_all_success)
@@ -586,11 +612,14 @@ def test_pipeline_endpoint_rollback_fails_the_run(pipeline: Pipeline) -> None:
 
 def test_pipeline_lost_training_event_times_out_and_fails_the_run(pipeline: Pipeline) -> None:
     pipeline.behaviours["ValidateRunFunction"] = _validate_run(
-        pipeline.s3, 1, {"download": 30, "training": 2, "endpoint": 30}
+        pipeline.s3, 1, {"download": 4 * HOUR, "training": DAY, "endpoint": 4 * HOUR}
     )
 
     def answer(name: str, payload: dict[str, Any]) -> tuple[str, Any] | None:
-        return None if name == "StartTrainingFunction" else _answer_all_success(name, payload)
+        if name != "StartTrainingFunction":
+            return _answer_all_success(name, payload)
+        pipeline.pass_task_timeout()  # the job's event never comes: a day passes
+        return None
 
     result = pipeline.run(answer)
 

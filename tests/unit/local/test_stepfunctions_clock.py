@@ -83,9 +83,7 @@ def test_moto_gap_wait_state_and_history_read_the_wall_clock() -> None:
 
     assert "env.program_state_event.wait(wait_seconds)" in inspect.getsource(WaitFunction._wait_interval)
     assert "datetime.datetime.now()" in inspect.getsource(Timestamp._get_wait_seconds)
-    assert "datetime.datetime.now(tz=datetime.timezone.utc)" in inspect.getsource(
-        EventManager._get_current_timestamp
-    )
+    assert "datetime.datetime.now(tz=datetime.timezone.utc)" in inspect.getsource(EventManager._get_current_timestamp)
     # models.py uses its `datetime` import for StartExecution's startDate and nothing else.
     uses = [line.strip() for line in inspect.getsource(models).splitlines() if "datetime." in line]
     assert uses == ["start_date=datetime.datetime.now(tz=datetime.timezone.utc),"]

@@ -86,9 +86,11 @@ class Clock:
         self.scale = float(scale)
         self._cond = threading.Condition()
         self._wall0 = time.time()
-        self._real0 = time.monotonic()
+        self._real0 = self._started_real = time.monotonic()
         self._virtual0 = 0.0  # virtual elapsed seconds at _real0
         self._busy = 0
+        self._busy_since = 0.0
+        self._busy_real_s = 0.0  # real seconds during which something was busy (diagnostics)
         self._heap: list[_Waiter] = []
         self._cancelled_in_heap = 0
         self._seq = itertools.count()
@@ -133,12 +135,23 @@ class Clock:
 
     def _set_busy(self, delta: int) -> None:
         with self._cond:
+            if self._busy == 0 and delta > 0:
+                self._busy_since = time.monotonic()
+            elif self._busy + delta == 0:
+                self._busy_real_s += time.monotonic() - self._busy_since
             if self.scale == 1.0:
                 self._busy += delta
                 return
             self._rebase()
             self._busy += delta
             self._cond.notify_all()  # the timekeeper's next real wait changes with the rate
+
+    def busy_share(self) -> float:
+        """The share of real time since the clock started during which something was busy: where
+        it is high, a scaled clock compresses little (diagnostics, benchmarks)."""
+        with self._cond:
+            busy = self._busy_real_s + (time.monotonic() - self._busy_since if self._busy else 0.0)
+            return busy / max(1e-9, time.monotonic() - self._started_real)
 
     def _rebase(self) -> None:  # caller holds _cond
         now = time.monotonic()

@@ -31,12 +31,12 @@ import copy
 import json
 import os
 import signal
-import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sdflow.local import lambda_worker
+from sdflow.local.runtime import current_clock
 
 if TYPE_CHECKING:
     from sdflow.local.cloud import LocalCloud
@@ -127,11 +127,11 @@ class Faults:
                 "detail-type": entry["DetailType"],
                 "source": entry["Source"],
                 "account": ACCOUNT_ID,
-                "time": entry.get("Time", time.time()),
+                "time": entry.get("Time", current_clock().time()),
                 "region": REGION,
                 "resources": list(entry.get("Resources", [])),
                 "detail": detail,
-                "ingestion-time": time.time(),
+                "ingestion-time": current_clock().time(),
             }
         )
         for rule in list(backend.describe_event_bus("default").rules.values()):

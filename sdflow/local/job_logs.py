@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import contextlib
 import re
-import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from sdflow.local.runtime import current_clock
 from sdflow.local.services.logs import CloudWatchSink
 
 TRAINING_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
@@ -99,10 +99,10 @@ class JobLogs:
         """The line callback of one host's ContainerProcess: each line becomes a log event in the
         host's stream, and the values `metrics` finds in it metric data with the line's timestamp."""
         group = LOG_GROUPS[kind]
-        stream = self.streams[(job_name, host)] = log_stream_name(job_name, host, time.time())
+        stream = self.streams[(job_name, host)] = log_stream_name(job_name, host, current_clock().time())
 
         def on_line(line: str) -> None:
-            at = datetime.now(UTC)
+            at = current_clock().now()
             found = metrics(line, at) if metrics is not None else {}
             if not line.strip():
                 return

@@ -23,7 +23,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +113,10 @@ class LocalSageMakerHalf:
 
 
 def utc_now() -> datetime:
-    return datetime.now(UTC)
+    """SageMaker's timestamps (job start and end, events) on the local cloud's clock."""
+    from sdflow.local.runtime import current_clock  # the runtime imports the local SageMaker's modules
+
+    return current_clock().now()
 
 
 def clip_reason(text: str, limit: int = REASON_LIMIT) -> str:

@@ -13,16 +13,17 @@ import contextlib
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sdflow import cli, samples
+from sdflow import cli
 from sdflow.local.cloud import LocalCloud
 from sdflow.local.noop_sagemaker import NoOpSageMaker
 from sdflow_common import names
 from tests.conftest import wait_for
+from tests.constants import hold_for
+from tests.e2e.clouds import CloudSpec
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -30,44 +31,16 @@ SHARDS = 3
 RECOVERY: dict[str, str] = {}
 
 
-@pytest.fixture(scope="module")
-def noop() -> dict[str, NoOpSageMaker]:
-    return {}
+CLOUD = CloudSpec(dataset="faults", shards=SHARDS)
 
 
-@pytest.fixture(scope="module")
-def cloud(tmp_path_factory: pytest.TempPathFactory, noop: dict[str, NoOpSageMaker]) -> Iterator[LocalCloud]:
-    workdir = tmp_path_factory.mktemp("fault-cloud")
-
-    def factory(_workdir: Path, url: str, listener: Any) -> NoOpSageMaker:
-        noop["sagemaker"] = NoOpSageMaker(url, listener, job_seconds=0.3)
-        return noop["sagemaker"]
-
-    # The runs here update one endpoint blue/green (two instances while both fleets are up) and
-    # create a second: above the default endpoint quota of 2, whose waits are not under test.
-    quotas = {"endpoint": 8}
-    with LocalCloud(workdir, sagemaker_factory=factory, async_retry_delays_s=(0.5, 1.0), quotas=quotas) as running:
-        s3 = running.client("s3")
-        row = samples.SampleRow("http://127.0.0.1:9/a.png", "a red circle", 64, 64)
-        parquet = samples.write_parquet(workdir / "one.parquet", [row]).read_bytes()
-        for i in range(SHARDS):
-            s3.put_object(Bucket=running.bucket, Key=f"datasets/faults/part-{i:05d}.parquet", Body=parquet)
-        s3.put_object(Bucket=running.bucket, Key="models/tiny/model_index.json", Body=b"{}")
-        running.prewarm().join(timeout=120)
-        yield running
+@pytest.fixture(scope="module", autouse=True)
+def _recovery_table() -> Iterator[None]:
+    yield
     if RECOVERY:
         print("\nfault | outcome | time to recover | leftovers")
         for line in RECOVERY.values():
             print(line)
-
-
-@pytest.fixture
-def sagemaker(noop: dict[str, NoOpSageMaker], cloud: LocalCloud) -> Iterator[NoOpSageMaker]:
-    """The no-op SageMaker, with quick jobs again after each test."""
-    fake = noop["sagemaker"]
-    yield fake
-    fake.seconds_by_kind.clear()
-    fake.job_seconds = 0.3
 
 
 def _document(cloud: LocalCloud, **download: Any) -> dict[str, Any]:
@@ -180,7 +153,7 @@ def _record(fault: str, outcome: str, started: float, leftovers: list[str]) -> N
 
 
 def test_download_job_killed_is_retried_and_run_succeeds(cloud: LocalCloud, sagemaker: NoOpSageMaker) -> None:
-    sagemaker.seconds_by_kind["processing"] = 3.0
+    sagemaker.seconds_by_kind["processing"] = hold_for(3.0)
     arn = _start(cloud, "kill-download")
     run_hash = _run_hash(cloud, arn)
     victim = _wait_for_job(cloud, "processing", run_hash)
@@ -201,7 +174,7 @@ def test_download_job_killed_is_retried_and_run_succeeds(cloud: LocalCloud, sage
 def test_training_job_killed_fails_run_with_notification_and_nothing_left(
     cloud: LocalCloud, sagemaker: NoOpSageMaker
 ) -> None:
-    sagemaker.seconds_by_kind["training"] = 30.0
+    sagemaker.seconds_by_kind["training"] = hold_for(30.0)
     arn = _start(cloud, "kill-training")
     run_hash = _run_hash(cloud, arn)
     victim = _wait_for_job(cloud, "training", run_hash)
@@ -223,7 +196,7 @@ def test_training_job_killed_fails_run_with_notification_and_nothing_left(
 
 
 def test_stop_execution_during_training_stops_the_job_within_30_s(cloud: LocalCloud, sagemaker: NoOpSageMaker) -> None:
-    sagemaker.seconds_by_kind["training"] = 120.0
+    sagemaker.seconds_by_kind["training"] = hold_for(120.0)
     arn = _start(cloud, "stop-training")
     run_hash = _run_hash(cloud, arn)
     job = _wait_for_job(cloud, "training", run_hash)
@@ -257,7 +230,7 @@ def test_lost_job_event_is_resolved_by_the_reconciler_after_the_deadline(
     try:
         arn = _start(cloud, "lost-event")
         run_hash = _run_hash(cloud, arn)
-        job = _wait_for_job(cloud, "training", run_hash, status=None)  # a no-op job ends within a second
+        job = _wait_for_job(cloud, "training", run_hash, status=None)  # a no-op job ends at once
 
         def completed() -> bool:
             described = cloud.client("sagemaker").describe_training_job(TrainingJobName=job)
@@ -265,22 +238,28 @@ def test_lost_job_event_is_resolved_by_the_reconciler_after_the_deadline(
 
         wait_for(completed, timeout_s=30.0, what=f"training job {job} Completed", interval_s=0.2)
         lost_at = time.monotonic()
-        # Time passes: the claim's deadline (its task's timeout) is reached.
+        # Time passes, on the clock: the reconciler (every 10 minutes) looks at the claim once its
+        # deadline (the task's timeout, a day here) is within ReconcileLeadMinutes (20), and
+        # answers the task from the job's status before the task times out.
         table = cloud.outputs.get("TokenTableName") or _token_table(cloud)
-        cloud.client("dynamodb").update_item(
-            TableName=table,
-            Key={"resource_name": {"S": job}},
-            UpdateExpression="SET deadline = :past",
-            ExpressionAttributeValues={":past": {"N": str(int(time.time()) - 1)}},
-        )
-        # The reconciler's schedule fires (every 10 minutes on AWS).
-        assert any("Reconciler" in arn for arn in cloud.fire_schedules())
+        claim = cloud.client("dynamodb").get_item(TableName=table, Key={"resource_name": {"S": job}})["Item"]
+        cloud.clock.advance(int(claim["deadline"]["N"]) - cloud.clock.time() - 15 * 60)
 
         described = _ended(cloud, arn)
     finally:
         events.enable_rule(Name=rule)
 
     assert described["status"] == "SUCCEEDED", described.get("cause")
+    logs = cloud.client("logs")
+    group = next(
+        g["logGroupName"]
+        for g in logs.describe_log_groups(logGroupNamePrefix="/aws/lambda/")["logGroups"]
+        if "ReconcilerFunction" in g["logGroupName"]
+    )
+    lines = [e["message"] for e in logs.filter_log_events(logGroupName=group)["events"]]
+    assert any("missed event reconciled" in line and job in line for line in lines), (
+        "the reconciler, not the lost event, resolved the claim"
+    )
     leftovers = _settled(cloud, sagemaker)
     assert leftovers == []
     _record("training event lost (rule disabled)", "reconciler resolved it, run SUCCEEDED", lost_at, leftovers)
@@ -292,7 +271,7 @@ def _token_table(cloud: LocalCloud) -> str:
 
 
 def test_job_event_delivered_twice_has_one_effect(cloud: LocalCloud, sagemaker: NoOpSageMaker) -> None:
-    sagemaker.seconds_by_kind["training"] = 2.0
+    sagemaker.seconds_by_kind["training"] = hold_for(2.0)
     arn = _start(cloud, "twice")
     run_hash = _run_hash(cloud, arn)
     _wait_for_job(cloud, "training", run_hash)
@@ -313,40 +292,91 @@ def test_job_event_delivered_twice_has_one_effect(cloud: LocalCloud, sagemaker: 
     _record("the same job event delivered twice", "one effect, run SUCCEEDED", started, leftovers)
 
 
-def test_training_capacity_failure_is_retried_with_a_new_job(cloud: LocalCloud, sagemaker: NoOpSageMaker) -> None:
-    """The capacity Retry waits 300 s on AWS; this only checks the first failure is named for it."""
+def test_training_capacity_failure_is_retried_after_backoff_and_run_succeeds(
+    cloud: LocalCloud, sagemaker: NoOpSageMaker
+) -> None:
+    """The definition's own Retry for TrainingCapacityUnavailable (300 s, FULL jitter) plays out."""
     cloud.faults.fail_next_training_jobs(1)
-    arn = _start(cloud, "capacity")
-    run_hash = _run_hash(cloud, arn)
     started = time.monotonic()
+    arn = _start(cloud, "capacity")
 
-    def first_failed() -> bool:
-        jobs = _jobs(cloud, "training", run_hash, "Failed")
-        return bool(jobs)
+    described = _ended(cloud, arn)
 
-    wait_for(first_failed, timeout_s=60.0, what="the capacity-failed training job", interval_s=0.2)
-    history = cloud.client("stepfunctions").get_execution_history(executionArn=arn, reverseOrder=True)["events"]
-
-    def failure_seen() -> bool:
-        events = cloud.client("stepfunctions").get_execution_history(executionArn=arn, reverseOrder=True)["events"]
-        return any(
-            e["type"] == "TaskFailed" and e["taskFailedEventDetails"]["error"] == "TrainingCapacityUnavailable"
-            for e in events
-        )
-
-    wait_for(failure_seen, timeout_s=30.0, what="TrainingCapacityUnavailable in the history", interval_s=0.2)
-    assert history is not None
-    cloud.client("stepfunctions").stop_execution(executionArn=arn, cause="test over: the retry waits minutes")
+    assert described["status"] == "SUCCEEDED", described.get("cause")
+    run_hash = _run_hash(cloud, arn)
+    failed = _jobs(cloud, "training", run_hash, "Failed")
+    completed = _jobs(cloud, "training", run_hash, "Completed")
+    assert len(failed) == 1, failed
+    assert [name.rsplit("-a", 1)[-1] for name in (failed[0], completed[0])] == ["0", "1"], (failed, completed)
+    reason = cloud.client("sagemaker").describe_training_job(TrainingJobName=failed[0])["FailureReason"]
+    assert reason.startswith("CapacityError: Unable to provision requested ML compute capacity")
+    events = cloud.client("stepfunctions").get_execution_history(executionArn=arn, maxResults=1000)["events"]
+    retried = [e for e in events if e["type"] == "TaskFailed"]
+    assert [e["taskFailedEventDetails"]["error"] for e in retried] == ["TrainingCapacityUnavailable"]
     leftovers = _settled(cloud, sagemaker)
     assert leftovers == []
-    _record("training capacity failure", "TrainingCapacityUnavailable, retried after backoff", started, leftovers)
+    _record("training capacity failure", "retried after the 300 s backoff, SUCCEEDED", started, leftovers)
+
+
+def test_training_job_outliving_its_task_timeout_fails_run_and_is_stopped(
+    cloud: LocalCloud, sagemaker: NoOpSageMaker
+) -> None:
+    sagemaker.seconds_by_kind["training"] = 30 * 86_400.0  # a job that never ends
+    arn = _start(cloud, "training-timeout", _document(cloud))
+    job = _wait_for_job(cloud, "training", _run_hash(cloud, arn))
+    started = time.monotonic()
+
+    assert cloud.clock.advance_to_next(what="TimeoutSeconds") is not None  # a day and an hour pass
+    described = _ended(cloud, arn)
+
+    assert described["status"] == "FAILED"
+    assert described["error"] == "States.Timeout"
+    message = _notification(cloud, "training-timeout")
+    assert "Train model" in message["message"]
+    assert job in message["message"], "the notification says what was stopped"
+    status = cloud.client("sagemaker").describe_training_job(TrainingJobName=job)["TrainingJobStatus"]
+    assert status == "Stopped"
+    leftovers = _settled(cloud, sagemaker)
+    assert leftovers == []
+    _record("training outlived its task timeout", "States.Timeout, job stopped, notified", started, leftovers)
+
+
+def test_manual_approval_never_given_times_out_without_deploy(cloud: LocalCloud, sagemaker: NoOpSageMaker) -> None:
+    document = _document(cloud)
+    document["approval"] = {"mode": "manual", "timeout_seconds": 3 * 86_400}
+    document["endpoint"]["name"] = "sdflow-unapproved"
+    arn = _start(cloud, "approval-timeout", document)
+
+    def waiting_for_approval() -> bool:
+        events = cloud.client("stepfunctions").get_execution_history(executionArn=arn, reverseOrder=True)["events"]
+        entered = [e for e in events if e["type"] == "TaskStateEntered"]
+        return bool(entered) and entered[0]["stateEnteredEventDetails"]["name"] == "Wait for approval"
+
+    wait_for(waiting_for_approval, timeout_s=60.0, what="Wait for approval", interval_s=0.2)
+    started = time.monotonic()
+    wait_for(
+        lambda: cloud.clock.advance_to_next(what="TimeoutSeconds"),
+        timeout_s=10.0,
+        what="the approval's timeout",
+        interval_s=0.05,
+    )  # three days pass and nobody decides
+    described = _ended(cloud, arn)
+
+    assert described["status"] == "FAILED"
+    assert described["error"] == "States.Timeout"
+    assert "Wait for approval" in _notification(cloud, "approval-timeout")["message"]
+    endpoints = cloud.client("sagemaker").list_endpoints(NameContains="sdflow-unapproved")["Endpoints"]
+    assert endpoints == []
+    leftovers = _settled(cloud, sagemaker)
+    assert leftovers == []
+    _record("manual approval never given", "States.Timeout after 3 days, nothing deployed", started, leftovers)
 
 
 # ---------------------------------------------------------------------------- Lambda
 
 
 def test_lambda_worker_killed_mid_run_run_survives(cloud: LocalCloud, sagemaker: NoOpSageMaker) -> None:
-    sagemaker.job_seconds = 1.0
+    sagemaker.job_seconds = hold_for(1.0)
     arn = _start(cloud, "kill-worker")
     cloud.faults.kill_lambda_worker("JobEventsFunction", timeout_s=60.0)
     killed_at = time.monotonic()
@@ -458,7 +488,7 @@ def _forget_execution(execution_arn: str) -> None:
 
 
 def test_redrive_after_training_failure_reruns_only_training(cloud: LocalCloud, sagemaker: NoOpSageMaker) -> None:
-    sagemaker.seconds_by_kind["training"] = 30.0
+    sagemaker.seconds_by_kind["training"] = hold_for(30.0)
     arn = _start(cloud, "redrive-training")
     run_hash = _run_hash(cloud, arn)
     cloud.faults.kill_job("training", _wait_for_job(cloud, "training", run_hash))
@@ -482,7 +512,7 @@ def test_redrive_after_training_failure_reruns_only_training(cloud: LocalCloud, 
 
 
 def test_redrive_after_shard_failure_reruns_only_the_failed_shard(cloud: LocalCloud, sagemaker: NoOpSageMaker) -> None:
-    sagemaker.seconds_by_kind["processing"] = 3.0
+    sagemaker.seconds_by_kind["processing"] = hold_for(3.0)
     arn = _start(cloud, "redrive-shard", _document(cloud, tolerated_failure_percent=0))
     run_hash = _run_hash(cloud, arn)
     first = _wait_for_job(cloud, "processing", run_hash)
@@ -510,7 +540,7 @@ def test_redrive_after_shard_failure_reruns_only_the_failed_shard(cloud: LocalCl
 def test_resume_after_training_failure_starts_no_download_job(
     cloud: LocalCloud, sagemaker: NoOpSageMaker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sagemaker.seconds_by_kind["training"] = 30.0
+    sagemaker.seconds_by_kind["training"] = hold_for(30.0)
     failed = _start(cloud, "resume-me")
     cloud.faults.kill_job("training", _wait_for_job(cloud, "training", _run_hash(cloud, failed)))
     assert _ended(cloud, failed)["status"] == "FAILED"

@@ -23,12 +23,13 @@ import json
 import logging
 import math
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+from sdflow.local.runtime import current_clock
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ class CloudWatchSink:
         def write(raw: bytes) -> None:
             message = raw.decode("utf-8", errors="replace").rstrip("\n")
             datums = self._emf(function_name, message) if message.startswith("{") and '"_aws"' in message else None
-            self.append(key[0], key[1], message, int(time.time() * 1000), datums or ())
+            self.append(key[0], key[1], message, int(current_clock().time() * 1000), datums or ())
 
         return write
 

@@ -7,7 +7,6 @@ import datetime as dt
 import json
 import logging
 import threading
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +20,7 @@ from sdflow.local.runtime import (
     PatchError,
     Runtime,
     SageMakerRuntime,
+    current_clock,
     current_runtime,
     runtime_or_none,
 )
@@ -318,7 +318,7 @@ def sagemaker_update_endpoint(self: Any) -> Any:
     # Blue/green: the new fleet is provisioned while the old one serves, so both count.
     _hold_instances(current_runtime(), ("endpoint", name, config_name), quotas.endpoint_needs(config))
     endpoint.endpoint_status = "Updating"
-    endpoint.last_modified_time = dt.datetime.now(dt.UTC)
+    endpoint.last_modified_time = current_clock().now()
     sagemaker = _sagemaker(current_runtime())
     current_runtime().sagemaker_where[("endpoint", name)] = (self.current_account, self.region)
     if sagemaker is not None:
@@ -409,7 +409,7 @@ class SageMakerStatusPublisher:
                 "Detail": json.dumps(_epoch_ms(detail), default=str),
                 "Resources": [detail.get("ProcessingJobArn") or detail.get("TrainingJobArn") or detail["EndpointArn"]],
                 # Kept with the event id below, so that a redelivery (sdflow/local/faults.py) is the same event.
-                "Time": time.time(),
+                "Time": current_clock().time(),
             }
             self.published.append(event)
         from moto.events.models import events_backends
@@ -433,7 +433,7 @@ class SageMakerStatusPublisher:
         ):
             if key in fields:
                 setattr(job, attribute, fields[key])
-        job.last_modified_time = dt.datetime.now(dt.UTC)
+        job.last_modified_time = current_clock().now()
         return dict(backend.describe_processing_job(name))
 
     @staticmethod
@@ -441,7 +441,7 @@ class SageMakerStatusPublisher:
         job = backend.training_jobs.get(name)
         if job is None:
             return None
-        now = dt.datetime.now(dt.UTC)
+        now = current_clock().now()
         secondary = fields.get("SecondaryStatus") or {"InProgress": "Training"}.get(status, status)
         if status == "InProgress" and job.training_job_status == "Stopping":
             status = secondary = "Stopping"  # a stop that came before the job's own progress reports stands
@@ -474,7 +474,7 @@ class SageMakerStatusPublisher:
             endpoint.endpoint_config_name = fields["EndpointConfigName"]
         # Failed says why; InService after a rolled-back update says why too; otherwise none.
         endpoint.failure_reason = fields.get("FailureReason")
-        endpoint.last_modified_time = dt.datetime.now(dt.UTC)
+        endpoint.last_modified_time = current_clock().now()
         detail = dict(backend.describe_endpoint(name))
         detail["EndpointStatus"] = ENDPOINT_EVENT_STATUS.get(status, status.upper())
         return detail

@@ -33,12 +33,11 @@ import datetime as dt
 import json
 import re
 import threading
-import time
 from collections.abc import Mapping
 from typing import Any
 
 from sdflow.local.patching import original
-from sdflow.local.runtime import DEFAULT_ACCOUNT, runtime_or_none
+from sdflow.local.runtime import DEFAULT_ACCOUNT, current_clock, runtime_or_none
 
 DETAIL_TYPE = "SageMaker Model Package State Change"
 APPROVAL_STATUSES = ("Approved", "Rejected", "PendingManualApproval")
@@ -111,7 +110,7 @@ def _publish(package: Any, account: str, region: str) -> None:
         "DetailType": DETAIL_TYPE,
         "Detail": json.dumps(event_detail(package)),
         "Resources": [package.arn],
-        "Time": time.time(),
+        "Time": current_clock().time(),
     }
     [entry] = publish_as_service([event], account, region)
     event["EventId"] = entry.get("EventId")

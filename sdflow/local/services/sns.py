@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from pathlib import Path
 from typing import Any
 
 from sdflow.local.patching import original
-from sdflow.local.runtime import runtime_or_none
+from sdflow.local.runtime import current_clock, runtime_or_none
 
 
 def sns_topic_publish(
@@ -39,7 +38,7 @@ def sns_topic_publish(
                 key: value.get("Value", value.get("StringValue")) if isinstance(value, dict) else value
                 for key, value in (message_attributes or {}).items()
             },
-            "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
+            "timestamp": current_clock().now().isoformat(timespec="milliseconds"),
         }
         with runtime.sns_lock:
             runtime.sns_dir.mkdir(parents=True, exist_ok=True)

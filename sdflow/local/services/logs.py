@@ -248,3 +248,19 @@ def _metric(document: dict[str, Any], metric: Any, where: str) -> tuple[str, str
         numbers.append(float(value))
     unit = metric.get("Unit")
     return name, unit if isinstance(unit, str) and unit else None, numbers
+
+
+# ---------------------------------------------------------------------- the clock
+
+
+def logs_utcnow() -> datetime:
+    """Replaces `utcnow` in moto/logs/models.py (naive UTC, as moto.core.utils.utcnow returns):
+    PutLogEvents keeps only events from the last 14 days to 2 hours ahead of it, and an advanced
+    local clock stamps lines days ahead of the wall clock; the window must move with the clock."""
+    return current_clock().now().astimezone(UTC).replace(tzinfo=None)
+
+
+def patches() -> list[tuple[Any, str, Any]]:
+    import moto.logs.models as logs_models
+
+    return [(logs_models, "utcnow", logs_utcnow)]

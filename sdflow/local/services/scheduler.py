@@ -41,7 +41,6 @@ from sdflow.local.clock import REAL_TIME, Clock
 log = logging.getLogger(__name__)
 
 RATE_UNITS = {"minute": 60, "minutes": 60, "hour": 3600, "hours": 3600, "day": 86400, "days": 86400}
-MAX_CATCH_UP = 10  # occurrences delivered per schedule per tick when a fast clock skips ahead
 
 
 class ScheduleExpressionError(ValueError):
@@ -167,14 +166,16 @@ class ScheduleRunner:
         due = self._due.get(arn)
         if due is None or due.expression != expression:
             due = self._due[arn] = _Due(expression, now, expression.next_after(now, now))
-        delivered = []
-        for _ in range(MAX_CATCH_UP):
-            if due.next_at is None or due.next_at > now:
-                break
-            self._deliver(arn, deliver, due.next_at)
-            delivered.append(arn)
-            due.next_at = expression.next_after(due.next_at, due.first_seen)
-        return delivered
+        if due.next_at is None or due.next_at > now:
+            return []
+        # A clock advanced past several occurrences delivers the latest one once: replaying a day
+        # of a 10-minute schedule would only repeat the same work 144 times.
+        latest = due.next_at
+        while (following := expression.next_after(latest, due.first_seen)) is not None and following <= now:
+            latest = following
+        self._deliver(arn, deliver, latest)
+        due.next_at = expression.next_after(latest, due.first_seen)
+        return [arn]
 
     def fire_all(self) -> list[str]:
         """Deliver every enabled rule and schedule once, now (a manual trigger)."""
@@ -187,7 +188,7 @@ class ScheduleRunner:
 
     def start(self, tick_s: float = 0.25) -> None:
         """Look for due occurrences every `tick_s` of real time (a scaled clock may have moved
-        further; up to MAX_CATCH_UP occurrences of each schedule are delivered per look)."""
+        further: the latest occurrence due is delivered once)."""
 
         def loop() -> None:
             while not self._stop.wait(tick_s):

@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml layers/common/requirements.txt requirements/local.txt r
 
 # The job environment: the container's Python stack, from the very files the Dockerfile installs
 # (Colossal-AI 0.5.0's declared range, dependencies resolved), plus the test tools. The local
-# runtime runs download, training and serving jobs with its Python (sdflow/local/job_env.py).
+# runtime runs download, training and serving jobs with its Python (sdflow/local/sagemaker/job_env.py).
 $(IMAGE_STAMP): training_image/requirements.txt training_image/requirements-colossalai.txt training_image/constraints.txt requirements/image-test.txt
 	$(PYTHON) -m venv $(IMAGE_VENV)
 	$(IMAGE_BIN)/pip install --disable-pip-version-check -q -c training_image/constraints.txt \
@@ -68,8 +68,11 @@ $(CHROMIUM):
 
 browser: $(CHROMIUM)  ## Debian's headless Chromium for the console's browser tests (apt)
 
+# Two workers (pytest-xdist), a test module per worker at a time (--dist loadscope): an e2e
+# module's tests share its local cloud by design. The local clouds run on a scaled clock
+# (tests/constants.py TIME_SCALE), so the state machine's real Retry intervals cost moments.
 test: setup $(CHROMIUM)  ## the whole suite: unit, e2e, browser and lint tests, then the image tests in the job environment (what CI runs)
-	$(BIN)/pytest --durations=25
+	$(BIN)/pytest -n 2 --dist loadscope --durations=25
 	$(IMAGE_BIN)/pytest tests/image --durations=15
 
 test-unit: setup  ## unit tests only (seconds)

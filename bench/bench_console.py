@@ -64,7 +64,7 @@ def run_one(shards: int, concurrency: int, console: bool) -> dict[str, Any]:
 
     from sdflow.console.server import ConsoleServer
     from sdflow.local.cloud import LocalCloud
-    from sdflow.local.noop_sagemaker import NoOpSageMaker
+    from sdflow.local.sagemaker.noop import NoOpSageMaker
     from sdflow.session import Session
 
     me = psutil.Process()

@@ -12,10 +12,14 @@ peak RSS is the whole runtime's (this process, its Lambda workers and anything e
     .venv/bin/python bench/bench_local_runtime.py --shards 1000 10000   # side by side, with the growth ratio
 
 The last line for each size reads
-`shards=N status=SUCCEEDED wall_s=… per_shard_ms=… peak_rss_mb=… transitions_per_shard=…
-job_describes_per_shard=… api_calls_per_shard=…`. job_describes counts SageMaker Describe* calls
-(polling a job's status; the reconciler makes none before a claim's deadline); api_calls counts
-every call the pipeline made (the starters' DescribeExecution after each Create included).
+`shards=N status=SUCCEEDED wall_s=… per_shard_ms=… peak_rss_mb=… peak_cloud_rss_mb=…
+transitions_per_shard=… job_describes_per_shard=… api_calls_per_shard=…` (peak_rss_mb: the whole
+runtime with its Lambda workers; peak_cloud_rss_mb: the cloud process alone;
+job_describes_per_shard is the name kept since it replaced describe_calls_per_shard).
+`--profile-memory` adds where the cloud process's memory was allocated (tracemalloc).
+job_describes counts SageMaker Describe* calls (polling a job's status; the reconciler makes none
+before a claim's deadline); api_calls counts every call the pipeline made (the starters'
+DescribeExecution after each Create included).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import Any
 
 import psutil
 
-from sdflow.local.noop_sagemaker import NoOpSageMaker
+from sdflow.local.sagemaker.noop import NoOpSageMaker
 
 
 def _one_row_parquet(folder: Path) -> bytes:
@@ -70,17 +74,31 @@ def _tree_rss(process: psutil.Process) -> int:
     return total
 
 
-def run_one(shards: int, concurrency: int) -> dict[str, Any]:
+def _top_allocations(limit: int = 15) -> list[str]:
+    """Where the cloud process's live Python memory was allocated (tracemalloc), biggest first."""
+    import tracemalloc
+
+    stats = tracemalloc.take_snapshot().statistics("lineno")
+    return [f"{stat.size / 2**20:8.1f} MB {stat.count:>9} blocks  {stat.traceback[0]}" for stat in stats[:limit]]
+
+
+def run_one(shards: int, concurrency: int, profile_memory: bool = False) -> dict[str, Any]:
     from sdflow.local.cloud import LocalCloud
 
-    peak = 0
+    if profile_memory:
+        import tracemalloc
+
+        tracemalloc.start()
+    peak = peak_own = 0
     stop = threading.Event()
     me = psutil.Process()
 
     def sample() -> None:
-        nonlocal peak
+        nonlocal peak, peak_own
         while not stop.is_set():
             peak = max(peak, _tree_rss(me))
+            with contextlib.suppress(psutil.NoSuchProcess):
+                peak_own = max(peak_own, me.memory_info().rss)
             stop.wait(0.2)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -117,6 +135,7 @@ def run_one(shards: int, concurrency: int) -> dict[str, Any]:
             transitions = runtime.sfn_transitions
             with runtime.api_calls_lock:
                 calls = dict(collections.Counter(runtime.api_calls) - before)
+            allocations = _top_allocations() if profile_memory else []
     stop.set()
     sampler.join()
     polls_excluded = collections.Counter(calls)
@@ -132,6 +151,8 @@ def run_one(shards: int, concurrency: int) -> dict[str, Any]:
         "up_s": up_s,
         "run_s": run_s,
         "peak_mb": peak / 2**20,
+        "peak_cloud_mb": peak_own / 2**20,  # the local cloud's own process, without its workers
+        "allocations": allocations,
         "transitions": transitions,
         "describe_calls": describes,
         "api_calls": sum(calls.values()) - polls,
@@ -142,7 +163,8 @@ def summary_line(r: dict[str, Any]) -> str:
     n = r["shards"]
     return (
         f"shards={n} status={r['status']} wall_s={r['run_s']:.1f} per_shard_ms={1000 * r['run_s'] / n:.1f} "
-        f"peak_rss_mb={r['peak_mb']:.0f} transitions_per_shard={r['transitions'] / n:.2f} "
+        f"peak_rss_mb={r['peak_mb']:.0f} peak_cloud_rss_mb={r.get('peak_cloud_mb', 0):.0f} "
+        f"transitions_per_shard={r['transitions'] / n:.2f} "
         f"job_describes_per_shard={r['describe_calls'] / n:.2f} api_calls_per_shard={r['api_calls'] / n:.1f}"
     )
 
@@ -155,14 +177,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--concurrency", type=int, default=100, help="download.max_concurrency (and the local processing quota)"
     )
+    parser.add_argument(
+        "--profile-memory",
+        action="store_true",
+        help="trace the cloud process's allocations (tracemalloc: slower) and print where its memory is at the end",
+    )
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one is not None:
-        print(json.dumps(run_one(args.one, args.concurrency)))
+        print(json.dumps(run_one(args.one, args.concurrency, args.profile_memory)))
         return 0
     results = []
     for size in args.shards:
         command = [sys.executable, __file__, "--one", str(size), "--concurrency", str(args.concurrency)]
+        command += ["--profile-memory"] if args.profile_memory else []
         out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
         results.append(json.loads(out.strip().splitlines()[-1]))
     print(f"{'shards':>8} {'stack up s':>11} {'run s':>8} {'ms/shard':>9} {'peak MB':>8} {'API calls/shard':>16}")
@@ -177,6 +205,10 @@ def main(argv: list[str] | None = None) -> int:
             f"growth {first['shards']} -> {last['shards']} shards: time x{last['run_s'] / first['run_s']:.1f} "
             f"(shards x{last['shards'] / first['shards']:.0f}), peak memory x{last['peak_mb'] / first['peak_mb']:.2f}"
         )
+    for r in results:
+        if r.get("allocations"):
+            print(f"where the cloud process's Python memory is after {r['shards']} shards (tracemalloc):")
+            print("\n".join(r["allocations"]))
     for r in results:
         print(summary_line(r))
     return 0 if all(r["status"] == "SUCCEEDED" for r in results) else 1

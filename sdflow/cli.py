@@ -17,65 +17,30 @@ omitted and real credentials they work against AWS too."""
 from __future__ import annotations
 
 import argparse
-import contextlib
-import signal
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from sdflow import progress as progress_mod
 from sdflow.console.beside import console_beside, console_port_for, console_url
 from sdflow.endpoints import invoke
 from sdflow.errors import CliError
-from sdflow.runs import follow, resolve_execution, start_resume, start_run
+from sdflow.runs import resolve_execution, start_resume, start_run
 from sdflow.session import DEFAULT_WORKDIR, Session, remove_state, write_state
+from sdflow.stopping import StopRequested, stop_on_signals
+from sdflow.watch import watch
+
+__all__ = ["StopRequested", "invoke", "main", "parse_args", "start_run", "stop_on_signals", "watch"]
 
 
-class StopRequested(BaseException):
-    """SIGTERM or SIGINT reached a command that owns a local cloud: unwind, stopping what it started.
-
-    A BaseException like KeyboardInterrupt, so `except Exception` on the way out does not eat it."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum  # the shell's convention for "ended by signal N"
-
-
-@contextlib.contextmanager
-def stop_on_signals() -> Iterator[None]:
-    """Turn SIGTERM and SIGINT into StopRequested in the main thread, once.
-
-    Python's default SIGTERM ends the process at once: no `finally`, no LocalCloud.stop(), so
-    jobs and endpoints (their own process groups) outlive it and cloud.json stays behind. A
-    second signal while stopping is ignored with a note: aborting the cleanup half-way would
-    leave exactly those processes behind. A signal the parent set to be ignored (nohup, a
-    background job of a non-interactive shell) stays ignored."""
-    stopping = False
-
-    def handler(signum: int, _frame: Any) -> None:
-        nonlocal stopping
-        if stopping:
-            print(f"sdflow: {signal.Signals(signum).name} again; still stopping (SIGKILL abandons the cleanup)",
-                  file=sys.stderr, flush=True)  # fmt: skip
-            return
-        stopping = True
-        raise StopRequested(signum)
-
-    previous: dict[int, Any] = {}
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        if signal.getsignal(signum) is not signal.SIG_IGN:
-            previous[signum] = signal.signal(signum, handler)
+def _time_scale(text: str) -> float:
     try:
-        yield
-    finally:
-        for number, old in previous.items():
-            signal.signal(number, old)
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--time-scale {text!r} is not a number; use e.g. 60") from None
+    if not 1 <= value <= 100_000:
+        raise argparse.ArgumentTypeError(f"--time-scale {text} is out of range: use 1 (real time) to 100000")
+    return value
 
 
 def cmd_local_up(args: argparse.Namespace) -> int:
@@ -87,11 +52,16 @@ def cmd_local_up(args: argparse.Namespace) -> int:
     try:
         with (
             stop_on_signals(),
-            LocalCloud(args.workdir, port=args.port, parameters=parameters) as cloud,
+            LocalCloud(args.workdir, port=args.port, parameters=parameters, time_scale=args.time_scale) as cloud,
             console_beside(cloud, console_port) as console,
         ):
             write_state(args.workdir, cloud)
             print(f"sdflow local cloud on {cloud.endpoint_url}  (work folder {args.workdir})")
+            if args.time_scale != 1:
+                print(
+                    f"Time runs {args.time_scale:g}x faster while nothing works (retries, waits, schedules); "
+                    "Lambda invocations and jobs keep their real length."
+                )
             if console is not None:
                 print(f"Run console: {console.url}")
             print("Use it from another shell with the AWS CLI or boto3:")
@@ -162,23 +132,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0 if snap.status in {"RUNNING", "SUCCEEDED"} else 1
 
 
-def watch(
-    session: Session, execution_arn: str, *, interval: float = 1.0, out: Any = sys.stdout
-) -> progress_mod.Progress:
-    """Print a line whenever a state starts, ends or makes progress, until the execution ends."""
-    printed: dict[str, str] = {}
-    print(f"watching {execution_arn}", file=out, flush=True)
-    for snap in follow(session, execution_arn, interval_s=interval):
-        for state, line in progress_mod.state_lines(snap).items():
-            if printed.get(state) != line:
-                print(line, file=out, flush=True)
-                printed[state] = line
-    print(f"execution {execution_arn.rsplit(':', 1)[-1]}: {snap.status}", file=out, flush=True)
-    if snap.error:
-        print(f"  error: {snap.error}: {snap.cause or ''}"[:600], file=out, flush=True)
-    return snap
-
-
 def cmd_watch(args: argparse.Namespace) -> int:
     session = Session.from_args(args)
     session.data_bucket()  # fail before any call when the stack is unknown
@@ -239,6 +192,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="NAME=N",
         help="a SageMaker instance quota, e.g. 'processing job=8' (every instance type) or "
         "'ml.g5.xlarge for training job usage=1'; repeatable (default: $SDFLOW_LOCAL_QUOTAS, then 4/2/2)",
+    )
+    up.add_argument(
+        "--time-scale",
+        type=_time_scale,
+        default=1.0,
+        metavar="N",
+        help="run the cloud's clock N times faster while nothing is working, so Retry backoffs, Wait states, "
+        "timeouts and the reconciler's schedule play out in minutes (default 1: real time)",
     )
     add_console_flags(up)
     up.set_defaults(func=cmd_local_up)

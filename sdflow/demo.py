@@ -108,7 +108,7 @@ def prepare_inputs(
     """Parquet files and the tiny base model (built here unless `model_dir` holds it), uploaded
     to `bucket` where the run document says (a local cloud's, or any the s3 client can write)."""
     from sdflow import samples
-    from sdflow.local.job_env import build_tiny_pipeline
+    from sdflow.local.sagemaker.job_env import build_tiny_pipeline
 
     data_dir = workdir / "inputs"
     for shard in range(options.shards):
@@ -126,8 +126,9 @@ def prepare_inputs(
 
 def run_pipeline(cloud: Any, workdir: Path, options: DemoOptions, out: Any = sys.stdout) -> dict[str, Any]:
     """Upload the manifest, follow the run to its end; return what happened."""
-    from sdflow.cli import start_run, watch
+    from sdflow.runs import start_run
     from sdflow.session import Session
+    from sdflow.watch import watch
 
     bucket = cloud.outputs["DataBucketName"]
     manifest_path = workdir / "demo.json"
@@ -233,11 +234,12 @@ def run_demo(
     console_port: int | None = 0,
 ) -> int:
     from sdflow import samples
-    from sdflow.cli import StopRequested, invoke
     from sdflow.console.beside import console_beside, console_port_for, console_url
+    from sdflow.endpoints import invoke
     from sdflow.local.cloud import LocalCloud
-    from sdflow.local.job_env import build_tiny_pipeline
+    from sdflow.local.sagemaker.job_env import build_tiny_pipeline
     from sdflow.session import write_state
+    from sdflow.stopping import StopRequested
 
     options = options or DemoOptions()
     demo_dir = workdir / "demo"

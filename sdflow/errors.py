@@ -4,10 +4,22 @@ Each message says what to do next. Catch `SdflowError` for all of them."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from sdflow.sdk.summary import RunSummary
+
+class EndedRun(Protocol):
+    """What RunFailed reports of a run (sdflow.sdk.summary.RunSummary is one)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def failed_state(self) -> str | None: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def cause(self) -> str | None: ...
 
 
 class SdflowError(Exception):
@@ -48,7 +60,7 @@ class WaitTimeout(SdflowError, TimeoutError):
 class RunFailed(SdflowError):
     """A run ended FAILED, TIMED_OUT or ABORTED; `summary` says how far it got."""
 
-    def __init__(self, summary: RunSummary) -> None:
+    def __init__(self, summary: EndedRun) -> None:
         where = f" in {summary.failed_state}" if summary.failed_state else ""
         detail = f": {summary.error}" if summary.error else ""
         detail += f": {summary.cause}" if summary.cause else ""

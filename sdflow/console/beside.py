@@ -18,7 +18,7 @@ def console_port_for(requested: int | None) -> int | None:
     if requested is None:
         return None
     if requested == 0:
-        from sdflow.local.sagemaker_host import free_port
+        from sdflow.local.sagemaker.host import free_port
 
         return free_port()
     return requested

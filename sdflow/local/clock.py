@@ -232,6 +232,11 @@ class Clock:
     ) -> _Waiter:
         with self._cond:
             waiter = _Waiter(self._elapsed() + seconds, next(self._seq), what, cond, action)
+            if self._closed:
+                waiter.due = True
+                if action is not None:
+                    threading.Thread(target=action, name=f"sdflow-clock-{what}", daemon=True).start()
+                return waiter
             heapq.heappush(self._heap, waiter)
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._keep_time, name="sdflow-clock", daemon=True)
@@ -274,10 +279,14 @@ class Clock:
                 waiter.fire()
 
     def close(self) -> None:
-        """Stop the timekeeper (waits in progress stay blocked, as daemon threads)."""
+        """The cloud is stopping: every wait ends now, as if its time had come, and later waits
+        end at once, so nothing (a held no-op job, a Retry, a shutdown joining them) blocks forever."""
         with self._cond:
             self._closed = True
+            pending, self._heap = [w for w in self._heap if not (w.cancelled or w.due)], []
             self._cond.notify_all()
+        for waiter in pending:
+            waiter.fire()
 
 
 REAL_TIME = Clock()

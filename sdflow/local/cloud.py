@@ -7,7 +7,7 @@ What it does on start():
 - starts moto's ThreadedMotoServer bound to 127.0.0.1 only, with state-machine execution on and
   the Docker-free Lambda backend (moto's process-wide config), MOTO_PORT set for the Step
   Functions interpreter's own clients;
-- installs sdflow.local.patching (sdflow/local/services/: real handlers, EventBridge targets,
+- installs sdflow.local.patching (patching.PATCH_MODULES: real handlers, EventBridge targets,
   SageMaker jobs, SNS files …);
 - deploys template.yaml through sdflow.local.template (SAM -> CloudFormation -> CreateStack);
 - creates the LocalSageMaker that runs jobs and endpoints as local processes.
@@ -29,23 +29,23 @@ from typing import Any, cast
 
 import boto3
 
-from sdflow.local import moto_logging, patching, template
+from sdflow.local import moto_logging, patching, scheduler, template
+from sdflow.local.account import ACCOUNT_ID, REGION
 from sdflow.local.clock import Clock
 from sdflow.local.faults import Faults
 from sdflow.local.lambda_runner import DEFAULT_MAX_WORKERS_PER_FUNCTION, LambdaRunner
-from sdflow.local.runtime import Runtime, SageMakerRuntime
+from sdflow.local.runtime import Runtime, SageMakerEngine
+from sdflow.local.sagemaker import quotas as sagemaker_quotas
+from sdflow.local.sagemaker.service import SageMakerStatusPublisher
 from sdflow.local.sdk_config import CONFIG_ENV, write_sdk_config
 from sdflow.local.sdk_config import FILE_NAME as SDK_CONFIG_FILE
-from sdflow.local.services import awslambda, sagemaker_quotas, scheduler, sns
+from sdflow.local.services import awslambda, sns
 from sdflow.local.services.iam import IamEnforcer
 from sdflow.local.services.logs import CloudWatchSink
-from sdflow.local.services.sagemaker import SageMakerStatusPublisher
 
 log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
-REGION = "us-east-1"
-ACCOUNT_ID = "123456789012"
 MOTO_CONFIG: dict[str, Any] = {
     "stepfunctions": {"execute_state_machine": True},
     "lambda": {"use_docker": False},
@@ -56,7 +56,7 @@ CLI_CREDENTIALS = {
     "AWS_SESSION_TOKEN": "testing",
 }
 
-SageMakerFactory = Callable[[Path, str, SageMakerStatusPublisher], SageMakerRuntime]
+SageMakerFactory = Callable[[Path, str, SageMakerStatusPublisher], SageMakerEngine]
 
 
 class LocalCloudError(RuntimeError):
@@ -75,7 +75,7 @@ def _moto_config() -> dict[str, Any]:
 
 
 def _default_sagemaker(workdir: Path, endpoint_url: str, listener: SageMakerStatusPublisher) -> Any:
-    from sdflow.local.sagemaker import LocalSageMaker  # type: ignore[import-not-found, unused-ignore]
+    from sdflow.local.sagemaker.engine import LocalSageMaker  # type: ignore[import-not-found, unused-ignore]
 
     return LocalSageMaker(workdir / "sagemaker", endpoint_url, listener=listener, region=REGION)
 
@@ -112,7 +112,7 @@ class LocalCloud:
         self.lambda_workers_per_function = lambda_workers_per_function
         self.async_retry_delays_s = async_retry_delays_s
         self.enforce_iam = enforce_iam
-        # SageMaker instance quotas (services/sagemaker_quotas.py): `quotas`, else $SDFLOW_LOCAL_QUOTAS,
+        # SageMaker instance quotas (sagemaker/quotas.py): `quotas`, else $SDFLOW_LOCAL_QUOTAS,
         # over small defaults; checked here so a bad override fails before anything starts.
         overrides = (
             quotas

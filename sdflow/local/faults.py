@@ -15,7 +15,7 @@ Each fault acts as the failure it stands for would on AWS:
   event. With NoOpSageMaker the held job ends Failed the same way.
 - fail_next_training_jobs: the next N CreateTrainingJob calls succeed, and each job ends Failed
   with SageMaker's capacity reason "CapacityError: Unable to provision requested ML compute
-  capacity. …" without running (services/sagemaker_capacity.py).
+  capacity. …" without running (sagemaker/capacity.py).
 - kill_lambda_worker: SIGKILL of a worker process while it runs an invocation of the function;
   that invocation answers Runtime.ExitError, as a crashed Lambda sandbox does.
 - crash_lambda_after: the function's next invocation that makes the named boto3 call exits right
@@ -33,13 +33,22 @@ import os
 import signal
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sdflow.local import lambda_worker
-from sdflow.local.runtime import current_clock
+from sdflow.local.account import ACCOUNT_ID, REGION
+from sdflow.local.runtime import Runtime, current_clock
+from sdflow.local.sagemaker.service import SageMakerStatusPublisher
+from sdflow.local.template import Deployment
 
-if TYPE_CHECKING:
-    from sdflow.local.cloud import LocalCloud
+
+class FaultTarget(Protocol):
+    """What Faults reaches on its LocalCloud (sdflow/local/cloud.py), which owns it."""
+
+    runtime: Runtime | None
+    deployment: Deployment | None
+    status_publisher: SageMakerStatusPublisher
+
 
 EVENT_STATUS_FIELDS = ("ProcessingJobStatus", "TrainingJobStatus", "EndpointStatus")
 
@@ -51,7 +60,7 @@ class FaultError(RuntimeError):
 class Faults:
     """Fault injection on a started LocalCloud; reached as `cloud.faults`."""
 
-    def __init__(self, cloud: LocalCloud) -> None:
+    def __init__(self, cloud: FaultTarget) -> None:
         self.cloud = cloud
 
     def _runtime(self) -> Any:
@@ -116,8 +125,6 @@ class Faults:
     def _deliver_again(self, entry: dict[str, Any], detail: dict[str, Any]) -> dict[str, Any]:
         """What moto's put_events builds for each rule, with the first delivery's id and time."""
         from moto.events.models import _BASE_EVENT_MESSAGE, events_backends
-
-        from sdflow.local.cloud import ACCOUNT_ID, REGION
 
         backend = events_backends[ACCOUNT_ID][REGION]
         message: Any = copy.deepcopy(_BASE_EVENT_MESSAGE)

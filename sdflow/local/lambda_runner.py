@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sdflow.local import lambda_worker
+from sdflow.local.account import ACCOUNT_ID
 from sdflow.local.clock import REAL_TIME, Clock
 from sdflow.local.lambda_worker import error_payload
 
@@ -257,7 +258,7 @@ class LambdaRunner:
         max_workers_per_function: int = DEFAULT_MAX_WORKERS_PER_FUNCTION,
         max_workers_total: int | None = DEFAULT_MAX_WORKERS_TOTAL,
         init_timeout_s: float = DEFAULT_INIT_TIMEOUT_S,
-        account_id: str = "123456789012",
+        account_id: str = ACCOUNT_ID,
         output_sink: OutputSink | None = None,
         clock: Clock = REAL_TIME,
     ) -> None:

@@ -1,6 +1,6 @@
 """The local runtime's state: where the patched services send their work, and what they remember.
 
-moto calls the patched functions (sdflow/local/services/) without any context of ours, so the one
+moto calls the patched functions (patching.PATCH_MODULES) without any context of ours, so the one
 `Runtime` in force is reached through `current_runtime()`; everything the services keep between
 calls (which account a job belongs to, the requests behind an endpoint, cached clients) lives on
 that object, not in module globals, so a stopped cloud leaves nothing behind."""
@@ -17,21 +17,22 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from sdflow.local.clock import REAL_TIME, Clock
+from sdflow.local.lambda_concurrency import LambdaConcurrency
 from sdflow.local.lambda_runner import LambdaRunner
-from sdflow.local.services.awslambda_concurrency import LambdaConcurrency
-from sdflow.local.services.sagemaker_quotas import SageMakerQuotas
+from sdflow.local.sagemaker.quotas import SageMakerQuotas
 
 MOTO_VERSION = "5.2.5"
-DEFAULT_ACCOUNT = "123456789012"
 Kind = Literal["processing", "training", "endpoint"]
 
 
 class PatchError(RuntimeError):
-    """The local runtime cannot do what was asked (e.g. a patch needs a runtime that is missing)."""
+    """The local runtime cannot do what was asked: a patch needs a runtime that is missing, or a
+    patch cannot be applied as declared (moto lacks its target, two modules' wraps are unordered)."""
 
 
-class SageMakerRuntime(Protocol):
-    """What the patches need from sdflow.local.sagemaker.LocalSageMaker (see its docstring)."""
+class SageMakerEngine(Protocol):
+    """The local SageMaker engine: what the patches need from sdflow.local.sagemaker.engine.LocalSageMaker
+    (see its docstring) or sdflow.local.sagemaker.noop.NoOpSageMaker."""
 
     def run_processing_job(self, request: dict[str, Any]) -> None: ...
     def run_training_job(self, request: dict[str, Any]) -> None: ...
@@ -56,7 +57,7 @@ class Runtime:
     lambda_runner: LambdaRunner | None = None
     # The one clock every waiting part reads (sdflow/local/clock.py): real time unless scaled.
     clock: Clock = field(default_factory=Clock)
-    sagemaker: SageMakerRuntime | None = None
+    sagemaker: SageMakerEngine | None = None
     # Function name -> local code; functions not listed run from their deployed zip.
     code: dict[str, FunctionCode] = field(default_factory=dict)
     # Lambda retries a failed asynchronous invocation twice (after ~1 and ~2 minutes on AWS).
@@ -72,10 +73,10 @@ class Runtime:
     # moto server: host -> backend name, computed once per host (services/moto_server.py).
     moto_routes: dict[str | None, Any] = field(default_factory=dict)
     # Step Functions: state transitions (state entries and retry attempts, as AWS counts them),
-    # Distributed Map children included (services/stepfunctions_limits.py).
+    # Distributed Map children included (stepfunctions/limits.py).
     sfn_transitions: int = 0
     sfn_transitions_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    # SageMaker: instance quotas in use and the Create* rate limit (services/sagemaker_quotas.py).
+    # SageMaker: instance quotas in use and the Create* rate limit (sagemaker/quotas.py).
     sagemaker_quotas: SageMakerQuotas = field(default_factory=SageMakerQuotas)
     # Lambda: invocations in flight per function with reserved concurrency (services/awslambda_limits.py).
     lambda_concurrency: LambdaConcurrency = field(default_factory=LambdaConcurrency)
@@ -89,6 +90,11 @@ class Runtime:
     faults_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _inflight: int = field(default=0, repr=False)
     _idle: threading.Condition = field(default_factory=threading.Condition, repr=False)
+
+    def __post_init__(self) -> None:
+        # One clock: the runner marks invocations busy on it and tells the workers its offset.
+        if self.lambda_runner is not None and hasattr(self.lambda_runner, "clock"):
+            self.lambda_runner.clock = self.clock
 
     @property
     def sns_dir(self) -> Path:

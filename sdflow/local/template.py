@@ -29,6 +29,8 @@ from typing import Any
 import boto3
 import yaml
 
+from sdflow.local.account import ACCOUNT_ID, REGION
+
 log = logging.getLogger(__name__)
 
 DEFAULT_STACK_NAME = "sdflow-local"
@@ -257,8 +259,8 @@ def deploy(
     *,
     stack_name: str = DEFAULT_STACK_NAME,
     parameters: Mapping[str, Any] | None = None,
-    region: str = "us-east-1",
-    account_id: str = "123456789012",
+    region: str = REGION,
+    account_id: str = ACCOUNT_ID,
     timeout_s: float = 120.0,
 ) -> Deployment:
     """Package, translate and create the stack in the cloud at `endpoint_url`; wait for it."""

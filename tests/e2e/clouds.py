@@ -1,5 +1,5 @@
 """Local clouds for the e2e tests: the stack deployed, one-row parquet shards and a stand-in model
-uploaded, SageMaker as no-op jobs (sdflow.local.noop_sagemaker) or the real local SageMaker, and the
+uploaded, SageMaker as no-op jobs (sdflow.local.sagemaker.noop) or the real local SageMaker, and the
 clock scaled (tests/constants.py TIME_SCALE). tests/e2e/conftest.py builds one per module from the
 module's `CLOUD = CloudSpec(...)`."""
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from sdflow import samples
 from sdflow.local.cloud import LocalCloud
-from sdflow.local.noop_sagemaker import NoOpSageMaker
+from sdflow.local.sagemaker.noop import NoOpSageMaker
 from tests.constants import TIME_SCALE
 
 
@@ -24,6 +24,8 @@ class CloudSpec:
     dataset: str = "tiny"  # s3://<bucket>/datasets/<dataset>/part-NNNNN.parquet
     shards: int = 3
     job_seconds: float = 0.3  # each no-op job's hold, on the clock
+    # Per kind ("processing", "training"), overriding job_seconds (tests/constants.py hold_for).
+    seconds_by_kind: Mapping[str, float] = field(default_factory=dict)
     # Blue/green updates run two fleets for a moment: above the default endpoint quota of 2.
     quotas: Mapping[str, int] = field(default_factory=lambda: {"endpoint": 8})
     parameters: Mapping[str, str] = field(default_factory=dict)
@@ -71,6 +73,7 @@ def noop_cloud(workdir: Path, spec: CloudSpec) -> Iterator[NoOpCloud]:
 
     def factory(_workdir: Path, url: str, listener: Any) -> NoOpSageMaker:
         made.append(NoOpSageMaker(url, listener, job_seconds=spec.job_seconds))
+        made[0].seconds_by_kind.update(spec.seconds_by_kind)
         return made[0]
 
     with LocalCloud(

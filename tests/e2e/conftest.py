@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from sdflow.local.cloud import LocalCloud
-from sdflow.local.noop_sagemaker import NoOpSageMaker
+from sdflow.local.sagemaker.noop import NoOpSageMaker
 from tests.e2e.clouds import CloudSpec, NoOpCloud, noop_cloud
 
 
@@ -33,4 +33,5 @@ def sagemaker(noop: NoOpCloud) -> Iterator[NoOpSageMaker]:
     fake = noop.sagemaker
     yield fake
     fake.seconds_by_kind.clear()
+    fake.seconds_by_kind.update(noop.spec.seconds_by_kind)
     fake.job_seconds = noop.spec.job_seconds

@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 
-from sdflow import samples
 from sdflow.console.server import ConsoleConfig, ConsoleServer
 from sdflow.local.cloud import LocalCloud
-from sdflow.local.noop_sagemaker import NoOpSageMaker
+from sdflow.local.sagemaker.noop import NoOpSageMaker
 from sdflow.session import Session
-from tests.conftest import free_port, wait_for
+from tests.constants import hold_for
+from tests.e2e.clouds import CloudSpec, NoOpCloud
+from tests.helpers import free_port, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -32,36 +33,23 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
 SHARDS = 3
-TRAINING_HOLD_S = 6.0  # long enough to see Train model running, in colour, before it succeeds
+# Long enough to see Train model running, in colour, before it succeeds.
+TRAINING_HOLD_S = hold_for(6.0)
+CONSOLE_PORT = free_port()
+CLOUD = CloudSpec(
+    dataset="console",
+    shards=SHARDS,
+    job_seconds=0.5,
+    seconds_by_kind={"training": TRAINING_HOLD_S},
+    parameters={"ConsoleUrl": f"http://127.0.0.1:{CONSOLE_PORT}/"},
+)
 WAIT_MS = 120_000
 
 
 @pytest.fixture(scope="module")
-def noop() -> dict[str, NoOpSageMaker]:
-    return {}
-
-
-@pytest.fixture(scope="module")
-def cloud(tmp_path_factory: pytest.TempPathFactory, noop: dict[str, NoOpSageMaker]) -> Iterator[LocalCloud]:
-    workdir = tmp_path_factory.mktemp("console-cloud")
-
-    def factory(_workdir: Path, url: str, listener: Any) -> NoOpSageMaker:
-        noop["sagemaker"] = NoOpSageMaker(url, listener, job_seconds=0.5)
-        noop["sagemaker"].seconds_by_kind["training"] = TRAINING_HOLD_S
-        return noop["sagemaker"]
-
-    port = free_port()
-    parameters = {"ConsoleUrl": f"http://127.0.0.1:{port}/"}
-    with LocalCloud(workdir, sagemaker_factory=factory, parameters=parameters, quotas={"endpoint": 8}) as running:
-        running.console_port = port  # type: ignore[attr-defined]
-        s3 = running.client("s3")
-        row = samples.SampleRow("http://127.0.0.1:9/a.png", "a red circle", 64, 64)
-        parquet = samples.write_parquet(workdir / "one.parquet", [row]).read_bytes()
-        for i in range(SHARDS):
-            s3.put_object(Bucket=running.bucket, Key=f"datasets/console/part-{i:05d}.parquet", Body=parquet)
-        s3.put_object(Bucket=running.bucket, Key="models/tiny/model_index.json", Body=b"{}")
-        running.prewarm().join(timeout=120)
-        yield running
+def cloud(noop: NoOpCloud) -> LocalCloud:
+    noop.cloud.console_port = CONSOLE_PORT  # type: ignore[attr-defined]
+    return noop.cloud
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +190,7 @@ def test_console_endpoint_prompt_box_returns_an_image(cloud: LocalCloud, console
 
 
 def test_console_killed_training_job_shows_failed_state_and_error(
-    cloud: LocalCloud, console: ConsoleServer, noop: dict[str, NoOpSageMaker], page: Any
+    cloud: LocalCloud, console: ConsoleServer, sagemaker: NoOpSageMaker, page: Any
 ) -> None:
     sfn = cloud.client("stepfunctions")
     arn = sfn.start_execution(
@@ -211,14 +199,14 @@ def test_console_killed_training_job_shows_failed_state_and_error(
     )["executionArn"]  # fmt: skip
     page.goto(f"{console.url}#/runs/console-killed")
     page.wait_for_selector('g.state[data-state="Train model"][data-status="running"]', timeout=WAIT_MS)
-    sagemaker = cloud.client("sagemaker")
+    api = cloud.client("sagemaker")
     # The state is entered a moment before its Lambda creates the job.
     jobs = wait_for(
-        lambda: sagemaker.list_training_jobs(StatusEquals="InProgress")["TrainingJobSummaries"],
+        lambda: api.list_training_jobs(StatusEquals="InProgress")["TrainingJobSummaries"],
         timeout_s=60, interval_s=0.1, what="the held training job",
     )  # fmt: skip
     job = jobs[0]["TrainingJobName"]
-    noop["sagemaker"].kill_job("training", job)
+    sagemaker.kill_job("training", job)
 
     page.wait_for_selector('g.state[data-state="Train model"][data-status="failed"]', timeout=WAIT_MS)
     header = page.locator('[data-testid="run-header"]')

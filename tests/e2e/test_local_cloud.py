@@ -19,7 +19,7 @@ from sdflow import samples
 from sdflow.local import template
 from sdflow.local.cloud import ACCOUNT_ID, REGION, LocalCloud
 from sdflow.local.services import events
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

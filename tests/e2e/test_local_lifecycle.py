@@ -20,9 +20,9 @@ import psutil
 import pytest
 
 from sdflow import samples
-from tests.conftest import free_port, wait_for
-from tests.e2e.test_local_sagemaker import BUCKET, download_request
-from tests.e2e.test_pipeline_local import SDFLOW
+from tests.e2e.commands import SDFLOW
+from tests.e2e.jobs import BUCKET, download_request
+from tests.helpers import free_port, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -22,7 +22,7 @@ import pytest
 from botocore.config import Config
 from moto.server import ThreadedMotoServer
 
-from sdflow.local.sagemaker import (
+from sdflow.local.sagemaker.engine import (
     ContainerError,
     EndpointNotFound,
     JobSetupError,
@@ -31,16 +31,12 @@ from sdflow.local.sagemaker import (
     rewrite_container_paths,
 )
 from sdflow.samples import ImageServer, SampleRow, make_laion_parquet, write_parquet
+from tests.e2e.jobs import BUCKET, download_request
 
 pytestmark = pytest.mark.e2e
 
-BUCKET = "sdflow-e2e"
 RUN = "runs/e2e-run"
 LOSS_METRIC = {"Name": "train:loss", "Regex": "loss=([0-9.eE+-]+)"}
-DOWNLOAD_ARGS = (
-    "--input /opt/ml/processing/input/parquet --work_dir /opt/ml/processing/work --url_col URL --caption_col TEXT "
-    "--image_size 32 --resize_mode center_crop --samples_per_shard 100 --processes 1 --threads 4 --url_timeout 5"
-)
 TERMINAL = {"Completed", "Failed", "Stopped"}
 TRAIN_HP = {
     "plugin": "torch_ddp",
@@ -148,42 +144,6 @@ def image_server() -> Iterator[ImageServer]:
 
 def _keys(s3: Any, prefix: str) -> list[str]:
     return sorted(o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", []))
-
-
-def download_request(
-    name: str, parquet_key: str, output_prefix: str, *, max_runtime: int = 300, deadline: int = 120
-) -> dict[str, Any]:
-    """CreateProcessingJob as the start_download function builds it (docs/contracts.md)."""
-    return {
-        "ProcessingJobName": name,
-        "ProcessingResources": {
-            "ClusterConfig": {"InstanceCount": 1, "InstanceType": "ml.m5.xlarge", "VolumeSizeInGB": 30}
-        },
-        "AppSpecification": {
-            "ImageUri": "000000000000.dkr.ecr.us-east-1.amazonaws.com/sdflow:latest",
-            "ContainerEntrypoint": ["download"],
-            "ContainerArguments": [
-                *DOWNLOAD_ARGS.split(),
-                "--output_uri",
-                f"s3://{BUCKET}/{output_prefix}",
-                "--deadline_seconds",
-                str(deadline),
-            ],
-        },
-        "ProcessingInputs": [
-            {
-                "InputName": "parquet",
-                "S3Input": {
-                    "S3Uri": f"s3://{BUCKET}/{parquet_key}",
-                    "LocalPath": "/opt/ml/processing/input/parquet",
-                    "S3DataType": "S3Prefix",
-                    "S3InputMode": "File",
-                },
-            }
-        ],
-        "StoppingCondition": {"MaxRuntimeInSeconds": max_runtime},
-        "RoleArn": "arn:aws:iam::000000000000:role/sdflow",
-    }
 
 
 def training_request(name: str, hyperparameters: dict[str, str], *, instances: int = 2) -> dict[str, Any]:
@@ -327,7 +287,7 @@ def test_processing_past_max_runtime_fails_and_kills_process_group(
 
 @pytest.fixture(scope="module")
 def tiny_model_in_s3(s3: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
-    from sdflow.local.job_env import build_tiny_pipeline
+    from sdflow.local.sagemaker.job_env import build_tiny_pipeline
 
     folder = build_tiny_pipeline(tmp_path_factory.mktemp("tiny") / "model")
     for path in folder.rglob("*"):

@@ -21,6 +21,7 @@ from sdflow.cli import start_run, watch
 from sdflow.demo import DEMO_ENDPOINT, DemoOptions, manifest, prepare_inputs, wait_for_notification
 from sdflow.local.cloud import LocalCloud
 from sdflow.session import Session
+from tests.constants import TIME_SCALE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -45,7 +46,9 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def cloud(workdir: Path) -> Iterator[LocalCloud]:
-    with samples.ImageServer() as server, LocalCloud(workdir, port=0) as local:
+    # Real jobs (busy: real speed); the waits between them, the approval's timeout among them, on
+    # a scaled clock.
+    with samples.ImageServer() as server, LocalCloud(workdir, port=0, time_scale=TIME_SCALE) as local:
         prepare_inputs(local.client("s3"), local.bucket, workdir, server, SMALL)
         yield local
 

@@ -8,7 +8,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -21,12 +20,13 @@ from PIL import Image
 from sdflow import samples
 from sdflow.demo import DEMO_ENDPOINT, DemoOptions, manifest, prepare_inputs, run_pipeline
 from sdflow.local.cloud import LocalCloud
-from tests.conftest import free_port, wait_for
+from tests.constants import TIME_SCALE
+from tests.e2e.commands import SDFLOW
+from tests.helpers import free_port, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-SDFLOW = [sys.executable, "-m", "sdflow.cli"]
 # No-op sizes where the model's quality is not under test: a random VAE, 4 steps.
 SMALL = {
     "shards": 2,
@@ -87,7 +87,7 @@ def test_pipeline_broken_shard_within_tolerance_succeeds_and_names_it(
     tmp_path: Path, image_server: samples.ImageServer
 ) -> None:
     options = DemoOptions(**{**SMALL, "shards": 3}, broken_shard=True, tolerated_failure_percent=34.0)
-    with LocalCloud(tmp_path, port=0) as cloud:
+    with LocalCloud(tmp_path, port=0, time_scale=TIME_SCALE) as cloud:
         prepare_inputs(cloud.client("s3"), cloud.bucket, tmp_path, image_server, options)
         result = run_pipeline(cloud, tmp_path, options)
 
@@ -105,7 +105,7 @@ def test_pipeline_training_failure_notifies_and_deploys_no_endpoint(
     tmp_path: Path, image_server: samples.ImageServer
 ) -> None:
     options = DemoOptions(**{**SMALL, "shards": 1}, failing_training=True)
-    with LocalCloud(tmp_path, port=0) as cloud:
+    with LocalCloud(tmp_path, port=0, time_scale=TIME_SCALE) as cloud:
         prepare_inputs(cloud.client("s3"), cloud.bucket, tmp_path, image_server, options)
         result = run_pipeline(cloud, tmp_path, options)
 
@@ -151,7 +151,8 @@ def test_local_up_is_driven_by_clients_from_another_process(tmp_path: Path, imag
     workdir = tmp_path / "work"
     port, console_port = free_port(), free_port()
     server = subprocess.Popen(
-        [*SDFLOW, "--workdir", str(workdir), "local", "up", "--port", str(port), "--console-port", str(console_port)],
+        [*SDFLOW, "--workdir", str(workdir), "local", "up", "--port", str(port), "--console-port", str(console_port),
+         "--time-scale", str(TIME_SCALE)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
     )  # fmt: skip
     try:

@@ -3,7 +3,7 @@
 Every test injects one fault through `cloud.faults` (a real SIGKILL, a real crashed Lambda
 worker, a disabled rule: sdflow/local/faults.py), then asserts the run's outcome and that nothing
 is left running: no processing or training job InProgress or Stopping, no endpoint changing, no
-no-op job held. SageMaker jobs are no-ops (sdflow.local.noop_sagemaker): what is under test is
+no-op job held. SageMaker jobs are no-ops (sdflow.local.sagemaker.noop): what is under test is
 the run lifecycle around them. Each test records its recovery time in RECOVERY, printed at the end
 of the module (the closing note's table comes from that print)."""
 
@@ -19,11 +19,11 @@ import pytest
 
 from sdflow import cli
 from sdflow.local.cloud import LocalCloud
-from sdflow.local.noop_sagemaker import NoOpSageMaker
+from sdflow.local.sagemaker.noop import NoOpSageMaker
 from sdflow_common import names
-from tests.conftest import wait_for
 from tests.constants import hold_for
 from tests.e2e.clouds import CloudSpec
+from tests.helpers import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -1,6 +1,6 @@
 """sdflow.sdk against a local cloud found the way a notebook finds `sdflow local up`: its state file.
 
-SageMaker jobs are no-ops (sdflow.local.noop_sagemaker); what is under test is the SDK around a
+SageMaker jobs are no-ops (sdflow.local.sagemaker.noop); what is under test is the SDK around a
 real run: starting it, waiting, the summary, the endpoint, a failure and its resume."""
 
 from __future__ import annotations
@@ -11,43 +11,21 @@ from typing import Any
 
 import pytest
 
-from sdflow import samples, sdk
+from sdflow import sdk
 from sdflow.local.cloud import LocalCloud
-from sdflow.local.noop_sagemaker import NoOpSageMaker
+from sdflow.local.sagemaker.noop import NoOpSageMaker
 from sdflow.session import write_state
 from sdflow_common import names
-from tests.conftest import wait_for
+from tests.constants import hold_for
+from tests.e2e.clouds import CloudSpec
+from tests.helpers import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SHARDS = 2
 ENDPOINT = "sdflow-sdk"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture(scope="module")
-def noop() -> dict[str, NoOpSageMaker]:
-    return {}
-
-
-@pytest.fixture(scope="module")
-def cloud(tmp_path_factory: pytest.TempPathFactory, noop: dict[str, NoOpSageMaker]) -> Iterator[LocalCloud]:
-    workdir = tmp_path_factory.mktemp("sdk-cloud")
-
-    def factory(_workdir: Path, url: str, listener: Any) -> NoOpSageMaker:
-        noop["sagemaker"] = NoOpSageMaker(url, listener, job_seconds=0.3)
-        return noop["sagemaker"]
-
-    # Two runs deploy one endpoint (the second updates it blue/green: two fleets for a moment).
-    with LocalCloud(workdir, sagemaker_factory=factory, async_retry_delays_s=(0.5, 1.0), quotas={"endpoint": 8}) as up:
-        s3 = up.client("s3")
-        row = samples.SampleRow("http://127.0.0.1:9/a.png", "a red circle", 64, 64)
-        parquet = samples.write_parquet(workdir / "one.parquet", [row]).read_bytes()
-        for i in range(SHARDS):
-            s3.put_object(Bucket=up.bucket, Key=f"datasets/sdk/part-{i:05d}.parquet", Body=parquet)
-        s3.put_object(Bucket=up.bucket, Key="models/tiny/model_index.json", Body=b"{}")
-        up.prewarm().join(timeout=120)
-        yield up
+CLOUD = CloudSpec(dataset="sdk", shards=SHARDS)
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +35,6 @@ def pipeline(cloud: LocalCloud, tmp_path_factory: pytest.TempPathFactory) -> Ite
     with pytest.MonkeyPatch.context() as env:
         env.delenv("AWS_ENDPOINT_URL", raising=False)
         yield sdk.Pipeline.connect(workdir=state_dir)
-
-
-@pytest.fixture
-def sagemaker(noop: dict[str, NoOpSageMaker], cloud: LocalCloud) -> Iterator[NoOpSageMaker]:
-    fake = noop["sagemaker"]
-    yield fake
-    fake.seconds_by_kind.clear()
 
 
 def _document(cloud: LocalCloud, **extra: Any) -> dict[str, Any]:
@@ -127,7 +98,7 @@ def test_sdk_run_via_upload_succeeds_and_its_endpoint_returns_png(cloud: LocalCl
 def test_sdk_failed_run_raises_run_failed_then_resume_succeeds(
     cloud: LocalCloud, pipeline: sdk.Pipeline, sagemaker: NoOpSageMaker, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    sagemaker.seconds_by_kind["training"] = 30.0
+    sagemaker.seconds_by_kind["training"] = hold_for(30.0)
     run = pipeline.start(_document(cloud), via="api", name="sdk-fails")
     cloud.faults.kill_job("training", _training_job(cloud, run))
 

@@ -1,52 +1,30 @@
 """The pipeline under the strict local cloud: quotas, the Map's bounded result, limits at the API.
 
-SageMaker jobs are no-ops held for a moment (sdflow.local.noop_sagemaker), so what is under test
+SageMaker jobs are no-ops held for a moment (sdflow.local.sagemaker.noop), so what is under test
 is the orchestration: every other piece is real and strict (IAM per role, quotas, rate limits)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
 
-from sdflow import samples
 from sdflow.local.cloud import LocalCloud
-from sdflow.local.noop_sagemaker import NoOpSageMaker
-from tests.conftest import wait_for
+from sdflow.local.sagemaker.noop import NoOpSageMaker
+from tests.constants import hold_for
+from tests.e2e.clouds import CloudSpec
+from tests.helpers import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SHARDS = 12
 PROCESSING_QUOTA = 4
-
-
-@pytest.fixture(scope="module")
-def noop() -> dict[str, NoOpSageMaker]:
-    return {}
-
-
-@pytest.fixture(scope="module")
-def cloud(tmp_path_factory: pytest.TempPathFactory, noop: dict[str, NoOpSageMaker]) -> Iterator[LocalCloud]:
-    workdir = tmp_path_factory.mktemp("strict-cloud")
-
-    def factory(_workdir: Path, url: str, listener: Any) -> NoOpSageMaker:
-        noop["sagemaker"] = NoOpSageMaker(url, listener, job_seconds=0.5)
-        return noop["sagemaker"]
-
-    with LocalCloud(
-        workdir, sagemaker_factory=factory, async_retry_delays_s=(), quotas={"processing job": PROCESSING_QUOTA}
-    ) as running:
-        s3 = running.client("s3")
-        row = samples.SampleRow("http://127.0.0.1:9/a.png", "a red circle", 64, 64)
-        parquet = samples.write_parquet(workdir / "one.parquet", [row]).read_bytes()
-        for i in range(SHARDS):
-            s3.put_object(Bucket=running.bucket, Key=f"datasets/quota/part-{i:05d}.parquet", Body=parquet)
-        s3.put_object(Bucket=running.bucket, Key="models/tiny/model_index.json", Body=b"{}")
-        yield running
+# Jobs held long enough (in real time) that the quota, not their speed, caps how many run at once.
+CLOUD = CloudSpec(
+    dataset="quota", shards=SHARDS, job_seconds=hold_for(0.5), quotas={"processing job": PROCESSING_QUOTA}
+)
 
 
 def _document(cloud: LocalCloud, **download: Any) -> dict[str, Any]:
@@ -73,11 +51,10 @@ def _run(cloud: LocalCloud, name: str, document: Any) -> dict[str, Any]:
 
 
 def test_pipeline_concurrency_above_processing_quota_capped_and_every_shard_downloaded(
-    cloud: LocalCloud, noop: dict[str, NoOpSageMaker]
+    cloud: LocalCloud, sagemaker: NoOpSageMaker
 ) -> None:
     described = _run(cloud, "quota-capped", _document(cloud, max_concurrency=50))
     assert described["status"] == "SUCCEEDED", described.get("cause")
-    sagemaker = noop["sagemaker"]
     assert 1 < sagemaker.peak_running <= PROCESSING_QUOTA
     index = json.loads(described["output"])["dataset"]
     assert index["shards_ok"] == SHARDS

@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from PIL import Image
 
 from sdflow_image.serve_model import StepTiming
-from tests.conftest import free_port
+from tests.helpers import free_port
 
 # Fast enough that no stand-in request comes near SageMaker's 60 s.
 QUICK_TIMING = StepTiming(size=64, step_s=0.001, overhead_s=0.001)

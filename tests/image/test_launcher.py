@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from sdflow_image import elastic_run, launcher
-from tests.conftest import free_port, wait_for
+from tests.helpers import free_port, wait_for
 
 pytestmark = pytest.mark.image
 

@@ -25,7 +25,7 @@ from PIL import Image
 from sdflow_image import serve
 from sdflow_image.serve_model import StepTiming
 from sdflow_image.tiny_model import build_tiny_pipeline
-from tests.conftest import free_port
+from tests.helpers import free_port
 
 pytestmark = [pytest.mark.image, pytest.mark.slow]
 

@@ -21,7 +21,7 @@ from train_fixtures import index_in_channel, write_dataset_channel, write_job_co
 
 from sdflow_image import train as train_module
 from sdflow_image.tiny_model import build_tiny_pipeline
-from tests.conftest import free_port
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.image
 

@@ -107,7 +107,7 @@ def gloo_world_of_one() -> Iterator[None]:
     import colossalai
     import torch.distributed as dist
 
-    from tests.conftest import free_port
+    from tests.helpers import free_port
 
     colossalai.launch(rank=0, world_size=1, host="127.0.0.1", port=free_port(), backend="gloo", verbose=False)
     try:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aws_xray_sdk.core  # noqa: F401 - its global recorder opens a UDP socket at import: do it before sockets are disabled
@@ -15,17 +12,20 @@ from botocore.exceptions import ClientError
 from moto import mock_aws
 
 from sdflow_common import aws
-
-REGION = "us-east-1"
-ACCOUNT = "123456789012"
-DATA_BUCKET = "sdflow-data-test"
-TOKEN_TABLE = "sdflow-tokens-test"
-IDEMPOTENCY_TABLE = "sdflow-idempotency-test"
-STATE_MACHINE_NAME = "sdflow-pipeline-test"
-STATE_MACHINE_ARN = f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:{STATE_MACHINE_NAME}"
-SAGEMAKER_ROLE_ARN = f"arn:aws:iam::{ACCOUNT}:role/sdflow-sagemaker-test"
-TRAINING_IMAGE_URI = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/sdflow-training:latest"
-EVENTS_DIR = Path(__file__).resolve().parents[2] / "events"
+from tests.constants import ACCOUNT, REGION
+from tests.unit.helpers import (
+    DATA_BUCKET,
+    EVENTS_PIPELINE,
+    EVENTS_RUN_NAME,
+    IDEMPOTENCY_TABLE,
+    SAGEMAKER_ROLE_ARN,
+    STATE_MACHINE_ARN,
+    TOKEN_TABLE,
+    TRAINING_IMAGE_URI,
+    AwsWorld,
+    FakeLambdaContext,
+    create_table,
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -75,24 +75,6 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AWS_PROFILE", raising=False)
 
 
-@dataclass
-class AwsWorld:
-    """Handles on the mocked account that most tests need."""
-
-    s3: Any
-    sfn: Any
-    ddb: Any
-    sns: Any
-    sagemaker: Any
-    topic_arn: str
-
-    def put_json(self, key: str, body: Any, bucket: str = DATA_BUCKET) -> dict[str, Any]:
-        return self.s3.put_object(Bucket=bucket, Key=key, Body=json.dumps(body).encode())
-
-    def get_json(self, key: str, bucket: str = DATA_BUCKET) -> Any:
-        return json.loads(self.s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-
-
 def _deny_service_quotas() -> None:
     """moto 5.2.5 lists no SageMaker quotas (in process, ListServiceQuotas raises
     NotImplementedError), so the functions' cached client answers as a role without
@@ -103,16 +85,6 @@ def _deny_service_quotas() -> None:
         raise ClientError({"Error": error}, model.name)
 
     aws.client("service-quotas").meta.events.register("before-call.service-quotas", deny)
-
-
-def create_table(name: str, hash_key: str) -> None:
-    """An on-demand table keyed by one string attribute, as the template's tables are."""
-    boto3.client("dynamodb", region_name=REGION).create_table(
-        TableName=name,
-        KeySchema=[{"AttributeName": hash_key, "KeyType": "HASH"}],
-        AttributeDefinitions=[{"AttributeName": hash_key, "AttributeType": "S"}],
-        BillingMode="PAY_PER_REQUEST",
-    )
 
 
 @pytest.fixture
@@ -138,29 +110,6 @@ def mocked_aws(aws_env: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[AwsWo
             topic_arn=topic_arn,
         )
         aws.reset_clients()
-
-
-@dataclass
-class FakeLambdaContext:
-    """The parts of a Lambda context that Powertools and the handlers read."""
-
-    function_name: str = "sdflow-test"
-    memory_limit_in_mb: int = 512
-    invoked_function_arn: str = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:sdflow-test"
-    aws_request_id: str = "7f1c2a9e-0000-4000-8000-000000000000"
-
-    def get_remaining_time_in_millis(self) -> int:
-        return 60_000
-
-
-def load_event(name: str) -> dict[str, Any]:
-    """An event from events/, the same file `sam local invoke -e` uses."""
-    return json.loads((EVENTS_DIR / name).read_text())
-
-
-# The execution the events/ payloads belong to (execution:sdflow-pipeline-test:pokemon-sd15-v2-…).
-EVENTS_PIPELINE = "sdflow-pipeline-test"
-EVENTS_RUN_NAME = "pokemon-sd15-v2-7f3a9c2e41"
 
 
 @pytest.fixture

@@ -26,7 +26,8 @@ from fastapi.testclient import TestClient
 
 from sdflow.console import aws as console_aws
 from sdflow.console.server import ConsoleConfig, create_app
-from tests.unit.conftest import ACCOUNT, DATA_BUCKET, REGION, STATE_MACHINE_ARN, STATE_MACHINE_NAME
+from tests.constants import ACCOUNT, REGION
+from tests.unit.helpers import DATA_BUCKET, STATE_MACHINE_ARN, STATE_MACHINE_NAME
 
 ASL_PATH = Path(__file__).resolve().parents[2] / "statemachines" / "pipeline.asl.json"
 ENDPOINT_URL = "http://127.0.0.1:4566"

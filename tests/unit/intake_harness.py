@@ -29,17 +29,9 @@ from sdflow.local.clock import Clock
 from sdflow.local.lambda_runner import InvocationResult
 from sdflow.local.runtime import Runtime
 from sdflow_common import aws
-from tests.conftest import load_function_module
-from tests.constants import TIME_SCALE
-from tests.unit.conftest import (
-    ACCOUNT,
-    DATA_BUCKET,
-    IDEMPOTENCY_TABLE,
-    REGION,
-    TOKEN_TABLE,
-    FakeLambdaContext,
-    create_table,
-)
+from tests.constants import ACCOUNT, REGION, TIME_SCALE
+from tests.helpers import load_function_module
+from tests.unit.helpers import DATA_BUCKET, IDEMPOTENCY_TABLE, TOKEN_TABLE, FakeLambdaContext, create_table
 
 ASL = Path(__file__).resolve().parents[2] / "statemachines" / "pipeline.asl.json"
 REAL_HANDLERS = {"ValidateRunFunction": "validate_run", "NotifyFunction": "notify"}

@@ -8,7 +8,7 @@ ListProcessingJobs after paging. The cleanup needs each as AWS documents it:
   training job is in status Stopped." (the answer AWS gives, quoted in awslabs/benchmark-ai#928);
   on an unknown job: ValidationException "Could not find ...";
 - UpdateEndpoint on an endpoint that is not InService/Failed: ValidationException "Cannot update
-  in-progress endpoint" (as sdflow/local/services/sagemaker.py answers).
+  in-progress endpoint" (as sdflow/local/sagemaker/service.py answers).
 `fail_next` makes the next call of an operation on a name raise (throttling and such)."""
 
 from __future__ import annotations

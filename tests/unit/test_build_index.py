@@ -13,8 +13,9 @@ from sdflow_common.errors import NoUsableShards
 from sdflow_common.run_document import parse_run_document
 from sdflow_common.sagemaker_jobs import task_timeouts
 from sdflow_common.validate_run import RunConfig, ValidateRunRequest, shard_items, validate_run
-from tests.conftest import load_function_module
-from tests.unit.conftest import ACCOUNT, DATA_BUCKET, REGION, AwsWorld, FakeLambdaContext
+from tests.constants import ACCOUNT, REGION
+from tests.helpers import load_function_module
+from tests.unit.helpers import DATA_BUCKET, AwsWorld, FakeLambdaContext
 from tests.unit.parquet_files import parquet_bytes
 
 RUN_ID = "demo-0123456789abcdef"

@@ -14,7 +14,8 @@ from sdflow import progress
 from sdflow.cli import parse_args
 from sdflow.runs import resume_name, start_resume
 from sdflow.session import CliError, Session
-from tests.unit.conftest import ACCOUNT, DATA_BUCKET, REGION, STATE_MACHINE_ARN, AwsWorld
+from tests.constants import ACCOUNT, REGION
+from tests.unit.helpers import DATA_BUCKET, STATE_MACHINE_ARN, AwsWorld
 
 OLD_DOCUMENT = {
     "dataset": {"prefix": f"s3://{DATA_BUCKET}/datasets/laion/"},

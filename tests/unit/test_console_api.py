@@ -20,7 +20,6 @@ from pydantic import TypeAdapter, ValidationError
 
 from sdflow.console import server
 from sdflow_common import names
-from tests.unit.conftest import DATA_BUCKET, AwsWorld
 from tests.unit.console_fakes import (
     ENDPOINT_URL,
     MAP,
@@ -36,6 +35,7 @@ from tests.unit.console_fakes import (
     pipeline_history,
     put_logs,
 )
+from tests.unit.helpers import DATA_BUCKET, AwsWorld
 
 TRAINING_LOGS = "/aws/sagemaker/TrainingJobs"
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(64))

@@ -14,7 +14,7 @@ from sdflow_common.errors import DatasetNotFound, InvalidRunDocument
 from sdflow_common.parquet_schema import NotParquet, parse_file_metadata, read_schema
 from sdflow_common.run_document import parse_run_document
 from sdflow_common.validate_run import ValidateRunRequest, check_inputs, validate_run
-from tests.unit.conftest import DATA_BUCKET, AwsWorld
+from tests.unit.helpers import DATA_BUCKET, AwsWorld
 from tests.unit.parquet_files import parquet_bytes
 
 MODEL_URI = f"s3://{DATA_BUCKET}/models/tiny-sd/"

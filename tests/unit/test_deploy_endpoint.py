@@ -15,17 +15,10 @@ import pytest
 from sdflow_common import names
 from sdflow_common.errors import EndpointBusy, EndpointDeployFailed, SageMakerQuotaExceeded, SageMakerThrottled
 from sdflow_common.token_store import TokenStore
-from tests.conftest import load_function_module
-from tests.unit.conftest import (
-    ACCOUNT,
-    REGION,
-    TOKEN_TABLE,
-    TRAINING_IMAGE_URI,
-    AwsWorld,
-    FakeLambdaContext,
-    load_event,
-)
-from tests.unit.test_job_starters import over_quota, run_hash, sagemaker_client, tags_of, throttle
+from tests.constants import ACCOUNT, REGION
+from tests.helpers import load_function_module
+from tests.unit.helpers import TOKEN_TABLE, TRAINING_IMAGE_URI, AwsWorld, FakeLambdaContext, load_event
+from tests.unit.job_requests import over_quota, run_hash, sagemaker_client, tags_of, throttle
 
 
 @pytest.fixture

@@ -30,11 +30,10 @@ from sdflow_common.errors import DatasetNotFound, InvalidRunDocument
 from sdflow_common.parquet_schema import NotParquet, parse_file_metadata
 from sdflow_common.run_document import RunDocument, problems_of
 from sdflow_common.validate_run import ValidateRunRequest, validate_run
-from tests.conftest import load_function_module
-from tests.unit.conftest import (
-    ACCOUNT,
+from tests.constants import ACCOUNT, REGION
+from tests.helpers import load_function_module
+from tests.unit.helpers import (
     DATA_BUCKET,
-    REGION,
     STATE_MACHINE_ARN,
     STATE_MACHINE_NAME,
     AwsWorld,

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.unit.conftest import DATA_BUCKET
+from tests.unit.helpers import DATA_BUCKET
 from tests.unit.intake_harness import Intake, intake_cloud
 
 VALID_LOOKING = {

@@ -19,16 +19,9 @@ from pydantic import ValidationError
 
 from sdflow_common import aws
 from sdflow_common.token_store import TokenStore
-from tests.conftest import load_function_module
-from tests.unit.conftest import (
-    ACCOUNT,
-    REGION,
-    TOKEN_TABLE,
-    TRAINING_IMAGE_URI,
-    AwsWorld,
-    FakeLambdaContext,
-    load_event,
-)
+from tests.constants import ACCOUNT, REGION
+from tests.helpers import load_function_module
+from tests.unit.helpers import TOKEN_TABLE, TRAINING_IMAGE_URI, AwsWorld, FakeLambdaContext, load_event
 
 EXECUTION_ARN = f"arn:aws:states:{REGION}:{ACCOUNT}:execution:sdflow-pipeline-test:run-under-test"
 TOKEN = "AQCEAAAAKgAAAAMAAAAAAAAAAf4kTokenUnderTest=="

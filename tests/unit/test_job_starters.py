@@ -24,12 +24,11 @@ from sdflow_common.errors import (
 )
 from sdflow_common.run_document import DownloadOptions
 from sdflow_common.token_store import TokenStore
-from tests.conftest import load_function_module
-from tests.unit.conftest import (
-    ACCOUNT,
+from tests.constants import ACCOUNT, REGION
+from tests.helpers import load_function_module
+from tests.unit.helpers import (
     EVENTS_PIPELINE,
     EVENTS_RUN_NAME,
-    REGION,
     SAGEMAKER_ROLE_ARN,
     TOKEN_TABLE,
     TRAINING_IMAGE_URI,
@@ -37,6 +36,7 @@ from tests.unit.conftest import (
     FakeLambdaContext,
     load_event,
 )
+from tests.unit.job_requests import over_quota, run_hash, sagemaker_client, tags_of, throttle
 
 PIPELINE = EVENTS_PIPELINE
 RUN_NAME = EVENTS_RUN_NAME
@@ -52,10 +52,6 @@ def running_execution(events_execution: str) -> str:
     return events_execution
 
 
-def run_hash(event: dict[str, Any]) -> str:
-    return names.run_hash(event["execution_arn"], event["start_time"])
-
-
 def download_name(event: dict[str, Any], attempt: int = 0, redrive: int = 0) -> str:
     return names.download_job_name(run_hash(event), event["run_id"], event["shard"]["shard_id"], redrive, attempt)
 
@@ -69,21 +65,8 @@ def set_processing_status(name: str, status: str) -> None:
     sagemaker_backends[ACCOUNT][REGION].processing_jobs[name].processing_job_status = status
 
 
-def tags_of(world: AwsWorld, arn: str) -> dict[str, str]:
-    return {tag["Key"]: tag["Value"] for tag in world.sagemaker.list_tags(ResourceArn=arn)["Tags"]}
-
-
 def retry_of(event: dict[str, Any], attempt: int) -> dict[str, Any]:
     return {**copy.deepcopy(event), "attempt": attempt, "token": f"{event['token']}-retry-{attempt}"}
-
-
-def sagemaker_client() -> Any:
-    """The cached client the functions use, so tests can patch single operations on it."""
-    return aws.client("sagemaker")
-
-
-def throttle(*_args: Any, **_kwargs: Any) -> None:
-    raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}, "Create")
 
 
 def download_job_names(world: AwsWorld) -> list[str]:
@@ -411,20 +394,6 @@ def test_start_training_throttled_raises_and_releases_claim(
     with pytest.raises(SageMakerThrottled):
         load_function_module("start_training").lambda_handler(event, context)
     assert store.get(training_name(event)) is None
-
-
-def over_quota(limit: int, used: int, delta: int) -> Any:
-    """SageMaker's ResourceLimitExceeded, worded as SageMaker words it."""
-    message = (
-        f"The account-level service limit 'ml.g5.12xlarge for training job usage' is {limit} Instances, with "
-        f"current utilization of {used} Instances and a request delta of {delta} Instances. Please use AWS "
-        "Service Quotas to request an increase for this quota."
-    )
-
-    def refuse(*_args: Any, **_kwargs: Any) -> None:
-        raise ClientError({"Error": {"Code": "ResourceLimitExceeded", "Message": message}}, "Create")
-
-    return refuse
 
 
 def test_start_training_quota_in_use_raises_quota_exceeded_and_releases_claim(

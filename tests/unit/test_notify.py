@@ -13,8 +13,9 @@ from moto.core.config import default_user_config
 
 from sdflow_common import aws, execution_history, names, notify
 from sdflow_common.run_cleanup import CleanupIncomplete
-from tests.conftest import load_function_module
-from tests.unit.conftest import ACCOUNT, REGION, AwsWorld, FakeLambdaContext, load_event
+from tests.constants import ACCOUNT, REGION
+from tests.helpers import load_function_module
+from tests.unit.helpers import AwsWorld, FakeLambdaContext, load_event
 from tests.unit.sagemaker_fake import FakeSageMakerClient, client_error
 
 EXECUTION_ARN = f"arn:aws:states:{REGION}:{ACCOUNT}:execution:sdflow-pipeline-test:cats-v1-abc"
@@ -359,7 +360,7 @@ FAILING_MACHINE = {
 
 class NewestFirst:
     """moto 5.2.5's GetExecutionHistory ignores reverseOrder (its responses.py passes only the ARN;
-    the local cloud's stepfunctions_api fixes it): this client answers as AWS does, newest first."""
+    the local cloud's sdflow/local/stepfunctions/api.py fixes it): this client answers as AWS does, newest first."""
 
     def __init__(self, client: Any) -> None:
         self.client = client

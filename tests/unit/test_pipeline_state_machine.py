@@ -26,9 +26,9 @@ from sdflow.local import patching
 from sdflow.local.clock import Clock
 from sdflow.local.runtime import Runtime
 from sdflow_common import errors, names
-from tests.conftest import wait_for
-from tests.constants import TIME_SCALE
-from tests.unit.conftest import DATA_BUCKET, REGION
+from tests.constants import REGION, TIME_SCALE
+from tests.helpers import wait_for
+from tests.unit.helpers import DATA_BUCKET
 from tests.unit.intake_harness import InProcessRunner, pipeline_definition
 
 ASL = Path(__file__).resolve().parents[2] / "statemachines" / "pipeline.asl.json"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from sdflow import progress
 from sdflow_common import names
-from tests.unit.conftest import DATA_BUCKET, AwsWorld
+from tests.unit.helpers import DATA_BUCKET, AwsWorld
 
 EXECUTION = "arn:aws:states:us-east-1:123456789012:execution:sdflow-pipeline:demo-1"
 OTHER = "arn:aws:states:us-east-1:123456789012:execution:sdflow-pipeline:demo-2"

@@ -17,7 +17,8 @@ from sdflow_common import quotas
 from sdflow_common.errors import InvalidRunDocument
 from sdflow_common.run_document import RunDocument
 from sdflow_common.validate_run import ValidateRunRequest, validate_run
-from tests.unit.conftest import ACCOUNT, DATA_BUCKET, REGION, AwsWorld
+from tests.constants import ACCOUNT, REGION
+from tests.unit.helpers import DATA_BUCKET, AwsWorld
 from tests.unit.parquet_files import parquet_bytes
 
 PROCESSING = "ml.c5.xlarge for processing job usage"

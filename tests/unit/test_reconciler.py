@@ -19,11 +19,10 @@ from sdflow_common import aws, sagemaker_jobs
 from sdflow_common.errors import ReconcileIncomplete
 from sdflow_common.run_document import DownloadOptions, RunDocument
 from sdflow_common.token_store import Kind, TokenStore
-from tests.conftest import load_function_module
-from tests.unit.conftest import (
-    ACCOUNT,
+from tests.constants import ACCOUNT, REGION
+from tests.helpers import load_function_module
+from tests.unit.helpers import (
     DATA_BUCKET,
-    REGION,
     SAGEMAKER_ROLE_ARN,
     TOKEN_TABLE,
     TRAINING_IMAGE_URI,

@@ -17,7 +17,8 @@ from sdflow_common import aws, resume
 from sdflow_common.errors import InvalidRunDocument
 from sdflow_common.run_document import RunDocument
 from sdflow_common.validate_run import RunConfig, ValidateRunRequest, validate_run
-from tests.unit.conftest import ACCOUNT, DATA_BUCKET, REGION, STATE_MACHINE_ARN, AwsWorld
+from tests.constants import ACCOUNT, REGION
+from tests.unit.helpers import DATA_BUCKET, STATE_MACHINE_ARN, AwsWorld
 from tests.unit.parquet_files import parquet_bytes
 
 PARQUET = parquet_bytes()

@@ -10,7 +10,8 @@ import pytest
 from sdflow_common import names, rollback, run_cleanup
 from sdflow_common.job_events import EndpointDetail, TaskResolver
 from sdflow_common.token_store import TokenStore
-from tests.unit.conftest import ACCOUNT, REGION, TOKEN_TABLE, AwsWorld
+from tests.constants import ACCOUNT, REGION
+from tests.unit.helpers import TOKEN_TABLE, AwsWorld
 from tests.unit.sagemaker_fake import FakeSageMakerClient, client_error
 
 EXECUTION_ARN = f"arn:aws:states:{REGION}:{ACCOUNT}:execution:sdflow-pipeline-test:cats-v1-abc"

@@ -21,7 +21,7 @@ from sdflow_common.run_document import (
     parse_s3_uri,
     schema_text,
 )
-from tests.unit.conftest import load_event
+from tests.unit.helpers import load_event
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "run-document.schema.json"
 BUCKET = "sdflow-data-test"

@@ -4,23 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import botocore.session
 import pytest
 from botocore.exceptions import ClientError
-from botocore.validate import validate_parameters
 
 from sdflow_common import sagemaker_jobs
 from sdflow_common.run_document import DownloadOptions, EndpointOptions, RunDocument
-from tests.unit.conftest import DATA_BUCKET, SAGEMAKER_ROLE_ARN, TRAINING_IMAGE_URI
+from tests.unit.helpers import DATA_BUCKET, SAGEMAKER_ROLE_ARN, TRAINING_IMAGE_URI
+from tests.unit.job_requests import assert_valid_request
 
 RUN_ID = "demo-0123456789"
 RUN_HASH = "47de834dd8"
-SAGEMAKER_MODEL = botocore.session.get_session().get_service_model("sagemaker")
-
-
-def assert_valid_request(operation: str, request: dict[str, Any]) -> None:
-    """botocore's own validation: wrong names, types, ranges or enums raise here."""
-    validate_parameters(request, SAGEMAKER_MODEL.operation_model(operation).input_shape)
 
 
 def run_document(**overrides: Any) -> RunDocument:

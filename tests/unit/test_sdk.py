@@ -21,7 +21,8 @@ from sdflow import sdk
 from sdflow.local import template
 from sdflow.session import LOCAL_STACK_NAME, STATE_FILE, Session
 from sdflow_common.start_pipeline import ManifestRef, handle_manifest
-from tests.unit.conftest import ACCOUNT, DATA_BUCKET, REGION, STATE_MACHINE_ARN, STATE_MACHINE_NAME, AwsWorld
+from tests.constants import ACCOUNT, REGION
+from tests.unit.helpers import DATA_BUCKET, STATE_MACHINE_ARN, STATE_MACHINE_NAME, AwsWorld
 from tests.unit.parquet_files import parquet_bytes
 
 DOCUMENT = {

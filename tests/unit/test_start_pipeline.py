@@ -20,11 +20,10 @@ from sdflow_common.start_pipeline import (
     handle_manifest,
     rejected_key,
 )
-from tests.conftest import load_function_module
-from tests.unit.conftest import (
-    ACCOUNT,
+from tests.constants import ACCOUNT, REGION
+from tests.helpers import load_function_module
+from tests.unit.helpers import (
     DATA_BUCKET,
-    REGION,
     STATE_MACHINE_ARN,
     STATE_MACHINE_NAME,
     AwsWorld,

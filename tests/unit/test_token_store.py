@@ -8,7 +8,7 @@ import pytest
 
 from sdflow_common.errors import EndpointBusy, TokenConflict
 from sdflow_common.token_store import TokenStore
-from tests.unit.conftest import TOKEN_TABLE, AwsWorld
+from tests.unit.helpers import TOKEN_TABLE, AwsWorld
 
 TIMEOUT = 3600  # the task's TimeoutSeconds
 SLACK = 86_400

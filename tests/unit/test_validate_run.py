@@ -13,8 +13,9 @@ from sdflow_common import validate_run as validate_module
 from sdflow_common.errors import DatasetNotFound, InvalidRunDocument
 from sdflow_common.run_document import RunDocument
 from sdflow_common.validate_run import RunConfig, ValidateRunRequest, validate_run
-from tests.conftest import load_function_module
-from tests.unit.conftest import ACCOUNT, DATA_BUCKET, REGION, STATE_MACHINE_NAME, AwsWorld, FakeLambdaContext
+from tests.constants import ACCOUNT, REGION
+from tests.helpers import load_function_module
+from tests.unit.helpers import DATA_BUCKET, STATE_MACHINE_NAME, AwsWorld, FakeLambdaContext
 from tests.unit.parquet_files import parquet_bytes
 
 PARQUET = parquet_bytes()

@@ -13,9 +13,10 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from sdflow.local.lambda_concurrency import reserved_concurrency
 from sdflow.local.lambda_runner import FunctionSpec, InvocationResult, LambdaRunner
+from sdflow.local.patching import Patch, replace
 from sdflow.local.runtime import FunctionCode, PatchError, Runtime, current_runtime
-from sdflow.local.services.awslambda_concurrency import reserved_concurrency
 from sdflow.local.services.awslambda_limits import concurrency_key
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ def invoke_function_async(fn: Any, payload: bytes) -> None:
             for delay in (0.0, *runtime.async_retry_delays_s):
                 runtime.clock.sleep(delay, what=f"Lambda asynchronous retry of {spec.name}")
                 try:
-                    # Past reserved concurrency the event stays queued (awslambda_concurrency).
+                    # Past reserved concurrency the event stays queued (sdflow/local/lambda_concurrency.py).
                     with runtime.lambda_concurrency.slot(concurrency_key(fn), reserved_concurrency(fn), wait=True):
                         result = _runner(runtime).invoke(spec, payload, request_id)
                 except Exception:  # the runner itself failed (e.g. shut down): nothing to retry
@@ -193,11 +194,11 @@ def lambda_create_from_cloudformation_json(
     return fn
 
 
-def patches() -> list[tuple[Any, str, Any]]:
+def patches() -> list[Patch]:
     from moto.awslambda.models import LambdaFunction
     from moto.awslambda_simple.models import LambdaSimpleBackend
 
     return [
-        (LambdaSimpleBackend, "invoke", lambda_invoke),
-        (LambdaFunction, "create_from_cloudformation_json", classmethod(lambda_create_from_cloudformation_json)),
+        replace(LambdaSimpleBackend, "invoke", lambda_invoke),
+        replace(LambdaFunction, "create_from_cloudformation_json", classmethod(lambda_create_from_cloudformation_json)),
     ]

@@ -10,7 +10,7 @@ As AWS documents them (Lambda API reference, Invoke; Lambda quotas):
   payload size exceeded maximum allowed payload size (6291556 bytes).", "errorType":
   "Function.ResponseSizeTooLarge"}. moto checks sys.getsizeof(payload) > 6,000,000 instead,
   which fails responses AWS accepts, so LambdaResponse.invoke is replaced here.
-- Reserved concurrency (awslambda_concurrency): a synchronous invocation past it gets
+- Reserved concurrency (sdflow/local/lambda_concurrency.py): a synchronous invocation past it gets
   TooManyRequestsException, HTTP 429, {"Reason": "ReservedFunctionConcurrentInvocationLimitExceeded",
   "Type": "User", "message": "Rate Exceeded."}; asynchronous events wait (awslambda.py).
 Memory is not enforced: MemorySize reaches the handler (context.memory_limit_in_mb,
@@ -24,8 +24,9 @@ from urllib.parse import unquote
 
 from moto.core.exceptions import JsonRESTError
 
+from sdflow.local.lambda_concurrency import ConcurrencyLimitExceeded, reserved_concurrency
+from sdflow.local.patching import Patch, replace
 from sdflow.local.runtime import runtime_or_none
-from sdflow.local.services.awslambda_concurrency import ConcurrencyLimitExceeded, reserved_concurrency
 
 SYNC_REQUEST_LIMIT = 6_291_456
 ASYNC_REQUEST_LIMIT = 1_048_576
@@ -107,7 +108,7 @@ def lambda_response_invoke(self: Any) -> tuple[int, dict[str, str], str | bytes]
     return status, response_headers, payload
 
 
-def patches() -> list[tuple[Any, str, Any]]:
+def patches() -> list[Patch]:
     from moto.awslambda.responses import LambdaResponse
 
-    return [(LambdaResponse, "invoke", lambda_response_invoke)]
+    return [replace(LambdaResponse, "invoke", lambda_response_invoke)]

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from sdflow.local.patching import original
+from sdflow.local.patching import Patch, replace, wrap
 from sdflow.local.runtime import PatchError
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,13 @@ def _definition_text(properties: Mapping[str, Any], account_id: str, region_name
 
 
 def bucket_create_from_cloudformation_json(
-    cls: Any, resource_name: str, cloudformation_json: dict[str, Any], account_id: str, region_name: str, **kwargs: Any
+    inner: Any,
+    cls: Any,
+    resource_name: str,
+    cloudformation_json: dict[str, Any],
+    account_id: str,
+    region_name: str,
+    **kwargs: Any,
 ) -> Any:
     """Wraps moto/s3/models.py FakeBucket.create_from_cloudformation_json.
 
@@ -69,9 +75,7 @@ def bucket_create_from_cloudformation_json(
     from moto.s3.models import s3_backends
     from moto.utilities.utils import get_partition
 
-    bucket = original(cls, "create_from_cloudformation_json")(
-        resource_name, cloudformation_json, account_id, region_name, **kwargs
-    )
+    bucket = inner(cls, resource_name, cloudformation_json, account_id, region_name, **kwargs)
     properties = cloudformation_json.get("Properties", {})
     backend = s3_backends[account_id][get_partition(region_name)]
     notification = properties.get("NotificationConfiguration") or {}
@@ -86,15 +90,19 @@ def bucket_create_from_cloudformation_json(
 
 
 def ecr_repository_create_from_cloudformation_json(
-    cls: Any, resource_name: str, cloudformation_json: dict[str, Any], account_id: str, region_name: str, **kwargs: Any
+    inner: Any,
+    cls: Any,
+    resource_name: str,
+    cloudformation_json: dict[str, Any],
+    account_id: str,
+    region_name: str,
+    **kwargs: Any,
 ) -> Any:
     """Wraps moto/ecr/models.py Repository.create_from_cloudformation_json.
 
     The generated name (<stack>-<LogicalId>-<suffix>) keeps upper-case letters, which moto's
     own repository-name check then rejects; CloudFormation generates lower-case names."""
-    return original(cls, "create_from_cloudformation_json")(
-        resource_name.lower(), cloudformation_json, account_id, region_name, **kwargs
-    )
+    return inner(cls, resource_name.lower(), cloudformation_json, account_id, region_name, **kwargs)
 
 
 class _CfnResource:
@@ -154,7 +162,7 @@ class CfnSchedule(_CfnResource):
     """AWS::Scheduler::Schedule: moto has no CloudFormation model; create it in moto's Scheduler.
 
     The schedule is listed and described like on AWS; moto does not fire schedules
-    (services/scheduler.py does, on the local cloud's schedule clock)."""
+    (scheduler.py does, on the local cloud's schedule clock)."""
 
     @classmethod
     def create_from_cloudformation_json(
@@ -187,7 +195,7 @@ EXTRA_CFN_MODELS: dict[str, type[_CfnResource]] = {
 }
 
 
-def cfn_resource_class_from_type(resource_type: str) -> Any:
+def cfn_resource_class_from_type(inner: Any, resource_type: str) -> Any:
     """Wraps moto/cloudformation/parsing.py resource_class_from_type: adds EXTRA_CFN_MODELS.
 
     moto skips resource types it does not model (with a warning) and the stack still
@@ -196,20 +204,21 @@ def cfn_resource_class_from_type(resource_type: str) -> Any:
     extra = EXTRA_CFN_MODELS.get(resource_type)
     if extra is not None:
         return extra
-    import moto.cloudformation.parsing as parsing
 
-    return original(parsing, "resource_class_from_type")(resource_type)
+    return inner(resource_type)
 
 
-def patches() -> list[tuple[Any, str, Any]]:
+def patches() -> list[Patch]:
     import moto.cloudformation.parsing as cfn_parsing
     from moto.ecr.models import Repository
     from moto.s3.models import FakeBucket
     from moto.stepfunctions.models import StateMachine
 
     return [
-        (StateMachine, "create_from_cloudformation_json", classmethod(state_machine_create_from_cloudformation_json)),
-        (FakeBucket, "create_from_cloudformation_json", classmethod(bucket_create_from_cloudformation_json)),
-        (Repository, "create_from_cloudformation_json", classmethod(ecr_repository_create_from_cloudformation_json)),
-        (cfn_parsing, "resource_class_from_type", cfn_resource_class_from_type),
+        replace(
+            StateMachine, "create_from_cloudformation_json", classmethod(state_machine_create_from_cloudformation_json)
+        ),
+        wrap(FakeBucket, "create_from_cloudformation_json", bucket_create_from_cloudformation_json),
+        wrap(Repository, "create_from_cloudformation_json", ecr_repository_create_from_cloudformation_json),
+        wrap(cfn_parsing, "resource_class_from_type", cfn_resource_class_from_type),
     ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sdflow.local.patching import original
+from sdflow.local.patching import Patch, wrap
 
 
 class TableSettingError(ValueError):
@@ -18,7 +18,13 @@ class TableSettingError(ValueError):
 
 
 def table_create_from_cloudformation_json(
-    cls: Any, resource_name: str, cloudformation_json: dict[str, Any], account_id: str, region_name: str, **kwargs: Any
+    inner: Any,
+    cls: Any,
+    resource_name: str,
+    cloudformation_json: dict[str, Any],
+    account_id: str,
+    region_name: str,
+    **kwargs: Any,
 ) -> Any:
     """Wraps moto/dynamodb/models/table.py Table.create_from_cloudformation_json.
 
@@ -28,9 +34,7 @@ def table_create_from_cloudformation_json(
     which validate them as UpdateTimeToLive / UpdateContinuousBackups do."""
     from moto.dynamodb.models import dynamodb_backends
 
-    table = original(cls, "create_from_cloudformation_json")(
-        resource_name, cloudformation_json, account_id, region_name, **kwargs
-    )
+    table = inner(cls, resource_name, cloudformation_json, account_id, region_name, **kwargs)
     properties = cloudformation_json.get("Properties", {})
     backend = dynamodb_backends[account_id][region_name]
     ttl = properties.get("TimeToLiveSpecification")
@@ -62,7 +66,7 @@ def _bool(value: Any) -> bool:
     return value is True or str(value).lower() == "true"
 
 
-def patches() -> list[tuple[Any, str, Any]]:
+def patches() -> list[Patch]:
     from moto.dynamodb.models.table import Table
 
-    return [(Table, "create_from_cloudformation_json", classmethod(table_create_from_cloudformation_json))]
+    return [wrap(Table, "create_from_cloudformation_json", table_create_from_cloudformation_json)]

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from sdflow.local.patching import original
+from sdflow.local.patching import Patch, wrap
 from sdflow.local.services.awslambda import invoke_function_async
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ def _json_path(path: str, document: Any) -> Any:
     return node
 
 
-def rule_send_to_targets(self: Any, original_event: dict[str, Any], transform_input: bool = True) -> None:
+def rule_send_to_targets(inner: Any, self: Any, original_event: dict[str, Any], transform_input: bool = True) -> None:
     """Wraps moto/events/models.py Rule.send_to_targets.
 
     moto delivers to logs / SQS / event buses / archives / API destinations only and raises
@@ -151,7 +151,7 @@ def rule_send_to_targets(self: Any, original_event: dict[str, Any], transform_in
     if others:
         saved, self.targets = self.targets, others
         try:
-            original(type(self), "send_to_targets")(self, original_event, transform_input)
+            inner(self, original_event, transform_input)
         finally:
             self.targets = saved
 
@@ -162,7 +162,7 @@ NOT_AUTHORIZED_FOR_SOURCE = {
 }
 
 
-def events_put_events(self: Any) -> str:
+def events_put_events(inner: Any, self: Any) -> str:
     """Wraps moto/events/responses.py EventsHandler.put_events.
 
     Only AWS services publish events whose source starts with "aws."; a caller's entry with such
@@ -172,7 +172,7 @@ def events_put_events(self: Any) -> str:
     services do, so they are not refused."""
     entries = self._get_param("Entries") or []
     if len(entries) > 10 or not any(str(entry.get("Source", "")).startswith("aws.") for entry in entries):
-        return str(original(type(self), "put_events")(self))  # moto validates the count
+        return str(inner(self))  # moto validates the count
     allowed = [entry for entry in entries if not str(entry.get("Source", "")).startswith("aws.")]
     published = iter(self.events_backend.put_events(allowed) if allowed else [])
     results = [
@@ -190,8 +190,8 @@ def publish_as_service(entries: list[dict[str, Any]], account: str, region: str)
     return list(events_backends[account][region].put_events(entries))
 
 
-def patches() -> list[tuple[Any, str, Any]]:
+def patches() -> list[Patch]:
     from moto.events.models import Rule
     from moto.events.responses import EventsHandler
 
-    return [(Rule, "send_to_targets", rule_send_to_targets), (EventsHandler, "put_events", events_put_events)]
+    return [wrap(Rule, "send_to_targets", rule_send_to_targets), wrap(EventsHandler, "put_events", events_put_events)]

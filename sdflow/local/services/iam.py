@@ -31,9 +31,10 @@ from moto.core.authorization import ActionAuthenticatorMixin
 from moto.core.exceptions import ServiceException
 
 from sdflow.local import iam_resources
+from sdflow.local.account import REGION
 from sdflow.local.iam_policy import Decision, PolicySet
 from sdflow.local.iam_resources import Check
-from sdflow.local.patching import previous
+from sdflow.local.patching import Patch, wrap
 from sdflow.local.runtime import Runtime, runtime_or_none
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ class _DeniedError(ServiceException):
 class IamEnforcer:
     """The roles' credentials and parsed policies; thread-safe. Lives on `runtime.iam`."""
 
-    def __init__(self, region: str = "us-east-1") -> None:
+    def __init__(self, region: str = REGION) -> None:
         self.region = region
         self._lock = threading.Lock()
         self._credentials: dict[tuple[str, str], dict[str, str]] = {}
@@ -253,16 +254,14 @@ def _evaluate(
     enforcer.check(principal, checks)
 
 
-def authorize_normal_action(self: Any, resource: str = "*") -> None:
+def authorize_normal_action(inner: Any, self: Any, resource: str = "*") -> None:
     """Replaces ActionAuthenticatorMixin._authenticate_and_authorize_normal_action (every
     non-S3 request, from moto/core/responses.py BaseResponse.call_action)."""
     from werkzeug.exceptions import HTTPException
 
     runtime = runtime_or_none()
     if runtime is None:
-        return previous(ActionAuthenticatorMixin, "_authenticate_and_authorize_normal_action", authorize_normal_action)(
-            self, resource
-        )
+        return inner(self, resource)
     operation = self._get_action()
     try:
         _evaluate(self, runtime, operation, lambda s, p, r, a: iam_resources.checks(self, s, operation, p, r, a))
@@ -279,16 +278,14 @@ def authorize_normal_action(self: Any, resource: str = "*") -> None:
         raise http_error from None
 
 
-def authorize_s3_action(self: Any, bucket_name: str | None = None, key_name: str | None = None) -> None:
+def authorize_s3_action(inner: Any, self: Any, bucket_name: str | None = None, key_name: str | None = None) -> None:
     """Replaces ActionAuthenticatorMixin._authenticate_and_authorize_s3_action (moto's S3
     handlers call it with the IAM action name already in self.data["Action"])."""
     from moto.s3.exceptions import S3ClientError
 
     runtime = runtime_or_none()
     if runtime is None:
-        return previous(ActionAuthenticatorMixin, "_authenticate_and_authorize_s3_action", authorize_s3_action)(
-            self, bucket_name, key_name
-        )
+        return inner(self, bucket_name, key_name)
     action = str(self.data.get("Action") or "Unknown")
     try:
         _evaluate(
@@ -346,24 +343,20 @@ def interpreter_client(region: str, service: str, state_credentials: Any = None)
 # ------------------------------------------------------------------------------ task tokens
 
 
-def map_worker_eval_job(self: Any, env: Any, job: Any) -> None:
+def map_worker_eval_job(inner: Any, self: Any, env: Any, job: Any) -> None:
     """Wraps moto's DistributedItemProcessorWorker._eval_job: marks the child's context object
     with the child's own state machine ARN `<machine>/<label>` (MapRunRecord.map_state_machine_arn),
     which is what SendTask* for the tokens it mints is authorized against on AWS."""
-    from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.itemprocessor.distributed_item_processor_worker import (  # noqa: E501
-        DistributedItemProcessorWorker,
-    )
 
     env.states.context_object.sdflow_map_child_arn = self._map_run_record.map_state_machine_arn
-    previous(DistributedItemProcessorWorker, "_eval_job", map_worker_eval_job)(self, env, job)
+    inner(self, env, job)
 
 
-def update_task_token(self: Any) -> str:
+def update_task_token(inner: Any, self: Any) -> str:
     """Wraps moto's ContextObject.update_task_token (moto/stepfunctions/parser/asl/eval/states.py):
     a token minted in a Distributed Map child is recorded as that child's."""
-    from moto.stepfunctions.parser.asl.eval.states import ContextObject
 
-    token = str(previous(ContextObject, "update_task_token", update_task_token)(self))
+    token = str(inner(self))
     child = getattr(self, "sdflow_map_child_arn", None)
     runtime = runtime_or_none()
     if child and runtime is not None and runtime.iam is not None:
@@ -371,7 +364,7 @@ def update_task_token(self: Any) -> str:
     return token
 
 
-def patches() -> list[tuple[Any, str, Any]]:
+def patches() -> list[Patch]:
     # Denials are serialized as unmodelled errors on purpose; moto warns about each one.
     warnings.filterwarnings("ignore", message=r"Exception\(_DeniedError\)")
     from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.itemprocessor.distributed_item_processor_worker import (  # noqa: E501
@@ -380,8 +373,8 @@ def patches() -> list[tuple[Any, str, Any]]:
     from moto.stepfunctions.parser.asl.eval.states import ContextObject
 
     return [
-        (ActionAuthenticatorMixin, "_authenticate_and_authorize_normal_action", authorize_normal_action),
-        (ActionAuthenticatorMixin, "_authenticate_and_authorize_s3_action", authorize_s3_action),
-        (DistributedItemProcessorWorker, "_eval_job", map_worker_eval_job),
-        (ContextObject, "update_task_token", update_task_token),
+        wrap(ActionAuthenticatorMixin, "_authenticate_and_authorize_normal_action", authorize_normal_action),
+        wrap(ActionAuthenticatorMixin, "_authenticate_and_authorize_s3_action", authorize_s3_action),
+        wrap(DistributedItemProcessorWorker, "_eval_job", map_worker_eval_job),
+        wrap(ContextObject, "update_task_token", update_task_token),
     ]

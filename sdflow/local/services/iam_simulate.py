@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from sdflow.local.iam_policy import Decision, PolicySet
+from sdflow.local.patching import Patch, add
 
 DECISIONS = {
     Decision.ALLOW: "allowed",
@@ -68,7 +69,7 @@ def simulate_principal_policy(self: Any) -> Any:
     return ActionResult({"EvaluationResults": results, "IsTruncated": False})
 
 
-def patches() -> list[tuple[Any, str, Any]]:
+def patches() -> list[Patch]:
     from moto.iam.responses import IamResponse
 
-    return [(IamResponse, "simulate_principal_policy", simulate_principal_policy)]
+    return [add(IamResponse, "simulate_principal_policy", simulate_principal_policy)]

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from sdflow.local.patching import Patch, replace
 from sdflow.local.runtime import current_clock
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ class CloudWatchSink:
     ) -> None:
         """One log event, and the (namespace, MetricDatum) pairs taken from it, buffered for the
         flusher. Other emitters with their own group and stream naming (the local SageMaker's jobs,
-        sdflow/local/job_logs.py) write here too, so every line still costs no backend call."""
+        sdflow/local/sagemaker/job_logs.py) write here too, so every line still costs no backend call."""
         if len(message.encode()) > MAX_EVENT_BYTES:
             message = message.encode()[:MAX_EVENT_BYTES].decode("utf-8", errors="ignore")
         with self._lock:
@@ -260,7 +261,7 @@ def logs_utcnow() -> datetime:
     return current_clock().now().astimezone(UTC).replace(tzinfo=None)
 
 
-def patches() -> list[tuple[Any, str, Any]]:
+def patches() -> list[Patch]:
     import moto.logs.models as logs_models
 
-    return [(logs_models, "utcnow", logs_utcnow)]
+    return [replace(logs_models, "utcnow", logs_utcnow)]

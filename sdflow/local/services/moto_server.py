@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from sdflow.local.patching import original
+from sdflow.local.patching import Patch, wrap
 from sdflow.local.runtime import runtime_or_none
 
 
-def get_backend_for_host(self: Any, host: str | None) -> Any:
+def get_backend_for_host(inner: Any, self: Any, host: str | None) -> Any:
     """Wraps moto/moto_server/werkzeug_app.py DomainDispatcherApplication.get_backend_for_host.
 
     moto answers "which backend serves this host?" on every request by listing moto's package
@@ -20,13 +20,13 @@ def get_backend_for_host(self: Any, host: str | None) -> Any:
     routes = runtime.moto_routes if runtime is not None else {}
     if host in routes:
         return routes[host]
-    backend = original(type(self), "get_backend_for_host")(self, host)
+    backend = inner(self, host)
     if backend is not None:  # a miss is rare and prints moto's hint: let it print every time
         routes[host] = backend  # one dict item assignment: atomic under the GIL
     return backend
 
 
-def patches() -> list[tuple[Any, str, Any]]:
+def patches() -> list[Patch]:
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication
 
-    return [(DomainDispatcherApplication, "get_backend_for_host", get_backend_for_host)]
+    return [wrap(DomainDispatcherApplication, "get_backend_for_host", get_backend_for_host)]

@@ -23,6 +23,8 @@ import time
 from typing import Any
 from urllib.parse import quote_plus
 
+from sdflow.local.patching import Patch, replace
+
 log = logging.getLogger(__name__)
 
 KEY_SAFE = "/:"
@@ -104,7 +106,7 @@ def send_event_bridge_message(account_id: str, bucket: Any, event_name: Any, key
         log.exception("S3 event for s3://%s/%s not published", bucket.name, getattr(key, "name", "?"))
 
 
-def patches() -> list[tuple[Any, str, Any]]:
+def patches() -> list[Patch]:
     from moto.s3 import notifications
 
-    return [(notifications, "_send_event_bridge_message", send_event_bridge_message)]
+    return [replace(notifications, "_send_event_bridge_message", send_event_bridge_message)]

@@ -3,7 +3,7 @@
 moto 5.2.5 (moto/servicequotas/) knows only service code `vpc`, for ListAWSDefaultServiceQuotas
 and GetServiceQuota, and has no ListServiceQuotas at all. Here service code `sagemaker` answers
 ListServiceQuotas, ListAWSDefaultServiceQuotas, GetServiceQuota and GetAWSDefaultServiceQuota
-from the runtime's SageMakerQuotas (services/sagemaker_quotas.py), so a caller that reads its
+from the runtime's SageMakerQuotas (sagemaker/quotas.py), so a caller that reads its
 quotas before starting jobs sees exactly the limits that ResourceLimitExceeded enforces.
 
 What is listed: one quota per instance type SageMaker accepts for the use (the enums
@@ -26,9 +26,9 @@ from typing import Any
 
 from moto.core.exceptions import JsonRESTError
 
-from sdflow.local.patching import original
+from sdflow.local.patching import Patch, add, wrap
 from sdflow.local.runtime import runtime_or_none
-from sdflow.local.services import sagemaker_quotas as quotas
+from sdflow.local.sagemaker import quotas
 
 SERVICE_CODE = "sagemaker"
 SERVICE_NAME = "Amazon SageMaker"
@@ -141,17 +141,17 @@ def list_service_quotas(self: Any) -> str:
     return _page(self, default=False)
 
 
-def list_aws_default_service_quotas(self: Any) -> str:
+def list_aws_default_service_quotas(inner: Any, self: Any) -> str:
     """Wraps ServiceQuotasResponse.list_aws_default_service_quotas: `sagemaker` answered here."""
     if _service_code(self) != SERVICE_CODE:
-        return str(original(type(self), "list_aws_default_service_quotas")(self))
+        return str(inner(self))
     return _page(self, default=True)
 
 
-def get_service_quota(self: Any) -> str:
+def get_service_quota(inner: Any, self: Any) -> str:
     """Wraps ServiceQuotasResponse.get_service_quota: `sagemaker` answered here."""
     if _service_code(self) != SERVICE_CODE:
-        return str(original(type(self), "get_service_quota")(self))
+        return str(inner(self))
     state = _state()
     name = _by_code(state, str(json.loads(self.body or "{}").get("QuotaCode", "")))
     return json.dumps({"Quota": _quota(name, state.limit(name), self.region, self.current_account)})
@@ -166,12 +166,12 @@ def get_aws_default_service_quota(self: Any) -> str:
     return json.dumps({"Quota": _quota(name, state.default_limit(name), self.region, "")})
 
 
-def patches() -> list[tuple[Any, str, Any]]:
+def patches() -> list[Patch]:
     from moto.servicequotas.responses import ServiceQuotasResponse
 
     return [
-        (ServiceQuotasResponse, "list_service_quotas", list_service_quotas),
-        (ServiceQuotasResponse, "list_aws_default_service_quotas", list_aws_default_service_quotas),
-        (ServiceQuotasResponse, "get_service_quota", get_service_quota),
-        (ServiceQuotasResponse, "get_aws_default_service_quota", get_aws_default_service_quota),
+        add(ServiceQuotasResponse, "list_service_quotas", list_service_quotas),
+        wrap(ServiceQuotasResponse, "list_aws_default_service_quotas", list_aws_default_service_quotas),
+        wrap(ServiceQuotasResponse, "get_service_quota", get_service_quota),
+        add(ServiceQuotasResponse, "get_aws_default_service_quota", get_aws_default_service_quota),
     ]

@@ -6,11 +6,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sdflow.local.patching import original
+from sdflow.local.patching import Patch, wrap
 from sdflow.local.runtime import current_clock, runtime_or_none
 
 
 def sns_topic_publish(
+    inner: Any,
     self: Any,
     message: str,
     subject: str | None = None,
@@ -24,9 +25,7 @@ def sns_topic_publish(
     moto keeps messages in memory only for subscriptions; locally there is nobody to e-mail, so
     each message is also appended to <workdir>/sns/<topic name>.jsonl, where the CLI and the
     user read it."""
-    message_id = original(type(self), "publish")(
-        self, message, subject, message_attributes, group_id, deduplication_id, message_structure
-    )
+    message_id = inner(self, message, subject, message_attributes, group_id, deduplication_id, message_structure)
     runtime = runtime_or_none()
     if runtime is not None:
         record = {
@@ -58,7 +57,7 @@ def read_sns_messages(workdir: Path, topic_name: str | None = None) -> list[dict
     return sorted(messages, key=lambda m: m["timestamp"])
 
 
-def patches() -> list[tuple[Any, str, Any]]:
+def patches() -> list[Patch]:
     from moto.sns.models import Topic
 
-    return [(Topic, "publish", sns_topic_publish)]
+    return [wrap(Topic, "publish", sns_topic_publish)]

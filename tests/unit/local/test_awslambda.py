@@ -12,28 +12,19 @@ import pytest
 
 from sdflow.local import runtime as runtime_module
 from sdflow.local.lambda_runner import FunctionSpec, LambdaRunner
-from tests.unit.local.conftest import (
-    ACCOUNT,
-    HANDLERS,
-    REGION,
-    ROLE,
-    _client,
-    _lambda_model,
-    _records,
-    _wait_for,
-    _zip,
-)
+from tests.constants import ACCOUNT, REGION
+from tests.unit.local.helpers import HANDLERS, ROLE, client, lambda_model, records, wait_for, zip_files
 
 
 def test_moto_gap_simple_lambda_backend_echoes_instead_of_running_the_handler(aws: None) -> None:
-    _client("lambda").create_function(
+    client("lambda").create_function(
         FunctionName="echo",
         Runtime="python3.11",
         Role=ROLE,
         Handler="app.lambda_handler",
-        Code={"ZipFile": _zip({"app.py": "def lambda_handler(e, c):\n    raise RuntimeError('never runs')\n"})},
+        Code={"ZipFile": zip_files({"app.py": "def lambda_handler(e, c):\n    raise RuntimeError('never runs')\n"})},
     )
-    response = _client("lambda").invoke(FunctionName="echo", Payload=b'{"a": 1}')
+    response = client("lambda").invoke(FunctionName="echo", Payload=b'{"a": 1}')
     assert "FunctionError" not in response
     assert response["Payload"].read() == b'{"a": 1}'
 
@@ -42,8 +33,8 @@ def test_patch_lambda_invoke_runs_handler_with_function_env_only(
     function_arn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SDFLOW_TEST_PARENT_ONLY", "must not leak")
-    first = json.loads(_client("lambda").invoke(FunctionName=function_arn, Payload=b"{}")["Payload"].read())
-    second = json.loads(_client("lambda").invoke(FunctionName="probe", Payload=b"{}")["Payload"].read())
+    first = json.loads(client("lambda").invoke(FunctionName=function_arn, Payload=b"{}")["Payload"].read())
+    second = json.loads(client("lambda").invoke(FunctionName="probe", Payload=b"{}")["Payload"].read())
     assert first["greeting"] == "hello"
     assert first["endpoint"] == "http://127.0.0.1:9"
     assert first["function"] == "probe"
@@ -53,7 +44,7 @@ def test_patch_lambda_invoke_runs_handler_with_function_env_only(
 
 
 def test_patch_lambda_invoke_unhandled_exception_becomes_lambda_error_payload(function_arn: str) -> None:
-    response = _client("lambda").invoke(FunctionName=function_arn, Payload=b'{"fail": true}')
+    response = client("lambda").invoke(FunctionName=function_arn, Payload=b'{"fail": true}')
     body = json.loads(response["Payload"].read())
     assert response["FunctionError"] == "Unhandled"
     assert body["errorType"] == "InvalidRunDocument"
@@ -80,23 +71,23 @@ def test_patch_lambda_invoke_past_timeout_kills_worker_as_sandbox_timedout(tmp_p
 
 
 def test_patch_lambda_invoke_event_type_runs_in_background(function_arn: str, tmp_path: Path) -> None:
-    response = _client("lambda").invoke(
+    response = client("lambda").invoke(
         FunctionName=function_arn, InvocationType="Event", Payload=json.dumps({"record": True, "sleep": 0.5})
     )
     assert response["StatusCode"] == 202
-    assert not _records(tmp_path / "events.jsonl"), "the call returned before the handler finished"
-    _wait_for(lambda: _records(tmp_path / "events.jsonl"), what="the asynchronous invocation")
+    assert not records(tmp_path / "events.jsonl"), "the call returned before the handler finished"
+    wait_for(lambda: records(tmp_path / "events.jsonl"), what="the asynchronous invocation")
 
 
 def test_patch_lambda_async_failure_goes_to_dead_letter_queue(
     runtime: runtime_module.Runtime, function_arn: str, tmp_path: Path
 ) -> None:
-    queue_url = _client("sqs").create_queue(QueueName="dlq")["QueueUrl"]
-    fn = _lambda_model("probe")
+    queue_url = client("sqs").create_queue(QueueName="dlq")["QueueUrl"]
+    fn = lambda_model("probe")
     fn.dead_letter_config = {"TargetArn": f"arn:aws:sqs:{REGION}:{ACCOUNT}:dlq"}
-    _client("lambda").invoke(FunctionName=function_arn, InvocationType="Event", Payload=b'{"fail": true}')
+    client("lambda").invoke(FunctionName=function_arn, InvocationType="Event", Payload=b'{"fail": true}')
     assert runtime.wait_idle(20)
-    messages = _client("sqs").receive_message(QueueUrl=queue_url, MessageAttributeNames=["All"])["Messages"]
+    messages = client("sqs").receive_message(QueueUrl=queue_url, MessageAttributeNames=["All"])["Messages"]
     assert json.loads(messages[0]["Body"]) == {"fail": True}
     assert messages[0]["MessageAttributes"]["ErrorMessage"]["StringValue"] == "dataset: is required"
 
@@ -140,3 +131,11 @@ def test_runner_over_total_worker_cap_stops_least_recently_used_idle_worker(tmp_
         assert json.loads(runner.invoke(specs[1], "{}").payload)["pid"] == pids[1]
     finally:
         runner.shutdown()
+
+
+def test_patch_lambda_handler_tells_time_on_advanced_clock(function_arn: str, runtime: runtime_module.Runtime) -> None:
+    """A handler compares claim deadlines with its own time.time(): on the cloud's clock, it must be."""
+    runtime.clock.advance(86_400)
+    answer = json.loads(client("lambda").invoke(FunctionName=function_arn, Payload=b"{}")["Payload"].read())
+    assert 86_300 < answer["now"] - time.time() < 86_500
+    assert 0 < answer["remaining_ms"] <= 3000, "the deadline moves with the clock"

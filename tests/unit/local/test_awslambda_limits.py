@@ -15,7 +15,8 @@ from botocore.exceptions import ClientError
 from sdflow.local import runtime as runtime_module
 from sdflow.local.lambda_runner import FunctionSpec, LambdaRunner
 from sdflow.local.services import awslambda_limits as limits
-from tests.unit.local.conftest import REGION, ROLE, _client, _records, _wait_for, _zip
+from tests.constants import REGION
+from tests.unit.local.helpers import ROLE, client, records, wait_for, zip_files
 
 LIMITS_HANDLER = """
 import json, os, time
@@ -37,12 +38,12 @@ def limited(tmp_path: Path, runtime: runtime_module.Runtime) -> str:
     code = tmp_path / "limited"
     code.mkdir()
     (code / "app.py").write_text(LIMITS_HANDLER)
-    _client("lambda").create_function(
+    client("lambda").create_function(
         FunctionName="limited",
         Runtime="python3.11",
         Role=ROLE,
         Handler="app.lambda_handler",
-        Code={"ZipFile": _zip({"app.py": LIMITS_HANDLER})},
+        Code={"ZipFile": zip_files({"app.py": LIMITS_HANDLER})},
         Timeout=30,
         MemorySize=512,
         Environment={"Variables": {"RECORD_FILE": str(tmp_path / "events.jsonl")}},
@@ -63,11 +64,11 @@ def _error(exc: pytest.ExceptionInfo[ClientError]) -> tuple[str, int, str]:
 
 
 def test_sync_request_over_6_mib_refused_with_413(limited: str) -> None:
-    client = _client("lambda")
-    at_limit = client.invoke(FunctionName=limited, Payload=_padded(limits.SYNC_REQUEST_LIMIT))
+    lambdas = client("lambda")
+    at_limit = lambdas.invoke(FunctionName=limited, Payload=_padded(limits.SYNC_REQUEST_LIMIT))
     assert "FunctionError" not in at_limit
     with pytest.raises(ClientError) as refused:
-        client.invoke(FunctionName=limited, Payload=_padded(limits.SYNC_REQUEST_LIMIT + 1))
+        lambdas.invoke(FunctionName=limited, Payload=_padded(limits.SYNC_REQUEST_LIMIT + 1))
     assert _error(refused) == (
         "RequestEntityTooLargeException",
         413,
@@ -76,11 +77,11 @@ def test_sync_request_over_6_mib_refused_with_413(limited: str) -> None:
 
 
 def test_async_request_over_1_mib_refused_with_413(limited: str) -> None:
-    client = _client("lambda")
-    accepted = client.invoke(FunctionName=limited, InvocationType="Event", Payload=_padded(limits.ASYNC_REQUEST_LIMIT))
+    lambdas = client("lambda")
+    accepted = lambdas.invoke(FunctionName=limited, InvocationType="Event", Payload=_padded(limits.ASYNC_REQUEST_LIMIT))
     assert accepted["StatusCode"] == 202
     with pytest.raises(ClientError) as refused:
-        client.invoke(FunctionName=limited, InvocationType="Event", Payload=_padded(limits.ASYNC_REQUEST_LIMIT + 1))
+        lambdas.invoke(FunctionName=limited, InvocationType="Event", Payload=_padded(limits.ASYNC_REQUEST_LIMIT + 1))
     assert _error(refused) == (
         "RequestEntityTooLargeException",
         413,
@@ -89,12 +90,12 @@ def test_async_request_over_1_mib_refused_with_413(limited: str) -> None:
 
 
 def test_response_over_limit_is_function_error_response_size_too_large(limited: str) -> None:
-    client = _client("lambda")
+    lambdas = client("lambda")
     # A JSON string of n characters is n + 2 bytes; moto alone fails anything over ~6,000,000.
-    fits = client.invoke(FunctionName=limited, Payload=json.dumps({"size": limits.RESPONSE_LIMIT - 2}))
+    fits = lambdas.invoke(FunctionName=limited, Payload=json.dumps({"size": limits.RESPONSE_LIMIT - 2}))
     assert "FunctionError" not in fits
     assert len(fits["Payload"].read()) == limits.RESPONSE_LIMIT
-    over = client.invoke(FunctionName=limited, Payload=json.dumps({"size": limits.RESPONSE_LIMIT - 1}))
+    over = lambdas.invoke(FunctionName=limited, Payload=json.dumps({"size": limits.RESPONSE_LIMIT - 1}))
     assert (over["StatusCode"], over["FunctionError"]) == (200, "Unhandled")
     assert json.loads(over["Payload"].read()) == {
         "errorMessage": "Response payload size exceeded maximum allowed payload size (6291556 bytes).",
@@ -107,25 +108,25 @@ def test_reserved_concurrency_throttles_sync_and_queues_async(
 ) -> None:
     # botocore retries a 429 by itself (with backoff): once the busy call ended, a retry would get
     # the slot and the throttle this test is about would never reach it.
-    client = boto3.client("lambda", region_name=REGION, config=Config(retries={"total_max_attempts": 1}))
-    client.put_function_concurrency(FunctionName=limited, ReservedConcurrentExecutions=1)
-    busy = threading.Thread(target=lambda: client.invoke(FunctionName=limited, Payload=json.dumps({"sleep": 2})))
+    lambdas = boto3.client("lambda", region_name=REGION, config=Config(retries={"total_max_attempts": 1}))
+    lambdas.put_function_concurrency(FunctionName=limited, ReservedConcurrentExecutions=1)
+    busy = threading.Thread(target=lambda: lambdas.invoke(FunctionName=limited, Payload=json.dumps({"sleep": 2})))
     busy.start()
-    _wait_for(lambda: runtime.lambda_concurrency.running(limits.concurrency_key(_fn(limited))) == 1, "the busy call")
+    wait_for(lambda: runtime.lambda_concurrency.running(limits.concurrency_key(_fn(limited))) == 1, "the busy call")
     with pytest.raises(ClientError) as throttled:
-        client.invoke(FunctionName=limited, Payload=b"{}")
+        lambdas.invoke(FunctionName=limited, Payload=b"{}")
     assert _error(throttled) == ("TooManyRequestsException", 429, "Rate Exceeded.")
     assert throttled.value.response.get("Reason") == "ReservedFunctionConcurrentInvocationLimitExceeded"
-    queued = client.invoke(FunctionName=limited, InvocationType="Event", Payload=json.dumps({"record": "queued"}))
+    queued = lambdas.invoke(FunctionName=limited, InvocationType="Event", Payload=json.dumps({"record": "queued"}))
     assert queued["StatusCode"] == 202
-    assert not _records(tmp_path / "events.jsonl"), "the event waits for the busy invocation's slot"
+    assert not records(tmp_path / "events.jsonl"), "the event waits for the busy invocation's slot"
     busy.join()
-    _wait_for(lambda: _records(tmp_path / "events.jsonl"), what="the queued event to run")
+    wait_for(lambda: records(tmp_path / "events.jsonl"), what="the queued event to run")
     # The event's record is written before its invocation returns and frees the slot: a call made in
     # between is (rightly) throttled, so wait for the slot itself.
     key = limits.concurrency_key(_fn(limited))
-    _wait_for(lambda: runtime.lambda_concurrency.running(key) == 0, "the queued event's slot to free")
-    assert "FunctionError" not in client.invoke(FunctionName=limited, Payload=b"{}")
+    wait_for(lambda: runtime.lambda_concurrency.running(key) == 0, "the queued event's slot to free")
+    assert "FunctionError" not in lambdas.invoke(FunctionName=limited, Payload=b"{}")
 
 
 def _fn(name: str) -> Any:
@@ -135,7 +136,7 @@ def _fn(name: str) -> Any:
 
 
 def test_memory_size_reaches_the_handler(limited: str) -> None:
-    answer = json.loads(_client("lambda").invoke(FunctionName=limited, Payload=b"{}")["Payload"].read())
+    answer = json.loads(client("lambda").invoke(FunctionName=limited, Payload=b"{}")["Payload"].read())
     assert answer == {"memory": 512, "env_memory": "512"}
 
 

@@ -128,3 +128,17 @@ def test_clock_scale_below_one_is_refused_with_reason(scale: float) -> None:
 def test_clock_advance_backwards_is_refused() -> None:
     with pytest.raises(ClockError, match="only moves forward"):
         Clock().advance(-1)
+
+
+def test_clock_closed_ends_every_wait_and_later_waits_at_once() -> None:
+    clock = Clock()
+    ended = threading.Event()
+    threading.Thread(target=lambda: (clock.sleep(86_400), ended.set()), daemon=True).start()
+    for _ in range(100):
+        if clock.pending():
+            break
+        time.sleep(0.01)
+    clock.close()
+    assert ended.wait(2.0), "a stopping cloud releases what waits on its clock"
+    assert _timed(lambda: clock.sleep(3600)) < 0.5
+    assert clock.wait(threading.Event(), 3600) is False

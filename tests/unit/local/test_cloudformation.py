@@ -10,33 +10,32 @@ from botocore.exceptions import ClientError
 
 from sdflow.local import runtime as runtime_module
 from sdflow.local.services import awslambda, cloudformation
-from tests.unit.local.conftest import (
-    ACCOUNT,
+from tests.constants import ACCOUNT, REGION
+from tests.unit.local.helpers import (
     HANDLERS,
     MACHINE,
     MACHINE_ARN,
-    REGION,
     ROLE,
-    _client,
-    _lambda_model,
-    _rule_with_target,
-    _stack,
-    _wait_for,
-    _zip,
+    client,
+    lambda_model,
+    rule_with_target,
+    stack,
+    wait_for,
+    zip_files,
 )
 
 
 def test_moto_gap_cloudformation_state_machine_invisible_to_executing_backend(aws: None) -> None:
-    _stack({"Machine": MACHINE})
+    stack({"Machine": MACHINE})
     with pytest.raises(ClientError, match="StateMachineDoesNotExist"):
-        _client("stepfunctions").describe_state_machine(stateMachineArn=MACHINE_ARN)
+        client("stepfunctions").describe_state_machine(stateMachineArn=MACHINE_ARN)
 
 
 def test_patch_cloudformation_state_machine_executes_with_substitutions(runtime: runtime_module.Runtime) -> None:
-    _stack({"Machine": MACHINE})
-    sfn = _client("stepfunctions")
+    stack({"Machine": MACHINE})
+    sfn = client("stepfunctions")
     execution = sfn.start_execution(stateMachineArn=MACHINE_ARN, input="{}")["executionArn"]
-    done = _wait_for(
+    done = wait_for(
         lambda: (d := sfn.describe_execution(executionArn=execution))["status"] != "RUNNING" and d,
         what="the execution",
     )
@@ -45,7 +44,7 @@ def test_patch_cloudformation_state_machine_executes_with_substitutions(runtime:
 
 
 def test_patch_cloudformation_state_machine_reads_definition_s3_location(runtime: runtime_module.Runtime) -> None:
-    s3 = _client("s3")
+    s3 = client("s3")
     s3.create_bucket(Bucket="artifacts")
     definition = MACHINE["Properties"]["DefinitionString"]
     s3.put_object(Bucket="artifacts", Key="sm.json", Body=definition.encode())
@@ -54,8 +53,8 @@ def test_patch_cloudformation_state_machine_reads_definition_s3_location(runtime
         **MACHINE,
         "Properties": {**properties, "DefinitionS3Location": {"Bucket": "artifacts", "Key": "sm.json"}},
     }
-    _stack({"Machine": machine})
-    described = _client("stepfunctions").describe_state_machine(stateMachineArn=MACHINE_ARN)
+    stack({"Machine": machine})
+    described = client("stepfunctions").describe_state_machine(stateMachineArn=MACHINE_ARN)
     assert "substituted" in described["definition"]
 
 
@@ -71,21 +70,21 @@ BUCKET = {
 
 def _upload_events_seen() -> list[dict[str, Any]]:
     """Upload to the CloudFormation bucket; the S3 events an SQS-targeted rule then receives."""
-    queue_url = _client("sqs").create_queue(QueueName="s3-events")["QueueUrl"]
-    _rule_with_target({"Arn": f"arn:aws:sqs:{REGION}:{ACCOUNT}:s3-events"}, {"source": ["aws.s3"]})
-    _client("s3").put_object(Bucket="data", Key="manifests/run.json", Body=b"{}")
-    return [json.loads(m["Body"]) for m in _client("sqs").receive_message(QueueUrl=queue_url).get("Messages", [])]
+    queue_url = client("sqs").create_queue(QueueName="s3-events")["QueueUrl"]
+    rule_with_target({"Arn": f"arn:aws:sqs:{REGION}:{ACCOUNT}:s3-events"}, {"source": ["aws.s3"]})
+    client("s3").put_object(Bucket="data", Key="manifests/run.json", Body=b"{}")
+    return [json.loads(m["Body"]) for m in client("sqs").receive_message(QueueUrl=queue_url).get("Messages", [])]
 
 
 def test_moto_gap_cloudformation_bucket_drops_eventbridge_and_versioning(aws: None) -> None:
-    _stack({"Bucket": BUCKET})
-    assert "Status" not in _client("s3").get_bucket_versioning(Bucket="data")
+    stack({"Bucket": BUCKET})
+    assert "Status" not in client("s3").get_bucket_versioning(Bucket="data")
     assert _upload_events_seen() == []
 
 
 def test_patch_cloudformation_bucket_honours_eventbridge_and_versioning(runtime: runtime_module.Runtime) -> None:
-    _stack({"Bucket": BUCKET})
-    assert _client("s3").get_bucket_versioning(Bucket="data")["Status"] == "Enabled"
+    stack({"Bucket": BUCKET})
+    assert client("s3").get_bucket_versioning(Bucket="data")["Status"] == "Enabled"
     [event] = _upload_events_seen()
     assert event["detail"]["object"]["key"] == "manifests/run.json"
     assert event["detail"]["object"]["version-id"] not in (None, "null")
@@ -96,11 +95,11 @@ REPOSITORY = {"Type": "AWS::ECR::Repository", "Properties": {"ImageTagMutability
 
 def test_moto_gap_cloudformation_repository_generated_name_is_rejected(aws: None) -> None:
     with pytest.raises(ClientError, match="repositoryName"):
-        _stack({"TrainingRepository": REPOSITORY})
+        stack({"TrainingRepository": REPOSITORY})
 
 
 def test_patch_cloudformation_repository_gets_lower_case_name(runtime: runtime_module.Runtime) -> None:
-    outputs = _stack(
+    outputs = stack(
         {"TrainingRepository": REPOSITORY}, {"Uri": {"Value": {"Fn::GetAtt": ["TrainingRepository", "RepositoryUri"]}}}
     )
     name = outputs["Uri"].split("/", 1)[1]
@@ -109,10 +108,10 @@ def test_patch_cloudformation_repository_gets_lower_case_name(runtime: runtime_m
 
 
 def _function_stack_resources() -> dict[str, Any]:
-    s3 = _client("s3")
+    s3 = client("s3")
     s3.create_bucket(Bucket="artifacts")
-    s3.put_object(Bucket="artifacts", Key="fn.zip", Body=_zip({"app.py": HANDLERS}))
-    s3.put_object(Bucket="artifacts", Key="layer.zip", Body=_zip({"python/common.py": "X = 1\n"}))
+    s3.put_object(Bucket="artifacts", Key="fn.zip", Body=zip_files({"app.py": HANDLERS}))
+    s3.put_object(Bucket="artifacts", Key="layer.zip", Body=zip_files({"python/common.py": "X = 1\n"}))
     return {
         "Layer": {
             "Type": "AWS::Lambda::LayerVersion",
@@ -135,17 +134,17 @@ def _function_stack_resources() -> dict[str, Any]:
 
 
 def test_moto_gap_cloudformation_function_drops_layers(aws: None) -> None:
-    _stack(_function_stack_resources())
-    assert not _client("lambda").get_function_configuration(FunctionName="fn").get("Layers")
+    stack(_function_stack_resources())
+    assert not client("lambda").get_function_configuration(FunctionName="fn").get("Layers")
 
 
 def test_patch_cloudformation_function_keeps_layers_and_runs_from_deployed_zip(runtime: runtime_module.Runtime) -> None:
-    _stack(_function_stack_resources())
-    assert len(_client("lambda").get_function_configuration(FunctionName="fn")["Layers"]) == 1
-    assert _lambda_model("fn").dead_letter_config == {"TargetArn": f"arn:aws:sqs:{REGION}:{ACCOUNT}:dlq"}
-    spec = awslambda.function_spec(runtime, _lambda_model("fn"))
+    stack(_function_stack_resources())
+    assert len(client("lambda").get_function_configuration(FunctionName="fn")["Layers"]) == 1
+    assert lambda_model("fn").dead_letter_config == {"TargetArn": f"arn:aws:sqs:{REGION}:{ACCOUNT}:dlq"}
+    spec = awslambda.function_spec(runtime, lambda_model("fn"))
     assert (spec.layer_dirs[0] / "common.py").exists(), "the layer's python/ folder goes on sys.path"
-    answer = json.loads(_client("lambda").invoke(FunctionName="fn", Payload=b"{}")["Payload"].read())
+    answer = json.loads(client("lambda").invoke(FunctionName="fn", Payload=b"{}")["Payload"].read())
     assert answer["greeting"] == "from-template"
 
 
@@ -156,17 +155,17 @@ def test_patch_cloudformation_function_logs_to_its_logging_config_group(runtime:
         "Properties": {"LogGroupName": "/aws/lambda/s-Fn", "RetentionInDays": 14},
     }
     resources["Fn"]["Properties"]["LoggingConfig"] = {"LogGroup": {"Ref": "FnLogGroup"}}
-    _stack(resources)
-    assert awslambda.function_spec(runtime, _lambda_model("fn")).log_group == "/aws/lambda/s-Fn"
-    (group,) = _client("logs").describe_log_groups(logGroupNamePrefix="/aws/lambda/s-Fn")["logGroups"]
+    stack(resources)
+    assert awslambda.function_spec(runtime, lambda_model("fn")).log_group == "/aws/lambda/s-Fn"
+    (group,) = client("logs").describe_log_groups(logGroupNamePrefix="/aws/lambda/s-Fn")["logGroups"]
     assert group["retentionInDays"] == 14
 
 
 def test_patch_cloudformation_function_without_logging_config_uses_the_default_group(
     runtime: runtime_module.Runtime,
 ) -> None:
-    _stack(_function_stack_resources())
-    assert awslambda.function_spec(runtime, _lambda_model("fn")).log_group == ""
+    stack(_function_stack_resources())
+    assert awslambda.function_spec(runtime, lambda_model("fn")).log_group == ""
 
 
 QUEUE_STATEMENT = {
@@ -204,11 +203,11 @@ def test_moto_gap_cloudformation_lacks_queue_policy_schedule_and_bucket_policy_m
 
 
 def test_patch_cloudformation_creates_queue_policy_and_schedule(runtime: runtime_module.Runtime) -> None:
-    _stack(EXTRA_RESOURCES)
-    schedule = _client("scheduler").get_schedule(Name="every10")
+    stack(EXTRA_RESOURCES)
+    schedule = client("scheduler").get_schedule(Name="every10")
     assert schedule["ScheduleExpression"] == "rate(10 minutes)"
-    queue_url = _client("sqs").get_queue_url(QueueName="dlq")["QueueUrl"]
-    policy = _client("sqs").get_queue_attributes(QueueUrl=queue_url, AttributeNames=["Policy"])["Attributes"]
+    queue_url = client("sqs").get_queue_url(QueueName="dlq")["QueueUrl"]
+    policy = client("sqs").get_queue_attributes(QueueUrl=queue_url, AttributeNames=["Policy"])["Attributes"]
     assert json.loads(policy["Policy"])["Statement"] == [QUEUE_STATEMENT]
 
 

@@ -10,19 +10,12 @@ import pytest
 
 from sdflow.local import runtime as runtime_module
 from sdflow.local.services import events
-from tests.unit.local.conftest import (
-    ACCOUNT,
-    REGION,
-    ROLE,
-    _client,
-    _records,
-    _rule_with_target,
-    _wait_for,
-)
+from tests.constants import ACCOUNT, REGION
+from tests.unit.local.helpers import ROLE, client, records, rule_with_target, wait_for
 
 
 def test_moto_gap_rule_cannot_deliver_to_lambda_or_state_machine(aws: None) -> None:
-    _rule_with_target({"Arn": f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:x"}, {"source": ["demo"]})
+    rule_with_target({"Arn": f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:x"}, {"source": ["demo"]})
     from moto.events.models import events_backends
 
     rule = events_backends[ACCOUNT][REGION].event_buses["default"].rules["r"]
@@ -32,22 +25,22 @@ def test_moto_gap_rule_cannot_deliver_to_lambda_or_state_machine(aws: None) -> N
 
 
 def test_moto_gap_s3_eventbridge_event_spells_etag_differently(aws: None) -> None:
-    s3 = _client("s3")
+    s3 = client("s3")
     s3.create_bucket(Bucket="bucket-b")
     s3.put_bucket_notification_configuration(
         Bucket="bucket-b", NotificationConfiguration={"EventBridgeConfiguration": {}}
     )
-    queue_url = _client("sqs").create_queue(QueueName="q")["QueueUrl"]
-    _rule_with_target({"Arn": f"arn:aws:sqs:{REGION}:{ACCOUNT}:q"}, {"source": ["aws.s3"]})
+    queue_url = client("sqs").create_queue(QueueName="q")["QueueUrl"]
+    rule_with_target({"Arn": f"arn:aws:sqs:{REGION}:{ACCOUNT}:q"}, {"source": ["aws.s3"]})
     s3.put_object(Bucket="bucket-b", Key="manifests/run.json", Body=b"{}")
-    event = json.loads(_client("sqs").receive_message(QueueUrl=queue_url)["Messages"][0]["Body"])
+    event = json.loads(client("sqs").receive_message(QueueUrl=queue_url)["Messages"][0]["Body"])
     assert event["detail-type"] == "Object Created"
     assert "eTag" in event["detail"]["object"]
     assert "etag" not in event["detail"]["object"]
 
 
 def test_patch_rule_delivers_s3_object_created_to_lambda_aws_shaped(function_arn: str, tmp_path: Path) -> None:
-    s3 = _client("s3")
+    s3 = client("s3")
     s3.create_bucket(Bucket="bucket-b")
     s3.put_bucket_notification_configuration(
         Bucket="bucket-b", NotificationConfiguration={"EventBridgeConfiguration": {}}
@@ -61,10 +54,10 @@ def test_patch_rule_delivers_s3_object_created_to_lambda_aws_shaped(function_arn
         "InputPathsMap": {"key": "$.detail.object.key", "etag": "$.detail.object.etag", "time": "$.time"},
         "InputTemplate": '{"record": true, "key": <key>, "etag": <etag>, "time": <time>}',
     }
-    _rule_with_target({"Arn": function_arn, "InputTransformer": transformer}, pattern)
+    rule_with_target({"Arn": function_arn, "InputTransformer": transformer}, pattern)
     s3.put_object(Bucket="bucket-b", Key="other/ignored.json", Body=b"{}")
     etag = s3.put_object(Bucket="bucket-b", Key="manifests/run.json", Body=b"{}")["ETag"].strip('"')
-    [event] = _wait_for(lambda: _records(tmp_path / "events.jsonl"), what="the rule's Lambda delivery")
+    [event] = wait_for(lambda: records(tmp_path / "events.jsonl"), what="the rule's Lambda delivery")
     assert event["key"] == "manifests/run.json"
     assert event["etag"] == etag
     assert event["time"].endswith("Z")
@@ -82,12 +75,12 @@ def test_patch_input_transformer_quotes_bare_strings_and_keeps_text_inside_strin
 
 
 def test_patch_rule_starts_state_machine_with_constant_input(runtime: runtime_module.Runtime) -> None:
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     machine = sfn.create_state_machine(
         name="m", definition=json.dumps({"StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}}), roleArn=ROLE
     )["stateMachineArn"]
-    _rule_with_target({"Arn": machine, "Input": '{"from": "rule"}'}, {"source": ["demo"], "detail": {"n": [1]}})
-    _client("events").put_events(
+    rule_with_target({"Arn": machine, "Input": '{"from": "rule"}'}, {"source": ["demo"], "detail": {"n": [1]}})
+    client("events").put_events(
         Entries=[
             {"Source": "demo", "DetailType": "d", "Detail": json.dumps({"n": 2})},
             {"Source": "demo", "DetailType": "d", "Detail": json.dumps({"n": 1})},
@@ -104,21 +97,21 @@ def test_patch_rule_starts_state_machine_with_constant_input(runtime: runtime_mo
 
 
 def _queue_for(pattern: dict[str, object], name: str = "seen") -> str:
-    queue_url = str(_client("sqs").create_queue(QueueName=name)["QueueUrl"])
-    _client("events").put_rule(Name=name, EventPattern=json.dumps(pattern))
-    _client("events").put_targets(Rule=name, Targets=[{"Id": "q", "Arn": f"arn:aws:sqs:{REGION}:{ACCOUNT}:{name}"}])
+    queue_url = str(client("sqs").create_queue(QueueName=name)["QueueUrl"])
+    client("events").put_rule(Name=name, EventPattern=json.dumps(pattern))
+    client("events").put_targets(Rule=name, Targets=[{"Id": "q", "Arn": f"arn:aws:sqs:{REGION}:{ACCOUNT}:{name}"}])
     return queue_url
 
 
 def _bodies(queue_url: str) -> list[dict[str, object]]:
-    messages = _client("sqs").receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", [])
+    messages = client("sqs").receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", [])
     return [json.loads(m["Body"]) for m in messages]
 
 
 def test_put_events_aws_source_entry_refused_others_published(runtime: runtime_module.Runtime) -> None:
     queue_url = _queue_for({"source": ["aws.sagemaker", "demo"]})
     spoofed = {"Source": "aws.sagemaker", "DetailType": "SageMaker Training Job State Change", "Detail": "{}"}
-    answer = _client("events").put_events(Entries=[spoofed, {"Source": "demo", "DetailType": "d", "Detail": "{}"}])
+    answer = client("events").put_events(Entries=[spoofed, {"Source": "demo", "DetailType": "d", "Detail": "{}"}])
     assert answer["FailedEntryCount"] == 1
     assert answer["Entries"][0] == {
         "ErrorCode": "NotAuthorizedForSourceException",

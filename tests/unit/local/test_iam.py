@@ -16,8 +16,8 @@ from sdflow.local import iam_resources, patching
 from sdflow.local.iam_policy import Decision, PolicyError, PolicySet, arn_match
 from sdflow.local.runtime import Runtime
 from sdflow.local.services.iam import IamEnforcer
-from tests.conftest import wait_for
-from tests.unit.local.conftest import ACCOUNT, REGION
+from tests.constants import ACCOUNT, REGION
+from tests.helpers import wait_for
 
 BUCKET = "iam-test-bucket"
 TABLE_ARN = f"arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/tokens"

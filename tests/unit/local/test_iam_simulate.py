@@ -13,7 +13,7 @@ from botocore.exceptions import ClientError
 from sdflow.local import patching
 from sdflow.local.runtime import Runtime
 from sdflow.local.services.iam import IamEnforcer
-from tests.unit.local.conftest import ACCOUNT, REGION
+from tests.constants import ACCOUNT, REGION
 
 BUCKET_ARN = "arn:aws:s3:::data"
 

@@ -14,7 +14,8 @@ import pytest
 
 from sdflow import cli, session
 from sdflow.local.lambda_runner import FunctionSpec, InvocationResult, LambdaRunner
-from tests.unit.local.conftest import HANDLERS, REGION, _wait_for
+from tests.constants import REGION
+from tests.unit.local.helpers import HANDLERS, wait_for
 
 
 def _gone(pid: int) -> bool:
@@ -35,7 +36,7 @@ def test_runner_shutdown_busy_worker_killed_and_invocation_answers_exit_error(tm
     call = threading.Thread(target=lambda: results.append(runner.invoke(spec, json.dumps({"sleep": 60}))))
     call.start()
     try:
-        (worker,) = _wait_for(lambda: [w for w in runner._all_workers if w.ready], what="a busy worker")
+        (worker,) = wait_for(lambda: [w for w in runner._all_workers if w.ready], what="a busy worker")
         time.sleep(0.2)  # the handler is sleeping now
         started = time.monotonic()
         runner.shutdown()

@@ -14,7 +14,8 @@ import pytest
 from sdflow.local.lambda_runner import FunctionSpec, LambdaRunner, log_stream_name
 from sdflow.local.lambda_worker import report_line
 from sdflow.local.services import logs
-from tests.unit.local.conftest import ACCOUNT, HANDLERS, REGION, _client, _wait_for
+from tests.constants import ACCOUNT, REGION
+from tests.unit.local.helpers import HANDLERS, client, wait_for
 
 EMF_HANDLER = """
 from aws_lambda_powertools import Logger, Metrics
@@ -57,10 +58,10 @@ def _runner(tmp_path: Path, sink: logs.CloudWatchSink, handler: str, env: dict[s
 
 
 def _events(group: str, pattern: str = "") -> list[dict[str, Any]]:
-    client = _client("logs")
+    logs_client = client("logs")
     try:
-        return list(client.filter_log_events(logGroupName=group, filterPattern=pattern)["events"])
-    except client.exceptions.ResourceNotFoundException:  # not flushed yet
+        return list(logs_client.filter_log_events(logGroupName=group, filterPattern=pattern)["events"])
+    except logs_client.exceptions.ResourceNotFoundException:  # not flushed yet
         return []
 
 
@@ -74,7 +75,7 @@ def test_function_output_in_log_group_with_start_end_report_per_invocation(
     finally:
         runner.shutdown()
     assert first.function_error is None
-    reports = _wait_for(lambda: len(found := _events("/aws/lambda/fn", "REPORT")) == 2 and found, what="REPORT")
+    reports = wait_for(lambda: len(found := _events("/aws/lambda/fn", "REPORT")) == 2 and found, what="REPORT")
     messages = [e["message"] for e in _events("/aws/lambda/fn")]
     assert "START RequestId: 11111111-1111-4111-8111-111111111111 Version: $LATEST" in messages
     assert "END RequestId: 22222222-2222-4222-8222-222222222222" in messages
@@ -87,7 +88,7 @@ def test_function_output_in_log_group_with_start_end_report_per_invocation(
     ]
     assert "Init Duration" in reports[0]["message"]
     assert "Init Duration" not in reports[1]["message"]
-    (stream,) = _client("logs").describe_log_streams(logGroupName="/aws/lambda/fn")["logStreams"]
+    (stream,) = client("logs").describe_log_streams(logGroupName="/aws/lambda/fn")["logStreams"]
     assert STREAM.match(stream["logStreamName"])
     assert "START RequestId" in (tmp_path / "logs" / "fn.log").read_text()  # the file copy stays
 
@@ -99,8 +100,8 @@ def test_function_log_stream_name_is_the_one_the_handler_sees(tmp_path: Path, si
         seen = json.loads(runner.invoke(spec, "{}").payload)
     finally:
         runner.shutdown()
-    _wait_for(lambda: _events("/aws/lambda/fn", "REPORT"), what="the REPORT line")
-    (stream,) = _client("logs").describe_log_streams(logGroupName="/aws/lambda/fn")["logStreams"]
+    wait_for(lambda: _events("/aws/lambda/fn", "REPORT"), what="the REPORT line")
+    (stream,) = client("logs").describe_log_streams(logGroupName="/aws/lambda/fn")["logStreams"]
     assert stream["logStreamName"] == seen
 
 
@@ -112,8 +113,8 @@ def test_powertools_metrics_become_cloudwatch_metric_data(tmp_path: Path, sink: 
             assert runner.invoke(spec, json.dumps({"shard": count, "count": count})).function_error is None
     finally:
         runner.shutdown()
-    cloudwatch = _client("cloudwatch")
-    listed = _wait_for(
+    cloudwatch = client("cloudwatch")
+    listed = wait_for(
         lambda: cloudwatch.list_metrics(Namespace="sdflow-test")["Metrics"], what="the EMF metric to be listed"
     )
     assert listed[0]["MetricName"] == "ShardsDone"
@@ -127,7 +128,7 @@ def test_powertools_metrics_become_cloudwatch_metric_data(tmp_path: Path, sink: 
             "Stat": "Sum",
         },
     }
-    result = _wait_for(
+    result = wait_for(
         lambda: (
             sum(
                 cloudwatch.get_metric_data(
@@ -199,18 +200,18 @@ def test_sink_invalid_emf_line_stays_a_log_event_without_metric(sink: logs.Cloud
     write(b'{"_aws": {"Timestamp": 1, "CloudWatchMetrics": "nope"}}\n')
     sink.flush()
     assert sink.stats["emf_rejected"] == 1
-    assert _client("cloudwatch").list_metrics()["Metrics"] == []
+    assert client("cloudwatch").list_metrics()["Metrics"] == []
     assert [e["message"] for e in _events("/aws/lambda/fn")] == [
         '{"_aws": {"Timestamp": 1, "CloudWatchMetrics": "nope"}}'
     ]
 
 
 def test_sink_existing_template_log_group_kept(sink: logs.CloudWatchSink) -> None:
-    _client("logs").create_log_group(logGroupName="/aws/lambda/fn")
-    _client("logs").put_retention_policy(logGroupName="/aws/lambda/fn", retentionInDays=7)
+    client("logs").create_log_group(logGroupName="/aws/lambda/fn")
+    client("logs").put_retention_policy(logGroupName="/aws/lambda/fn", retentionInDays=7)
     sink.writer("fn", "s")(b"line\n")
     sink.flush()
-    (group,) = _client("logs").describe_log_groups(logGroupNamePrefix="/aws/lambda/fn")["logGroups"]
+    (group,) = client("logs").describe_log_groups(logGroupNamePrefix="/aws/lambda/fn")["logGroups"]
     assert group["retentionInDays"] == 7
 
 
@@ -231,8 +232,8 @@ def test_function_with_logging_config_logs_to_its_group_in_streams_named_after_i
     tmp_path: Path, sink: logs.CloudWatchSink
 ) -> None:
     group = "/aws/lambda/stack-Fn"
-    _client("logs").create_log_group(logGroupName=group)
-    _client("logs").put_retention_policy(logGroupName=group, retentionInDays=14)
+    client("logs").create_log_group(logGroupName=group)
+    client("logs").put_retention_policy(logGroupName=group, retentionInDays=14)
     runner, spec = _runner(tmp_path, sink, HANDLERS + "\nprint('to the custom group')\n")
     spec = FunctionSpec(**{**spec.__dict__, "log_group": group})
     assert runner.environment_for(spec)["AWS_LAMBDA_LOG_GROUP_NAME"] == group
@@ -240,10 +241,34 @@ def test_function_with_logging_config_logs_to_its_group_in_streams_named_after_i
         runner.invoke(spec, "{}")
     finally:
         runner.shutdown()
-    _wait_for(lambda: _events(group, "REPORT"), what="the REPORT line in the custom group")
+    wait_for(lambda: _events(group, "REPORT"), what="the REPORT line in the custom group")
     assert any("to the custom group" in e["message"] for e in _events(group))
-    (stream,) = _client("logs").describe_log_streams(logGroupName=group)["logStreams"]
+    (stream,) = client("logs").describe_log_streams(logGroupName=group)["logStreams"]
     assert re.match(r"^\d{4}/\d{2}/\d{2}/fn\[\$LATEST\][0-9a-f]{32}$", stream["logStreamName"])
-    (described,) = _client("logs").describe_log_groups(logGroupNamePrefix=group)["logGroups"]
+    (described,) = client("logs").describe_log_groups(logGroupNamePrefix=group)["logGroups"]
     assert described["retentionInDays"] == 14
-    assert not _client("logs").describe_log_groups(logGroupNamePrefix="/aws/lambda/fn")["logGroups"]
+    assert not client("logs").describe_log_groups(logGroupNamePrefix="/aws/lambda/fn")["logGroups"]
+
+
+def test_moto_gap_put_log_events_window_reads_utcnow() -> None:
+    import inspect
+
+    from moto.logs.models import LogsBackend
+
+    source = inspect.getsource(LogsBackend.put_log_events)
+    assert "utcnow() + timedelta(hours=2)" in source
+    assert "utcnow() - timedelta(days=14)" in source
+
+
+def test_patch_put_log_events_accepts_lines_of_an_advanced_clock(runtime: Any) -> None:
+    from moto.logs.models import logs_backends
+
+    runtime.clock.advance(3 * 86_400)  # the run's lines are stamped three days ahead of the wall clock
+    backend = logs_backends["123456789012"]["us-east-1"]
+    backend.create_log_group("/aws/lambda/clocked", {})
+    backend.create_log_stream("/aws/lambda/clocked", "s")
+    _token, rejected = backend.put_log_events(
+        "/aws/lambda/clocked", "s", [{"timestamp": int(runtime.clock.time() * 1000), "message": "ahead"}]
+    )
+    assert rejected == {}
+    assert [e.message for e in backend.groups["/aws/lambda/clocked"].streams["s"].events] == ["ahead"]

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from sdflow.local import moto_logging
-from tests.unit.local.conftest import _fail_waiting_task
+from tests.unit.local.helpers import fail_waiting_task
 
 
 def test_moto_gap_failed_execution_logs_component_repr_at_error(aws: None, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.ERROR, logger="moto"):
-        _fail_waiting_task()
+        fail_waiting_task()
     dumps = [r for r in caplog.records if r.name.startswith("moto.stepfunctions") and r.levelno >= logging.ERROR]
     assert dumps, "moto no longer logs execution failures at ERROR: review sdflow/local/moto_logging.py"
     assert "DownloadJobFailed" in dumps[0].getMessage()
@@ -26,7 +26,7 @@ def test_route_failed_execution_console_one_line_file_full(
     log_path = tmp_path / "logs" / "moto.log"
     routing = moto_logging.route(log_path)
     try:
-        execution = _fail_waiting_task()
+        execution = fail_waiting_task()
     finally:
         routing.restore()
     assert execution["status"] == "FAILED"

@@ -10,9 +10,10 @@ import tarfile
 import boto3
 from PIL import Image
 
-from sdflow.local.noop_sagemaker import NoOpSageMaker
-from tests.unit.local.conftest import REGION, TRAINING_REQUEST, _wait_for
-from tests.unit.local.test_sagemaker_faults import Recorder
+from sdflow.local.sagemaker.noop import NoOpSageMaker
+from tests.constants import REGION
+from tests.unit.local.helpers import TRAINING_REQUEST, wait_for
+from tests.unit.local.recorders import Recorder
 
 
 def test_noop_training_job_uploads_output_archive_with_summary_and_images(aws: None) -> None:
@@ -22,7 +23,7 @@ def test_noop_training_job_uploads_output_archive_with_summary_and_images(aws: N
     noop = NoOpSageMaker("http://127.0.0.1:9", recorder, direct_s3=True)  # no socket: straight into moto
     try:
         noop.run_training_job(TRAINING_REQUEST)
-        status, fields = _wait_for(lambda: recorder.final("sdf-tr-run-a0"), what="the no-op training job")
+        status, fields = wait_for(lambda: recorder.final("sdf-tr-run-a0"), what="the no-op training job")
     finally:
         noop.shutdown()
     assert status == "Completed"

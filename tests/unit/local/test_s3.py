@@ -8,40 +8,41 @@ from urllib.parse import unquote_plus
 
 from sdflow.local import runtime as runtime_module
 from sdflow.local.services import s3
-from tests.unit.local.conftest import ACCOUNT, REGION, _client
+from tests.constants import ACCOUNT, REGION
+from tests.unit.local.helpers import client
 
 
 def _object_events(bucket: str) -> str:
-    _client("s3").put_bucket_notification_configuration(
+    client("s3").put_bucket_notification_configuration(
         Bucket=bucket, NotificationConfiguration={"EventBridgeConfiguration": {}}
     )
-    queue_url = str(_client("sqs").create_queue(QueueName="s3-events")["QueueUrl"])
-    events = _client("events")
+    queue_url = str(client("sqs").create_queue(QueueName="s3-events")["QueueUrl"])
+    events = client("events")
     events.put_rule(Name="s3", EventPattern=json.dumps({"source": ["aws.s3"]}))
     events.put_targets(Rule="s3", Targets=[{"Id": "q", "Arn": f"arn:aws:sqs:{REGION}:{ACCOUNT}:s3-events"}])
     return queue_url
 
 
 def _received(queue_url: str) -> list[dict[str, Any]]:
-    messages = _client("sqs").receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", [])
+    messages = client("sqs").receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", [])
     return [json.loads(m["Body"]) for m in messages]
 
 
 def test_moto_gap_every_s3_event_has_the_same_id(aws: None) -> None:
-    _client("s3").create_bucket(Bucket="data")
+    client("s3").create_bucket(Bucket="data")
     queue_url = _object_events("data")
     for _ in range(2):
-        _client("s3").put_object(Bucket="data", Key="a.json", Body=b"{}")
+        client("s3").put_object(Bucket="data", Key="a.json", Body=b"{}")
     ids = {event["id"] for event in _received(queue_url)}
     assert len(ids) == 1
 
 
 def test_object_created_events_unique_ids_and_encoded_keys(runtime: runtime_module.Runtime) -> None:
-    _client("s3").create_bucket(Bucket="data")
+    client("s3").create_bucket(Bucket="data")
     queue_url = _object_events("data")
     key = "manifests/my run é+1.json"
     for _ in range(2):
-        _client("s3").put_object(Bucket="data", Key=key, Body=b"{}")
+        client("s3").put_object(Bucket="data", Key=key, Body=b"{}")
     first, second = _received(queue_url)
     assert first["id"] != second["id"]
     assert (first["detail-type"], first["source"], first["resources"]) == (

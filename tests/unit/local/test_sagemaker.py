@@ -9,27 +9,20 @@ import pytest
 from botocore.exceptions import ClientError
 
 from sdflow.local import runtime as runtime_module
-from sdflow.local.services.sagemaker import SageMakerStatusPublisher
-from tests.unit.local.conftest import (
-    PROCESSING_REQUEST,
-    ROLE,
-    TRAINING_REQUEST,
-    _client,
-    _events_queue,
-    _received,
-)
+from sdflow.local.sagemaker.service import SageMakerStatusPublisher
+from tests.unit.local.helpers import PROCESSING_REQUEST, ROLE, TRAINING_REQUEST, client, events_queue, received
 
 
 def test_moto_gap_processing_job_completed_at_once(aws: None) -> None:
-    _client("sagemaker").create_processing_job(**PROCESSING_REQUEST)
-    described = _client("sagemaker").describe_processing_job(ProcessingJobName="sdf-dl-run-00000-a0")
+    client("sagemaker").create_processing_job(**PROCESSING_REQUEST)
+    described = client("sagemaker").describe_processing_job(ProcessingJobName="sdf-dl-run-00000-a0")
     assert described["ProcessingJobStatus"] == "Completed"
 
 
 def test_describe_processing_job_after_create_returns_resources_and_environment(
     runtime: runtime_module.Runtime,
 ) -> None:
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     sagemaker.create_processing_job(**PROCESSING_REQUEST, Environment={"STAGE": "notebook"})
     described = sagemaker.describe_processing_job(ProcessingJobName="sdf-dl-run-00000-a0")
     assert described["ProcessingResources"] == PROCESSING_REQUEST["ProcessingResources"]
@@ -37,8 +30,8 @@ def test_describe_processing_job_after_create_returns_resources_and_environment(
 
 
 def test_patch_processing_job_runs_locally_and_publishes_state_change(runtime: runtime_module.Runtime) -> None:
-    sagemaker = _client("sagemaker")
-    queue_url = _events_queue("SageMaker Processing Job State Change")
+    sagemaker = client("sagemaker")
+    queue_url = events_queue("SageMaker Processing Job State Change")
     sagemaker.create_processing_job(**PROCESSING_REQUEST)
     assert sagemaker.describe_processing_job(ProcessingJobName="sdf-dl-run-00000-a0")["ProcessingJobStatus"] == (
         "InProgress"
@@ -53,7 +46,7 @@ def test_patch_processing_job_runs_locally_and_publishes_state_change(runtime: r
     described = sagemaker.describe_processing_job(ProcessingJobName="sdf-dl-run-00000-a0")
     assert described["ProcessingJobStatus"] == "Failed"
     assert described["FailureReason"] == "AlgorithmError: 3 of 3 URLs failed"
-    [event] = _received(queue_url)
+    [event] = received(queue_url)
     assert event["source"] == "aws.sagemaker"
     assert event["detail"]["ProcessingJobStatus"] == "Failed"
     assert event["detail"]["FailureReason"] == "AlgorithmError: 3 of 3 URLs failed"
@@ -61,8 +54,8 @@ def test_patch_processing_job_runs_locally_and_publishes_state_change(runtime: r
 
 
 def test_patch_training_job_reports_artifacts_and_metrics(runtime: runtime_module.Runtime) -> None:
-    sagemaker = _client("sagemaker")
-    queue_url = _events_queue("SageMaker Training Job State Change")
+    sagemaker = client("sagemaker")
+    queue_url = events_queue("SageMaker Training Job State Change")
     sagemaker.create_training_job(**TRAINING_REQUEST)
     started = sagemaker.describe_training_job(TrainingJobName="sdf-tr-run-a0")
     assert (started["TrainingJobStatus"], "ModelArtifacts" in started) == ("InProgress", False)
@@ -77,19 +70,19 @@ def test_patch_training_job_reports_artifacts_and_metrics(runtime: runtime_modul
     assert described["ModelArtifacts"] == artifacts
     assert described["FinalMetricDataList"][0]["Value"] == 0.25
     assert described["TrainingEndTime"].timestamp() == pytest.approx(now.timestamp(), abs=1)
-    [event] = _received(queue_url)
+    [event] = received(queue_url)
     assert event["detail"]["ModelArtifacts"] == artifacts
     assert event["detail"]["FinalMetricDataList"][0]["Timestamp"] == int(now.timestamp() * 1000)
 
 
 def test_moto_gap_no_stop_training_job(aws: None) -> None:
-    _client("sagemaker").create_training_job(**TRAINING_REQUEST)
+    client("sagemaker").create_training_job(**TRAINING_REQUEST)
     with pytest.raises(Exception, match=r"stop_training_job|not.*implemented|NotImplemented"):
-        _client("sagemaker").stop_training_job(TrainingJobName="sdf-tr-run-a0")
+        client("sagemaker").stop_training_job(TrainingJobName="sdf-tr-run-a0")
 
 
 def test_patch_stop_training_job_stops_local_job(runtime: runtime_module.Runtime) -> None:
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     sagemaker.create_training_job(**TRAINING_REQUEST)
     sagemaker.stop_training_job(TrainingJobName="sdf-tr-run-a0")
     assert sagemaker.describe_training_job(TrainingJobName="sdf-tr-run-a0")["TrainingJobStatus"] == "Stopping"
@@ -116,20 +109,20 @@ def _model_and_config(sagemaker: Any, suffix: str) -> None:
 
 
 def test_moto_gap_endpoint_in_service_at_once_and_no_update_endpoint(aws: None) -> None:
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     _model_and_config(sagemaker, "a")
     sagemaker.create_endpoint(EndpointName="e", EndpointConfigName="c-a")
     assert sagemaker.describe_endpoint(EndpointName="e")["EndpointStatus"] == "InService"
     _model_and_config(sagemaker, "b")
     with pytest.raises(Exception, match=r"update_endpoint|not.*implemented|NotImplemented"):
         sagemaker.update_endpoint(EndpointName="e", EndpointConfigName="c-b")
-    answer = _client("sagemaker-runtime").invoke_endpoint(EndpointName="e", Body=b"prompt")
+    answer = client("sagemaker-runtime").invoke_endpoint(EndpointName="e", Body=b"prompt")
     assert answer["Body"].read() != b"PNG:prompt"
 
 
 def test_patch_endpoint_create_update_and_invoke_go_to_local_sagemaker(runtime: runtime_module.Runtime) -> None:
-    sagemaker = _client("sagemaker")
-    queue_url = _events_queue("SageMaker Endpoint State Change")
+    sagemaker = client("sagemaker")
+    queue_url = events_queue("SageMaker Endpoint State Change")
     publisher = SageMakerStatusPublisher()
     _model_and_config(sagemaker, "a")
     sagemaker.create_endpoint(EndpointName="e", EndpointConfigName="c-a")
@@ -150,10 +143,10 @@ def test_patch_endpoint_create_update_and_invoke_go_to_local_sagemaker(runtime: 
         sagemaker.update_endpoint(EndpointName="e", EndpointConfigName="c-b")
     publisher.job_status_changed("endpoint", "e", "InService", {"EndpointConfigName": "c-b"})
     assert sagemaker.describe_endpoint(EndpointName="e")["EndpointConfigName"] == "c-b"
-    statuses = [event["detail"]["EndpointStatus"] for event in _received(queue_url)]
+    statuses = [event["detail"]["EndpointStatus"] for event in received(queue_url)]
     assert statuses == ["IN_SERVICE", "IN_SERVICE"]
 
-    answer = _client("sagemaker-runtime").invoke_endpoint(
+    answer = client("sagemaker-runtime").invoke_endpoint(
         EndpointName="e", Body=b"a red square", ContentType="text/plain", Accept="image/png"
     )
     assert answer["Body"].read() == b"PNG:a red square"
@@ -164,7 +157,7 @@ def test_patch_endpoint_create_update_and_invoke_go_to_local_sagemaker(runtime: 
 
 
 def test_describe_model_without_vpc_config_omits_vpc_config_and_containers(runtime: runtime_module.Runtime) -> None:
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     sagemaker.create_model(
         ModelName="notebook-model",
         PrimaryContainer={"Image": "123456789012.dkr.ecr.us-east-1.amazonaws.com/repo:v1"},
@@ -177,7 +170,7 @@ def test_describe_model_without_vpc_config_omits_vpc_config_and_containers(runti
 
 
 def test_describe_endpoint_config_without_data_capture_omits_it(runtime: runtime_module.Runtime) -> None:
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     sagemaker.create_model(ModelName="m", PrimaryContainer={"Image": "img"}, ExecutionRoleArn=ROLE)
     sagemaker.create_endpoint_config(
         EndpointConfigName="c",

@@ -14,23 +14,24 @@ from typing import Any
 import pytest
 
 from sdflow.local import runtime as runtime_module
-from sdflow.local import sagemaker as local_sagemaker
-from sdflow.local import sagemaker_endpoints
 from sdflow.local.faults import FaultError, Faults
-from sdflow.local.noop_sagemaker import NoOpSageMaker
-from sdflow.local.sagemaker import LocalSageMaker
-from sdflow.local.services.sagemaker import SageMakerStatusPublisher
-from tests.unit.local.conftest import (
+from sdflow.local.sagemaker import endpoints as sagemaker_endpoints
+from sdflow.local.sagemaker import engine as local_sagemaker
+from sdflow.local.sagemaker.engine import LocalSageMaker
+from sdflow.local.sagemaker.noop import NoOpSageMaker
+from sdflow.local.sagemaker.service import SageMakerStatusPublisher
+from tests.unit.local.helpers import (
     PROCESSING_REQUEST,
     ROLE,
     TRAINING_REQUEST,
-    _client,
-    _events_queue,
-    _received,
-    _wait_for,
-    _zip,
+    client,
+    events_queue,
     fake_training_image,
+    received,
+    wait_for,
+    zip_files,
 )
+from tests.unit.local.recorders import Recorder
 
 # A container that runs until killed and ignores SIGTERM (so a stop needs the SIGKILL after the grace).
 STUBBORN = """#!/usr/bin/env python3
@@ -55,21 +56,6 @@ def lambda_handler(event, context):
 """
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.reports: list[tuple[str, str, str, dict[str, Any]]] = []
-        self.lock = threading.Lock()
-
-    def job_status_changed(self, kind: str, name: str, status: str, fields: dict[str, Any]) -> None:
-        with self.lock:
-            self.reports.append((kind, name, status, fields))
-
-    def final(self, name: str) -> tuple[str, dict[str, Any]] | None:
-        with self.lock:
-            ends = [(s, f) for _k, n, s, f in self.reports if n == name and s in ("Completed", "Failed", "Stopped")]
-        return ends[-1] if ends else None
-
-
 def _faults(runtime: runtime_module.Runtime, publisher: Any = None) -> Faults:
     cloud = SimpleNamespace(runtime=runtime, deployment=None, status_publisher=publisher or SageMakerStatusPublisher())
     return Faults(cloud)  # type: ignore[arg-type]
@@ -91,7 +77,7 @@ def test_kill_processing_job_fails_it_like_a_killed_container(local_sagemaker_st
     runtime = runtime_module.Runtime(workdir=Path("."), sagemaker=sm)
     pid = _faults(runtime).kill_job("processing", "p-kill", timeout_s=20)
     assert pid > 0
-    status, fields = _wait_for(lambda: recorder.final("p-kill"), what="the killed job to end")
+    status, fields = wait_for(lambda: recorder.final("p-kill"), what="the killed job to end")
     assert status == "Failed"
     assert fields["FailureReason"].startswith("AlgorithmError: exit code 137 (killed by SIGKILL) on p-kill/algo-1")
 
@@ -100,10 +86,10 @@ def test_stop_training_job_sigterm_then_kill_after_grace_ends_stopped(local_sage
     sm, recorder = local_sagemaker_stubborn
     request = {**TRAINING_REQUEST, "TrainingJobName": "t-stop", "ResourceConfig": {"InstanceCount": 1}}
     sm.run_training_job(request)
-    _wait_for(lambda: sm.training_progress("t-stop")["secondary_status"] == "Training", what="the container")
+    wait_for(lambda: sm.training_progress("t-stop")["secondary_status"] == "Training", what="the container")
     started = time.monotonic()
     sm.stop_job("training", "t-stop")
-    status, fields = _wait_for(lambda: recorder.final("t-stop"), what="the stopped job to end")
+    status, fields = wait_for(lambda: recorder.final("t-stop"), what="the stopped job to end")
     assert (status, fields["SecondaryStatus"]) == ("Stopped", "Stopped")
     assert time.monotonic() - started < 10, "a container that ignores SIGTERM is killed after the grace"
     assert "ModelArtifacts" not in fields
@@ -121,8 +107,8 @@ def test_noop_stop_and_kill_end_held_jobs_at_once_without_output(tmp_path: Path)
         time.sleep(0.2)
         noop.stop_job("processing", "p-stop")
         noop.kill_job("training", "t-kill", timeout_s=5)
-        assert _wait_for(lambda: recorder.final("p-stop"), what="the stop")[0] == "Stopped"
-        status, fields = _wait_for(lambda: recorder.final("t-kill"), what="the kill")
+        assert wait_for(lambda: recorder.final("p-stop"), what="the stop")[0] == "Stopped"
+        status, fields = wait_for(lambda: recorder.final("t-kill"), what="the kill")
         assert (status, fields["SecondaryStatus"]) == ("Failed", "Failed")
         assert "killed" in fields["FailureReason"]
         assert writes == [], "a stopped job writes no _SUCCESS"
@@ -131,29 +117,29 @@ def test_noop_stop_and_kill_end_held_jobs_at_once_without_output(tmp_path: Path)
 
 
 def test_redeliver_sagemaker_event_sends_same_event_again(runtime: runtime_module.Runtime) -> None:
-    queue_url = _events_queue("SageMaker Processing Job State Change")
+    queue_url = events_queue("SageMaker Processing Job State Change")
     publisher = SageMakerStatusPublisher()
-    _client("sagemaker").create_processing_job(**PROCESSING_REQUEST)
+    client("sagemaker").create_processing_job(**PROCESSING_REQUEST)
     name = str(PROCESSING_REQUEST["ProcessingJobName"])
     publisher.job_status_changed("processing", name, "Completed", {})
     _faults(runtime, publisher).redeliver_sagemaker_event(name, "Completed")
-    first, second = _received(queue_url)
+    first, second = received(queue_url)
     assert first == second, "a duplicate delivery is the same event, id included"
     assert first["detail"]["ProcessingJobStatus"] == "Completed"
 
 
 def test_disabled_rule_delivers_no_sagemaker_event_until_enabled(runtime: runtime_module.Runtime) -> None:
     detail_type = "SageMaker Training Job State Change"
-    queue_url = _events_queue(detail_type)
-    events = _client("events")
+    queue_url = events_queue(detail_type)
+    events = client("events")
     events.disable_rule(Name=detail_type.replace(" ", "-"))
-    _client("sagemaker").create_training_job(**TRAINING_REQUEST)
+    client("sagemaker").create_training_job(**TRAINING_REQUEST)
     publisher = SageMakerStatusPublisher()
     publisher.job_status_changed("training", "sdf-tr-run-a0", "Failed", {"FailureReason": "lost"})
-    assert _received(queue_url) == []
+    assert received(queue_url) == []
     events.enable_rule(Name=detail_type.replace(" ", "-"))
     _faults(runtime, publisher).redeliver_sagemaker_event("sdf-tr-run-a0")
-    [event] = _received(queue_url)
+    [event] = received(queue_url)
     assert event["detail"]["FailureReason"] == "lost"
 
 
@@ -163,7 +149,7 @@ def test_kill_lambda_worker_mid_invocation_answers_runtime_exit_error(
     answers: list[dict[str, Any]] = []
 
     def invoke() -> None:
-        response = _client("lambda").invoke(FunctionName="probe", Payload=json.dumps({"sleep": 2.5}).encode())
+        response = client("lambda").invoke(FunctionName="probe", Payload=json.dumps({"sleep": 2.5}).encode())
         answers.append({"error": response.get("FunctionError"), "body": json.loads(response["Payload"].read())})
 
     thread = threading.Thread(target=invoke)
@@ -174,7 +160,7 @@ def test_kill_lambda_worker_mid_invocation_answers_runtime_exit_error(
     [answer] = answers
     assert (answer["error"], answer["body"]["errorType"]) == ("Unhandled", "Runtime.ExitError")
     # The next invocation gets a fresh worker and succeeds.
-    assert "FunctionError" not in _client("lambda").invoke(FunctionName="probe", Payload=b"{}")
+    assert "FunctionError" not in client("lambda").invoke(FunctionName="probe", Payload=b"{}")
 
 
 def test_kill_lambda_worker_with_none_busy_kills_the_next_invocation(
@@ -184,13 +170,13 @@ def test_kill_lambda_worker_with_none_busy_kills_the_next_invocation(
     thread = threading.Thread(target=lambda: killed.append(_faults(runtime).kill_lambda_worker("probe", timeout_s=20)))
     thread.start()
     time.sleep(0.3)  # armed before the invocation comes, as when the run's events are still ahead
-    response = _client("lambda").invoke(FunctionName="probe", Payload=b"{}")
+    response = client("lambda").invoke(FunctionName="probe", Payload=b"{}")
     thread.join(30)
     assert response.get("FunctionError") == "Unhandled"
     assert json.loads(response["Payload"].read())["errorType"] == "Runtime.ExitError"
     assert killed
     assert killed[0] > 0
-    assert "FunctionError" not in _client("lambda").invoke(FunctionName="probe", Payload=b"{}")
+    assert "FunctionError" not in client("lambda").invoke(FunctionName="probe", Payload=b"{}")
 
 
 def test_kill_lambda_worker_no_invocation_comes_raises_and_disarms(
@@ -198,7 +184,7 @@ def test_kill_lambda_worker_no_invocation_comes_raises_and_disarms(
 ) -> None:
     with pytest.raises(FaultError, match=r"no invocation of probe came within 0\.2 s"):
         _faults(runtime).kill_lambda_worker("probe", timeout_s=0.2)
-    assert "FunctionError" not in _client("lambda").invoke(FunctionName="probe", Payload=b"{}")
+    assert "FunctionError" not in client("lambda").invoke(FunctionName="probe", Payload=b"{}")
 
 
 def test_crash_lambda_after_call_exits_once_after_the_side_effect(
@@ -207,12 +193,12 @@ def test_crash_lambda_after_call_exits_once_after_the_side_effect(
     code = tmp_path / "crashy"
     code.mkdir()
     (code / "app.py").write_text(CRASHY)
-    _client("lambda").create_function(
+    client("lambda").create_function(
         FunctionName="crashy",
         Runtime="python3.11",
         Role=ROLE,
         Handler="app.lambda_handler",
-        Code={"ZipFile": _zip({"app.py": CRASHY})},
+        Code={"ZipFile": zip_files({"app.py": CRASHY})},
         Timeout=30,
     )
     runtime.register_code("crashy", code)
@@ -223,11 +209,11 @@ def test_crash_lambda_after_call_exits_once_after_the_side_effect(
     marker = tmp_path / "marker.txt"
     payload = json.dumps({"marker": str(marker)}).encode()
 
-    crashed = _client("lambda").invoke(FunctionName="crashy", Payload=payload)
+    crashed = client("lambda").invoke(FunctionName="crashy", Payload=payload)
     assert json.loads(crashed["Payload"].read())["errorType"] == "Runtime.ExitError"
     assert not marker.exists(), "the handler died right after the call, before its next line"
     assert Faults.crashes_done(claims) == 1
-    retried = _client("lambda").invoke(FunctionName="crashy", Payload=payload)
+    retried = client("lambda").invoke(FunctionName="crashy", Payload=payload)
     assert "FunctionError" not in retried
     assert marker.read_text() == "after the call\n"
 
@@ -257,11 +243,11 @@ def test_delete_endpoint_while_creating_returns_at_once_and_stops_serve(
     try:
         sm.deploy_endpoint("e", {"EndpointConfigName": "c"}, model)
         log = tmp_path / "sm" / "endpoints" / "e" / "c" / "serve.log"
-        _wait_for(lambda: log.exists() and "started" in log.read_text(), what="serve to start")
+        wait_for(lambda: log.exists() and "started" in log.read_text(), what="serve to start")
         started = time.monotonic()
         sm.delete_endpoint("e")
         assert time.monotonic() - started < 1.0, "DeleteEndpoint does not wait for the deployment"
-        _wait_for(lambda: not any(t.is_alive() for t in threading.enumerate() if t.name == "sdflow-endpoint-e"))
+        wait_for(lambda: not any(t.is_alive() for t in threading.enumerate() if t.name == "sdflow-endpoint-e"))
         assert sm.endpoint_url("e") is None
         assert not any(r[2] == "InService" for r in recorder.reports)
     finally:

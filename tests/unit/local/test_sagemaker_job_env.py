@@ -14,10 +14,11 @@ from typing import Any
 import boto3
 import pytest
 
-from sdflow.local import sagemaker as sagemaker_module
-from sdflow.local.sagemaker import LocalSageMaker
-from tests.unit.local.conftest import REGION, TRAINING_REQUEST, _wait_for, fake_training_image
-from tests.unit.local.test_sagemaker_faults import Recorder
+from sdflow.local.sagemaker import engine as sagemaker_module
+from sdflow.local.sagemaker.engine import LocalSageMaker
+from tests.constants import REGION
+from tests.unit.local.helpers import TRAINING_REQUEST, fake_training_image, wait_for
+from tests.unit.local.recorders import Recorder
 
 S3_ENDPOINT = f"https://s3.{REGION}.amazonaws.com"
 AWS_KEYS = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
@@ -48,7 +49,7 @@ def _container_env(sm: LocalSageMaker, recorder: Recorder, name: str) -> dict[st
     request: dict[str, Any] = {**TRAINING_REQUEST, "TrainingJobName": name}
     request["ResourceConfig"] = dict(request["ResourceConfig"]) | {"InstanceCount": 1}
     sm.run_training_job(request)
-    status, fields = _wait_for(lambda: recorder.final(name), what="the training job to end")
+    status, fields = wait_for(lambda: recorder.final(name), what="the training job to end")
     assert status == "Completed", fields
     bucket, key = fields["ModelArtifacts"]["S3ModelArtifacts"].removeprefix("s3://").split("/", 1)
     archive = boto3.client("s3", region_name=REGION).get_object(Bucket=bucket, Key=key)["Body"].read()

@@ -1,7 +1,7 @@
 """The local SageMaker's jobs in CloudWatch, read back through the public APIs as on AWS: each host's
 output in /aws/sagemaker/TrainingJobs or /aws/sagemaker/ProcessingJobs, stream
 `<job>/algo-N-<epoch seconds>`; the MetricDefinitions values in the /aws/sagemaker/TrainingJobs
-namespace with the TrainingJobName dimension, at the line's time (sdflow/local/job_logs.py)."""
+namespace with the TrainingJobName dimension, at the line's time (sdflow/local/sagemaker/job_logs.py)."""
 
 from __future__ import annotations
 
@@ -15,20 +15,13 @@ from typing import Any
 import boto3
 import pytest
 
-from sdflow.local import sagemaker as sagemaker_module
-from sdflow.local.job_logs import JobLogs
-from sdflow.local.sagemaker import LocalSageMaker
+from sdflow.local.sagemaker import engine as sagemaker_module
+from sdflow.local.sagemaker.engine import LocalSageMaker
+from sdflow.local.sagemaker.job_logs import JobLogs
 from sdflow.local.services.logs import CloudWatchSink
-from tests.unit.local.conftest import (
-    ACCOUNT,
-    PROCESSING_REQUEST,
-    REGION,
-    TRAINING_REQUEST,
-    _client,
-    _wait_for,
-    fake_training_image,
-)
-from tests.unit.local.test_sagemaker_faults import Recorder
+from tests.constants import ACCOUNT, REGION
+from tests.unit.local.helpers import PROCESSING_REQUEST, TRAINING_REQUEST, client, fake_training_image, wait_for
+from tests.unit.local.recorders import Recorder
 
 S3_ENDPOINT = f"https://s3.{REGION}.amazonaws.com"
 
@@ -65,7 +58,7 @@ def local_sagemaker(
 
 def _streams(group: str, job: str) -> dict[str, list[dict[str, Any]]]:
     """Every stream of the job in the group, with its events (the job's name is the stream prefix)."""
-    logs = _client("logs")
+    logs = client("logs")
     described = logs.describe_log_streams(logGroupName=group, logStreamNamePrefix=f"{job}/")["logStreams"]
     return {
         s["logStreamName"]: logs.get_log_events(
@@ -79,7 +72,7 @@ def _run(sm: LocalSageMaker, recorder: Recorder, kind: str, request: dict[str, A
     """Runs the job to its end; returns the epoch seconds it started and ended within."""
     started = int(time.time())
     getattr(sm, f"run_{kind}_job")(request)
-    status, fields = _wait_for(lambda: recorder.final(name), what=f"the {kind} job to end")
+    status, fields = wait_for(lambda: recorder.final(name), what=f"the {kind} job to end")
     assert status == "Completed", fields
     return started, int(time.time())
 
@@ -118,7 +111,7 @@ def test_processing_job_lines_in_processing_jobs_group(local_sagemaker: tuple[Lo
     assert match, name
     assert started <= int(match.group(1)) <= ended
     assert [e["message"] for e in events] == ["downloading shard 00000", "shard 00000: 3 of 3 images"]
-    groups = [g["logGroupName"] for g in _client("logs").describe_log_groups()["logGroups"]]
+    groups = [g["logGroupName"] for g in client("logs").describe_log_groups()["logGroups"]]
     assert groups == ["/aws/sagemaker/ProcessingJobs"], "created on first use, as SageMaker does"
 
 
@@ -128,7 +121,7 @@ def test_training_metric_definitions_published_with_job_dimension_at_line_time(
     sm, recorder = local_sagemaker
     request = {**TRAINING_REQUEST, "TrainingJobName": "t-metrics"}  # train:loss = loss=([0-9.]+)
     _run(sm, recorder, "training", request, "t-metrics")
-    cloudwatch = _client("cloudwatch")
+    cloudwatch = client("cloudwatch")
     dimensions = [{"Name": "TrainingJobName", "Value": "t-metrics"}]
 
     [metric] = cloudwatch.list_metrics(Namespace="/aws/sagemaker/TrainingJobs")["Metrics"]

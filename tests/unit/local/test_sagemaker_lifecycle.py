@@ -12,17 +12,10 @@ from botocore.exceptions import ClientError
 
 from sdflow.local import runtime as runtime_module
 from sdflow.local.faults import Faults
-from sdflow.local.services.sagemaker import SageMakerStatusPublisher
-from sdflow.local.services.sagemaker_capacity import CAPACITY_FAILURE_REASON
-from sdflow.local.services.sagemaker_quotas import SageMakerQuotas
-from tests.unit.local.conftest import (
-    PROCESSING_REQUEST,
-    TRAINING_REQUEST,
-    _client,
-    _events_queue,
-    _received,
-    _wait_for,
-)
+from sdflow.local.sagemaker.capacity import CAPACITY_FAILURE_REASON
+from sdflow.local.sagemaker.quotas import SageMakerQuotas
+from sdflow.local.sagemaker.service import SageMakerStatusPublisher
+from tests.unit.local.helpers import PROCESSING_REQUEST, TRAINING_REQUEST, client, events_queue, received, wait_for
 
 
 @pytest.fixture(autouse=True)
@@ -34,15 +27,15 @@ def _room_for_many_jobs(request: pytest.FixtureRequest) -> None:
 
 
 def _processing(name: str, tags: list[dict[str, str]] | None = None) -> None:
-    _client("sagemaker").create_processing_job(**{**PROCESSING_REQUEST, "ProcessingJobName": name, "Tags": tags or []})
+    client("sagemaker").create_processing_job(**{**PROCESSING_REQUEST, "ProcessingJobName": name, "Tags": tags or []})
 
 
 def _training(name: str, tags: list[dict[str, str]] | None = None) -> None:
-    _client("sagemaker").create_training_job(**{**TRAINING_REQUEST, "TrainingJobName": name, "Tags": tags or []})
+    client("sagemaker").create_training_job(**{**TRAINING_REQUEST, "TrainingJobName": name, "Tags": tags or []})
 
 
 def _all_pages(operation: str, key: str, **kwargs: Any) -> tuple[list[dict[str, Any]], int]:
-    sagemaker, pages, items, token = _client("sagemaker"), 0, [], None
+    sagemaker, pages, items, token = client("sagemaker"), 0, [], None
     while True:
         answer = getattr(sagemaker, operation)(**kwargs, **({"NextToken": token} if token else {}))
         pages += 1
@@ -69,7 +62,7 @@ def test_list_processing_jobs_name_and_status_filter_reflect_live_status(runtime
         "sdf-dl-run-abc123-00004-a0",
     ]
     assert pages == 2, "the status filter selects before the page is cut (no rule documented otherwise)"
-    [failed] = _client("sagemaker").list_processing_jobs(NameContains="abc123", StatusEquals="Failed")[
+    [failed] = client("sagemaker").list_processing_jobs(NameContains="abc123", StatusEquals="Failed")[
         "ProcessingJobSummaries"
     ]
     assert failed["FailureReason"] == "boom"
@@ -81,7 +74,7 @@ def test_list_training_jobs_status_filter_applies_after_page_as_documented(runti
         _training(f"sdf-tr-run-abc123-r0-a{i}")
     for i in range(3):
         publisher.job_status_changed("training", f"sdf-tr-run-abc123-r0-a{i}", "Failed", {"FailureReason": "x"})
-    first = _client("sagemaker").list_training_jobs(NameContains="abc123", StatusEquals="InProgress", MaxResults=2)
+    first = client("sagemaker").list_training_jobs(NameContains="abc123", StatusEquals="InProgress", MaxResults=2)
     assert first["TrainingJobSummaries"] == []
     assert "NextToken" in first, "an empty page still points to the rest"
     running, _ = _all_pages(
@@ -95,7 +88,7 @@ def test_list_jobs_default_page_is_ten_sorted_ascending_and_descending_on_reques
 ) -> None:
     for i in range(12):
         _processing(f"job-{i:02d}")
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     first = sagemaker.list_processing_jobs()
     assert [j["ProcessingJobName"] for j in first["ProcessingJobSummaries"]] == [f"job-{i:02d}" for i in range(10)]
     rest = sagemaker.list_processing_jobs(NextToken=first["NextToken"])
@@ -106,7 +99,7 @@ def test_list_jobs_default_page_is_ten_sorted_ascending_and_descending_on_reques
 
 
 def test_list_jobs_bad_token_or_status_answers_validation_exception(runtime: runtime_module.Runtime) -> None:
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     with pytest.raises(ClientError, match=r"ValidationException.*pagination token"):
         sagemaker.list_training_jobs(NextToken="not-a-token")
     with pytest.raises(ClientError, match="statusEquals"):
@@ -114,8 +107,8 @@ def test_list_jobs_bad_token_or_status_answers_validation_exception(runtime: run
 
 
 def test_stop_processing_job_goes_stopping_with_event_then_stopped(runtime: runtime_module.Runtime) -> None:
-    queue_url = _events_queue("SageMaker Processing Job State Change")
-    sagemaker = _client("sagemaker")
+    queue_url = events_queue("SageMaker Processing Job State Change")
+    sagemaker = client("sagemaker")
     _processing("p1")
     sagemaker.stop_processing_job(ProcessingJobName="p1")
     assert ("stop", ("processing", "p1")) in runtime.sagemaker.calls  # type: ignore[union-attr]
@@ -124,7 +117,7 @@ def test_stop_processing_job_goes_stopping_with_event_then_stopped(runtime: runt
     listed = sagemaker.list_processing_jobs(StatusEquals="Stopping")["ProcessingJobSummaries"]
     assert [j["ProcessingJobName"] for j in listed] == ["p1"]
     SageMakerStatusPublisher().job_status_changed("processing", "p1", "Stopped", {})
-    events = [e["detail"] for e in _received(queue_url)]
+    events = [e["detail"] for e in received(queue_url)]
     assert [(d["ProcessingJobName"], d["ProcessingJobStatus"]) for d in events] == [
         ("p1", "Stopping"),
         ("p1", "Stopping"),
@@ -133,7 +126,7 @@ def test_stop_processing_job_goes_stopping_with_event_then_stopped(runtime: runt
 
 
 def test_stop_training_job_terminal_or_unknown_answers_as_aws(runtime: runtime_module.Runtime) -> None:
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     _training("t1")
     SageMakerStatusPublisher().job_status_changed("training", "t1", "Completed", {})
     with pytest.raises(ClientError) as caught:
@@ -148,13 +141,13 @@ def test_stop_training_job_terminal_or_unknown_answers_as_aws(runtime: runtime_m
 
 
 def test_stop_training_job_event_carries_fields_job_events_reads(runtime: runtime_module.Runtime) -> None:
-    queue_url = _events_queue("SageMaker Training Job State Change")
+    queue_url = events_queue("SageMaker Training Job State Change")
     _training("t2")
-    _client("sagemaker").stop_training_job(TrainingJobName="t2")
+    client("sagemaker").stop_training_job(TrainingJobName="t2")
     SageMakerStatusPublisher().job_status_changed(
         "training", "t2", "Stopped", {"SecondaryStatus": "Stopped", "FailureReason": "stopped by the run"}
     )
-    events = [e["detail"] for e in _received(queue_url)]
+    events = [e["detail"] for e in received(queue_url)]
     assert [(d["TrainingJobStatus"], d["SecondaryStatus"]) for d in events] == [
         ("Stopping", "Stopping"),
         ("Stopped", "Stopped"),
@@ -165,7 +158,7 @@ def test_stop_training_job_event_carries_fields_job_events_reads(runtime: runtim
 
 
 def test_list_tags_of_jobs_and_endpoint_returns_create_tags(runtime: runtime_module.Runtime) -> None:
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     tags = [{"Key": "sdflow:run", "Value": "abc123"}, {"Key": "sdflow:execution", "Value": "run-1"}]
     _processing("p-tagged", tags)
     _training("t-tagged", tags)
@@ -189,20 +182,20 @@ def test_list_tags_of_jobs_and_endpoint_returns_create_tags(runtime: runtime_mod
 
 
 def test_capacity_fault_fails_next_training_job_without_running_it(runtime: runtime_module.Runtime) -> None:
-    queue_url = _events_queue("SageMaker Training Job State Change")
+    queue_url = events_queue("SageMaker Training Job State Change")
     faults = Faults(SimpleNamespace(runtime=runtime, deployment=None, status_publisher=SageMakerStatusPublisher()))  # type: ignore[arg-type]
     faults.fail_next_training_jobs(1)
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     _training("t-capacity")
     assert sagemaker.describe_training_job(TrainingJobName="t-capacity")["TrainingJobStatus"] == "InProgress"
-    described = _wait_for(
+    described = wait_for(
         lambda: (
             (d := sagemaker.describe_training_job(TrainingJobName="t-capacity"))["TrainingJobStatus"] == "Failed" and d
         ),
         what="the capacity failure",
     )
     assert described["FailureReason"] == CAPACITY_FAILURE_REASON
-    [event] = _received(queue_url)
+    [event] = received(queue_url)
     assert (event["detail"]["TrainingJobStatus"], event["detail"]["FailureReason"]) == (
         "Failed",
         CAPACITY_FAILURE_REASON,

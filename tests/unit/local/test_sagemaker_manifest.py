@@ -15,13 +15,14 @@ import boto3
 import pytest
 
 from sdflow.local import patching
-from sdflow.local import sagemaker as sagemaker_module
 from sdflow.local.runtime import Runtime
-from sdflow.local.sagemaker import LocalSageMaker
-from sdflow.local.sagemaker_host import JobSetupError, S3Transfer
+from sdflow.local.sagemaker import engine as sagemaker_module
+from sdflow.local.sagemaker.engine import LocalSageMaker
+from sdflow.local.sagemaker.host import JobSetupError, S3Transfer
 from sdflow.local.services.iam import IamEnforcer
-from tests.unit.local.conftest import ACCOUNT, REGION, TRAINING_REQUEST, _wait_for, fake_training_image
-from tests.unit.local.test_sagemaker_faults import Recorder
+from tests.constants import ACCOUNT, REGION
+from tests.unit.local.helpers import TRAINING_REQUEST, fake_training_image, wait_for
+from tests.unit.local.recorders import Recorder
 
 BUCKET = "data"
 # moto's in-process mock answers AWS's own endpoint; the local cloud passes its server's URL instead.
@@ -207,7 +208,7 @@ def test_training_job_manifest_channel_holds_objects_under_relative_keys(
 
     sm.run_training_job(_training_request("t-manifest"))
 
-    status, fields = _wait_for(lambda: recorder.final("t-manifest"), what="the training job to end")
+    status, fields = wait_for(lambda: recorder.final("t-manifest"), what="the training job to end")
     assert status == "Completed", fields
     bucket, key = fields["ModelArtifacts"]["S3ModelArtifacts"].removeprefix("s3://").split("/", 1)
     archive = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
@@ -226,7 +227,7 @@ def test_training_job_manifest_missing_object_fails_with_client_error(
 
     sm.run_training_job(_training_request("t-missing"))
 
-    status, fields = _wait_for(lambda: recorder.final("t-missing"), what="the training job to fail")
+    status, fields = wait_for(lambda: recorder.final("t-missing"), what="the training job to fail")
     assert status == "Failed"
     assert fields["FailureReason"].startswith(
         f"ClientError: Data download failed: s3://{BUCKET}/runs/old/dataset/shards/00009/00000.tar, listed in "

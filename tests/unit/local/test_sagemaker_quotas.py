@@ -9,9 +9,9 @@ import pytest
 from botocore.exceptions import ClientError
 
 from sdflow.local import runtime as runtime_module
-from sdflow.local.services import sagemaker_quotas as quotas
-from sdflow.local.services.sagemaker import SageMakerStatusPublisher
-from tests.unit.local.conftest import PROCESSING_REQUEST, ROLE, TRAINING_REQUEST, _client
+from sdflow.local.sagemaker import quotas
+from sdflow.local.sagemaker.service import SageMakerStatusPublisher
+from tests.unit.local.helpers import PROCESSING_REQUEST, ROLE, TRAINING_REQUEST, client
 
 QUOTA_ADVICE = (
     "Please use AWS Service Quotas to request an increase for this quota. If AWS Service Quotas is not "
@@ -29,7 +29,7 @@ def _error(exc: pytest.ExceptionInfo[ClientError]) -> tuple[str, int, str]:
 
 
 def test_processing_jobs_over_default_quota_refused_until_one_ends(runtime: runtime_module.Runtime) -> None:
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     for i in range(4):
         sagemaker.create_processing_job(**_processing(f"job-{i}"))
     with pytest.raises(ClientError) as refused:
@@ -49,7 +49,7 @@ def test_processing_jobs_over_default_quota_refused_until_one_ends(runtime: runt
 
 
 def test_training_quota_counts_instances_and_spot_has_its_own(runtime: runtime_module.Runtime) -> None:
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     sagemaker.create_training_job(**TRAINING_REQUEST)  # 2 instances: the whole default quota
     with pytest.raises(ClientError) as refused:
         sagemaker.create_training_job(**{**TRAINING_REQUEST, "TrainingJobName": "second"})
@@ -71,7 +71,7 @@ def test_quota_overrides_by_use_and_by_name_apply(runtime: runtime_module.Runtim
     runtime.sagemaker_quotas = quotas.SageMakerQuotas(
         overrides={"processing job": 1, "ml.m5.xlarge for training job usage": 8}
     )
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     sagemaker.create_processing_job(**_processing("only"))
     with pytest.raises(ClientError, match="is 1 Instances, with current utilization of 1 Instances"):
         sagemaker.create_processing_job(**_processing("over"))
@@ -93,7 +93,7 @@ def _model_and_config(sagemaker: Any, suffix: str, instances: int = 1) -> None:
 def test_endpoint_update_holds_both_fleets_until_in_service_and_delete_frees(
     runtime: runtime_module.Runtime,
 ) -> None:
-    sagemaker, publisher = _client("sagemaker"), SageMakerStatusPublisher()
+    sagemaker, publisher = client("sagemaker"), SageMakerStatusPublisher()
     for suffix in ("a", "b", "c"):
         _model_and_config(sagemaker, suffix)
     sagemaker.create_endpoint(EndpointName="e", EndpointConfigName="c-a")
@@ -113,7 +113,7 @@ def test_endpoint_update_holds_both_fleets_until_in_service_and_delete_frees(
 
 def test_create_calls_over_rate_throttled(runtime: runtime_module.Runtime) -> None:
     runtime.sagemaker_quotas = quotas.SageMakerQuotas(create_rate_per_s=0.01, create_burst=2)
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     sagemaker.create_processing_job(**_processing("one"))
     sagemaker.create_processing_job(**_processing("two"))
     with pytest.raises(ClientError) as throttled:

@@ -11,11 +11,12 @@ import pytest
 from botocore.exceptions import ClientError
 
 from sdflow.local import runtime as runtime_module
-from sdflow.local import sagemaker_endpoints
-from sdflow.local.sagemaker import DeploymentFailed, JobSetupError, LocalSageMaker
-from sdflow.local.services.sagemaker import SageMakerStatusPublisher
-from sdflow.local.services.sagemaker_registry import ModelPackageUnusable, serving_container
-from tests.unit.local.conftest import ACCOUNT, REGION, _client, _events_queue, _received, fake_training_image
+from sdflow.local.sagemaker import endpoints as sagemaker_endpoints
+from sdflow.local.sagemaker.engine import DeploymentFailed, JobSetupError, LocalSageMaker
+from sdflow.local.sagemaker.registry import ModelPackageUnusable, serving_container
+from sdflow.local.sagemaker.service import SageMakerStatusPublisher
+from tests.constants import ACCOUNT, REGION
+from tests.unit.local.helpers import client, events_queue, fake_training_image, received
 
 GROUP = "sdflow-models"
 ARTIFACT = "s3://data/runs/run/training/sdf-tr-run-a0/output/model.tar.gz"
@@ -42,7 +43,7 @@ def _error(call: Any, **kwargs: Any) -> dict[str, str]:
 
 
 def test_moto_gap_duplicate_group_replaced_and_update_wipes_metadata(aws: None) -> None:
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     sagemaker.create_model_package_group(ModelPackageGroupName=GROUP, ModelPackageGroupDescription="first")
     sagemaker.create_model_package_group(ModelPackageGroupName=GROUP, ModelPackageGroupDescription="second")
     described = sagemaker.describe_model_package_group(ModelPackageGroupName=GROUP)
@@ -55,7 +56,7 @@ def test_moto_gap_duplicate_group_replaced_and_update_wipes_metadata(aws: None) 
 
 
 def test_moto_gap_client_token_retry_makes_second_version(aws: None) -> None:
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     sagemaker.create_model_package_group(ModelPackageGroupName=GROUP)
     first = _register(sagemaker, ClientToken="run-1")
     assert _register(sagemaker, ClientToken="run-1") != first
@@ -65,7 +66,7 @@ def test_moto_gap_client_token_retry_makes_second_version(aws: None) -> None:
 
 
 def test_create_group_bad_names_answer_validation_exception(runtime: runtime_module.Runtime) -> None:
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     for name in ("-leading-hyphen", "trailing-", "under_score", "a" * 64):
         error = _error(sagemaker.create_model_package_group, ModelPackageGroupName=name)
         assert error["Code"] == "ValidationException", name
@@ -75,7 +76,7 @@ def test_create_group_bad_names_answer_validation_exception(runtime: runtime_mod
 
 
 def test_create_group_twice_refused_and_first_kept(runtime: runtime_module.Runtime) -> None:
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     arn = sagemaker.create_model_package_group(ModelPackageGroupName=GROUP, ModelPackageGroupDescription="first")[
         "ModelPackageGroupArn"
     ]
@@ -90,7 +91,7 @@ def test_create_group_twice_refused_and_first_kept(runtime: runtime_module.Runti
 
 
 def test_create_package_versions_count_per_group_and_start_pending(runtime: runtime_module.Runtime) -> None:
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     sagemaker.create_model_package_group(ModelPackageGroupName=GROUP)
     sagemaker.create_model_package_group(ModelPackageGroupName="other")
     first, second = _register(sagemaker), _register(sagemaker)
@@ -101,7 +102,7 @@ def test_create_package_versions_count_per_group_and_start_pending(runtime: runt
 
 
 def test_create_package_same_client_token_returns_first_version(runtime: runtime_module.Runtime) -> None:
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     group_arn = sagemaker.create_model_package_group(ModelPackageGroupName=GROUP)["ModelPackageGroupArn"]
     first = _register(sagemaker, ClientToken="run-1-train-a0")
     assert _register(sagemaker, ClientToken="run-1-train-a0", ModelPackageGroupName=group_arn) == first
@@ -111,7 +112,7 @@ def test_create_package_same_client_token_returns_first_version(runtime: runtime
 
 
 def test_create_package_bad_status_token_or_group_refused(runtime: runtime_module.Runtime) -> None:
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     error = _error(sagemaker.create_model_package, ModelPackageGroupName=GROUP, InferenceSpecification=INFERENCE)
     group_arn = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:model-package-group/{GROUP}"
     assert error == {"Code": "ValidationException", "Message": f"ModelPackageGroup {group_arn} does not exist."}
@@ -124,7 +125,7 @@ def test_create_package_bad_status_token_or_group_refused(runtime: runtime_modul
 
 
 def test_list_packages_by_group_and_approval_status(runtime: runtime_module.Runtime) -> None:
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     sagemaker.create_model_package_group(ModelPackageGroupName=GROUP)
     sagemaker.create_model_package_group(ModelPackageGroupName="other")
     pending = _register(sagemaker)
@@ -144,7 +145,7 @@ def test_list_packages_by_group_and_approval_status(runtime: runtime_module.Runt
 
 
 def test_update_package_keeps_metadata_unless_named(runtime: runtime_module.Runtime) -> None:
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     sagemaker.create_model_package_group(ModelPackageGroupName=GROUP)
     arn = _register(sagemaker, CustomerMetadataProperties={"run": "r1", "score": "0.8"})
     sagemaker.update_model_package(ModelPackageArn=arn, ModelApprovalStatus="Approved", ApprovalDescription="ok")
@@ -163,12 +164,12 @@ def test_update_package_keeps_metadata_unless_named(runtime: runtime_module.Runt
 
 
 def test_state_change_event_on_create_and_approval_reaches_rule_target(runtime: runtime_module.Runtime) -> None:
-    sagemaker = _client("sagemaker")
-    queue_url = _events_queue(DETAIL_TYPE)
+    sagemaker = client("sagemaker")
+    queue_url = events_queue(DETAIL_TYPE)
     sagemaker.create_model_package_group(ModelPackageGroupName=GROUP)
     arn = _register(sagemaker, ClientToken="t-1", MetadataProperties={"GeneratedBy": "run-1"})
     _register(sagemaker, ClientToken="t-1")  # a retry: nothing changed, no event
-    [created] = _received(queue_url)
+    [created] = received(queue_url)
     assert (created["source"], created["detail-type"], created["resources"]) == ("aws.sagemaker", DETAIL_TYPE, [arn])
     detail = created["detail"]
     assert (detail["ModelPackageGroupName"], detail["ModelPackageVersion"], detail["ModelPackageArn"]) == (
@@ -185,7 +186,7 @@ def test_state_change_event_on_create_and_approval_reaches_rule_target(runtime: 
 
     sagemaker.update_model_package(ModelPackageArn=arn, ModelApprovalStatus="Approved")
     sagemaker.update_model_package(ModelPackageArn=arn, ModelApprovalStatus="Approved")  # no change, no event
-    [approved] = _received(queue_url)
+    [approved] = received(queue_url)
     assert approved["detail"]["ModelApprovalStatus"] == "Approved"
     assert approved["resources"] == [arn]
 
@@ -193,7 +194,7 @@ def test_state_change_event_on_create_and_approval_reaches_rule_target(runtime: 
 def test_state_change_event_kept_for_redelivery(runtime: runtime_module.Runtime) -> None:
     publisher = SageMakerStatusPublisher()
     runtime.sagemaker.listener = publisher  # type: ignore[union-attr]
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     sagemaker.create_model_package_group(ModelPackageGroupName=GROUP)
     arn = _register(sagemaker)
     [event] = publisher.published
@@ -209,7 +210,7 @@ def _model(package: str, **container: Any) -> dict[str, Any]:
 
 
 def test_serving_container_resolves_approved_version_by_arn_or_name(runtime: runtime_module.Runtime) -> None:
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     sagemaker.create_model_package_group(ModelPackageGroupName=GROUP)
     arn = _register(sagemaker, ModelApprovalStatus="Approved")
     resolved = serving_container({"ModelPackageName": arn, "Environment": {"EXTRA": "1"}}, "e", REGION)
@@ -219,7 +220,7 @@ def test_serving_container_resolves_approved_version_by_arn_or_name(runtime: run
 
 
 def test_serving_container_refuses_missing_or_unapproved_version(runtime: runtime_module.Runtime) -> None:
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     sagemaker.create_model_package_group(ModelPackageGroupName=GROUP)
     arn = _register(sagemaker)
     with pytest.raises(ModelPackageUnusable, match=r"is PendingManualApproval.*--model-approval-status Approved"):
@@ -246,7 +247,7 @@ def test_start_serving_model_package_downloads_the_package_artifact(
     runtime: runtime_module.Runtime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sagemaker_endpoints, "free_port", lambda: 65000)  # no socket in unit tests
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     sagemaker.create_model_package_group(ModelPackageGroupName=GROUP)
     arn = _register(sagemaker)
     image = fake_training_image(tmp_path, {"serve": "print('never started')\n"})

@@ -10,13 +10,14 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from sdflow.local import runtime as runtime_module
-from sdflow.local.sagemaker import ContainerError, EndpointUnreachable
-from sdflow.local.services.sagemaker import SageMakerStatusPublisher
-from tests.unit.local.conftest import ACCOUNT, REGION, ROLE, _client
+from sdflow.local.sagemaker.engine import ContainerError, EndpointUnreachable
+from sdflow.local.sagemaker.service import SageMakerStatusPublisher
+from tests.constants import ACCOUNT, REGION
+from tests.unit.local.helpers import ROLE, client
 
 
 def _endpoint(name: str = "e") -> None:
-    sagemaker = _client("sagemaker")
+    sagemaker = client("sagemaker")
     sagemaker.create_model(ModelName="m", ExecutionRoleArn=ROLE, PrimaryContainer={"Image": "image:tag"})
     variant = {"VariantName": "AllTraffic", "ModelName": "m", "InitialInstanceCount": 1, "InstanceType": "ml.m5.xlarge"}
     sagemaker.create_endpoint_config(EndpointConfigName="c", ProductionVariants=[variant])
@@ -24,7 +25,7 @@ def _endpoint(name: str = "e") -> None:
 
 
 def _invoke(name: str = "e") -> Any:
-    return _client("sagemaker-runtime").invoke_endpoint(EndpointName=name, Body=b'{"prompt": "x"}')
+    return client("sagemaker-runtime").invoke_endpoint(EndpointName=name, Body=b'{"prompt": "x"}')
 
 
 def _error(exc: pytest.ExceptionInfo[ClientError]) -> tuple[str, int]:
@@ -96,9 +97,11 @@ def test_model_5xx_server_error_and_dead_container_service_unavailable(
         raise EndpointUnreachable("endpoint e did not answer: connection refused")
 
     monkeypatch.setattr(runtime.sagemaker, "invoke_endpoint", gone)
-    client = boto3.client("sagemaker-runtime", region_name=REGION, config=Config(retries={"total_max_attempts": 1}))
+    runtime_client = boto3.client(
+        "sagemaker-runtime", region_name=REGION, config=Config(retries={"total_max_attempts": 1})
+    )
     with pytest.raises(ClientError) as unavailable:
-        client.invoke_endpoint(EndpointName="e", Body=b"{}")
+        runtime_client.invoke_endpoint(EndpointName="e", Body=b"{}")
     assert _error(unavailable) == ("ServiceUnavailable", 503)
 
 

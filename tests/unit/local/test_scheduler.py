@@ -11,20 +11,21 @@ from typing import Any
 import pytest
 
 from sdflow.local import runtime as runtime_module
+from sdflow.local import scheduler
 from sdflow.local.clock import Clock
-from sdflow.local.services import scheduler
-from tests.unit.local.conftest import ACCOUNT, REGION, ROLE, _client, _records, _wait_for
+from tests.constants import ACCOUNT, REGION
+from tests.unit.local.helpers import ROLE, client, records, wait_for
 
 T0 = dt.datetime(2030, 1, 7, 12, 0, 30, tzinfo=dt.UTC)  # a Monday
 
 
 def _queue(name: str) -> tuple[str, str]:
-    url = str(_client("sqs").create_queue(QueueName=name)["QueueUrl"])
+    url = str(client("sqs").create_queue(QueueName=name)["QueueUrl"])
     return url, f"arn:aws:sqs:{REGION}:{ACCOUNT}:{name}"
 
 
 def _bodies(url: str) -> list[Any]:
-    messages = _client("sqs").receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", [])
+    messages = client("sqs").receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", [])
     return [json.loads(m["Body"]) for m in messages]
 
 
@@ -54,7 +55,7 @@ def test_invalid_expression_names_the_fix(text: str) -> None:
 
 def test_schedule_without_input_delivers_scheduler_default_notification(runtime: runtime_module.Runtime) -> None:
     url, arn = _queue("reconcile")
-    _client("scheduler").create_schedule(
+    client("scheduler").create_schedule(
         Name="every10",
         ScheduleExpression="rate(10 minutes)",
         FlexibleTimeWindow={"Mode": "OFF"},
@@ -64,9 +65,14 @@ def test_schedule_without_input_delivers_scheduler_default_notification(runtime:
     assert runner.fire_due(T0) == []
     assert runner.fire_due(T0 + dt.timedelta(minutes=9)) == []
     schedule_arn = f"arn:aws:scheduler:{REGION}:{ACCOUNT}:schedule/default/every10"
-    assert runner.fire_due(T0 + dt.timedelta(minutes=20)) == [schedule_arn, schedule_arn]
-    first, second = _bodies(url)
-    assert first["id"] != second["id"]
+    assert runner.fire_due(T0 + dt.timedelta(minutes=10)) == [schedule_arn]
+    # A clock that jumps past several occurrences delivers the latest one once, not each of them.
+    assert runner.fire_due(T0 + dt.timedelta(minutes=45)) == [schedule_arn]
+    assert runner.fire_due(T0 + dt.timedelta(minutes=49)) == []
+    assert runner.fire_due(T0 + dt.timedelta(minutes=50)) == [schedule_arn]
+    first, second, third = _bodies(url)
+    assert len({first["id"], second["id"], third["id"]}) == 3
+    assert [second["time"], third["time"]] == ["2030-01-07T12:40:30Z", "2030-01-07T12:50:30Z"]
     assert {k: v for k, v in first.items() if k != "id"} == {
         "version": "0",
         "detail-type": "Scheduled Event",
@@ -85,7 +91,7 @@ def test_schedule_without_input_delivers_scheduler_default_notification(runtime:
 def test_schedule_input_reaches_lambda_exactly(
     runtime: runtime_module.Runtime, function_arn: str, tmp_path: Path
 ) -> None:
-    _client("scheduler").create_schedule(
+    client("scheduler").create_schedule(
         Name="with-input",
         ScheduleExpression="cron(* * * * ? *)",
         FlexibleTimeWindow={"Mode": "OFF"},
@@ -96,13 +102,13 @@ def test_schedule_input_reaches_lambda_exactly(
     assert runner.fire_due(T0 + dt.timedelta(seconds=31)) == [
         f"arn:aws:scheduler:{REGION}:{ACCOUNT}:schedule/default/with-input"
     ]
-    records = _wait_for(lambda: _records(tmp_path / "events.jsonl"), what="the scheduled invocation")
-    assert records == [{"record": True, "older_than": 900}]
+    recorded = wait_for(lambda: records(tmp_path / "events.jsonl"), what="the scheduled invocation")
+    assert recorded == [{"record": True, "older_than": 900}]
 
 
 def test_scheduled_rule_delivers_scheduled_event(runtime: runtime_module.Runtime) -> None:
     url, arn = _queue("rule-target")
-    events = _client("events")
+    events = client("events")
     rule_arn = events.put_rule(Name="hourly", ScheduleExpression="rate(1 hour)")["RuleArn"]
     events.put_targets(Rule="hourly", Targets=[{"Id": "q", "Arn": arn}])
     runner = scheduler.ScheduleRunner(ACCOUNT, REGION)
@@ -118,7 +124,7 @@ def test_scheduled_rule_delivers_scheduled_event(runtime: runtime_module.Runtime
 
 
 def test_disabled_rule_does_not_fire(runtime: runtime_module.Runtime) -> None:
-    _client("events").put_rule(Name="off", ScheduleExpression="rate(1 minute)", State="DISABLED")
+    client("events").put_rule(Name="off", ScheduleExpression="rate(1 minute)", State="DISABLED")
     runner = scheduler.ScheduleRunner(ACCOUNT, REGION)
     runner.fire_due(T0)
     assert runner.fire_due(T0 + dt.timedelta(hours=1)) == []
@@ -126,7 +132,7 @@ def test_disabled_rule_does_not_fire(runtime: runtime_module.Runtime) -> None:
 
 def test_schedules_on_scaled_clock_fire_rate_schedule_in_real_seconds(runtime: runtime_module.Runtime) -> None:
     url, arn = _queue("fast")
-    _client("scheduler").create_schedule(
+    client("scheduler").create_schedule(
         Name="fast",
         ScheduleExpression="rate(10 minutes)",
         FlexibleTimeWindow={"Mode": "OFF"},
@@ -135,14 +141,14 @@ def test_schedules_on_scaled_clock_fire_rate_schedule_in_real_seconds(runtime: r
     runner = scheduler.ScheduleRunner(ACCOUNT, REGION, clock=Clock(scale=1200.0))  # 10 minutes in 0.5 s
     runner.start(tick_s=0.05)
     try:
-        assert _wait_for(lambda: _bodies(url), what="the scheduled message") == [{"n": 1}]
+        assert wait_for(lambda: _bodies(url), what="the scheduled message") == [{"n": 1}]
     finally:
         runner.stop()
 
 
 def test_schedules_on_advanced_clock_fire_once_per_period(runtime: runtime_module.Runtime) -> None:
     url, arn = _queue("advanced")
-    _client("scheduler").create_schedule(
+    client("scheduler").create_schedule(
         Name="advanced",
         ScheduleExpression="rate(1 hour)",
         FlexibleTimeWindow={"Mode": "OFF"},
@@ -155,6 +161,6 @@ def test_schedules_on_advanced_clock_fire_once_per_period(runtime: runtime_modul
         time.sleep(0.2)
         assert _bodies(url) == []
         clock.advance(3600)
-        assert _wait_for(lambda: _bodies(url), what="the scheduled message") == [{"n": 2}]
+        assert wait_for(lambda: _bodies(url), what="the scheduled message") == [{"n": 2}]
     finally:
         runner.stop()

@@ -8,28 +8,29 @@ import pytest
 from botocore.exceptions import ClientError
 
 from sdflow.local import runtime as runtime_module
-from sdflow.local.services import sagemaker_quotas as quotas
-from tests.unit.local.conftest import ACCOUNT, PROCESSING_REQUEST, REGION, _client
+from sdflow.local.sagemaker import quotas
+from tests.constants import ACCOUNT, REGION
+from tests.unit.local.helpers import PROCESSING_REQUEST, client
 
 
 def _all(operation: str, **params: Any) -> list[dict[str, Any]]:
-    paginator = _client("service-quotas").get_paginator(operation)
+    paginator = client("service-quotas").get_paginator(operation)
     return [quota for page in paginator.paginate(ServiceCode="sagemaker", **params) for quota in page["Quotas"]]
 
 
 def test_moto_gap_no_list_service_quotas_and_no_sagemaker(aws: None) -> None:
-    client = _client("service-quotas")
+    quotas_client = client("service-quotas")
     with pytest.raises(Exception, match=r"list_service_quotas|not.*implemented|NotImplemented"):
-        client.list_service_quotas(ServiceCode="sagemaker")
+        quotas_client.list_service_quotas(ServiceCode="sagemaker")
     with pytest.raises(ClientError, match="NoSuchResource"):
-        client.list_aws_default_service_quotas(ServiceCode="sagemaker")
+        quotas_client.list_aws_default_service_quotas(ServiceCode="sagemaker")
 
 
 def test_list_service_quotas_pages_aws_names_with_configured_values(runtime: runtime_module.Runtime) -> None:
     runtime.sagemaker_quotas = quotas.SageMakerQuotas(
         overrides={"endpoint": 1, "ml.m5.xlarge for processing job usage": 9}
     )
-    first = _client("service-quotas").list_service_quotas(ServiceCode="sagemaker", MaxResults=100)
+    first = client("service-quotas").list_service_quotas(ServiceCode="sagemaker", MaxResults=100)
     assert len(first["Quotas"]) == 100
     assert "NextToken" in first
     listed = {quota["QuotaName"]: quota for quota in _all("list_service_quotas")}
@@ -50,27 +51,27 @@ def test_list_service_quotas_pages_aws_names_with_configured_values(runtime: run
 
 def test_get_service_quota_matches_enforced_limit(runtime: runtime_module.Runtime) -> None:
     runtime.sagemaker_quotas = quotas.SageMakerQuotas(overrides={"processing job": 1})
-    client = _client("service-quotas")
+    quotas_client = client("service-quotas")
     code = quotas.quota_code("ml.m5.xlarge for processing job usage")
-    quota = client.get_service_quota(ServiceCode="sagemaker", QuotaCode=code)["Quota"]
+    quota = quotas_client.get_service_quota(ServiceCode="sagemaker", QuotaCode=code)["Quota"]
     assert (quota["QuotaName"], quota["Value"]) == ("ml.m5.xlarge for processing job usage", 1.0)
-    assert client.get_aws_default_service_quota(ServiceCode="sagemaker", QuotaCode=code)["Quota"]["Value"] == 1.0
-    sagemaker = _client("sagemaker")
+    assert quotas_client.get_aws_default_service_quota(ServiceCode="sagemaker", QuotaCode=code)["Quota"]["Value"] == 1.0
+    sagemaker = client("sagemaker")
     sagemaker.create_processing_job(**PROCESSING_REQUEST)
     with pytest.raises(ClientError, match=r"'ml.m5.xlarge for processing job usage' is 1 Instances"):
         sagemaker.create_processing_job(**{**PROCESSING_REQUEST, "ProcessingJobName": "second"})
 
 
 def test_get_service_quota_unknown_code_no_such_resource(runtime: runtime_module.Runtime) -> None:
-    client = _client("service-quotas")
+    quotas_client = client("service-quotas")
     with pytest.raises(ClientError) as missing:
-        client.get_service_quota(ServiceCode="sagemaker", QuotaCode="L-00000000")
+        quotas_client.get_service_quota(ServiceCode="sagemaker", QuotaCode="L-00000000")
     assert missing.value.response["Error"]["Code"] == "NoSuchResourceException"
     with pytest.raises(ClientError, match="InvalidPaginationToken"):
-        client.list_service_quotas(ServiceCode="sagemaker", NextToken="not-a-token")
+        quotas_client.list_service_quotas(ServiceCode="sagemaker", NextToken="not-a-token")
 
 
 def test_vpc_quotas_still_answered_by_moto(runtime: runtime_module.Runtime) -> None:
-    vpc = _client("service-quotas").list_aws_default_service_quotas(ServiceCode="vpc")["Quotas"]
+    vpc = client("service-quotas").list_aws_default_service_quotas(ServiceCode="vpc")["Quotas"]
     assert vpc
     assert all(quota["ServiceCode"] == "vpc" for quota in vpc)

@@ -6,22 +6,20 @@ from pathlib import Path
 
 from sdflow.local import runtime as runtime_module
 from sdflow.local.services import sns as sns_service
-from tests.unit.local.conftest import (
-    _client,
-)
+from tests.unit.local.helpers import client
 
 
 def test_moto_gap_sns_publish_keeps_nothing_readable(aws: None, tmp_path: Path) -> None:
     from moto.sns.models import Topic
 
-    topic = _client("sns").create_topic(Name="t")["TopicArn"]
-    _client("sns").publish(TopicArn=topic, Message="hello")
+    topic = client("sns").create_topic(Name="t")["TopicArn"]
+    client("sns").publish(TopicArn=topic, Message="hello")
     assert "publish" in vars(Topic)
     assert not (tmp_path / "sns").exists()
 
 
 def test_patch_sns_publish_appends_message_to_topic_file(runtime: runtime_module.Runtime) -> None:
-    sns = _client("sns")
+    sns = client("sns")
     topic = sns.create_topic(Name="notifications")["TopicArn"]
     sns.publish(
         TopicArn=topic,

@@ -9,24 +9,19 @@ from typing import Any
 
 from sdflow.local import patching
 from sdflow.local import runtime as runtime_module
-from sdflow.local.services import stepfunctions
-from tests.unit.local.conftest import (
-    REGION,
-    ROLE,
-    _client,
-    _fail_waiting_task,
-    _wait_for,
-)
+from sdflow.local.stepfunctions import core as stepfunctions
+from tests.constants import REGION
+from tests.unit.local.helpers import ROLE, client, fail_waiting_task
 
 
 def test_moto_gap_send_task_failure_drops_cause(aws: None) -> None:
-    failed = _fail_waiting_task()
+    failed = fail_waiting_task()
     assert failed["error"] == "DownloadJobFailed"
     assert "cause" not in failed
 
 
 def test_patch_send_task_failure_keeps_cause(runtime: runtime_module.Runtime) -> None:
-    failed = _fail_waiting_task()
+    failed = fail_waiting_task()
     assert failed["error"] == "DownloadJobFailed"
     assert failed["cause"] == "AlgorithmError: all URLs failed"
 
@@ -34,17 +29,17 @@ def test_patch_send_task_failure_keeps_cause(runtime: runtime_module.Runtime) ->
 def _pass_machine() -> str:
     definition = json.dumps({"StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}})
     return str(
-        _client("stepfunctions").create_state_machine(name="m", definition=definition, roleArn=ROLE)["stateMachineArn"]
+        client("stepfunctions").create_state_machine(name="m", definition=definition, roleArn=ROLE)["stateMachineArn"]
     )
 
 
 def test_moto_gap_start_execution_without_name_is_named_none(aws: None) -> None:
-    arn = _client("stepfunctions").start_execution(stateMachineArn=_pass_machine())["executionArn"]
+    arn = client("stepfunctions").start_execution(stateMachineArn=_pass_machine())["executionArn"]
     assert arn.endswith(":None")
 
 
 def test_patch_start_execution_without_name_gets_unique_name(runtime: runtime_module.Runtime) -> None:
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     machine = _pass_machine()
     first = sfn.start_execution(stateMachineArn=machine)["executionArn"]
     second = sfn.start_execution(stateMachineArn=machine)["executionArn"]
@@ -100,57 +95,5 @@ def test_patch_interpreter_reuses_one_client_per_service(tmp_path: Path) -> None
 
     with patching.patched(runtime_module.Runtime(workdir=tmp_path)):
         assert boto_client.boto_client_for(REGION, "lambda") is boto_client.boto_client_for(REGION, "lambda")
-        assert lambda_eval_utils.boto_client_for is stepfunctions.sfn_boto_client_for
+        assert lambda_eval_utils.boto_client_for.patch_wrapper is stepfunctions.sfn_boto_client_for
     assert lambda_eval_utils.boto_client_for is not stepfunctions.sfn_boto_client_for, "uninstall restores moto"
-
-
-# ------------------------------------------------------------------ helpers for test_stepfunctions_<topic>.py
-
-
-def run_machine(definition: dict[str, Any], execution_input: Any = None, name: str = "m") -> dict[str, Any]:
-    """Creates a state machine, runs it to its end and returns DescribeExecution."""
-    sfn = _client("stepfunctions")
-    machine = sfn.create_state_machine(name=name, definition=json.dumps(definition), roleArn=ROLE)["stateMachineArn"]
-    arn = sfn.start_execution(stateMachineArn=machine, input=json.dumps(execution_input or {}))["executionArn"]
-    return finished(arn)
-
-
-def finished(execution_arn: str) -> dict[str, Any]:
-    sfn = _client("stepfunctions")
-    return dict(
-        _wait_for(
-            lambda: (d := sfn.describe_execution(executionArn=execution_arn))["status"] != "RUNNING" and d,
-            what="the execution to end",
-        )
-    )
-
-
-def history(execution_arn: str) -> list[dict[str, Any]]:
-    return list(_client("stepfunctions").get_execution_history(executionArn=execution_arn)["events"])
-
-
-def distributed_map(child_states: dict[str, Any], start_at: str, **fields: Any) -> dict[str, Any]:
-    """A Distributed Map state over $.items (ResultPath null unless given), ending the machine."""
-    return {
-        "Type": "Map",
-        "ItemsPath": "$.items",
-        "ItemProcessor": {
-            "ProcessorConfig": {"Mode": "DISTRIBUTED", "ExecutionType": "STANDARD"},
-            "StartAt": start_at,
-            "States": child_states,
-        },
-        "ResultPath": None,
-        "End": True,
-        **fields,
-    }
-
-
-FAIL_WHEN_ASKED = {
-    "Check": {
-        "Type": "Choice",
-        "Choices": [{"Variable": "$.fail", "BooleanEquals": True, "Next": "Fail"}],
-        "Default": "Done",
-    },
-    "Fail": {"Type": "Fail", "Error": "ShardFailed", "Cause": "the shard could not be read"},
-    "Done": {"Type": "Pass", "Parameters": {"shard.$": "$.shard", "status": "ok"}, "End": True},
-}

@@ -1,4 +1,4 @@
-"""Step Functions API semantics (sdflow/local/services/stepfunctions_api.py, stepfunctions_maprun.py):
+"""Step Functions API semantics (sdflow/local/stepfunctions/api.py, executions.py, map_runs.py, maprun.py):
 StopExecution, Map Run child executions, history paging and the status-change events."""
 
 from __future__ import annotations
@@ -12,18 +12,19 @@ import pytest
 from botocore.exceptions import ClientError
 
 from sdflow.local import runtime as runtime_module
-from tests.unit.local.conftest import ACCOUNT, REGION, ROLE, _client, _wait_for
+from tests.constants import ACCOUNT, REGION
+from tests.unit.local.helpers import ROLE, client, wait_for
 
 CHILD_ARN = re.compile(rf"^arn:aws:states:{REGION}:{ACCOUNT}:execution:m/shards:[0-9a-f-]{{36}}$")
 
 
 def _machine(definition: dict[str, Any], name: str = "m") -> str:
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     return str(sfn.create_state_machine(name=name, definition=json.dumps(definition), roleArn=ROLE)["stateMachineArn"])
 
 
 def _queue(name: str) -> str:
-    return str(_client("sqs").create_queue(QueueName=name)["QueueUrl"])
+    return str(client("sqs").create_queue(QueueName=name)["QueueUrl"])
 
 
 def _wait_task(queue_url: str) -> dict[str, Any]:
@@ -41,11 +42,11 @@ def _tokens(queue_url: str, count: int) -> list[str]:
     found: list[str] = []
 
     def poll() -> bool:
-        messages = _client("sqs").receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", [])
+        messages = client("sqs").receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", [])
         found.extend(json.loads(m["Body"])["token"] for m in messages)
         return len(found) >= count
 
-    _wait_for(poll, what=f"{count} task tokens")
+    wait_for(poll, what=f"{count} task tokens")
     return found
 
 
@@ -71,9 +72,9 @@ def _distributed_map(processor_states: dict[str, Any], start_at: str, concurrenc
 
 
 def _ended(arn: str) -> dict[str, Any]:
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     return dict(
-        _wait_for(
+        wait_for(
             lambda: (d := sfn.describe_execution(executionArn=arn))["status"] != "RUNNING" and d,
             what="the execution to end",
         )
@@ -90,7 +91,7 @@ def _error_code(call: Any, **kwargs: Any) -> str:
 
 
 def test_stop_execution_waiting_task_aborts_at_once_keeping_error_and_cause(runtime: runtime_module.Runtime) -> None:
-    sfn, queue_url = _client("stepfunctions"), _queue("tokens")
+    sfn, queue_url = client("stepfunctions"), _queue("tokens")
     machine = _machine({"StartAt": "Wait", "States": {"Wait": _wait_task(queue_url)}})
     arn = sfn.start_execution(stateMachineArn=machine, name="x", input="{}")["executionArn"]
     (token,) = _tokens(queue_url, 1)
@@ -114,7 +115,7 @@ def test_stop_execution_waiting_task_aborts_at_once_keeping_error_and_cause(runt
 
 
 def test_stop_execution_finished_execution_changes_nothing(runtime: runtime_module.Runtime) -> None:
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     machine = _machine({"StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}})
     arn = sfn.start_execution(stateMachineArn=machine, name="x")["executionArn"]
     done = _ended(arn)
@@ -126,7 +127,7 @@ def test_stop_execution_finished_execution_changes_nothing(runtime: runtime_modu
 
 
 def test_stop_execution_error_over_256_characters_is_refused(runtime: runtime_module.Runtime) -> None:
-    sfn, queue_url = _client("stepfunctions"), _queue("tokens")
+    sfn, queue_url = client("stepfunctions"), _queue("tokens")
     machine = _machine({"StartAt": "Wait", "States": {"Wait": _wait_task(queue_url)}})
     arn = sfn.start_execution(stateMachineArn=machine, name="x")["executionArn"]
     assert _error_code(sfn.stop_execution, executionArn=arn, error="E" * 257) == "ValidationException"
@@ -134,7 +135,7 @@ def test_stop_execution_error_over_256_characters_is_refused(runtime: runtime_mo
 
 
 def test_stop_execution_parent_aborts_its_map_run_and_children(runtime: runtime_module.Runtime) -> None:
-    sfn, queue_url = _client("stepfunctions"), _queue("tokens")
+    sfn, queue_url = client("stepfunctions"), _queue("tokens")
     machine = _machine(_distributed_map({"Wait": _wait_task(queue_url)}, "Wait", concurrency=2))
     arn = sfn.start_execution(stateMachineArn=machine, name="x", input=json.dumps({"items": list(range(5))}))[
         "executionArn"
@@ -172,7 +173,7 @@ def _fail_on_three() -> dict[str, Any]:
 
 
 def _finished_map_run(items: list[int]) -> str:
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     machine = _machine(_distributed_map(_fail_on_three(), "Check", concurrency=1))
     arn = sfn.start_execution(stateMachineArn=machine, name="x", input=json.dumps({"items": items}))["executionArn"]
     _ended(arn)
@@ -182,7 +183,7 @@ def _finished_map_run(items: list[int]) -> str:
 def test_list_executions_map_run_arn_lists_children_most_recent_first_in_pages(
     runtime: runtime_module.Runtime,
 ) -> None:
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     map_run = _finished_map_run([0, 1, 2, 4, 3])
     pages, token = [], None
     while True:
@@ -204,7 +205,7 @@ def test_list_executions_map_run_arn_lists_children_most_recent_first_in_pages(
 
 
 def test_list_executions_map_run_arn_status_filter_selects_children(runtime: runtime_module.Runtime) -> None:
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     map_run = _finished_map_run([0, 3, 1])
     failed = sfn.list_executions(mapRunArn=map_run, statusFilter="FAILED")["executions"]
     succeeded = sfn.list_executions(mapRunArn=map_run, statusFilter="SUCCEEDED")["executions"]
@@ -220,7 +221,7 @@ def test_list_executions_map_run_arn_status_filter_selects_children(runtime: run
 
 
 def test_list_executions_map_run_arn_bad_requests_are_refused(runtime: runtime_module.Runtime) -> None:
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     map_run = _finished_map_run([0, 1, 2])
     machine = f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:m"
     token = sfn.list_executions(mapRunArn=map_run, maxResults=1)["nextToken"]
@@ -241,7 +242,7 @@ def test_list_executions_map_run_arn_bad_requests_are_refused(runtime: runtime_m
 
 
 def _history_of_three_passes() -> str:
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     states = {
         "A": {"Type": "Pass", "Next": "B"},
         "B": {"Type": "Pass", "Next": "C"},
@@ -256,7 +257,7 @@ def _history_of_three_passes() -> str:
 
 
 def test_get_execution_history_max_results_pages_through_every_event(runtime: runtime_module.Runtime) -> None:
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     arn = _history_of_three_passes()
     everything = sfn.get_execution_history(executionArn=arn, maxResults=1000)["events"]
     paged, token = [], None
@@ -273,7 +274,7 @@ def test_get_execution_history_max_results_pages_through_every_event(runtime: ru
 
 
 def test_get_execution_history_reverse_order_lists_latest_first(runtime: runtime_module.Runtime) -> None:
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     arn = _history_of_three_passes()
     forward = [e["id"] for e in sfn.get_execution_history(executionArn=arn)["events"]]
     backward = [e["id"] for e in sfn.get_execution_history(executionArn=arn, reverseOrder=True)["events"]]
@@ -284,7 +285,7 @@ def test_get_execution_history_reverse_order_lists_latest_first(runtime: runtime
 def test_get_execution_history_without_execution_data_drops_inputs_and_outputs(
     runtime: runtime_module.Runtime,
 ) -> None:
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     arn = _history_of_three_passes()
     with_data = json.dumps(sfn.get_execution_history(executionArn=arn)["events"], default=str)
     without = sfn.get_execution_history(executionArn=arn, includeExecutionData=False)["events"]
@@ -299,7 +300,7 @@ def test_get_execution_history_without_execution_data_drops_inputs_and_outputs(
 
 def _status_events_queue() -> str:
     queue_url = _queue("states-events")
-    events = _client("events")
+    events = client("events")
     events.put_rule(
         Name="states",
         EventPattern=json.dumps({"source": ["aws.states"], "detail-type": ["Step Functions Execution Status Change"]}),
@@ -312,16 +313,16 @@ def _status_events(queue_url: str, count: int) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
 
     def poll() -> bool:
-        messages = _client("sqs").receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", [])
+        messages = client("sqs").receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", [])
         found.extend(json.loads(m["Body"]) for m in messages)
         return len(found) >= count
 
-    _wait_for(poll, what=f"{count} status-change events")
+    wait_for(poll, what=f"{count} status-change events")
     return found
 
 
 def test_status_change_events_running_and_succeeded_reach_a_rule(runtime: runtime_module.Runtime) -> None:
-    sfn, queue_url = _client("stepfunctions"), _status_events_queue()
+    sfn, queue_url = client("stepfunctions"), _status_events_queue()
     machine = _machine({"StartAt": "P", "States": {"P": {"Type": "Pass", "Result": "done", "End": True}}})
     arn = sfn.start_execution(stateMachineArn=machine, name="x", input='{"a":1}')["executionArn"]
     running, succeeded = _status_events(queue_url, 2)
@@ -342,7 +343,7 @@ def test_status_change_events_running_and_succeeded_reach_a_rule(runtime: runtim
 
 
 def test_status_change_events_failed_timed_out_and_aborted(runtime: runtime_module.Runtime) -> None:
-    sfn, queue_url = _client("stepfunctions"), _status_events_queue()
+    sfn, queue_url = client("stepfunctions"), _status_events_queue()
     failing = _machine({"StartAt": "F", "States": {"F": {"Type": "Fail", "Error": "Boom", "Cause": "c"}}}, "f")
     slow = _machine(
         {"TimeoutSeconds": 1, "StartAt": "W", "States": {"W": {"Type": "Wait", "Seconds": 30, "End": True}}}, "t"
@@ -363,7 +364,7 @@ def test_status_change_events_failed_timed_out_and_aborted(runtime: runtime_modu
 
 
 def test_status_change_events_standard_map_children_emit_their_own(runtime: runtime_module.Runtime) -> None:
-    sfn, queue_url = _client("stepfunctions"), _status_events_queue()
+    sfn, queue_url = client("stepfunctions"), _status_events_queue()
     machine = _machine(_distributed_map({"Done": {"Type": "Pass", "End": True}}, "Done", concurrency=2))
     sfn.start_execution(stateMachineArn=machine, name="x", input=json.dumps({"items": [1, 2]}))
     events = _status_events(queue_url, 6)  # parent RUNNING/SUCCEEDED, each child RUNNING/SUCCEEDED
@@ -376,7 +377,7 @@ def test_status_change_events_standard_map_children_emit_their_own(runtime: runt
 
 
 def test_moto_gap_stop_execution_leaves_a_waiting_execution_running(aws: None) -> None:
-    sfn, queue_url = _client("stepfunctions"), _queue("tokens")
+    sfn, queue_url = client("stepfunctions"), _queue("tokens")
     machine = _machine({"StartAt": "Wait", "States": {"Wait": _wait_task(queue_url)}})
     arn = sfn.start_execution(stateMachineArn=machine, name="x")["executionArn"]
     (token,) = _tokens(queue_url, 1)
@@ -388,7 +389,7 @@ def test_moto_gap_stop_execution_leaves_a_waiting_execution_running(aws: None) -
 
 
 def test_moto_gap_get_execution_history_ignores_max_results(aws: None) -> None:
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     arn = _history_of_three_passes()
     page = sfn.get_execution_history(executionArn=arn, maxResults=2)
     assert len(page["events"]) > 2

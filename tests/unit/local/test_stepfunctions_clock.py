@@ -10,35 +10,35 @@ from typing import Any
 
 from sdflow.local import runtime as runtime_module
 from sdflow.local.clock import Clock
-from tests.unit.local.conftest import ROLE, _client, _wait_for
+from tests.unit.local.helpers import ROLE, client, wait_for
 
 
 def _machine(states: dict[str, Any], start: str) -> str:
     definition = json.dumps({"StartAt": start, "States": states})
     return str(
-        _client("stepfunctions").create_state_machine(name="clocked", definition=definition, roleArn=ROLE)[
+        client("stepfunctions").create_state_machine(name="clocked", definition=definition, roleArn=ROLE)[
             "stateMachineArn"
         ]
     )
 
 
 def _ended(arn: str) -> dict[str, Any]:
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     return dict(
-        _wait_for(lambda: (d := sfn.describe_execution(executionArn=arn))["status"] != "RUNNING" and d, "the end")
+        wait_for(lambda: (d := sfn.describe_execution(executionArn=arn))["status"] != "RUNNING" and d, "the end")
     )
 
 
 def _history(arn: str) -> list[dict[str, Any]]:
-    return list(_client("stepfunctions").get_execution_history(executionArn=arn, maxResults=1000)["events"])
+    return list(client("stepfunctions").get_execution_history(executionArn=arn, maxResults=1000)["events"])
 
 
 def _pending(clock: Clock, what: str) -> None:
-    _wait_for(lambda: any(what in p.what for p in clock.pending()), f"a pending {what}")
+    wait_for(lambda: any(what in p.what for p in clock.pending()), f"a pending {what}")
 
 
 def _token_task(**extra: Any) -> tuple[str, str]:
-    sqs = _client("sqs")
+    sqs = client("sqs")
     queue_url = str(sqs.create_queue(QueueName="tokens")["QueueUrl"])
     task = {
         "Type": "Task",
@@ -98,7 +98,7 @@ def test_patch_retry_interval_of_an_hour_plays_out_on_scaled_clock(runtime: runt
     retry = [{"ErrorEquals": ["CapacityError"], "IntervalSeconds": 3600, "MaxAttempts": 1}]
     machine = _machine({"Train": {"Type": "Parallel", "Branches": [branch], "Retry": retry, "End": True}}, "Train")
     started = time.monotonic()
-    arn = _client("stepfunctions").start_execution(stateMachineArn=machine, name="retry")["executionArn"]
+    arn = client("stepfunctions").start_execution(stateMachineArn=machine, name="retry")["executionArn"]
     ended = _ended(arn)
     assert time.monotonic() - started < 15
     assert ended["status"] == "FAILED"
@@ -112,9 +112,9 @@ def test_patch_retry_interval_of_an_hour_plays_out_on_scaled_clock(runtime: runt
 def test_patch_wait_state_of_a_day_ends_when_clock_advances(runtime: runtime_module.Runtime) -> None:
     clock = runtime.clock
     machine = _machine({"Wait a day": {"Type": "Wait", "Seconds": 86_400, "End": True}}, "Wait a day")
-    arn = _client("stepfunctions").start_execution(stateMachineArn=machine, name="wait")["executionArn"]
+    arn = client("stepfunctions").start_execution(stateMachineArn=machine, name="wait")["executionArn"]
     _pending(clock, "Wait state")
-    assert _client("stepfunctions").describe_execution(executionArn=arn)["status"] == "RUNNING"
+    assert client("stepfunctions").describe_execution(executionArn=arn)["status"] == "RUNNING"
     clock.advance(86_400)
     ended = _ended(arn)
     assert ended["status"] == "SUCCEEDED"
@@ -126,15 +126,15 @@ def test_patch_wait_state_until_timestamp_counts_from_clock_now(runtime: runtime
     clock.advance(2 * 86_400)  # a timestamp one day ahead of the wall clock is a day in the past here
     tomorrow = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 86_400))
     machine = _machine({"Wait until": {"Type": "Wait", "Timestamp": tomorrow, "End": True}}, "Wait until")
-    arn = _client("stepfunctions").start_execution(stateMachineArn=machine, name="until")["executionArn"]
+    arn = client("stepfunctions").start_execution(stateMachineArn=machine, name="until")["executionArn"]
     assert _ended(arn)["status"] == "SUCCEEDED"
 
 
 def test_patch_task_token_timeout_fires_when_clock_passes_it(runtime: runtime_module.Runtime) -> None:
     clock = runtime.clock
     machine, queue_url = _token_task(TimeoutSeconds=7 * 86_400)
-    arn = _client("stepfunctions").start_execution(stateMachineArn=machine, name="timeout")["executionArn"]
-    _wait_for(lambda: _client("sqs").receive_message(QueueUrl=queue_url).get("Messages"), "the task token")
+    arn = client("stepfunctions").start_execution(stateMachineArn=machine, name="timeout")["executionArn"]
+    wait_for(lambda: client("sqs").receive_message(QueueUrl=queue_url).get("Messages"), "the task token")
     _pending(clock, "TimeoutSeconds")
     assert clock.advance_to_next(what="TimeoutSeconds") is not None
     ended = _ended(arn)
@@ -145,8 +145,8 @@ def test_patch_task_token_timeout_fires_when_clock_passes_it(runtime: runtime_mo
 def test_patch_heartbeat_timeout_fires_when_clock_passes_it(runtime: runtime_module.Runtime) -> None:
     clock = runtime.clock
     machine, queue_url = _token_task(TimeoutSeconds=86_400, HeartbeatSeconds=600)
-    arn = _client("stepfunctions").start_execution(stateMachineArn=machine, name="heartbeat")["executionArn"]
-    _wait_for(lambda: _client("sqs").receive_message(QueueUrl=queue_url).get("Messages"), "the task token")
+    arn = client("stepfunctions").start_execution(stateMachineArn=machine, name="heartbeat")["executionArn"]
+    wait_for(lambda: client("sqs").receive_message(QueueUrl=queue_url).get("Messages"), "the task token")
     _pending(clock, "heartbeat")
     clock.advance(601)
     ended = _ended(arn)

@@ -9,9 +9,9 @@ import pytest
 from botocore.exceptions import ClientError
 
 from sdflow.local import runtime as runtime_module
-from sdflow.local.services import stepfunctions_limits as limits
-from tests.unit.local.conftest import ROLE, _client
-from tests.unit.local.test_stepfunctions import distributed_map, history, run_machine
+from sdflow.local.stepfunctions import limits
+from tests.unit.local.helpers import ROLE, client
+from tests.unit.local.machines import distributed_map, history, run_machine
 
 LIMIT = limits.MAX_PAYLOAD_BYTES
 CATCH_ALL = [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "Caught"}]
@@ -21,7 +21,7 @@ CAUGHT = {"Type": "Pass", "End": True}
 def _big_object(size: int) -> None:
     """A DynamoDB item of `size` bytes of text (items may be 400 KB; S3 bodies reach moto's
     interpreter as streams, not text)."""
-    ddb = _client("dynamodb")
+    ddb = client("dynamodb")
     ddb.create_table(
         TableName="data",
         KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
@@ -86,7 +86,7 @@ def test_patch_size_is_measured_as_compact_utf8() -> None:
 
 
 def test_moto_gap_parameters_over_limit_are_sent(aws: None) -> None:
-    _client("s3").create_bucket(Bucket="data")
+    client("s3").create_bucket(Bucket="data")
     described = run_machine(_put_three_copies(), {"x": "x" * 100_000})
     assert described["status"] == "SUCCEEDED"
 
@@ -105,11 +105,11 @@ def _put_three_copies() -> dict[str, Any]:
 
 
 def test_patch_parameters_over_limit_fail_the_execution(runtime: runtime_module.Runtime) -> None:
-    _client("s3").create_bucket(Bucket="data")
+    client("s3").create_bucket(Bucket="data")
     described = run_machine(_put_three_copies(), {"x": "x" * 100_000})
     assert described["status"] == "FAILED"
     assert described["error"] == "States.DataLimitExceeded"
-    assert "Key" not in _client("s3").list_objects_v2(Bucket="data").get("Contents", [{}])[0]
+    assert "Key" not in client("s3").list_objects_v2(Bucket="data").get("Contents", [{}])[0]
 
 
 def _iteration_input_over_limit() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -161,20 +161,20 @@ def test_patch_map_collected_result_over_limit_fails_despite_result_path_null(
 
 
 def test_patch_map_with_result_writer_does_not_collect(runtime: runtime_module.Runtime) -> None:
-    _client("s3").create_bucket(Bucket="results")
+    client("s3").create_bucket(Bucket="results")
     writer = {"Resource": "arn:aws:states:::s3:putObject", "Parameters": {"Bucket": "results", "Prefix": "out"}}
     assert run_machine(*_collect_300_kb(ResultWriter=writer))["status"] == "SUCCEEDED"
 
 
 def test_moto_gap_start_execution_accepts_input_over_limit(aws: None) -> None:
-    machine = _client("stepfunctions").create_state_machine(
+    machine = client("stepfunctions").create_state_machine(
         name="m", definition=json.dumps({"StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}}), roleArn=ROLE
     )["stateMachineArn"]
-    _client("stepfunctions").start_execution(stateMachineArn=machine, input=json.dumps({"x": "x" * LIMIT}))
+    client("stepfunctions").start_execution(stateMachineArn=machine, input=json.dumps({"x": "x" * LIMIT}))
 
 
 def test_patch_start_execution_refuses_input_over_limit(runtime: runtime_module.Runtime) -> None:
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     machine = sfn.create_state_machine(
         name="m", definition=json.dumps({"StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}}), roleArn=ROLE
     )["stateMachineArn"]

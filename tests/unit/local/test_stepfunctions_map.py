@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from sdflow.local import runtime as runtime_module
-from sdflow.local.services.stepfunctions_map import EXCEEDED_CAUSE
-from tests.unit.local.conftest import _client
-from tests.unit.local.test_stepfunctions import FAIL_WHEN_ASKED, distributed_map, run_machine
+from sdflow.local.stepfunctions.map import EXCEEDED_CAUSE
+from tests.unit.local.helpers import client
+from tests.unit.local.machines import FAIL_WHEN_ASKED, distributed_map, run_machine
 
 EXCEEDED = "States.ExceedToleratedFailureThreshold"
 
@@ -73,11 +73,11 @@ def _writer(prefix: str = "results") -> dict[str, Any]:
 
 
 def _read(bucket: str, key: str) -> Any:
-    return json.loads(_client("s3").get_object(Bucket=bucket, Key=key)["Body"].read())
+    return json.loads(client("s3").get_object(Bucket=bucket, Key=key)["Body"].read())
 
 
 def test_moto_gap_result_writer_writes_an_empty_manifest(aws: None) -> None:
-    _client("s3").create_bucket(Bucket="results")
+    client("s3").create_bucket(Bucket="results")
     writer = {"Resource": "arn:aws:states:::s3:putObject", "Parameters": {"Bucket": "results", "Prefix": "p"}}
     described = run_machine(_machine(ResultWriter=writer, ResultPath="$.written"), _shards(failing=0))
     details = json.loads(described["output"])["written"]["ResultWriterDetails"]
@@ -86,14 +86,14 @@ def test_moto_gap_result_writer_writes_an_empty_manifest(aws: None) -> None:
 
 
 def test_moto_gap_result_writer_paths_select_from_the_results(aws: None) -> None:
-    _client("s3").create_bucket(Bucket="results")
+    client("s3").create_bucket(Bucket="results")
     described = run_machine(_machine(ResultWriter=_writer()), {**_shards(failing=0), "bucket": "results"})
     assert (described["status"], described["error"]) == ("FAILED", "States.Runtime")
     assert "could not be found in the input '[" in described["cause"]
 
 
 def test_patch_result_writer_writes_each_status_and_a_manifest(runtime: runtime_module.Runtime) -> None:
-    _client("s3").create_bucket(Bucket="results")
+    client("s3").create_bucket(Bucket="results")
     writer = _writer()
     del writer["Parameters"]["Prefix"]
     writer["Parameters"]["Prefix.$"] = "States.Format('runs/{}/results', $$.Execution.Name)"  # as the pipeline does

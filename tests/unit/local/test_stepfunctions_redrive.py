@@ -1,4 +1,4 @@
-"""RedriveExecution and `$$.Execution.RedriveCount` (sdflow/local/services/stepfunctions_redrive.py)."""
+"""RedriveExecution and `$$.Execution.RedriveCount` (sdflow/local/stepfunctions/redrive.py)."""
 
 from __future__ import annotations
 
@@ -11,21 +11,22 @@ import pytest
 from botocore.exceptions import ClientError
 
 from sdflow.local import runtime as runtime_module
-from tests.unit.local.conftest import ACCOUNT, REGION, ROLE, _client, _wait_for
+from tests.constants import ACCOUNT, REGION
+from tests.unit.local.helpers import ROLE, client, wait_for
 
 AWS_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 CHILD_ARN = re.compile(rf"^arn:aws:states:{REGION}:{ACCOUNT}:execution:m/shards:[0-9a-f-]{{36}}$")
 
 
 def _machine(definition: dict[str, Any], name: str = "m") -> str:
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     return str(sfn.create_state_machine(name=name, definition=json.dumps(definition), roleArn=ROLE)["stateMachineArn"])
 
 
 def _ended(arn: str) -> dict[str, Any]:
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     return dict(
-        _wait_for(
+        wait_for(
             lambda: (d := sfn.describe_execution(executionArn=arn))["status"] != "RUNNING" and d,
             what="the execution to end",
         )
@@ -60,7 +61,7 @@ CONTEXT = {"Type": "Pass", "Parameters": {"execution.$": "$$.Execution"}, "End":
 
 
 def test_context_execution_never_redriven_has_redrive_count_zero(runtime: runtime_module.Runtime) -> None:
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     machine = _machine({"StartAt": "C", "States": {"C": CONTEXT}})
     arn = sfn.start_execution(stateMachineArn=machine, name="x", input='{"a": 1}')["executionArn"]
 
@@ -73,7 +74,7 @@ def test_context_execution_never_redriven_has_redrive_count_zero(runtime: runtim
 
 
 def test_context_execution_distributed_map_child_is_its_own_execution(runtime: runtime_module.Runtime) -> None:
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     selector = {"value.$": "$$.Map.Item.Value", "parent.$": "$$.Execution.Id", "count.$": "$$.Execution.RedriveCount"}
     definition = {
         "StartAt": "Shards",
@@ -117,7 +118,7 @@ PREPARE_THEN_GATE = {
 
 
 def _events(arn: str) -> list[dict[str, Any]]:
-    return list(_client("stepfunctions").get_execution_history(executionArn=arn, maxResults=1000)["events"])
+    return list(client("stepfunctions").get_execution_history(executionArn=arn, maxResults=1000)["events"])
 
 
 def _entered(events: list[dict[str, Any]], name: str) -> int:
@@ -125,7 +126,7 @@ def _entered(events: list[dict[str, Any]], name: str) -> int:
 
 
 def _status_events_queue() -> str:
-    sqs, events = _client("sqs"), _client("events")
+    sqs, events = client("sqs"), client("events")
     queue_url = str(sqs.create_queue(QueueName="states-events")["QueueUrl"])
     events.put_rule(Name="states", EventPattern=json.dumps({"source": ["aws.states"]}))
     events.put_targets(Rule="states", Targets=[{"Id": "q", "Arn": f"arn:aws:sqs:{REGION}:{ACCOUNT}:states-events"}])
@@ -136,16 +137,16 @@ def _status_events(queue_url: str, count: int) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
 
     def poll() -> bool:
-        messages = _client("sqs").receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", [])
+        messages = client("sqs").receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", [])
         found.extend(json.loads(m["Body"])["detail"] for m in messages)
         return len(found) >= count
 
-    _wait_for(poll, what=f"{count} status-change events")
+    wait_for(poll, what=f"{count} status-change events")
     return found
 
 
 def test_redrive_failed_execution_continues_at_failed_state_with_its_input(runtime: runtime_module.Runtime) -> None:
-    sfn, queue_url = _client("stepfunctions"), _status_events_queue()
+    sfn, queue_url = client("stepfunctions"), _status_events_queue()
     arn = sfn.start_execution(stateMachineArn=_machine(PREPARE_THEN_GATE), name="x", input='{"a":1}')["executionArn"]
     failed = _ended(arn)
     assert (failed["status"], failed["error"]) == ("FAILED", "States.Runtime")
@@ -180,7 +181,7 @@ def test_redrive_failed_execution_continues_at_failed_state_with_its_input(runti
 def test_redrive_not_redrivable_executions_are_refused_with_the_reason(runtime: runtime_module.Runtime) -> None:
     from moto.stepfunctions.parser.models import stepfunctions_parser_backends
 
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     machine = _machine({"StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}})
     succeeded = sfn.start_execution(stateMachineArn=machine, name="ok")["executionArn"]
     _ended(succeeded)
@@ -203,7 +204,7 @@ def test_redrive_not_redrivable_executions_are_refused_with_the_reason(runtime: 
 
 
 def test_redrive_client_token_repeated_gets_the_same_redrive(runtime: runtime_module.Runtime) -> None:
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     arn = sfn.start_execution(stateMachineArn=_machine(PREPARE_THEN_GATE), name="x")["executionArn"]
     _ended(arn)
 
@@ -226,16 +227,16 @@ def _wait_task(queue_url: str) -> dict[str, Any]:
 
 
 def _token(queue_url: str) -> str:
-    sqs = _client("sqs")
-    found = _wait_for(
+    sqs = client("sqs")
+    found = wait_for(
         lambda: sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=1).get("Messages"), what="a task token"
     )
     return str(json.loads(found[0]["Body"])["token"])
 
 
 def test_redrive_aborted_execution_reruns_the_interrupted_task(runtime: runtime_module.Runtime) -> None:
-    sfn = _client("stepfunctions")
-    queue_url = str(_client("sqs").create_queue(QueueName="tokens")["QueueUrl"])
+    sfn = client("stepfunctions")
+    queue_url = str(client("sqs").create_queue(QueueName="tokens")["QueueUrl"])
     definition = {"StartAt": "Wait", "States": {"Wait": _wait_task(queue_url)}}
     arn = sfn.start_execution(stateMachineArn=_machine(definition), name="x")["executionArn"]
     first = _token(queue_url)
@@ -261,7 +262,7 @@ def _parallel_failing(**extra: Any) -> dict[str, Any]:
 
 
 def test_redrive_retry_attempts_start_again_from_zero(runtime: runtime_module.Runtime) -> None:
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     retry = [{"ErrorEquals": ["Custom"], "MaxAttempts": 1, "IntervalSeconds": 1, "BackoffRate": 1.0}]
     definition = {"StartAt": "Try", "States": {"Try": _parallel_failing(Retry=retry, End=True)}}
     arn = sfn.start_execution(stateMachineArn=_machine(definition), name="x")["executionArn"]
@@ -277,7 +278,7 @@ def test_redrive_retry_attempts_start_again_from_zero(runtime: runtime_module.Ru
 
 
 def test_redrive_caught_failure_is_not_rerun_the_fail_state_is(runtime: runtime_module.Runtime) -> None:
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     catch = [{"ErrorEquals": ["States.ALL"], "Next": "Give up"}]
     definition = {
         "StartAt": "Try",
@@ -328,7 +329,7 @@ SELECTOR = {"value.$": "$$.Map.Item.Value", "parent_count.$": "$$.Execution.Redr
 
 
 def test_redrive_distributed_map_reruns_only_unsuccessful_children(runtime: runtime_module.Runtime) -> None:
-    sfn, s3 = _client("stepfunctions"), _client("s3")
+    sfn, s3 = client("stepfunctions"), client("s3")
     s3.create_bucket(Bucket="results")
     writer = {"Resource": "arn:aws:states:::s3:putObject", "Parameters": {"Bucket": "results", "Prefix": "out"}}
     shards = _distributed_map(_shard_children(), "Pick", ItemSelector=SELECTOR, ResultWriter=writer, Next="Done")
@@ -378,7 +379,7 @@ def test_redrive_distributed_map_reruns_only_unsuccessful_children(runtime: runt
 
 
 def test_redrive_distributed_map_tolerated_failures_count_the_whole_map_run(runtime: runtime_module.Runtime) -> None:
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     shards = _distributed_map(
         _shard_children(hard=(1, 3)), "Pick", ItemSelector=SELECTOR, ToleratedFailurePercentage=50.0, End=True
     )
@@ -406,7 +407,7 @@ def test_redrive_distributed_map_role_needs_redrive_execution_on_its_children(
 ) -> None:
     from sdflow.local.services.iam import IamEnforcer
 
-    sfn, iam = _client("stepfunctions"), _client("iam")
+    sfn, iam = client("stepfunctions"), client("iam")
     runtime.iam = IamEnforcer(REGION)
     shards = _distributed_map(_shard_children(), "Pick", ItemSelector=SELECTOR, End=True)
     definition = {"StartAt": "Shards", "States": {"Shards": shards}}
@@ -437,7 +438,7 @@ def test_redrive_distributed_map_role_needs_redrive_execution_on_its_children(
 
 
 def _map_run(arn: str) -> str:
-    (map_run,) = _client("stepfunctions").list_map_runs(executionArn=arn)["mapRuns"]
+    (map_run,) = client("stepfunctions").list_map_runs(executionArn=arn)["mapRuns"]
     return str(map_run["mapRunArn"])
 
 
@@ -446,7 +447,7 @@ def test_redrive_distributed_map_after_1000_map_run_redrives_fails_states_runtim
 ) -> None:
     from moto.stepfunctions.parser.models import stepfunctions_parser_backends
 
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     shards = _distributed_map(_shard_children(), "Pick", ItemSelector=SELECTOR, End=True)
     definition = {"StartAt": "Shards", "States": {"Shards": shards}}
     arn = sfn.start_execution(stateMachineArn=_machine(definition), name="x", input='{"items": [2]}')["executionArn"]

@@ -9,14 +9,14 @@ import pytest
 from botocore.exceptions import ClientError
 
 from sdflow.local import runtime as runtime_module
-from sdflow.local.services.stepfunctions_tokens import TASK_TIMED_OUT_MESSAGE
-from tests.unit.local.conftest import ROLE, _client, _wait_for
-from tests.unit.local.test_stepfunctions import finished
+from sdflow.local.stepfunctions.tokens import TASK_TIMED_OUT_MESSAGE
+from tests.unit.local.helpers import ROLE, client, wait_for
+from tests.unit.local.machines import finished
 
 
 def _start_waiting_task(**fields: Any) -> tuple[str, str]:
     """Starts a machine whose only task hands its token over SQS; returns (execution, queue URL)."""
-    sfn, sqs = _client("stepfunctions"), _client("sqs")
+    sfn, sqs = client("stepfunctions"), client("sqs")
     queue_url = sqs.create_queue(QueueName="tokens")["QueueUrl"]
     wait = {
         "Type": "Task",
@@ -34,8 +34,8 @@ def _start_waiting_task(**fields: Any) -> tuple[str, str]:
 
 
 def _next_message(queue_url: str) -> dict[str, Any]:
-    sqs = _client("sqs")
-    messages = _wait_for(lambda: sqs.receive_message(QueueUrl=queue_url).get("Messages"), what="a task token")
+    sqs = client("sqs")
+    messages = wait_for(lambda: sqs.receive_message(QueueUrl=queue_url).get("Messages"), what="a task token")
     sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=messages[0]["ReceiptHandle"])
     return dict(json.loads(messages[0]["Body"]))
 
@@ -46,14 +46,14 @@ RETRY_ONCE = [{"ErrorEquals": ["DownloadJobFailed"], "IntervalSeconds": 1, "MaxA
 def test_moto_gap_retry_reuses_the_first_attempts_token(aws: None) -> None:
     execution, queue_url = _start_waiting_task(Retry=RETRY_ONCE)
     first = _next_message(queue_url)
-    _client("stepfunctions").send_task_failure(taskToken=first["token"], error="DownloadJobFailed", cause="killed")
+    client("stepfunctions").send_task_failure(taskToken=first["token"], error="DownloadJobFailed", cause="killed")
     second = _next_message(queue_url)
     assert second["token"] == first["token"]
     assert finished(execution)["status"] == "FAILED", "the retry answered with the stored failure at once"
 
 
 def test_patch_each_retry_attempt_gets_a_fresh_token(runtime: runtime_module.Runtime) -> None:
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     execution, queue_url = _start_waiting_task(Retry=RETRY_ONCE)
     first = _next_message(queue_url)
     sfn.send_task_failure(taskToken=first["token"], error="DownloadJobFailed", cause="killed")
@@ -78,12 +78,12 @@ def test_patch_token_of_a_timed_out_attempt_is_dead(runtime: runtime_module.Runt
     token = _next_message(queue_url)["token"]
     assert finished(execution)["error"] == "States.Timeout"
     with pytest.raises(ClientError) as late:
-        _client("stepfunctions").send_task_success(taskToken=token, output="{}")
+        client("stepfunctions").send_task_success(taskToken=token, output="{}")
     assert late.value.response["Error"]["Code"] == "TaskTimedOut"
 
 
 def test_patch_second_answer_to_a_token_is_refused(runtime: runtime_module.Runtime) -> None:
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     execution, queue_url = _start_waiting_task()
     token = _next_message(queue_url)["token"]
     sfn.send_task_success(taskToken=token, output=json.dumps({"first": True}))
@@ -100,14 +100,14 @@ def test_patch_second_answer_to_a_token_is_refused(runtime: runtime_module.Runti
 
 def test_patch_unknown_token_is_invalid(runtime: runtime_module.Runtime) -> None:
     with pytest.raises(ClientError) as refused:
-        _client("stepfunctions").send_task_success(taskToken="never-issued", output="{}")
+        client("stepfunctions").send_task_success(taskToken="never-issued", output="{}")
     assert refused.value.response["Error"]["Code"] == "InvalidToken"
 
 
 def test_patch_heartbeat_on_an_open_task_without_heartbeat_seconds_is_accepted(
     runtime: runtime_module.Runtime,
 ) -> None:
-    sfn = _client("stepfunctions")
+    sfn = client("stepfunctions")
     execution, queue_url = _start_waiting_task()
     token = _next_message(queue_url)["token"]
     sfn.send_task_heartbeat(taskToken=token)

@@ -36,8 +36,9 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from sdflow.local.patching import original
-from sdflow.local.runtime import DEFAULT_ACCOUNT, current_clock, runtime_or_none
+from sdflow.local.account import ACCOUNT_ID
+from sdflow.local.patching import Patch, replace, wrap
+from sdflow.local.runtime import current_clock, runtime_or_none
 
 DETAIL_TYPE = "SageMaker Model Package State Change"
 APPROVAL_STATUSES = ("Approved", "Rejected", "PendingManualApproval")
@@ -122,7 +123,7 @@ def _publish(package: Any, account: str, region: str) -> None:
             listener.published.append(event)
 
 
-def sagemaker_create_model_package_group(self: Any) -> Any:
+def sagemaker_create_model_package_group(inner: Any, self: Any) -> Any:
     """Wraps moto/sagemaker/responses.py SageMakerResponse.create_model_package_group: the name
     rules, and a second group of the same name refused (moto replaces the first)."""
     name = self._get_param("ModelPackageGroupName") or ""
@@ -143,10 +144,10 @@ def sagemaker_create_model_package_group(self: Any) -> Any:
             from moto.sagemaker.exceptions import ValidationError
 
             raise ValidationError(message=f"Model Package Group already exists: {existing.arn}")
-        return original(type(self), "create_model_package_group")(self)
+        return inner(self)
 
 
-def sagemaker_create_model_package(self: Any) -> Any:
+def sagemaker_create_model_package(inner: Any, self: Any) -> Any:
     """Wraps moto/sagemaker/responses.py SageMakerResponse.create_model_package: ClientToken
     idempotency, the approval status checked and defaulted, the group by name or ARN and required
     to exist, and the state-change event."""
@@ -171,7 +172,7 @@ def sagemaker_create_model_package(self: Any) -> Any:
             for package in backend.model_packages.values():
                 if package.client_token == token and package.model_package_group_name == group:
                     return ActionResult({"ModelPackageArn": package.arn})  # the retried call's answer
-        result = original(type(self), "create_model_package")(self)
+        result = inner(self)
         package = backend.model_packages[
             backend.model_package_name_mapping[group or self._get_param("ModelPackageName")]
         ]
@@ -228,7 +229,7 @@ def serving_container(container: Mapping[str, Any], endpoint_name: str, region: 
     else:
         runtime = runtime_or_none()
         where = runtime.sagemaker_where.get(("endpoint", endpoint_name)) if runtime else None
-        account, region = where or (DEFAULT_ACCOUNT, region)
+        account, region = where or (ACCOUNT_ID, region)
         arn = f"arn:aws:sagemaker:{region}:{account}:model-package/{reference.lower()}"
     package = sagemaker_backends[account][region].model_packages.get(arn)
     if package is None:
@@ -252,11 +253,11 @@ def serving_container(container: Mapping[str, Any], endpoint_name: str, region: 
     return resolved
 
 
-def patches() -> list[tuple[Any, str, Any]]:
+def patches() -> list[Patch]:
     from moto.sagemaker.responses import SageMakerResponse
 
     return [
-        (SageMakerResponse, "create_model_package_group", sagemaker_create_model_package_group),
-        (SageMakerResponse, "create_model_package", sagemaker_create_model_package),
-        (SageMakerResponse, "update_model_package", sagemaker_update_model_package),
+        wrap(SageMakerResponse, "create_model_package_group", sagemaker_create_model_package_group),
+        wrap(SageMakerResponse, "create_model_package", sagemaker_create_model_package),
+        replace(SageMakerResponse, "update_model_package", sagemaker_update_model_package),
     ]

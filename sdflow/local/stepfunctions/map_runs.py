@@ -1,7 +1,6 @@
-"""Step Functions: a Distributed Map's child workflow executions as AWS lists them, paging, and the
-"Step Functions Execution Status Change" events, used by stepfunctions_api.py. Its own patches()
-wraps a Distributed Map child's evaluation (outermost, through `patching.previous()`, around
-stepfunctions_map.py's wrapper of the same method).
+"""Step Functions: the Map Runs' records: a Distributed Map's child workflow executions as AWS lists
+them, paging, and the "Step Functions Execution Status Change" events, used by stepfunctions/api.py
+and stepfunctions/executions.py; stepfunctions/maprun.py keeps them as the children run.
 
 moto runs each Map item as a frame inside the parent's thread and keeps no record of it: here each
 started child gets one (ARN, status, dates, input, output, error, cause) on its MapRunRecord."""
@@ -20,7 +19,6 @@ from typing import Any
 
 from moto.core.exceptions import AWSError
 
-from sdflow.local.patching import previous
 from sdflow.local.runtime import current_clock
 
 SOURCE = "aws.states"
@@ -33,7 +31,7 @@ EVENT_DATA_LIMIT = 248 * 1024
 # and the maximum allowed page size is 1000. A value of 0 uses the default."
 PAGE_DEFAULT = 100
 PAGE_MAX = 1000
-_UNSET: Any = object()
+UNSET: Any = object()
 
 
 class StepFunctionsValidationError(AWSError):
@@ -209,7 +207,7 @@ class ChildExecution:
     error: str | None = None
     cause: str | None = None
     index: int = -1  # the item's index in the Map Run
-    # Redriven with its Map Run (stepfunctions_redrive_map.py): the same execution, run again.
+    # Redriven with its Map Run (stepfunctions/redrive_map.py): the same execution, run again.
     redrive_count: int = 0
     redrive_date: dt.datetime | None = None
 
@@ -325,14 +323,14 @@ class MapRunChildren:
             publish_status_change(*self.where, child.detail)
         return child
 
-    def finish(self, child: ChildExecution, state: Any, output: Any, child_input: Any = _UNSET) -> None:
+    def finish(self, child: ChildExecution, state: Any, output: Any, child_input: Any = UNSET) -> None:
         """The child ended; `child_input` is its input after ItemSelector, where known
-        (stepfunctions_map.py keeps it on the child's frame), else the raw item stays."""
+        (stepfunctions/map.py keeps it on the child's frame), else the raw item stays."""
         status, error, cause = _outcome(state)
         with self.lock:
             if child.status != "RUNNING":  # aborted with its parent meanwhile
                 return
-            if child_input is not _UNSET:
+            if child_input is not UNSET:
                 child.input_text = compact_json(child_input)
             child.stop_date = current_clock().now()
             child.output_text = compact_json(output) if status == "SUCCEEDED" else None
@@ -383,51 +381,6 @@ def _outcome(state: Any) -> tuple[str, str | None, str | None]:
     if isinstance(state, ProgramStopped):
         return "ABORTED", state.error, state.cause
     return "FAILED", "States.Runtime", f"the child workflow ended in state {type(state).__name__}"
-
-
-def _children_of(worker: Any) -> MapRunChildren:
-    record = worker._map_run_record
-    runs = getattr(record, "_sdflow_children", None)
-    if runs is None:
-        fresh = MapRunChildren(record, worker._job_pool._jobs_number, getattr(worker, "_sdflow_standard", True))
-        runs = vars(record).setdefault("_sdflow_children", fresh)  # atomic: workers race to create it
-    return runs
-
-
-def sfn_eval_child(self: Any, env: Any, job: Any) -> None:
-    """Wraps moto's DistributedItemProcessorWorker._eval_job (…/itemprocessor/
-    distributed_item_processor_worker.py): records the child execution and its outcome. After the
-    parent stopped no further child starts (moto would run every remaining item into an error)."""
-    from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.itemprocessor.distributed_item_processor_worker import (  # noqa: E501
-        DistributedItemProcessorWorker,
-    )
-
-    runs = _children_of(self)
-    if not env.is_running() or getattr(self._map_run_record, "_sdflow_aborted_at", None) is not None:
-        job.job_output = None
-        return
-    redriven = getattr(job, "sdflow_redriven", None)  # set by stepfunctions_redrive_map.py
-    child = runs.restart(redriven) if redriven is not None else runs.start(job.job_input, job.job_index)
-    job.sdflow_child = child  # its name, for whatever else reports on this child (ResultWriter)
-    try:
-        previous(DistributedItemProcessorWorker, "_eval_job", sfn_eval_child)(self, env, job)
-    finally:
-        runs.finish(child, env.program_state(), job.job_output, getattr(env, "sdflow_child_input", _UNSET))
-
-
-def sfn_create_child_worker(self: Any, env: Any, eval_input: Any, job_pool: Any) -> Any:
-    """Wraps moto's DistributedItemProcessor._create_worker (…/itemprocessor/distributed_item_processor.py)
-    to tell the worker its children's ExecutionType: only STANDARD children emit status events."""
-    from moto.stepfunctions.parser.asl.component.state.exec.state_map.execution_type import ExecutionType
-    from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.itemprocessor.distributed_item_processor import (  # noqa: E501
-        DistributedItemProcessor,
-    )
-
-    worker = previous(DistributedItemProcessor, "_create_worker", sfn_create_child_worker)(
-        self, env, eval_input, job_pool
-    )
-    worker._sdflow_standard = self._processor_config.execution_type == ExecutionType.Standard
-    return worker
 
 
 # ---------------------------------------------------------------- Map Runs
@@ -514,17 +467,3 @@ def describe_map_run(record: Any, described: dict[str, Any]) -> dict[str, Any]:
 
 def list_item(record: Any) -> dict[str, Any]:
     return _status_override(record, dict(record.list_item()))
-
-
-def patches() -> list[tuple[Any, str, Any]]:
-    from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.itemprocessor.distributed_item_processor import (  # noqa: E501
-        DistributedItemProcessor,
-    )
-    from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.itemprocessor.distributed_item_processor_worker import (  # noqa: E501
-        DistributedItemProcessorWorker,
-    )
-
-    return [
-        (DistributedItemProcessorWorker, "_eval_job", sfn_eval_child),
-        (DistributedItemProcessor, "_create_worker", sfn_create_child_worker),
-    ]

@@ -25,7 +25,7 @@ from urllib.parse import unquote
 
 from moto.core.exceptions import JsonRESTError
 
-from sdflow.local.patching import original
+from sdflow.local.patching import Patch, wrap
 from sdflow.local.runtime import current_runtime
 
 
@@ -59,14 +59,14 @@ def model_error(region: str, account: str, endpoint: str, status: int, body: byt
     )
 
 
-def sagemaker_runtime_invoke_endpoint(self: Any) -> Any:
+def sagemaker_runtime_invoke_endpoint(inner: Any, self: Any) -> Any:
     """Wraps moto/sagemakerruntime/responses.py SageMakerRuntimeResponse.invoke_endpoint.
 
     moto answers placeholders; here the request goes to the endpoint's local serving process
     (LocalSageMaker.invoke_endpoint), and errors carry AWS's codes (module docstring)."""
     sagemaker = current_runtime().sagemaker
     if sagemaker is None:
-        return original(type(self), "invoke_endpoint")(self)
+        return inner(self)
     from moto.sagemaker.models import sagemaker_backends
 
     match = re.search(r"/endpoints/([^/]+)/invocations", self.path)
@@ -87,7 +87,7 @@ def sagemaker_runtime_invoke_endpoint(self: Any) -> Any:
     try:
         answer, answer_type = sagemaker.invoke_endpoint(name, body, content_type, accept)
     except Exception as exc:
-        status = getattr(exc, "status", None)  # sdflow.local.sagemaker.ContainerError
+        status = getattr(exc, "status", None)  # sdflow.local.sagemaker.engine.ContainerError
         if isinstance(status, int):
             raise model_error(region, account, name, status, getattr(exc, "body", b"")) from None
         raise InvokeEndpointError(
@@ -96,7 +96,7 @@ def sagemaker_runtime_invoke_endpoint(self: Any) -> Any:
     return 200, {"Content-Type": answer_type, "x-Amzn-Invoked-Production-Variant": "AllTraffic"}, answer
 
 
-def patches() -> list[tuple[Any, str, Any]]:
+def patches() -> list[Patch]:
     from moto.sagemakerruntime.responses import SageMakerRuntimeResponse
 
-    return [(SageMakerRuntimeResponse, "invoke_endpoint", sagemaker_runtime_invoke_endpoint)]
+    return [wrap(SageMakerRuntimeResponse, "invoke_endpoint", sagemaker_runtime_invoke_endpoint)]

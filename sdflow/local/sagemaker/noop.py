@@ -25,8 +25,9 @@ from typing import Any
 
 import boto3
 
-from sdflow.local.job_logs import JobLogs, metric_definitions, metric_values
+from sdflow.local.account import ACCOUNT_ID, REGION
 from sdflow.local.runtime import current_clock
+from sdflow.local.sagemaker.job_logs import JobLogs, metric_definitions, metric_values
 from sdflow_common.evaluation import EVALUATION_FILE, GRID_FILE
 from sdflow_common.run_document import parse_s3_uri
 
@@ -44,7 +45,7 @@ class NoOpSageMaker:
         job_seconds: float = 0.0,
         max_threads: int = 8,
         direct_s3: bool = False,
-        account_id: str = "123456789012",
+        account_id: str = ACCOUNT_ID,
     ) -> None:
         self.listener = listener
         self.direct_s3 = direct_s3
@@ -54,7 +55,7 @@ class NoOpSageMaker:
         # enough to stop it while downloads stay quick.
         self.seconds_by_kind: dict[str, float] = {}
         self.s3 = boto3.client(
-            "s3", endpoint_url=endpoint_url, region_name="us-east-1",
+            "s3", endpoint_url=endpoint_url, region_name=REGION,
             aws_access_key_id="testing", aws_secret_access_key="testing",
         )  # fmt: skip
         self.pool = ThreadPoolExecutor(max_workers=max_threads)
@@ -178,7 +179,7 @@ class NoOpSageMaker:
 
         with self._lock:
             if self._logs is None:
-                self._logs = JobLogs(self.account_id, "us-east-1")
+                self._logs = JobLogs(self.account_id, REGION)
         write = self._logs.host_lines("training", name, "algo-1", loss_of)
         for step in range(1, min(steps, MAX_LOG_STEPS) + 1):
             write(f"step={step} loss={0.1 + 0.9 / step:.4f}")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import uuid
 from typing import Any
 
-from sdflow.local.patching import original
+from sdflow.local.patching import Patch, replace, wrap
 from sdflow.local.runtime import current_clock, runtime_or_none
+from sdflow.local.stepfunctions.interpreter import import_interpreter_modules, interpreter_modules_importing
 
 
 def sfn_send_task_failure(self: Any) -> Any:
@@ -25,7 +25,12 @@ def sfn_send_task_failure(self: Any) -> Any:
 
 
 def sfn_start_execution(
-    self: Any, state_machine_arn: str, name: str | None = None, execution_input: Any = None, trace_header: Any = None
+    inner: Any,
+    self: Any,
+    state_machine_arn: str,
+    name: str | None = None,
+    execution_input: Any = None,
+    trace_header: Any = None,
 ) -> Any:
     """Wraps moto/stepfunctions/parser/models.py StepFunctionsParserBackend.start_execution.
 
@@ -33,9 +38,7 @@ def sfn_start_execution(
     first); AWS generates a UUID. An input over 256 KiB is refused at the API, as AWS's model
     constraint on `input` does, before the state machine is even looked up."""
     check_execution_input(execution_input)
-    return original(type(self), "start_execution")(
-        self, state_machine_arn, name or str(uuid.uuid4()), execution_input, trace_header
-    )
+    return inner(self, state_machine_arn, name or str(uuid.uuid4()), execution_input, trace_header)
 
 
 def check_execution_input(execution_input: Any) -> None:
@@ -43,7 +46,7 @@ def check_execution_input(execution_input: Any) -> None:
     (API reference); AWS answers ValidationException with this message (as observed on AWS)."""
     from moto.stepfunctions.exceptions import ValidationException
 
-    from sdflow.local.services.stepfunctions_limits import MAX_PAYLOAD_BYTES
+    from sdflow.local.stepfunctions.limits import MAX_PAYLOAD_BYTES
 
     if isinstance(execution_input, str) and len(execution_input.encode("utf-8")) > MAX_PAYLOAD_BYTES:
         raise ValidationException(
@@ -86,13 +89,12 @@ def sfn_reflect_execution_status(self: Any) -> None:
         raise RuntimeWarning(f"Execution ended with unsupported ProgramState type '{type(state)}'.")
 
 
-def sfn_boto_client_for(region: str, service: str, state_credentials: Any = None) -> Any:
+def sfn_boto_client_for(inner: Any, region: str, service: str, state_credentials: Any = None) -> Any:
     """Wraps moto/stepfunctions/parser/asl/utils/boto_client.py boto_client_for.
 
     The interpreter builds a new boto3 client for every task (~30 ms of CPU each); one client
     per (port, region, service) is reused, which made Lambda tasks ~3x faster in the probes.
     boto3 clients are thread-safe; creating them is not, hence the lock."""
-    import moto.stepfunctions.parser.asl.utils.boto_client as boto_client
     from moto.core.models import botocore_stubber
     from moto.settings import moto_server_port
 
@@ -103,70 +105,16 @@ def sfn_boto_client_for(region: str, service: str, state_credentials: Any = None
     if as_role is not None:
         return as_role
     if botocore_stubber.enabled or state_credentials:  # in-process mock or assumed role: no caching
-        return original(boto_client, "boto_client_for")(region, service, state_credentials)
+        return inner(region, service, state_credentials)
     runtime = runtime_or_none()
     if runtime is None:
-        return original(boto_client, "boto_client_for")(region, service, state_credentials)
+        return inner(region, service, state_credentials)
     key = (moto_server_port(), region, service)
     with runtime.sfn_clients_lock:
         client = runtime.sfn_clients.get(key)
         if client is None:
-            client = runtime.sfn_clients[key] = original(boto_client, "boto_client_for")(region, service)
+            client = runtime.sfn_clients[key] = inner(region, service)
     return client
-
-
-def import_interpreter_modules() -> None:
-    """Imports every interpreter module, so each `from … import name` copy exists before it is patched."""
-    import importlib
-    import pkgutil
-
-    import moto.stepfunctions.parser.asl as asl
-
-    for module in pkgutil.walk_packages(asl.__path__, asl.__name__ + "."):
-        with contextlib.suppress(Exception):
-            importlib.import_module(module.name)
-
-
-def interpreter_modules_importing(owner: Any, attribute: str) -> list[Any]:
-    """Every interpreter module other than `owner` that did `from <owner> import <attribute>`:
-    patching `owner` alone leaves their copies of moto's function in place."""
-    import sys
-
-    moto_function = original(owner, attribute)
-    return [
-        module
-        for name, module in list(sys.modules.items())
-        if name.startswith("moto.stepfunctions.parser")
-        and module is not owner
-        and getattr(module, attribute, None) is moto_function
-    ]
-
-
-def states_failure(env: Any, error_type: Any, cause: str, *, map_run: bool = False) -> Exception:
-    """The FailureEventException moto's interpreter raises for a `States.*` error (`error_type`, a
-    StatesErrorNameType), recorded as a TaskFailed event, or as MapRunFailed for a Map Run."""
-    from moto.stepfunctions.parser.api import HistoryEventType, MapRunFailedEventDetails, TaskFailedEventDetails
-    from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import (
-        FailureEvent,
-        FailureEventException,
-    )
-    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import StatesErrorName
-    from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
-
-    if map_run:
-        event_type = HistoryEventType.MapRunFailed
-        details = EventDetails(  # type: ignore[typeddict-item]
-            mapRunFailedEventDetails=MapRunFailedEventDetails(error=error_type.to_name(), cause=cause)
-        )
-    else:
-        event_type = HistoryEventType.TaskFailed
-        failed = TaskFailedEventDetails(error=error_type.to_name(), cause=cause)
-        details = EventDetails(taskFailedEventDetails=failed)  # type: ignore[typeddict-item]
-    return FailureEventException(
-        failure_event=FailureEvent(
-            env=env, error_name=StatesErrorName(typ=error_type), event_type=event_type, event_details=details
-        )
-    )
 
 
 @functools.lru_cache(maxsize=4096)
@@ -191,7 +139,7 @@ def cached_jsonpath_parse(path: str) -> Any:
     return parse(path)
 
 
-def patches() -> list[tuple[Any, str, Any]]:
+def patches() -> list[Patch]:
     import moto.stepfunctions.parser.asl.component.common.path.result_path as result_path
     import moto.stepfunctions.parser.asl.utils.boto_client as boto_client
     import moto.stepfunctions.parser.asl.utils.json_path as json_path
@@ -202,14 +150,14 @@ def patches() -> list[tuple[Any, str, Any]]:
     # Every interpreter module must be imported first, so its `from … import boto_client_for` copy exists.
     import_interpreter_modules()
     return [
-        (StepFunctionResponse, "send_task_failure", sfn_send_task_failure),
-        (StepFunctionsParserBackend, "start_execution", sfn_start_execution),
-        (BaseExecutionWorkerCommunication, "_reflect_execution_status", sfn_reflect_execution_status),
-        (boto_client, "boto_client_for", sfn_boto_client_for),
-        (json_path, "parse", cached_jsonpath_ext_parse),
-        (result_path, "parse", cached_jsonpath_parse),
+        replace(StepFunctionResponse, "send_task_failure", sfn_send_task_failure),
+        wrap(StepFunctionsParserBackend, "start_execution", sfn_start_execution),
+        replace(BaseExecutionWorkerCommunication, "_reflect_execution_status", sfn_reflect_execution_status),
+        wrap(boto_client, "boto_client_for", sfn_boto_client_for),
+        replace(json_path, "parse", cached_jsonpath_ext_parse),
+        replace(result_path, "parse", cached_jsonpath_parse),
         *(
-            (module, "boto_client_for", sfn_boto_client_for)
+            wrap(module, "boto_client_for", sfn_boto_client_for)
             for module in interpreter_modules_importing(boto_client, "boto_client_for")
         ),
     ]

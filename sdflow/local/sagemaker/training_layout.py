@@ -3,7 +3,7 @@ checks that fail it before any container starts; each channel and earlier checkp
 downloaded once into the job folder; one `/opt/ml` tree per host (`input/config/*.json`, the
 host's share of each channel under `input/data/<channel>/`, its checkpoint folder, `model/` and
 `output/data/`); and what goes back to S3 after the job (checkpoints, model.tar.gz,
-output.tar.gz). The training half of LocalSageMaker (sdflow/local/sagemaker_training.py) runs
+output.tar.gz). The training half of LocalSageMaker (sdflow/local/sagemaker/training.py) runs
 the containers on these trees."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sdflow.local.sagemaker_host import (
+from sdflow.local.sagemaker.host import (
     JobSetupError,
     S3Transfer,
     container_path,

@@ -18,7 +18,7 @@
   client tokens used to successfully redrive the execution ... valid for up to 15 minutes".
   DescribeExecution (and so the status-change event, "the same information as the
   DescribeExecution API") gains redriveCount, redriveDate, redriveStatus, redriveStatusReason.
-  A Distributed Map state that is re-run redrives its Map Run (stepfunctions_redrive_map.py).
+  A Distributed Map state that is re-run redrives its Map Run (stepfunctions/redrive_map.py).
 Not emulated: an Inline Map / Parallel state is re-run whole (AWS re-runs only the failed
 iterations / branches); JSONata variables (Assign) are not restored.
 
@@ -38,19 +38,21 @@ from typing import Any
 
 from moto.core.exceptions import AWSError
 
-from sdflow.local.patching import previous
+from sdflow.local.patching import Patch, add, wrap
 from sdflow.local.runtime import current_clock
+from sdflow.local.stepfunctions.executions import (
+    REDRIVABLE,
+    execution_lock,
+    history,
+    publish_execution,
+    redrive_fields_of,
+    redrive_status,
+)
 
-# Developer Guide, "Redrive eligibility for unsuccessful executions".
-REDRIVABLE_PERIOD = dt.timedelta(days=14)
-MAX_OPEN_TIME = dt.timedelta(days=365)
-HISTORY_EVENT_LIMIT = 24_999
 # API reference, RedriveExecution clientToken.
 CLIENT_TOKENS_KEPT = 10
 CLIENT_TOKEN_TTL = dt.timedelta(minutes=15)
 CLIENT_TOKEN_MAX = 64
-REDRIVABLE = "REDRIVABLE"
-NOT_REDRIVABLE = "NOT_REDRIVABLE"
 
 
 class ExecutionNotRedrivable(AWSError):
@@ -89,13 +91,12 @@ def redrive_fields(count: int, date: dt.datetime | None) -> dict[str, Any]:
 # ---------------------------------------------------------------- $$.Execution
 
 
-def sfn_redrive_context(self: Any) -> Any:
+def sfn_redrive_context(inner: Any, self: Any) -> Any:
     """Wraps moto/stepfunctions/parser/backend/execution_worker.py
     ExecutionWorker._get_evaluation_environment: the execution's `$$.Execution` gains RedriveCount
     (0 until redriven) and, once redriven, RedriveTime; StartTime is AWS's ISO 8601 text."""
-    from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 
-    env = previous(ExecutionWorker, "_get_evaluation_environment", sfn_redrive_context)(self)
+    env = inner(self)
     execution = getattr(self._execution_communication, "execution", None)
     data = env.states.context_object.context_object_data["Execution"]
     data["StartTime"] = iso_time(data["StartTime"])
@@ -105,27 +106,21 @@ def sfn_redrive_context(self: Any) -> Any:
     return env
 
 
-def sfn_child_job_marker(self: Any, env: Any, job: Any) -> None:
+def sfn_child_job_marker(inner: Any, self: Any, env: Any, job: Any) -> None:
     """Wraps moto's DistributedItemProcessorWorker._eval_job (outermost): the child's frame knows
-    its job, whose ChildExecution (stepfunctions_maprun.py) exists by the time its input is read."""
-    from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.itemprocessor.distributed_item_processor_worker import (  # noqa: E501
-        DistributedItemProcessorWorker,
-    )
+    its job, whose ChildExecution (stepfunctions/map_runs.py) exists by the time its input is read."""
 
     env.sdflow_job = job
-    previous(DistributedItemProcessorWorker, "_eval_job", sfn_child_job_marker)(self, env, job)
+    inner(self, env, job)
     child = getattr(job, "sdflow_child", None)
     if child is not None:  # where a redrive of this child continues
         child.sdflow_point = getattr(env, "sdflow_point", None)
 
 
-def sfn_child_context(self: Any, env_frame: Any) -> None:
+def sfn_child_context(inner: Any, self: Any, env_frame: Any) -> None:
     """Wraps moto's DistributedItemProcessorWorker._eval_input: once the ItemSelector (which reads
     the parent's context, as on AWS) has made the child's input, the child's frame gets its own
     `$$.Execution`. moto shares the parent's dict with every frame, so it is replaced, not changed."""
-    from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.itemprocessor.distributed_item_processor_worker import (  # noqa: E501
-        DistributedItemProcessorWorker,
-    )
 
     job = getattr(env_frame, "sdflow_job", None)
     child = getattr(job, "sdflow_child", None)
@@ -137,7 +132,7 @@ def sfn_child_context(self: Any, env_frame: Any) -> None:
         if getattr(child, "sdflow_point", None) is not None:
             env_frame.sdflow_resume = child.sdflow_point
     else:
-        previous(DistributedItemProcessorWorker, "_eval_input", sfn_child_context)(self, env_frame)
+        inner(self, env_frame)
     context = env_frame.states.context_object.context_object_data
     execution = dict(context["Execution"])
     if child is not None:
@@ -152,82 +147,35 @@ def sfn_child_context(self: Any, env_frame: Any) -> None:
 # ---------------------------------------------------------------- where a redrive continues
 
 
-def sfn_state_entered(self: Any, env: Any) -> Any:
+def sfn_state_entered(inner: Any, self: Any, env: Any) -> Any:
     """Wraps moto's CommonStateField._get_state_entered_event_details (state.py), called as a
     state is entered with the state's input in place: the environment remembers the last state
     it entered, which is where a redrive continues."""
-    from moto.stepfunctions.parser.asl.component.state.state import CommonStateField
 
     env.sdflow_point = (self.name, env.states.get_input())
-    return previous(CommonStateField, "_get_state_entered_event_details", sfn_state_entered)(self, env)
+    return inner(self, env)
 
 
-def sfn_program_resume(self: Any, env: Any) -> None:
+def sfn_program_resume(inner: Any, self: Any, env: Any) -> None:
     """Wraps moto's Program._eval_body (program/program.py): an environment marked to resume starts
     at that state with that input instead of StartAt (a redriven execution or Map Run child)."""
-    from moto.stepfunctions.parser.asl.component.program.program import Program
 
     resume = vars(env).pop("sdflow_resume", None)
     if resume is not None:
         state_name, state_input = resume
         env.next_state_name = state_name
         env.states.reset(state_input)
-    previous(Program, "_eval_body", sfn_program_resume)(self, env)
+    inner(self, env)
 
 
 # ---------------------------------------------------------------- eligibility
-
-
-def _now() -> dt.datetime:
-    return current_clock().now()
-
-
-def _is_express(execution: Any) -> bool:
-    return str(getattr(execution, "sm_type", None) or "STANDARD").upper().endswith("EXPRESS")
-
-
-def _history_length(execution: Any) -> int:
-    from sdflow.local.services import stepfunctions_api
-
-    return len(stepfunctions_api.history(execution))
-
-
-def redrive_status(execution: Any, status: str | None = None) -> tuple[str, str | None]:
-    """DescribeExecution's redriveStatus and redriveStatusReason (API reference, DescribeExecution);
-    `status` where the execution's is not set yet (the RUNNING event goes out before it is)."""
-    status = status or execution.status
-    if _is_express(execution):
-        return NOT_REDRIVABLE, "RedriveExecution is not supported by EXPRESS state machines"
-    if status in ("RUNNING", "SUCCEEDED"):
-        return NOT_REDRIVABLE, f"Execution is {status} and cannot be redriven"
-    now = _now()
-    if execution.stop_date is not None and now - execution.stop_date > REDRIVABLE_PERIOD:
-        return NOT_REDRIVABLE, "Execution redrivable period exceeded"
-    if now - execution.start_date > MAX_OPEN_TIME:
-        return NOT_REDRIVABLE, "Execution has exceeded the max execution time"
-    if _history_length(execution) >= HISTORY_EVENT_LIMIT:
-        return NOT_REDRIVABLE, "Execution history event limit exceeded"
-    return REDRIVABLE, None
-
-
-def redrive_fields_of(execution: Any, status: str | None = None) -> dict[str, Any]:
-    """The redrive members of DescribeExecution (and of the status-change event's detail)."""
-    fields: dict[str, Any] = {"redriveCount": getattr(execution, "sdflow_redrive_count", 0)}
-    date = getattr(execution, "sdflow_redrive_date", None)
-    if date is not None:
-        fields["redriveDate"] = date
-    redrivable, reason = redrive_status(execution, status)
-    fields["redriveStatus"] = redrivable
-    if reason is not None:
-        fields["redriveStatusReason"] = reason
-    return fields
 
 
 # ---------------------------------------------------------------- RedriveExecution
 
 
 def _check_client_token(token: str | None) -> None:
-    from sdflow.local.services.stepfunctions_maprun import StepFunctionsValidationError
+    from sdflow.local.stepfunctions.map_runs import StepFunctionsValidationError
 
     if token is not None and not (0 < len(token) <= CLIENT_TOKEN_MAX and all("!" <= c <= "~" for c in token)):
         raise StepFunctionsValidationError(
@@ -255,7 +203,7 @@ def _remember_token(execution: Any, token: str | None, date: dt.datetime) -> Non
 
 
 def _plan(execution: Any, count: int) -> RedrivePlan:
-    from sdflow.local.services import stepfunctions_api, stepfunctions_redrive_map
+    from sdflow.local.stepfunctions import redrive_map as stepfunctions_redrive_map
 
     env = execution.exec_worker.env
     point = getattr(env, "sdflow_point", None) if env is not None else None
@@ -263,7 +211,7 @@ def _plan(execution: Any, count: int) -> RedrivePlan:
     map_redrive = stepfunctions_redrive_map.plan(execution, records, point[0]) if point is not None else None
     return RedrivePlan(
         count=count,
-        events=stepfunctions_api.history(execution),
+        events=history(execution),
         state=point,
         map_runs=records,
         map_redrive=map_redrive,
@@ -274,13 +222,11 @@ def redrive_execution(backend: Any, execution_arn: str, client_token: str | None
     """RedriveExecution: the execution runs again from the state it did not finish."""
     from moto.stepfunctions.parser.api import ExecutionStatus
 
-    from sdflow.local.services import stepfunctions_api
-
     _check_client_token(client_token)
     backend._validate_execution_arn(execution_arn)
     execution = backend.describe_execution(execution_arn)
-    with stepfunctions_api.execution_lock(execution):
-        now = _now()
+    with execution_lock(execution):
+        now = current_clock().now()
         earlier = _earlier_redrive(execution, client_token, now)
         if earlier is not None:
             return earlier
@@ -298,22 +244,21 @@ def redrive_execution(backend: Any, execution_arn: str, client_token: str | None
         execution.exec_worker = worker
         execution.exec_status = ExecutionStatus.RUNNING
         _remember_token(execution, client_token, now)
-    stepfunctions_api.publish_execution(execution, "RUNNING")
+    publish_execution(execution, "RUNNING")
     worker.start()
     return now
 
 
-def sfn_execution_logic(self: Any) -> None:
+def sfn_execution_logic(inner: Any, self: Any) -> None:
     """Wraps moto's ExecutionWorker._execution_logic (backend/execution_worker.py): a redriven
     execution's worker continues the history (ExecutionRedriven instead of ExecutionStarted), keeps
     its Map Runs and starts at the state the last attempt did not finish."""
     from moto.stepfunctions.parser.api import ExecutionRedrivenEventDetails, HistoryEventType
     from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
-    from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 
     plan: RedrivePlan | None = getattr(self, "sdflow_plan", None)
     if plan is None:
-        previous(ExecutionWorker, "_execution_logic", sfn_execution_logic)(self)
+        inner(self)
         return
     program = self._get_evaluation_entrypoint()
     self.env = env = self._get_evaluation_environment()
@@ -338,16 +283,15 @@ def sfn_execution_logic(self: Any) -> None:
     self._execution_communication.terminated()
 
 
-def sfn_terminated_current(self: Any) -> None:
+def sfn_terminated_current(inner: Any, self: Any) -> None:
     """Wraps BaseExecutionWorkerCommunication.terminated (backend/execution.py): the thread of an
     attempt that a redrive replaced (a stopped or timed-out one may still be running) ends
     without touching the execution."""
-    from moto.stepfunctions.parser.backend.execution import BaseExecutionWorkerCommunication
 
     current = getattr(self.execution, "sdflow_comm", None)
     if current is not None and current is not self:
         return
-    previous(BaseExecutionWorkerCommunication, "terminated", sfn_terminated_current)(self)
+    inner(self)
 
 
 # ---------------------------------------------------------------- the API
@@ -361,13 +305,12 @@ def sfn_redrive_execution_api(self: Any) -> Any:
     return ActionResult({"redriveDate": date})
 
 
-def sfn_describe_execution_redrive(self: Any) -> Any:
+def sfn_describe_execution_redrive(inner: Any, self: Any) -> Any:
     """Wraps StepFunctionResponse.describe_execution: the redrive members (a Map Run's child
-    execution, described by stepfunctions_maprun.py, has its own)."""
+    execution, described by stepfunctions/map_runs.py, has its own)."""
     from moto.stepfunctions.exceptions import ExecutionDoesNotExist
-    from moto.stepfunctions.responses import StepFunctionResponse
 
-    result = previous(StepFunctionResponse, "describe_execution", sfn_describe_execution_redrive)(self)
+    result = inner(self)
     described = result.result
     if isinstance(described, dict) and "mapRunArn" not in described:
         try:
@@ -378,7 +321,7 @@ def sfn_describe_execution_redrive(self: Any) -> Any:
     return result
 
 
-def patches() -> list[tuple[Any, str, Any]]:
+def patches() -> list[Patch]:
     from moto.stepfunctions.parser.asl.component.program.program import Program
     from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.itemprocessor.distributed_item_processor_worker import (  # noqa: E501
         DistributedItemProcessorWorker,
@@ -389,13 +332,13 @@ def patches() -> list[tuple[Any, str, Any]]:
     from moto.stepfunctions.responses import StepFunctionResponse
 
     return [
-        (ExecutionWorker, "_get_evaluation_environment", sfn_redrive_context),
-        (ExecutionWorker, "_execution_logic", sfn_execution_logic),
-        (BaseExecutionWorkerCommunication, "terminated", sfn_terminated_current),
-        (CommonStateField, "_get_state_entered_event_details", sfn_state_entered),
-        (Program, "_eval_body", sfn_program_resume),
-        (DistributedItemProcessorWorker, "_eval_job", sfn_child_job_marker),
-        (DistributedItemProcessorWorker, "_eval_input", sfn_child_context),
-        (StepFunctionResponse, "redrive_execution", sfn_redrive_execution_api),
-        (StepFunctionResponse, "describe_execution", sfn_describe_execution_redrive),
+        wrap(ExecutionWorker, "_get_evaluation_environment", sfn_redrive_context),
+        wrap(ExecutionWorker, "_execution_logic", sfn_execution_logic),
+        wrap(BaseExecutionWorkerCommunication, "terminated", sfn_terminated_current),
+        wrap(CommonStateField, "_get_state_entered_event_details", sfn_state_entered),
+        wrap(Program, "_eval_body", sfn_program_resume),
+        wrap(DistributedItemProcessorWorker, "_eval_job", sfn_child_job_marker),
+        wrap(DistributedItemProcessorWorker, "_eval_input", sfn_child_context),
+        add(StepFunctionResponse, "redrive_execution", sfn_redrive_execution_api),
+        wrap(StepFunctionResponse, "describe_execution", sfn_describe_execution_redrive),
     ]

@@ -1,7 +1,7 @@
 """A local SageMaker job's state, the listener told of its status changes, and how a supervised
 run ended: an Outcome, and the FailureReason SageMaker would give for it. Shared by the
-processing jobs of LocalSageMaker (sdflow/local/sagemaker.py) and its training half
-(sdflow/local/sagemaker_training.py)."""
+processing jobs of LocalSageMaker (sdflow/local/sagemaker/engine.py) and its training half
+(sdflow/local/sagemaker/training.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from sdflow.local.sagemaker_host import REASON_LIMIT, ContainerProcess, clip_reason, read_text_or_none
+from sdflow.local.sagemaker.host import REASON_LIMIT, ContainerProcess, clip_reason, read_text_or_none
 
 Kind = Literal["processing", "training", "endpoint"]
 

@@ -4,7 +4,7 @@ entrypoint on a free port of 127.0.0.1, in `workdir/endpoints/<endpoint>/<endpoi
 blue/green UpdateEndpoint starts the new one beside the old, which keeps serving until the new
 one answers /ping (else the update rolls back); InvokeEndpoint posts to the process serving now.
 
-`EndpointHosting` is the endpoint half of LocalSageMaker (sdflow/local/sagemaker.py), which owns
+`EndpointHosting` is the endpoint half of LocalSageMaker (sdflow/local/sagemaker/engine.py), which owns
 the state and the helpers declared here."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sdflow.local.runtime import current_clock
-from sdflow.local.sagemaker_host import (
+from sdflow.local.sagemaker.host import (
     ContainerError,
     ContainerProcess,
     DeploymentFailed,
@@ -206,7 +206,7 @@ class EndpointHosting(LocalSageMakerHalf):
         ModelPackageName): serve the package's container, read from the local cloud's registry when the
         endpoint deploys. AWS documents that a version must be Approved to be deployed, not which call
         checks it; checking here lets the local cloud accept CreateModel and fail the deployment."""
-        from sdflow.local.services.sagemaker_registry import ModelPackageUnusable, serving_container
+        from sdflow.local.sagemaker.registry import ModelPackageUnusable, serving_container
 
         try:
             return serving_container(container, name, self.region)

@@ -1,10 +1,10 @@
 """Training jobs of the local SageMaker: the request's inputs laid out per host
-(sdflow/local/training_layout.py), one `train` process per host on this machine with
+(sdflow/local/sagemaker/training_layout.py), one `train` process per host on this machine with
 torch.distributed's rendezvous on 127.0.0.1, the SecondaryStatus steps SageMaker reports
 (Starting, Downloading, Training, Uploading), the metrics and `step=N loss=X` progress read from
 the hosts' output, and the model artifact uploaded when every host exits 0.
 
-`TrainingJobs` is the training half of LocalSageMaker (sdflow/local/sagemaker.py), which owns
+`TrainingJobs` is the training half of LocalSageMaker (sdflow/local/sagemaker/engine.py), which owns
 the state and the helpers declared here."""
 
 from __future__ import annotations
@@ -18,9 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sdflow.local.job_logs import JobLogs, metric_definitions, metric_values
-from sdflow.local.job_state import Job, Outcome, failure_reason, max_runtime, max_runtime_reason
-from sdflow.local.sagemaker_host import (
+from sdflow.local.sagemaker.host import (
     ContainerProcess,
     JobSetupError,
     LocalSageMakerHalf,
@@ -29,7 +27,9 @@ from sdflow.local.sagemaker_host import (
     terminate,
     utc_now,
 )
-from sdflow.local.training_layout import (
+from sdflow.local.sagemaker.job_logs import JobLogs, metric_definitions, metric_values
+from sdflow.local.sagemaker.job_state import Job, Outcome, failure_reason, max_runtime, max_runtime_reason
+from sdflow.local.sagemaker.training_layout import (
     HostLayout,
     check_training_input_mode,
     download_channels,

@@ -15,7 +15,7 @@ import os
 import subprocess
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 TRAINING_IMAGE_DIR = REPO_ROOT / "training_image"
 IMAGE_PYTHON_ENV = "SDFLOW_IMAGE_PYTHON"
 DEFAULT_IMAGE_VENV = REPO_ROOT / ".venv-image"

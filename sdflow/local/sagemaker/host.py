@@ -5,7 +5,7 @@
 - S3 transfers in and out (File mode inputs, EndOfJob outputs, model.tar.gz);
 - container processes: their log, their process group, and stopping them (SIGTERM, then SIGKILL).
 
-sdflow.local.sagemaker runs jobs and endpoints with these pieces."""
+sdflow.local.sagemaker.engine runs jobs and endpoints with these pieces."""
 
 from __future__ import annotations
 
@@ -88,8 +88,8 @@ class DeploymentFailed(LocalSageMakerError):
 
 
 class LocalSageMakerHalf:
-    """What LocalSageMaker (sagemaker.py) gives both of its halves, the training jobs
-    (sagemaker_training.py) and the endpoints (sagemaker_endpoints.py): declared once, for the
+    """What LocalSageMaker (sagemaker/engine.py) gives both of its halves, the training jobs
+    (sagemaker/training.py) and the endpoints (sagemaker/endpoints.py): declared once, for the
     type checker; LocalSageMaker defines them."""
 
     python: str

@@ -4,11 +4,11 @@ training_image code under the SageMaker container contract (docs/contracts.md).
 Each job gets a work folder `workdir/jobs/<job name>/` with one `/opt/ml` tree per emulated
 host (`algo-1/`, `algo-2/`, …, exported to the container code as `$SDFLOW_OPT_ML`) and the
 host's combined stdout/stderr in `algo-N.log`, also sent to the local CloudWatch Logs with the
-training metrics (sdflow/local/job_logs.py). Inputs come from the local S3 (the moto server
+training metrics (sdflow/local/sagemaker/job_logs.py). Inputs come from the local S3 (the moto server
 at `endpoint_url`) before the container starts; outputs go back to it when it ends, as
-SageMaker's File mode and EndOfJob upload do. Training jobs run in sdflow/local/sagemaker_training.py
-(each host's `/opt/ml` laid out by sdflow/local/training_layout.py). Endpoints
-(sdflow/local/sagemaker_endpoints.py) live in `workdir/endpoints/<endpoint>/<endpoint config>/`:
+SageMaker's File mode and EndOfJob upload do. Training jobs run in sdflow/local/sagemaker/training.py
+(each host's `/opt/ml` laid out by sdflow/local/sagemaker/training_layout.py). Endpoints
+(sdflow/local/sagemaker/endpoints.py) live in `workdir/endpoints/<endpoint>/<endpoint config>/`:
 the model artifact extracted to `opt_ml/model` and `serve` listening on a free port of 127.0.0.1.
 
 Every call returns at once; the work happens on a background thread that reports each status
@@ -29,20 +29,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from sdflow.local.job_env import image_python
-from sdflow.local.job_logs import JobLogs
-from sdflow.local.job_state import (
-    Job,
-    Kind,
-    Outcome,
-    StatusListener,
-    failure_reason,
-    max_runtime,
-    max_runtime_reason,
-)
+from sdflow.local.account import ACCOUNT_ID, REGION
 from sdflow.local.runtime import current_clock
-from sdflow.local.sagemaker_endpoints import EndpointHosting, EndpointState
-from sdflow.local.sagemaker_host import (
+from sdflow.local.sagemaker.endpoints import EndpointHosting, EndpointState
+from sdflow.local.sagemaker.host import (
     ContainerError,
     ContainerProcess,
     DeploymentFailed,
@@ -62,7 +52,18 @@ from sdflow.local.sagemaker_host import (
     terminate,
     utc_now,
 )
-from sdflow.local.sagemaker_training import TrainingJobs
+from sdflow.local.sagemaker.job_env import image_python
+from sdflow.local.sagemaker.job_logs import JobLogs
+from sdflow.local.sagemaker.job_state import (
+    Job,
+    Kind,
+    Outcome,
+    StatusListener,
+    failure_reason,
+    max_runtime,
+    max_runtime_reason,
+)
+from sdflow.local.sagemaker.training import TrainingJobs
 from sdflow.local.services.logs import CloudWatchSink
 
 __all__ = [
@@ -81,7 +82,7 @@ __all__ = [
 
 LOG = logging.getLogger("sdflow.local.sagemaker")
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 POLL_S = 0.2
 # Only these survive from the parent's environment: the container sees no AWS credentials,
 # no proxy settings and no virtualenv quirks that the real image would not have.
@@ -90,8 +91,8 @@ PASSTHROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TZ",
 
 class LocalSageMaker(TrainingJobs, EndpointHosting):
     """SageMaker's job and endpoint runtime, on this machine. Thread-safe. Training jobs are run by
-    the TrainingJobs half (sdflow/local/sagemaker_training.py); endpoints are served by
-    the EndpointHosting half (sdflow/local/sagemaker_endpoints.py)."""
+    the TrainingJobs half (sdflow/local/sagemaker/training.py); endpoints are served by
+    the EndpointHosting half (sdflow/local/sagemaker/endpoints.py)."""
 
     def __init__(
         self,
@@ -100,13 +101,13 @@ class LocalSageMaker(TrainingJobs, EndpointHosting):
         listener: StatusListener,
         training_image_dir: Path | None = None,
         python: str | None = None,
-        region: str = "us-east-1",
+        region: str = REGION,
         *,
         extra_env: Mapping[str, str] | None = None,
         ping_timeout_s: float = 180.0,
         stop_grace_s: float = 20.0,
         invoke_timeout_s: float = 600.0,
-        account_id: str = "123456789012",
+        account_id: str = ACCOUNT_ID,
         log_sink: CloudWatchSink | None = None,
     ) -> None:
         self.workdir = Path(workdir).resolve()
@@ -123,7 +124,7 @@ class LocalSageMaker(TrainingJobs, EndpointHosting):
         self.stop_grace_s = stop_grace_s
         self.invoke_timeout_s = invoke_timeout_s
         self._s3 = S3Transfer(endpoint_url, region)
-        # Jobs' output and training metrics in the local CloudWatch (sdflow/local/job_logs.py); the
+        # Jobs' output and training metrics in the local CloudWatch (sdflow/local/sagemaker/job_logs.py); the
         # local cloud's `log_sink` shares its flusher, else this object runs its own.
         self.job_logs = JobLogs(account_id, region, log_sink)
         # SageMaker moves a job's data with the job's RoleArn (a model's ExecutionRoleArn): when set

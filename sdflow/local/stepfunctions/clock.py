@@ -26,7 +26,7 @@ import time
 import types
 from typing import Any
 
-from sdflow.local.patching import previous
+from sdflow.local.patching import Patch, replace, wrap
 from sdflow.local.runtime import current_clock
 
 
@@ -82,12 +82,11 @@ def sfn_wait_interval(self: Any, env: Any, wait_seconds: int) -> None:
             return
 
 
-def sfn_timestamp_wait_seconds(self: Any, env: Any) -> int:
+def sfn_timestamp_wait_seconds(inner: Any, self: Any, env: Any) -> int:
     """Wraps moto's Timestamp._get_wait_seconds, which counts from the wall clock's now: counted
     from the clock's now instead."""
-    from moto.stepfunctions.parser.asl.component.state.wait.wait_function.timestamp import Timestamp
 
-    wall = previous(Timestamp, "_get_wait_seconds", sfn_timestamp_wait_seconds)(self, env)
+    wall = inner(self, env)
     return int(wall - round(current_clock().offset_s()))
 
 
@@ -106,7 +105,7 @@ def sfn_history_timestamp() -> dt.datetime:
     return current_clock().now()
 
 
-def patches() -> list[tuple[Any, str, Any]]:
+def patches() -> list[Patch]:
     import moto.stepfunctions.parser.asl.component.common.retry.retrier_decl as retrier_decl
     import moto.stepfunctions.parser.asl.component.state.exec.execute_state as execute_state
     import moto.stepfunctions.parser.asl.eval.callback.callback as callback
@@ -116,11 +115,11 @@ def patches() -> list[tuple[Any, str, Any]]:
     from moto.stepfunctions.parser.asl.eval.event.event_manager import EventManager
 
     return [
-        (retrier_decl, "time", RETRIER_TIME),
-        (execute_state, "threading", EXECUTE_STATE_THREADING),
-        (callback, "Event", CallbackEvent),
-        (WaitFunction, "_wait_interval", sfn_wait_interval),
-        (Timestamp, "_get_wait_seconds", sfn_timestamp_wait_seconds),
-        (EventManager, "_get_current_timestamp", staticmethod(sfn_history_timestamp)),
-        (parser_models, "datetime", MODELS_DATETIME),
+        replace(retrier_decl, "time", RETRIER_TIME),
+        replace(execute_state, "threading", EXECUTE_STATE_THREADING),
+        replace(callback, "Event", CallbackEvent),
+        replace(WaitFunction, "_wait_interval", sfn_wait_interval),
+        wrap(Timestamp, "_get_wait_seconds", sfn_timestamp_wait_seconds),
+        replace(EventManager, "_get_current_timestamp", staticmethod(sfn_history_timestamp)),
+        replace(parser_models, "datetime", MODELS_DATETIME),
     ]

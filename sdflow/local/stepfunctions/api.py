@@ -4,33 +4,37 @@ executions, history paging, and "Step Functions Execution Status Change" events.
 The interpreter's own semantics (payload limits, ResultWriter, tolerated failures, task tokens)
 live in stepfunctions.py and stepfunctions_{limits,map,tokens}.py; this module wraps moto's API
 layer and the interpreter hooks the API needs (an execution's start and end; a Distributed Map
-child's, in stepfunctions_maprun.py). Every wrapper calls `patching.previous()`, so it composes
-with another module's patch of the same method.
+child's, in stepfunctions/maprun.py). Every wrapper receives what it wraps
+(`inner`), so it composes with another module's patch of the same method (patching.WRAP_ORDER).
 
 What is kept, and where (on moto's own objects, so a reset moto forgets it):
 - Execution: `_sdflow_abort` (stop date, error, cause, history length at the stop) once stopped.
 - ExecutionWorker: `_sdflow_event_manager`, the execution's own history (moto swaps
   `env.event_manager` for a scratch one while a Distributed Map runs).
-- MapRunRecord: `_sdflow_children` (stepfunctions_maprun.MapRunChildren), its child executions.
+- MapRunRecord: `_sdflow_children` (stepfunctions/map_runs.py MapRunChildren), its child executions.
 Task tokens of a stopped execution are closed on their callback endpoints, which
-stepfunctions_tokens.py answers with TaskTimedOut."""
+stepfunctions/tokens.py answers with TaskTimedOut."""
 
 from __future__ import annotations
 
 import datetime as dt
-import threading
 import time
 from typing import Any
 
-from sdflow.local.patching import previous
+from sdflow.local.patching import Patch, replace, wrap
 from sdflow.local.runtime import current_clock
-from sdflow.local.services import stepfunctions_maprun as maprun
-from sdflow.local.services.stepfunctions_maprun import (
+from sdflow.local.stepfunctions import map_runs
+from sdflow.local.stepfunctions.executions import (
+    event_manager,
+    execution_lock,
+    history,
+    publish_execution,
+)
+from sdflow.local.stepfunctions.map_runs import (
     StepFunctionsValidationError,
     decode_page_token,
     encode_page_token,
     page_size,
-    publish_status_change,
 )
 
 # API reference, StopExecution: error is 0-256 characters, cause 0-32768.
@@ -40,122 +44,40 @@ STOP_CAUSE_MAX = 32768
 ENV_WAIT_S = 2.0
 
 
-def _lock(obj: Any) -> threading.Lock:
-    lock: threading.Lock = vars(obj).setdefault("_sdflow_lock", threading.Lock())
-    return lock
-
-
-def _is_express(execution: Any) -> bool:
-    return str(getattr(execution, "sm_type", None) or "STANDARD").upper().endswith("EXPRESS")
-
-
-def execution_detail(execution: Any, status: str) -> dict[str, Any]:
-    """The `detail` of a status-change event: "the same information as the DescribeExecution API"
-    (Step Functions Developer Guide, EventBridge events for Step Functions execution status changes),
-    redrive members included (stepfunctions_redrive.py)."""
-    from sdflow.local.services.stepfunctions_redrive import redrive_fields_of
-
-    # The interpreter keeps the output as a value: a string result is still JSON-encoded.
-    output = maprun.compact_json(execution.output) if status == "SUCCEEDED" else None
-    detail = maprun.status_detail(
-        execution_arn=execution.execution_arn,
-        state_machine_arn=execution.state_machine.arn,
-        name=execution.name,
-        status=status,
-        start=execution.start_date,
-        stop=execution.stop_date if status != "RUNNING" else None,
-        input_text=execution.execution_input,
-        output_text=output,
-        error=execution.error,
-        cause=execution.cause,
-    )
-    redrive = redrive_fields_of(execution, status)
-    if "redriveDate" in redrive:
-        redrive["redriveDate"] = maprun.epoch_ms(redrive["redriveDate"])
-    return {**detail, **redrive}
-
-
-def _publish_execution(execution: Any, status: str) -> None:
-    # Developer Guide, "Standard versus Express workflows": only standard workflows emit events.
-    if not _is_express(execution):
-        publish_status_change(execution.account_id, execution.region_name, lambda: execution_detail(execution, status))
-
-
 # ---------------------------------------------------------------- interpreter hooks: start, end, history
 
 
-def sfn_execution_start(self: Any) -> None:
+def sfn_execution_start(inner: Any, self: Any) -> None:
     """Wraps moto/stepfunctions/parser/backend/execution.py Execution.start: the RUNNING event goes
     out before the execution thread starts, so it always precedes the terminal event."""
-    from moto.stepfunctions.parser.backend.execution import Execution
 
-    _publish_execution(self, "RUNNING")
-    previous(Execution, "start", sfn_execution_start)(self)
+    publish_execution(self, "RUNNING")
+    inner(self)
 
 
-def sfn_execution_terminated(self: Any) -> None:
+def sfn_execution_terminated(inner: Any, self: Any) -> None:
     """Wraps moto/stepfunctions/parser/backend/execution.py BaseExecutionWorkerCommunication.terminated.
 
     An execution StopExecution already closed keeps the status, stop date, error and cause it gave
     (moto would overwrite the stop date when the interrupted thread ends); any other ends here
     and its status-change event goes out."""
-    from moto.stepfunctions.parser.backend.execution import BaseExecutionWorkerCommunication
 
     execution = self.execution
-    with _lock(execution):
+    with execution_lock(execution):
         if getattr(execution, "_sdflow_abort", None) is not None:
             return
-        previous(BaseExecutionWorkerCommunication, "terminated", sfn_execution_terminated)(self)
-    _publish_execution(execution, execution.status)
+        inner(self)
+    publish_execution(execution, execution.status)
 
 
-def sfn_evaluation_environment(self: Any) -> Any:
+def sfn_evaluation_environment(inner: Any, self: Any) -> Any:
     """Wraps moto/stepfunctions/parser/backend/execution_worker.py
     ExecutionWorker._get_evaluation_environment to keep the execution's own history: while a
     Distributed Map runs, moto points `env.event_manager` at a scratch manager for the children."""
-    from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 
-    env = previous(ExecutionWorker, "_get_evaluation_environment", sfn_evaluation_environment)(self)
+    env = inner(self)
     self._sdflow_event_manager = env.event_manager
     return env
-
-
-# For stepfunctions_redrive.py, which continues an execution's history, lock and events.
-execution_lock = _lock
-publish_execution = _publish_execution
-
-
-def _event_manager(execution: Any) -> Any:
-    worker = execution.exec_worker
-    if worker is None:
-        return None
-    manager = getattr(worker, "_sdflow_event_manager", None)
-    return manager if manager is not None else getattr(worker.env, "event_manager", None)
-
-
-def _history(execution: Any) -> list[dict[str, Any]]:
-    """The events, ending at ExecutionAborted for a stopped execution (what the interrupted thread
-    records after the stop never happened on AWS)."""
-    manager = _event_manager(execution)
-    events: list[dict[str, Any]] = manager.get_event_history() if manager is not None else []
-    abort = getattr(execution, "_sdflow_abort", None)
-    if abort is None:
-        return events
-    from moto.core.utils import iso_8601_datetime_with_milliseconds
-
-    stop_date, error, cause, length = abort
-    details = {key: value for key, value in (("error", error), ("cause", cause)) if value is not None}
-    aborted = {
-        "id": length + 1,
-        "previousEventId": 0,  # as moto's Program records ExecutionAborted
-        "type": "ExecutionAborted",
-        "timestamp": iso_8601_datetime_with_milliseconds(stop_date),
-        "executionAbortedEventDetails": details,
-    }
-    return [*events[:length], aborted]
-
-
-history = _history
 
 
 # ---------------------------------------------------------------- StopExecution and task tokens
@@ -172,7 +94,7 @@ def _wait_for_env(execution: Any) -> Any:
 
 def _close_open_tokens(env: Any) -> list[Any]:
     """Closes every unanswered task token of the execution (its Map children share the pool):
-    SendTask* on one then answers TaskTimedOut (stepfunctions_tokens.py reads `consumer_error`)."""
+    SendTask* on one then answers TaskTimedOut (stepfunctions/tokens.py reads `consumer_error`)."""
     from moto.stepfunctions.parser.asl.eval.callback.callback import CallbackConsumerTimeout
 
     endpoints = []
@@ -193,11 +115,11 @@ def stop_execution(backend: Any, execution_arn: str, error: str | None, cause: s
     backend._validate_execution_arn(execution_arn)
     execution = backend.describe_execution(execution_arn)
     env = _wait_for_env(execution)
-    with _lock(execution):
+    with execution_lock(execution):
         if execution.exec_status != ExecutionStatus.RUNNING:
             return execution.stop_date or current_clock().now()
         stop_date = current_clock().now()
-        manager = _event_manager(execution)
+        manager = event_manager(execution)
         length = len(getattr(manager, "_history_event_list", ())) if manager is not None else 0
         execution._sdflow_abort = (stop_date, error, cause, length)
         execution.error, execution.cause, execution.stop_date = error, cause, stop_date
@@ -209,8 +131,8 @@ def stop_execution(backend: Any, execution_arn: str, error: str | None, cause: s
         for endpoint in endpoints:  # wake the waiting tasks now that the program reads as stopped
             endpoint.interrupt_all()
     for record in records:
-        maprun.abort_map_run(record, stop_date)
-    _publish_execution(execution, "ABORTED")
+        map_runs.abort_map_run(record, stop_date)
+    publish_execution(execution, "ABORTED")
     return stop_date
 
 
@@ -237,42 +159,40 @@ def sfn_stop_execution(self: Any) -> Any:
 # ---------------------------------------------------------------- ListExecutions, DescribeExecution, history
 
 
-def sfn_list_executions(self: Any) -> Any:
+def sfn_list_executions(inner: Any, self: Any) -> Any:
     """Wraps moto/stepfunctions/responses.py StepFunctionResponse.list_executions, which answers 500
     for `mapRunArn`. API reference, ListExecutions: "You can specify either a mapRunArn or a
     stateMachineArn, but not both"; with mapRunArn, the Map Run's child workflow executions,
     most recent first, paged by maxResults (default 100, at most 1000) and nextToken."""
     from moto.core.responses import ActionResult
-    from moto.stepfunctions.responses import StepFunctionResponse
 
     map_run_arn = self._get_param("mapRunArn")
     if not map_run_arn:
-        return previous(StepFunctionResponse, "list_executions", sfn_list_executions)(self)
+        return inner(self)
     if self._get_param("stateMachineArn"):
         raise StepFunctionsValidationError("You can specify either a mapRunArn or a stateMachineArn, but not both.")
     status_filter = self._get_param("statusFilter")
     limit = page_size(self._get_param("maxResults"))
-    record = maprun.find_map_run(self.stepfunction_backend, map_run_arn)
+    record = map_runs.find_map_run(self.stepfunction_backend, map_run_arn)
     request = {"mapRunArn": map_run_arn, "statusFilter": status_filter}
     start = decode_page_token(self._get_param("nextToken"), request)
-    items, next_index = maprun.list_children(record, status_filter, limit, start)
+    items, next_index = map_runs.list_children(record, status_filter, limit, start)
     response: dict[str, Any] = {"executions": items}
     if next_index is not None:
         response["nextToken"] = encode_page_token(request, next_index)
     return ActionResult(response)
 
 
-def sfn_describe_execution(self: Any) -> Any:
+def sfn_describe_execution(inner: Any, self: Any) -> Any:
     """Wraps moto/stepfunctions/responses.py StepFunctionResponse.describe_execution: a Map Run's
     child execution ("…:execution:<machine>/<label>:<id>") is described too, with its mapRunArn."""
     from moto.core.responses import ActionResult
     from moto.stepfunctions.exceptions import ExecutionDoesNotExist
-    from moto.stepfunctions.responses import StepFunctionResponse
 
     try:
-        return previous(StepFunctionResponse, "describe_execution", sfn_describe_execution)(self)
+        return inner(self)
     except ExecutionDoesNotExist as missing:
-        child = maprun.find_child(self.stepfunction_backend, self._get_param("executionArn"))
+        child = map_runs.find_child(self.stepfunction_backend, self._get_param("executionArn"))
         if child is None:
             raise missing from None
         return ActionResult(child.describe())
@@ -303,7 +223,7 @@ def sfn_get_execution_history(self: Any) -> Any:
     limit = page_size(self._get_param("maxResults"))
     request = {"executionArn": arn, "reverseOrder": reverse, "includeExecutionData": include}
     start = decode_page_token(self._get_param("nextToken"), request) or 0
-    events = _history(execution)
+    events = history(execution)
     if reverse:
         events.reverse()
     page = events[start : start + limit]
@@ -317,8 +237,8 @@ def sfn_describe_map_run(self: Any, map_run_arn: str) -> dict[str, Any]:
     """Wraps moto/stepfunctions/parser/models.py StepFunctionsParserBackend.describe_map_run: the
     execution and item counts come from the child executions recorded here (moto never counts a
     pending child, nor a failed one as no longer running), and an aborted parent's Map Run reads ABORTED."""
-    record = maprun.find_map_run(self, map_run_arn)
-    return maprun.describe_map_run(record, record.describe())
+    record = map_runs.find_map_run(self, map_run_arn)
+    return map_runs.describe_map_run(record, record.describe())
 
 
 def sfn_list_map_runs(self: Any) -> Any:
@@ -333,26 +253,26 @@ def sfn_list_map_runs(self: Any) -> Any:
     limit = page_size(self._get_param("maxResults"))
     request = {"executionArn": arn}
     start = decode_page_token(self._get_param("nextToken"), request) or 0
-    response: dict[str, Any] = {"mapRuns": [maprun.list_item(record) for record in records[start : start + limit]]}
+    response: dict[str, Any] = {"mapRuns": [map_runs.list_item(record) for record in records[start : start + limit]]}
     if start + limit < len(records):
         response["nextToken"] = encode_page_token(request, start + limit)
     return ActionResult(response)
 
 
-def patches() -> list[tuple[Any, str, Any]]:
+def patches() -> list[Patch]:
     from moto.stepfunctions.parser.backend.execution import BaseExecutionWorkerCommunication, Execution
     from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
     from moto.stepfunctions.parser.models import StepFunctionsParserBackend
     from moto.stepfunctions.responses import StepFunctionResponse
 
     return [
-        (Execution, "start", sfn_execution_start),
-        (BaseExecutionWorkerCommunication, "terminated", sfn_execution_terminated),
-        (ExecutionWorker, "_get_evaluation_environment", sfn_evaluation_environment),
-        (StepFunctionResponse, "stop_execution", sfn_stop_execution),
-        (StepFunctionResponse, "list_executions", sfn_list_executions),
-        (StepFunctionResponse, "describe_execution", sfn_describe_execution),
-        (StepFunctionResponse, "get_execution_history", sfn_get_execution_history),
-        (StepFunctionResponse, "list_map_runs", sfn_list_map_runs),
-        (StepFunctionsParserBackend, "describe_map_run", sfn_describe_map_run),
+        wrap(Execution, "start", sfn_execution_start),
+        wrap(BaseExecutionWorkerCommunication, "terminated", sfn_execution_terminated),
+        wrap(ExecutionWorker, "_get_evaluation_environment", sfn_evaluation_environment),
+        replace(StepFunctionResponse, "stop_execution", sfn_stop_execution),
+        wrap(StepFunctionResponse, "list_executions", sfn_list_executions),
+        wrap(StepFunctionResponse, "describe_execution", sfn_describe_execution),
+        replace(StepFunctionResponse, "get_execution_history", sfn_get_execution_history),
+        replace(StepFunctionResponse, "list_map_runs", sfn_list_map_runs),
+        replace(StepFunctionsParserBackend, "describe_map_run", sfn_describe_map_run),
     ]

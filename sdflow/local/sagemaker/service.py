@@ -1,5 +1,5 @@
 """SageMaker: jobs and endpoints handed to LocalSageMaker, their status published as AWS does
-(SageMaker Runtime's InvokeEndpoint: services/sagemakerruntime.py)."""
+(SageMaker Runtime's InvokeEndpoint: sagemaker/invoke.py)."""
 
 from __future__ import annotations
 
@@ -13,19 +13,18 @@ from typing import Any
 from moto.core.exceptions import JsonRESTError
 from moto.sagemaker.exceptions import SagemakerClientError
 
-from sdflow.local.patching import original
+from sdflow.local.account import ACCOUNT_ID, REGION
+from sdflow.local.patching import Patch, add, wrap
 from sdflow.local.runtime import (
-    DEFAULT_ACCOUNT,
     Kind,
     PatchError,
     Runtime,
-    SageMakerRuntime,
+    SageMakerEngine,
     current_clock,
     current_runtime,
     runtime_or_none,
 )
-from sdflow.local.services import sagemaker_capacity as capacity
-from sdflow.local.services import sagemaker_quotas as quotas
+from sdflow.local.sagemaker import capacity, quotas
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +52,7 @@ def _request(response: Any) -> dict[str, Any]:
     return dict(json.loads(response.body or "{}"))
 
 
-def _sagemaker(runtime: Runtime) -> SageMakerRuntime | None:
+def _sagemaker(runtime: Runtime) -> SageMakerEngine | None:
     return runtime.sagemaker
 
 
@@ -89,7 +88,7 @@ def _hold_instances(runtime: Runtime, key: tuple[str, str, str], needs: dict[str
         raise ResourceLimitExceeded(str(exc)) from None
 
 
-def sagemaker_create_processing_job(self: Any) -> Any:
+def sagemaker_create_processing_job(inner: Any, self: Any) -> Any:
     """Wraps moto/sagemaker/responses.py SageMakerResponse.create_processing_job.
 
     moto records the job as Completed at once and runs nothing. Here a duplicate name is
@@ -108,7 +107,7 @@ def sagemaker_create_processing_job(self: Any) -> Any:
             f"exists ({backend.processing_jobs[name].arn})"
         )
     _hold_instances(current_runtime(), ("processing", name, ""), quotas.processing_needs(request))
-    result = original(type(self), "create_processing_job")(self)
+    result = inner(self)
     job = backend.processing_jobs[name]
     # moto keeps neither, and DescribeProcessingJob returns both (ProcessingResources is required
     # in its response): the SageMaker Python SDK sizes its log tailing by the instance count.
@@ -124,7 +123,7 @@ def sagemaker_create_processing_job(self: Any) -> Any:
     return result
 
 
-def sagemaker_create_training_job(self: Any) -> Any:
+def sagemaker_create_training_job(inner: Any, self: Any) -> Any:
     """Wraps moto/sagemaker/responses.py SageMakerResponse.create_training_job.
 
     As create_processing_job: ResourceInUse for a duplicate name, InProgress / Starting with no
@@ -142,7 +141,7 @@ def sagemaker_create_training_job(self: Any) -> Any:
             f"name already exists ({backend.training_jobs[name].arn})"
         )
     _hold_instances(current_runtime(), ("training", name, ""), quotas.training_needs(request))
-    result = original(type(self), "create_training_job")(self)
+    result = inner(self)
     sagemaker = _sagemaker(current_runtime())
     if sagemaker is not None:
         job = backend.training_jobs[name]
@@ -164,7 +163,7 @@ def sagemaker_create_training_job(self: Any) -> Any:
     return result
 
 
-def sagemaker_stop_processing_job(self: Any) -> Any:
+def sagemaker_stop_processing_job(inner: Any, self: Any) -> Any:
     """Wraps moto/sagemaker/responses.py SageMakerResponse.stop_processing_job.
 
     moto flips the status to Stopped; here the job goes Stopping (with its state-change event)
@@ -175,7 +174,7 @@ def sagemaker_stop_processing_job(self: Any) -> Any:
     job = _job_or_error(self.sagemaker_backend.processing_jobs, name, "processing job", self)
     sagemaker = _sagemaker(current_runtime())
     if sagemaker is None:
-        return original(type(self), "stop_processing_job")(self)
+        return inner(self)
     _refuse_unless_in_progress(job.processing_job_status, "processing job")
     _publisher(current_runtime()).job_status_changed("processing", name, "Stopping", {})
     sagemaker.stop_job("processing", name)
@@ -229,18 +228,18 @@ def _refuse_unless_in_progress(status: str, what: str) -> None:
         raise ValidationError(message=f"The request was rejected because the {what} is in status {status}.")
 
 
-def sagemaker_create_model(self: Any) -> Any:
+def sagemaker_create_model(inner: Any, self: Any) -> Any:
     """Wraps SageMakerResponse.create_model to keep the request (LocalSageMaker.deploy_endpoint needs it)."""
     request = _request(self)
-    result = original(type(self), "create_model")(self)
+    result = inner(self)
     current_runtime().recorded_requests[(self.current_account, "model", request.get("ModelName", ""))] = request
     return result
 
 
-def sagemaker_create_endpoint_config(self: Any) -> Any:
+def sagemaker_create_endpoint_config(inner: Any, self: Any) -> Any:
     """Wraps SageMakerResponse.create_endpoint_config to keep the request (for deploy_endpoint)."""
     request = _request(self)
-    result = original(type(self), "create_endpoint_config")(self)
+    result = inner(self)
     current_runtime().recorded_requests[(self.current_account, "config", request.get("EndpointConfigName", ""))] = (
         request
     )
@@ -272,7 +271,7 @@ def _strip_describe(described: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in described.items() if not k.endswith(("Arn", "Time"))}
 
 
-def sagemaker_create_endpoint(self: Any) -> Any:
+def sagemaker_create_endpoint(inner: Any, self: Any) -> Any:
     """Wraps moto/sagemaker/responses.py SageMakerResponse.create_endpoint.
 
     moto creates the endpoint InService at once; here it is Creating and LocalSageMaker starts
@@ -287,7 +286,7 @@ def sagemaker_create_endpoint(self: Any) -> Any:
     config_name = self._get_param("EndpointConfigName")
     config, model = _endpoint_deployment(self, config_name)
     _hold_instances(current_runtime(), ("endpoint", name, config_name), quotas.endpoint_needs(config))
-    result = original(type(self), "create_endpoint")(self)
+    result = inner(self)
     sagemaker = _sagemaker(current_runtime())
     if sagemaker is not None:
         endpoint = self.sagemaker_backend.endpoints[name]
@@ -329,11 +328,11 @@ def sagemaker_update_endpoint(self: Any) -> Any:
     return ActionResult({"EndpointArn": endpoint.arn})
 
 
-def sagemaker_delete_endpoint(self: Any) -> Any:
+def sagemaker_delete_endpoint(inner: Any, self: Any) -> Any:
     """Wraps SageMakerResponse.delete_endpoint: the serve process stops and its instances are
     released (moto only forgets the endpoint)."""
     name = self._get_param("EndpointName")
-    result = original(type(self), "delete_endpoint")(self)
+    result = inner(self)
     runtime = current_runtime()
     runtime.sagemaker_quotas.release("endpoint", name)
     sagemaker = _sagemaker(runtime)
@@ -379,7 +378,7 @@ class SageMakerStatusPublisher:
     AWS-shaped "SageMaker … State Change" event on the default bus, where the template's rules
     deliver it to job_events."""
 
-    def __init__(self, account_id: str = DEFAULT_ACCOUNT, region: str = "us-east-1") -> None:
+    def __init__(self, account_id: str = ACCOUNT_ID, region: str = REGION) -> None:
         self.account_id = account_id
         self.region = region
         self.lock = threading.Lock()
@@ -489,10 +488,10 @@ UNSET_WHEN_EMPTY = ("VpcConfig", "Containers", "DataCaptureConfig")
 def _describe_without_unset(operation: str) -> Any:
     """Wraps SageMakerResponse.<operation> (a Describe*) to drop the members the request never set."""
 
-    def describe(self: Any) -> Any:
+    def describe(inner: Any, self: Any) -> Any:
         from moto.core.responses import ActionResult
 
-        answer = original(type(self), operation)(self)
+        answer = inner(self)
         described = answer.result if isinstance(answer, ActionResult) else None
         if not isinstance(described, dict):
             return answer
@@ -501,21 +500,21 @@ def _describe_without_unset(operation: str) -> Any:
     return describe
 
 
-def patches() -> list[tuple[Any, str, Any]]:
+def patches() -> list[Patch]:
     from moto.sagemaker.responses import SageMakerResponse
 
     return [
-        (SageMakerResponse, "create_processing_job", sagemaker_create_processing_job),
-        (SageMakerResponse, "create_training_job", sagemaker_create_training_job),
-        (SageMakerResponse, "stop_processing_job", sagemaker_stop_processing_job),
-        (SageMakerResponse, "stop_training_job", sagemaker_stop_training_job),
-        (SageMakerResponse, "create_model", sagemaker_create_model),
-        (SageMakerResponse, "create_endpoint_config", sagemaker_create_endpoint_config),
-        (SageMakerResponse, "create_endpoint", sagemaker_create_endpoint),
-        (SageMakerResponse, "update_endpoint", sagemaker_update_endpoint),
-        (SageMakerResponse, "delete_endpoint", sagemaker_delete_endpoint),
+        wrap(SageMakerResponse, "create_processing_job", sagemaker_create_processing_job),
+        wrap(SageMakerResponse, "create_training_job", sagemaker_create_training_job),
+        wrap(SageMakerResponse, "stop_processing_job", sagemaker_stop_processing_job),
+        add(SageMakerResponse, "stop_training_job", sagemaker_stop_training_job),
+        wrap(SageMakerResponse, "create_model", sagemaker_create_model),
+        wrap(SageMakerResponse, "create_endpoint_config", sagemaker_create_endpoint_config),
+        wrap(SageMakerResponse, "create_endpoint", sagemaker_create_endpoint),
+        add(SageMakerResponse, "update_endpoint", sagemaker_update_endpoint),
+        wrap(SageMakerResponse, "delete_endpoint", sagemaker_delete_endpoint),
         *(
-            (SageMakerResponse, operation, _describe_without_unset(operation))
+            wrap(SageMakerResponse, operation, _describe_without_unset(operation))
             for operation in ("describe_model", "describe_endpoint_config", "describe_endpoint")
         ),
     ]

@@ -25,10 +25,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sdflow.local.patching import previous
+from sdflow.local.patching import Patch, replace, wrap
 from sdflow.local.runtime import current_clock
-from sdflow.local.services.stepfunctions import states_failure
-from sdflow.local.services.stepfunctions_limits import check_map_result
+from sdflow.local.stepfunctions.interpreter import states_failure
+from sdflow.local.stepfunctions.limits import check_map_result
 
 EXCEEDED_CAUSE = "The specified tolerated failure threshold was exceeded"
 
@@ -55,30 +55,28 @@ def _children(map_run_record: Any) -> tuple[threading.Lock, list[ChildRecord]]:
     return children
 
 
-def sfn_map_from_state_props(self: Any, state_props: Any) -> None:
+def sfn_map_from_state_props(inner: Any, self: Any, state_props: Any) -> None:
     """Wraps moto's StateMap.from_state_props: remembers which thresholds the definition gives,
     since moto fills in 0 for an absent one and an absent threshold must not apply."""
-    from moto.stepfunctions.parser.asl.component.state.exec.state_map.state_map import StateMap
     from moto.stepfunctions.parser.asl.component.state.exec.state_map.tolerated_failure import (
         ToleratedFailureCountDecl,
         ToleratedFailurePercentageDecl,
     )
 
-    previous(StateMap, "from_state_props", sfn_map_from_state_props)(self, state_props)
+    inner(self, state_props)
     self.sdflow_thresholds_given = (
         state_props.get(ToleratedFailureCountDecl) is not None,
         state_props.get(ToleratedFailurePercentageDecl) is not None,
     )
 
 
-def sfn_map_eval_execution(self: Any, env: Any) -> None:
+def sfn_map_eval_execution(inner: Any, self: Any, env: Any) -> None:
     """Wraps moto's StateMap._eval_execution: tells the Map Run which state it belongs to (the
-    iteration runs on this same frame) and bounds the collected result (stepfunctions_limits)."""
-    from moto.stepfunctions.parser.asl.component.state.exec.state_map.state_map import StateMap
+    iteration runs on this same frame) and bounds the collected result (stepfunctions/limits.py)."""
 
     env.sdflow_map_state = self
     env.sdflow_map_input = env.stack[-1] if env.stack else env.states.get_input()
-    previous(StateMap, "_eval_execution", sfn_map_eval_execution)(self, env)
+    inner(self, env)
     check_map_result(env, self)
 
 
@@ -104,45 +102,36 @@ def _exceeded_error(env: Any) -> Exception:
     return states_failure(env, StatesErrorNameType.StatesExceedToleratedFailureThreshold, EXCEEDED_CAUSE, map_run=True)
 
 
-def sfn_map_run(self: Any, env: Any, eval_input: Any) -> None:
+def sfn_map_run(inner: Any, self: Any, env: Any, eval_input: Any) -> None:
     """Wraps moto's DistributedIterationComponent._map_run: after every child ended, the Map Run
     fails with States.ExceedToleratedFailureThreshold when its failures exceed the threshold
     (AWS may also stop early; ending them all first is allowed: "Step Functions may continue to
     run child workflows ... after the tolerated failure threshold is exceeded")."""
-    from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.distributed_iteration_component import (
-        DistributedIterationComponent,
-    )
 
     record = eval_input.map_run_record
     _children(record)
     env.sdflow_map_run_record = record
-    previous(DistributedIterationComponent, "_map_run", sfn_map_run)(self, env, eval_input)
+    inner(self, env, eval_input)
     map_state = getattr(env, "sdflow_map_state", None)
     # A stopped execution aborts its Map Run; its aborted children are not failures to count.
     if map_state is not None and env.is_running() and threshold_exceeded(map_state, record):
         raise _exceeded_error(env)
 
 
-def sfn_child_input(self: Any, env_frame: Any) -> None:
+def sfn_child_input(inner: Any, self: Any, env_frame: Any) -> None:
     """Wraps moto's InlineItemProcessorWorker._eval_input for Distributed Map workers: keeps the
     child's input (after ItemSelector) for ResultWriter's `Input`."""
-    from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.itemprocessor.distributed_item_processor_worker import (  # noqa: E501
-        DistributedItemProcessorWorker,
-    )
 
-    previous(DistributedItemProcessorWorker, "_eval_input", sfn_child_input)(self, env_frame)
+    inner(self, env_frame)
     env_frame.sdflow_child_input = env_frame.states.get_input()
 
 
-def sfn_child_job(self: Any, env: Any, job: Any) -> None:
+def sfn_child_job(inner: Any, self: Any, env: Any, job: Any) -> None:
     """Wraps moto's DistributedItemProcessorWorker._eval_job: records each child's outcome."""
-    from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.itemprocessor.distributed_item_processor_worker import (  # noqa: E501
-        DistributedItemProcessorWorker,
-    )
     from moto.stepfunctions.parser.asl.eval.program_state import ProgramError, ProgramStopped, ProgramTimedOut
 
     start = current_clock().now()
-    previous(DistributedItemProcessorWorker, "_eval_job", sfn_child_job)(self, env, job)
+    inner(self, env, job)
     state = env.program_state()
     child = ChildRecord(
         index=job.job_index,
@@ -257,7 +246,7 @@ def sfn_result_writer_put_object(env: Any, resource_runtime_part: Any, state_cre
     )
 
 
-def patches() -> list[tuple[Any, str, Any]]:
+def patches() -> list[Patch]:
     from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.distributed_iteration_component import (
         DistributedIterationComponent,
     )
@@ -273,11 +262,11 @@ def patches() -> list[tuple[Any, str, Any]]:
     from moto.stepfunctions.parser.asl.component.state.exec.state_map.state_map import StateMap
 
     return [
-        (ResultWriter, "_eval_body", sfn_result_writer_eval),
-        (StateMap, "from_state_props", sfn_map_from_state_props),
-        (StateMap, "_eval_execution", sfn_map_eval_execution),
-        (DistributedIterationComponent, "_map_run", sfn_map_run),
-        (DistributedItemProcessorWorker, "_eval_input", sfn_child_input),
-        (DistributedItemProcessorWorker, "_eval_job", sfn_child_job),
-        (ResourceEvalS3, "_handle_put_object", staticmethod(sfn_result_writer_put_object)),
+        replace(ResultWriter, "_eval_body", sfn_result_writer_eval),
+        wrap(StateMap, "from_state_props", sfn_map_from_state_props),
+        wrap(StateMap, "_eval_execution", sfn_map_eval_execution),
+        wrap(DistributedIterationComponent, "_map_run", sfn_map_run),
+        wrap(DistributedItemProcessorWorker, "_eval_input", sfn_child_input),
+        wrap(DistributedItemProcessorWorker, "_eval_job", sfn_child_job),
+        replace(ResourceEvalS3, "_handle_put_object", staticmethod(sfn_result_writer_put_object)),
     ]

@@ -2,7 +2,7 @@
 
 The run's cleanup finds its jobs with `NameContains=<run hash>` and a status, so the listing must
 show the local jobs' live statuses (InProgress while the local process runs, Stopping, Stopped,
-Completed, Failed: services/sagemaker.py keeps moto's job objects current) and page like AWS:
+Completed, Failed: sagemaker/service.py keeps moto's job objects current) and page like AWS:
 
 - SortBy (CreationTime | Name | Status, default CreationTime) and SortOrder (default Ascending)
   are honoured (ListTrainingJobs / ListProcessingJobs request reference: "The default is
@@ -31,6 +31,8 @@ import datetime as dt
 import json
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from sdflow.local.patching import Patch, replace
 
 DEFAULT_MAX_RESULTS = 10
 MAX_RESULTS = 100
@@ -220,10 +222,10 @@ def sagemaker_list_training_jobs(self: Any) -> Any:
     return ActionResult(_without_none({"TrainingJobSummaries": summaries, "NextToken": token}))
 
 
-def patches() -> list[tuple[Any, str, Any]]:
+def patches() -> list[Patch]:
     from moto.sagemaker.responses import SageMakerResponse
 
     return [
-        (SageMakerResponse, "list_processing_jobs", sagemaker_list_processing_jobs),
-        (SageMakerResponse, "list_training_jobs", sagemaker_list_training_jobs),
+        replace(SageMakerResponse, "list_processing_jobs", sagemaker_list_processing_jobs),
+        replace(SageMakerResponse, "list_training_jobs", sagemaker_list_training_jobs),
     ]

@@ -23,9 +23,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sdflow.local.patching import previous
+from sdflow.local.patching import Patch, replace, wrap
 from sdflow.local.runtime import runtime_or_none
-from sdflow.local.services.stepfunctions import interpreter_modules_importing, states_failure
+from sdflow.local.stepfunctions.interpreter import interpreter_modules_importing, states_failure
 
 MAX_PAYLOAD_BYTES = 262_144
 DATA_LIMIT_EXCEEDED = "States.DataLimitExceeded"
@@ -69,15 +69,14 @@ def data_limit_exceeded(env: Any, name: str) -> Exception:
     return states_failure(env, StatesErrorNameType.StatesStatesDataLimitExceeded, cause)
 
 
-def sfn_state_entered_event_details(self: Any, env: Any) -> Any:
+def sfn_state_entered_event_details(inner: Any, self: Any, env: Any) -> Any:
     """Wraps moto's CommonStateField._get_state_entered_event_details (state.py).
 
     Every state entry already serialises its input (compactly) for the StateEntered event; the
     limit on "input data when entering a state" is checked on that same text, so it costs no
     second serialisation. It also counts the entry as one state transition."""
-    from moto.stepfunctions.parser.asl.component.state.state import CommonStateField
 
-    details = previous(CommonStateField, "_get_state_entered_event_details", sfn_state_entered_event_details)(self, env)
+    details = inner(self, env)
     count_transition()
     if _utf8_exceeds(details.get("input") or ""):
         raise data_limit_exceeded(env, self.name)
@@ -85,21 +84,16 @@ def sfn_state_entered_event_details(self: Any, env: Any) -> Any:
 
 
 def sfn_before_task_execution(
-    self: Any, env: Any, resource_runtime_part: Any, raw_parameters: Any, state_credentials: Any
+    inner: Any, self: Any, env: Any, resource_runtime_part: Any, raw_parameters: Any, state_credentials: Any
 ) -> None:
     """Wraps moto's StateTaskService._before_eval_execution (state_task_service.py).
 
     AWS: "the input of a state is larger than the payload size quota after Parameters
     processing" is States.DataLimitExceeded; moto never measures a task's Parameters."""
-    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service import (
-        StateTaskService,
-    )
 
     if not sfn_is_within_size_quota(raw_parameters):
         raise data_limit_exceeded(env, self.name)
-    previous(StateTaskService, "_before_eval_execution", sfn_before_task_execution)(
-        self, env, resource_runtime_part, raw_parameters, state_credentials
-    )
+    inner(self, env, resource_runtime_part, raw_parameters, state_credentials)
 
 
 def check_map_result(env: Any, map_state: Any) -> None:
@@ -110,10 +104,9 @@ def check_map_result(env: Any, map_state: Any) -> None:
         raise data_limit_exceeded(env, map_state.name)
 
 
-def sfn_error_equals(self: Any, env: Any) -> None:
+def sfn_error_equals(inner: Any, self: Any, env: Any) -> None:
     """Wraps moto's ErrorEqualsDecl._eval_body (error_equals_decl.py): States.ALL matches every
     error except the terminal ones (TERMINAL_ERRORS); naming one explicitly still matches it."""
-    from moto.stepfunctions.parser.asl.component.common.error_name.error_equals_decl import ErrorEqualsDecl
 
     error_name = env.stack[-1]
     names = {name.error_name for name in self.error_names}
@@ -121,16 +114,15 @@ def sfn_error_equals(self: Any, env: Any) -> None:
         env.stack.pop()
         env.stack.append(False)
         return
-    previous(ErrorEqualsDecl, "_eval_body", sfn_error_equals)(self, env)
+    inner(self, env)
 
 
-def sfn_handle_retry(self: Any, env: Any, failure_event: Any) -> Any:
+def sfn_handle_retry(inner: Any, self: Any, env: Any, failure_event: Any) -> Any:
     """Wraps moto's ExecutionState._handle_retry: AWS counts every retry attempt as a state
     transition ("including retries", Step Functions pricing), so the counter does too."""
     from moto.stepfunctions.parser.asl.component.common.retry.retry_outcome import RetryOutcome
-    from moto.stepfunctions.parser.asl.component.state.exec.execute_state import ExecutionState
 
-    outcome = previous(ExecutionState, "_handle_retry", sfn_handle_retry)(self, env, failure_event)
+    outcome = inner(self, env, failure_event)
     if outcome == RetryOutcome.CanRetry:
         count_transition()
     return outcome
@@ -161,12 +153,12 @@ def _passing_failure_events(owner: type) -> Any:
     their service's generic error, so a States.DataLimitExceeded raised inside the task would
     reach the Retry/Catch as "DynamoDB.AmazonDynamoDBException"."""
 
-    def sfn_from_error(self: Any, env: Any, ex: Exception) -> Any:
+    def sfn_from_error(inner: Any, self: Any, env: Any, ex: Exception) -> Any:
         from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import FailureEventException
 
         if isinstance(ex, FailureEventException):
             return ex.failure_event
-        return previous(owner, "_from_error", sfn_from_error)(self, env, ex)
+        return inner(self, env, ex)
 
     return sfn_from_error
 
@@ -191,7 +183,7 @@ def count_transition() -> None:
             runtime.sfn_transitions += 1
 
 
-def patches() -> list[tuple[Any, str, Any]]:
+def patches() -> list[Patch]:
     import moto.stepfunctions.parser.quotas as quotas
     from moto.stepfunctions.parser.asl.component.common.error_name.error_equals_decl import ErrorEqualsDecl
     from moto.stepfunctions.parser.asl.component.state.exec.execute_state import ExecutionState
@@ -200,23 +192,23 @@ def patches() -> list[tuple[Any, str, Any]]:
     )
     from moto.stepfunctions.parser.asl.component.state.state import CommonStateField
 
-    from sdflow.local.services.stepfunctions import import_interpreter_modules
+    from sdflow.local.stepfunctions.interpreter import import_interpreter_modules
 
     import_interpreter_modules()
     import moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.iteration_worker as iteration_worker
     import moto.stepfunctions.parser.asl.component.state.exec.state_parallel.branches_decl as branches_decl
 
     return [
-        (iteration_worker, "CustomErrorName", sfn_propagated_error_name),
-        (branches_decl, "CustomErrorName", sfn_propagated_error_name),
-        (quotas, "is_within_size_quota", sfn_is_within_size_quota),
+        replace(iteration_worker, "CustomErrorName", sfn_propagated_error_name),
+        replace(branches_decl, "CustomErrorName", sfn_propagated_error_name),
+        replace(quotas, "is_within_size_quota", sfn_is_within_size_quota),
         *(
-            (module, "is_within_size_quota", sfn_is_within_size_quota)
+            replace(module, "is_within_size_quota", sfn_is_within_size_quota)
             for module in interpreter_modules_importing(quotas, "is_within_size_quota")
         ),
-        (CommonStateField, "_get_state_entered_event_details", sfn_state_entered_event_details),
-        (StateTaskService, "_before_eval_execution", sfn_before_task_execution),
-        (ErrorEqualsDecl, "_eval_body", sfn_error_equals),
-        (ExecutionState, "_handle_retry", sfn_handle_retry),
-        *((klass, "_from_error", _passing_failure_events(klass)) for klass in _task_classes_with_own_from_error()),
+        wrap(CommonStateField, "_get_state_entered_event_details", sfn_state_entered_event_details),
+        wrap(StateTaskService, "_before_eval_execution", sfn_before_task_execution),
+        wrap(ErrorEqualsDecl, "_eval_body", sfn_error_equals),
+        wrap(ExecutionState, "_handle_retry", sfn_handle_retry),
+        *(wrap(klass, "_from_error", _passing_failure_events(klass)) for klass in _task_classes_with_own_from_error()),
     ]

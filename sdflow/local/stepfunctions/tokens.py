@@ -18,7 +18,7 @@ from typing import Any
 
 from moto.core.exceptions import AWSError
 
-from sdflow.local.patching import previous
+from sdflow.local.patching import Patch, replace, wrap
 
 TASK_TIMED_OUT_MESSAGE = "Task Timed Out: 'Provided task does not exist anymore'"
 
@@ -46,16 +46,13 @@ def _closed_attempt() -> Any:
     return AttemptEnded()
 
 
-def sfn_callback_attempt(self: Any, env: Any) -> None:
+def sfn_callback_attempt(inner: Any, self: Any, env: Any) -> None:
     """Wraps moto's ExecutionState._evaluate_with_timeout for StateTaskServiceCallback (one
     attempt of the task, run by the Retry loop): a retried attempt gets a fresh token, and every
     attempt's token is closed when the attempt ends, timeouts included (this runs on the state's
     own thread, not on the attempt's worker thread that may still be waiting)."""
-    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_callback import (
-        StateTaskServiceCallback,
-    )
 
-    attempt = previous(StateTaskServiceCallback, "_evaluate_with_timeout", sfn_callback_attempt)
+    attempt = inner
     if not _waits_for_task_token(self):
         attempt(self, env)
         return
@@ -120,15 +117,15 @@ def sfn_send_task_heartbeat(self: Any, task_token: str) -> Any:
     return SendTaskHeartbeatOutput()
 
 
-def patches() -> list[tuple[Any, str, Any]]:
+def patches() -> list[Patch]:
     from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_callback import (
         StateTaskServiceCallback,
     )
     from moto.stepfunctions.parser.models import StepFunctionsParserBackend
 
     return [
-        (StateTaskServiceCallback, "_evaluate_with_timeout", sfn_callback_attempt),
-        (StepFunctionsParserBackend, "send_task_success", sfn_send_task_success),
-        (StepFunctionsParserBackend, "send_task_failure", sfn_send_task_failure),
-        (StepFunctionsParserBackend, "send_task_heartbeat", sfn_send_task_heartbeat),
+        wrap(StateTaskServiceCallback, "_evaluate_with_timeout", sfn_callback_attempt),
+        replace(StepFunctionsParserBackend, "send_task_success", sfn_send_task_success),
+        replace(StepFunctionsParserBackend, "send_task_failure", sfn_send_task_failure),
+        replace(StepFunctionsParserBackend, "send_task_heartbeat", sfn_send_task_heartbeat),
     ]

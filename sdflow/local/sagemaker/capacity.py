@@ -19,7 +19,7 @@ from typing import Any
 
 from sdflow.local.clock import Clock, Timer
 from sdflow.local.runtime import Runtime
-from sdflow.local.sagemaker_host import utc_now
+from sdflow.local.sagemaker.host import utc_now
 
 CAPACITY_FAILURE_REASON = (
     "CapacityError: Unable to provision requested ML compute capacity. Please retry using a different ML instance type."

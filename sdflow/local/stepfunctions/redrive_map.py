@@ -21,7 +21,7 @@ Developer Guide, "Redriving Map Runs in Step Functions executions":
   say how a missing permission shows; here such a child is treated like the children the guide
   calls not redrivable: "it won't be attempted again. The last error or output of the execution
   is permanent" (it counts as failed), and the denial is logged.
-The tolerated failure threshold (stepfunctions_map.py) is evaluated over the whole Map Run: the
+The tolerated failure threshold (stepfunctions/map.py) is evaluated over the whole Map Run: the
 kept successful children count as succeeded items of the run.
 """
 
@@ -31,10 +31,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from sdflow.local.patching import previous
+from sdflow.local.patching import Patch, wrap
 from sdflow.local.runtime import current_clock, runtime_or_none
-from sdflow.local.services import stepfunctions_map
-from sdflow.local.services.stepfunctions import states_failure
+from sdflow.local.stepfunctions import map as stepfunctions_map
+from sdflow.local.stepfunctions.interpreter import states_failure
 
 log = logging.getLogger(__name__)
 MAX_MAP_RUN_REDRIVES = 1000
@@ -88,27 +88,23 @@ def plan(execution: Any, records: list[Any], state_name: str) -> MapRunRedrive |
     return MapRunRedrive(record=record, items=list(items), redo=redo, children=children, kept=kept)
 
 
-def sfn_map_run_items(self: Any, env: Any, eval_input: Any) -> None:
+def sfn_map_run_items(inner: Any, self: Any, env: Any, eval_input: Any) -> None:
     """Wraps moto's DistributedIterationComponent._map_run (outermost): a first run remembers its
     items and its state, which a redrive of the execution needs."""
-    from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.distributed_iteration_component import (
-        DistributedIterationComponent,
-    )
 
     record = eval_input.map_run_record
     if not isinstance(env.stack[-1], RedriveItems):
         record.sdflow_items = list(env.stack[-1])
         record.sdflow_state_name = eval_input.state_name
-    previous(DistributedIterationComponent, "_map_run", sfn_map_run_items)(self, env, eval_input)
+    inner(self, env, eval_input)
 
 
-def sfn_job_pool(job_program: Any, job_inputs: list[Any]) -> Any:
+def sfn_job_pool(inner: Any, job_program: Any, job_inputs: list[Any]) -> Any:
     """Replaces `JobPool` in moto's distributed_iteration_component.py: for a redrive, each job
     keeps its item's original index ($$.Map.Item.Index, ResultWriter order) and names the child
     execution it redrives."""
-    import moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.distributed_iteration_component as component  # noqa: E501
 
-    pool = previous(component, "JobPool", sfn_job_pool)(job_program=job_program, job_inputs=job_inputs)
+    pool = inner(job_program=job_program, job_inputs=job_inputs)
     redrive: MapRunRedrive | None = getattr(job_inputs, "plan", None)
     if redrive is not None:
         for job in pool._open_jobs:
@@ -221,15 +217,12 @@ def _redrive_map_run(component: Any, env: Any, eval_input: Any, redrive: MapRunR
     record.set_stop(status=MapRunStatus.SUCCEEDED)
 
 
-def sfn_map_run_body(self: Any, env: Any) -> None:
+def sfn_map_run_body(inner: Any, self: Any, env: Any) -> None:
     """Wraps moto's DistributedIterationComponent._eval_body: the Distributed Map a redriven
     execution continues at redrives its Map Run. The pending redrive waits on the Map Run pool,
     which every frame of the execution shares (the Map itself runs in a frame)."""
     from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import (
         StatesErrorNameType,
-    )
-    from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.distributed_iteration_component import (
-        DistributedIterationComponent,
     )
 
     pool = env.map_run_record_pool_manager
@@ -241,7 +234,7 @@ def sfn_map_run_body(self: Any, env: Any) -> None:
         or eval_input.state_name != redrive.record.sdflow_state_name
         or execution_arn != redrive.record.execution_arn
     ):
-        previous(DistributedIterationComponent, "_eval_body", sfn_map_run_body)(self, env)
+        inner(self, env)
         return
     pool.sdflow_redrive = None
     env.stack.pop()
@@ -255,11 +248,11 @@ def sfn_map_run_body(self: Any, env: Any) -> None:
     _redrive_map_run(self, env, eval_input, redrive)
 
 
-def patches() -> list[tuple[Any, str, Any]]:
+def patches() -> list[Patch]:
     import moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.distributed_iteration_component as component  # noqa: E501
 
     return [
-        (component.DistributedIterationComponent, "_eval_body", sfn_map_run_body),
-        (component.DistributedIterationComponent, "_map_run", sfn_map_run_items),
-        (component, "JobPool", sfn_job_pool),
+        wrap(component.DistributedIterationComponent, "_eval_body", sfn_map_run_body),
+        wrap(component.DistributedIterationComponent, "_map_run", sfn_map_run_items),
+        wrap(component, "JobPool", sfn_job_pool),
     ]

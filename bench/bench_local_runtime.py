@@ -75,11 +75,20 @@ def _tree_rss(process: psutil.Process) -> int:
 
 
 def _top_allocations(limit: int = 15) -> list[str]:
-    """Where the cloud process's live Python memory was allocated (tracemalloc), biggest first."""
+    """Where the cloud process's live Python memory was allocated (tracemalloc), biggest first,
+    then the callers behind the biggest line, and the traced peak against what is live now."""
     import tracemalloc
 
-    stats = tracemalloc.take_snapshot().statistics("lineno")
-    return [f"{stat.size / 2**20:8.1f} MB {stat.count:>9} blocks  {stat.traceback[0]}" for stat in stats[:limit]]
+    current, peak = tracemalloc.get_traced_memory()
+    snapshot = tracemalloc.take_snapshot()
+    stats = snapshot.statistics("lineno")
+    lines = [f"traced Python memory: {current / 2**20:.0f} MB live now, {peak / 2**20:.0f} MB at its peak"]
+    lines += [f"{stat.size / 2**20:8.1f} MB {stat.count:>9} blocks  {stat.traceback[0]}" for stat in stats[:limit]]
+    biggest = stats[0].traceback[0]
+    for stat in [s for s in snapshot.statistics("traceback") if s.traceback[-1] == biggest][:4]:
+        lines.append(f"-- {stat.size / 2**20:.1f} MB from:")
+        lines += [f"     {frame}" for frame in stat.traceback.format()[-12:]]
+    return lines
 
 
 def run_one(shards: int, concurrency: int, profile_memory: bool = False) -> dict[str, Any]:
@@ -88,7 +97,7 @@ def run_one(shards: int, concurrency: int, profile_memory: bool = False) -> dict
     if profile_memory:
         import tracemalloc
 
-        tracemalloc.start()
+        tracemalloc.start(12)
     peak = peak_own = 0
     stop = threading.Event()
     me = psutil.Process()

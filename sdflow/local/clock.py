@@ -232,18 +232,16 @@ class Clock:
     ) -> _Waiter:
         with self._cond:
             waiter = _Waiter(self._elapsed() + seconds, next(self._seq), what, cond, action)
-            if self._closed:
-                waiter.due = True
-                if action is not None:
-                    threading.Thread(target=action, name=f"sdflow-clock-{what}", daemon=True).start()
+            if not self._closed:
+                heapq.heappush(self._heap, waiter)
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._keep_time, name="sdflow-clock", daemon=True)
+                    self._thread.start()
+                if self._heap[0] is waiter:
+                    self._cond.notify_all()
                 return waiter
-            heapq.heappush(self._heap, waiter)
-            if self._thread is None and not self._closed:
-                self._thread = threading.Thread(target=self._keep_time, name="sdflow-clock", daemon=True)
-                self._thread.start()
-            if self._heap[0] is waiter:
-                self._cond.notify_all()
-            return waiter
+        waiter.fire()  # a closed clock: due at once (outside the clock's lock, as the timekeeper fires)
+        return waiter
 
     def _cancel(self, waiter: _Waiter) -> None:
         with self._cond:

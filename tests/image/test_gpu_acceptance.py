@@ -1,8 +1,10 @@
-"""bench/gpu_acceptance.py where no GPU is: its refusal, its flags, its model and its report."""
+"""bench/gpu_acceptance.py where no GPU is: its refusal, its flags, its SD 1.5-sized model, its report,
+and the whole harness on the tiny model: two gloo processes under torchrun, stopped and resumed."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -49,10 +51,11 @@ def test_gpu_acceptance_without_cuda_exits_2_with_one_line_saying_so() -> None:
     ("argv", "named"),
     [
         (["--steps", "0"], "--steps"),
+        (["--steps", "3"], "--steps"),
         (["--batch-size", "four"], "--batch-size"),
-        (["--warmup-steps", "-1"], "--warmup-steps"),
         (["--plugins", "gemini,zero3"], "--plugins"),
         (["--precisions", "fp8"], "--precisions"),
+        (["--data", "nfs"], "--data"),
     ],
 )
 def test_parse_args_bad_flag_exits_2_naming_it(
@@ -68,53 +71,66 @@ def test_parse_args_defaults_cover_every_plugin_and_precision(bench: ModuleType)
     args = bench.parse_args([])
     assert args.plugins == ["torch_ddp", "low_level_zero", "gemini"]
     assert args.precisions == ["fp16", "bf16"]
-    assert (args.steps, args.batch_size) == (20, 4)
+    assert (args.steps, args.batch_size, args.data) == (12, 4, "s3")
     assert bench.parse_args(["--plugins", "gemini, torch_ddp,gemini"]).plugins == ["gemini", "torch_ddp"]
 
 
-def test_sd15_unet_config_builds_sd15_sized_unet(bench: ModuleType) -> None:
+def test_random_sd15_components_have_sd15_parameter_counts() -> None:
     import torch
-    from diffusers import UNet2DConditionModel
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
 
-    with torch.device("meta"):  # shapes only: no 3.4 GB of random weights on the CPU
-        unet: Any = UNet2DConditionModel(**bench.SD15_UNET_CONFIG)
-    assert sum(p.numel() for p in unet.parameters()) == bench.SD15_UNET_PARAMETERS
-    assert unet.config.cross_attention_dim == bench.TEXT_SHAPE[1]
-    assert (unet.config.in_channels, unet.config.sample_size) == bench.LATENT_SHAPE[:2]
+    from sdflow_image import random_sd15
 
-
-def _result(bench: ModuleType, plugin: str, precision: str, peak: float, **extra: object) -> object:
-    fields: dict[str, object] = {
-        "samples_per_s": 10.0,
-        "peak_allocated_gib": peak,
-        "peak_reserved_gib": peak + 1,
-        "final_loss": 1.0,
-    }
-    fields.update(extra)
-    return bench.Result(plugin, precision, 4, 2, 20, start_allocated_gib=0.0, **fields)
+    with torch.device("meta"):  # shapes only: no 4.3 GB of random weights on the CPU
+        parts: list[Any] = [
+            UNet2DConditionModel(**random_sd15.UNET_CONFIG),
+            AutoencoderKL(**random_sd15.VAE_CONFIG),
+            CLIPTextModel(CLIPTextConfig(**random_sd15.TEXT_CONFIG)),
+        ]
+    counts = [sum(p.numel() for p in part.parameters()) for part in parts]
+    assert counts == [random_sd15.UNET_PARAMETERS, random_sd15.VAE_PARAMETERS, random_sd15.TEXT_PARAMETERS]
 
 
-def test_report_gemini_fraction_is_its_peak_over_ddp_at_same_precision(bench: ModuleType) -> None:
-    results = [
-        _result(bench, "torch_ddp", "fp16", 20.0),
-        _result(bench, "gemini", "fp16", 12.5),
-        _result(bench, "torch_ddp", "bf16", 18.0),
-        _result(bench, "gemini", "bf16", 9.0),
-    ]
-    assert bench.gemini_fractions(results) == {"fp16": 0.625, "bf16": 0.5}
-    text = bench.report(results)
-    assert "gemini peak memory / torch_ddp peak memory (fp16, batch 4/GPU, 2 GPU): 0.62" in text
-    assert "(bf16, batch 4/GPU, 2 GPU): 0.50" in text
+def test_weight_difference_is_zero_for_a_copy_and_relative_l2_for_a_change(bench: ModuleType, tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    a = {"w": torch.ones(4, 4), "b": torch.zeros(4)}
+    for name, tensors in (("a", a), ("same", dict(a)), ("moved", {"w": torch.ones(4, 4) * 1.01, "b": torch.zeros(4)})):
+        (tmp_path / name).mkdir()
+        save_file(tensors, str(tmp_path / name / "diffusion_pytorch_model.safetensors"))
+    assert bench.weight_difference(tmp_path / "a", tmp_path / "same") == 0.0
+    assert bench.weight_difference(tmp_path / "a", tmp_path / "moved") == pytest.approx(0.01)
 
 
-def test_report_failed_combination_shows_why_and_gives_no_fraction(bench: ModuleType) -> None:
-    results = [
-        _result(bench, "torch_ddp", "bf16", 18.0),
-        _result(bench, "gemini", "bf16", float("nan"), error="AssertionError: boom"),
-        _result(bench, "low_level_zero", "bf16", 14.0, final_loss=float("nan")),
-    ]
-    assert bench.gemini_fractions(results) == {}
-    text = bench.report(results)
-    assert "FAILED: AssertionError: boom" in text
-    assert "FAILED: loss nan" in text
-    assert "gemini peak memory" not in text
+def test_report_failed_row_shows_why_and_the_kernel_time(bench: ModuleType) -> None:
+    good = bench.Row("low_level_zero", "bf16", 1, 4, 6, True, samples_per_s_per_gpu=18.07, peak_gpu_gib=20.01,
+                     checkpoint_s=16.4, stop_s=34.9, stopped_at=4, loss_diff=0.0, weight_diff=0.0)  # fmt: skip
+    bad = bench.Row("gemini", "fp16", 1, 4, 6, False, checks=["saved UNet differs by 1.68e-03"])
+    text = bench.report([good, bad], 95.2, None)
+    lines = text.splitlines()
+    assert lines[0] == "Colossal-AI Adam kernels load: 95.2 s"
+    assert lines[3].split()[:6] == ["low_level_zero", "bf16", "1", "4", "6", "on"]
+    assert lines[3].endswith("ok")
+    assert lines[4].endswith("FAILED: saved UNet differs by 1.68e-03")
+    assert "FAILED: nvcc not found" in bench.report([good], float("nan"), "nvcc not found")
+
+
+def test_gpu_acceptance_tiny_two_processes_stop_with_dataloader_workers_and_resume_exactly(tmp_path: Path) -> None:
+    """The harness end to end on CPU: torchrun over two gloo processes, each with DataLoader workers,
+    shards on a local S3; SIGTERM to the launcher mid-run must leave a complete checkpoint and exit
+    143, and the resumed run must log the uninterrupted run's losses and save its weights exactly."""
+    result = tmp_path / "acceptance.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--tiny", "--nproc", "2", "--plugins", "torch_ddp", "--precisions", "bf16",
+         "--steps", "4", "--data", "s3", "--work-dir", str(tmp_path / "work"), "--json", str(result)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (row,) = json.loads(result.read_text())["rows"]
+    assert (row["plugin"], row["precision"], row["gpus"], row["ema"]) == ("torch_ddp", "bf16", 2, True)
+    assert row["stopped_at"] >= 3
+    assert (row["loss_diff"], row["weight_diff"]) == (0.0, 0.0)
+    assert row["samples_per_s_per_gpu"] > 0
+    assert not list((tmp_path / "work").glob("*/*/checkpoints"))  # bulky outputs go once compared

@@ -399,6 +399,43 @@ def test_make_ema_step_averages_where_diffusers_own_step_raises(tiny_base_model:
         torch.testing.assert_close(new, old - (1 - decay) * (old - param.detach()))
 
 
+def test_restore_ema_from_checkpoint_moves_average_to_training_device_in_fp32(
+    tiny_base_model: Path, tmp_path: Path
+) -> None:
+    """A checkpoint's EMA is read on the CPU; left there, the next step on a GPU mixes devices.
+    The meta device stands in for CUDA: where the average lands is what is checked."""
+    import torch
+    from diffusers import UNet2DConditionModel
+
+    from sdflow_image.training import model
+
+    unet = UNet2DConditionModel.from_pretrained(tiny_base_model, subfolder="unet")
+    saved = model.make_ema(unet, 0.9, torch.device("cpu"))
+    torch.save(saved.state_dict(), tmp_path / "ema.pt")
+    resumed = model.make_ema(unet, 0.9, torch.device("cpu"))
+    model.restore_ema(resumed, tmp_path / "ema.pt", unet.parameters(), torch.device("meta"))
+    assert {(p.device.type, p.dtype) for p in resumed.shadow_params} == {("meta", torch.float32)}
+
+
+def test_restore_ema_without_saved_state_starts_fp32_from_half_precision_weights(
+    tiny_base_model: Path, tmp_path: Path
+) -> None:
+    """The ZeRO plugins' working weights are bf16: an average kept in bf16 cannot take a 0.9999
+    decay's small updates, so the restarted average is fp32 copies of them."""
+    import torch
+    from diffusers import UNet2DConditionModel
+
+    from sdflow_image.training import model
+
+    unet = UNet2DConditionModel.from_pretrained(tiny_base_model, subfolder="unet")
+    ema = model.make_ema(unet, 0.9999, torch.device("cpu"))
+    unet.to(torch.bfloat16)
+    model.restore_ema(ema, tmp_path / "missing.pt", unet.parameters(), torch.device("cpu"))
+    assert {p.dtype for p in ema.shadow_params} == {torch.float32}
+    for shadow, param in zip(ema.shadow_params, unet.parameters(), strict=True):
+        torch.testing.assert_close(shadow, param.detach().float())
+
+
 # --- early checks of the dataset index (the index itself: tests/image/test_data.py) ----------
 
 

@@ -340,6 +340,18 @@ class ShardStream(IterableDataset):
                 items = []
 
 
+def ignore_stop_signals(_worker_id: int) -> None:
+    """DataLoader workers leave SIGTERM and SIGINT to the training process. torchrun's agent stops
+    a job with `os.killpg` on each worker's process group, which holds its DataLoader workers too:
+    killed by the signal, they would take the trainer down mid-step ("DataLoader worker ... is
+    killed by signal: Terminated") before it saves its checkpoint. Ignoring it, they keep serving
+    until the trainer has saved and shuts them down (they also exit when it dies: torch's watchdog)."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class ShardLoader:
     """Iterable of batches ({"pixel_values", "input_ids"}) with `state_dict()`: the position after the last
     batch handed out. Iterating again (a new `iter()`) continues from that position."""
@@ -356,6 +368,7 @@ class ShardLoader:
             num_workers=workers,
             pin_memory=torch.cuda.is_available(),
             prefetch_factor=2 if workers > 0 else None,
+            worker_init_fn=ignore_stop_signals if workers > 0 else None,
         )
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:

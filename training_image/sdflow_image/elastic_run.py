@@ -37,8 +37,16 @@ class IncompatibleTorchError(RuntimeError):
     """The installed torch's elastic agent no longer has the shape this module extends."""
 
 
-def _check_torch(api_module: Any, agent_class: Any, pcontext_class: Any) -> None:
-    """Fail at launch, not silently at the first stop, if torch's internals moved."""
+# LocalElasticAgent._shutdown's parameters: torch 2.5.1's, and the later one that takes close's
+# timeout itself (pytorch/pytorch main, torch/distributed/elastic/agent/server/local_elastic_agent.py).
+SHUTDOWN_WITH_RESTART = ["self", "death_sig", "is_restart"]
+SHUTDOWN_WITH_TIMEOUT = ["self", "death_sig", "timeout"]
+SHUTDOWN_SIGNAL_ONLY = ["self", "death_sig"]  # torch 2.11
+
+
+def _check_torch(api_module: Any, agent_class: Any, pcontext_class: Any) -> list[str]:
+    """Fail at launch, not silently at the first stop, if torch's internals moved; returns the
+    shape of `_shutdown` found."""
     import torch
 
     problems = []
@@ -46,13 +54,16 @@ def _check_torch(api_module: Any, agent_class: Any, pcontext_class: Any) -> None
         problems.append("torch.distributed.launcher.api.LocalElasticAgent is not the local elastic agent class")
     if "timeout" not in inspect.signature(pcontext_class.close).parameters:
         problems.append("PContext.close takes no timeout")
-    if list(inspect.signature(agent_class._shutdown).parameters) != ["self", "death_sig", "is_restart"]:
-        problems.append("LocalElasticAgent._shutdown(death_sig, is_restart) changed")
+    shutdown = list(inspect.signature(agent_class._shutdown).parameters)
+    if shutdown not in (SHUTDOWN_WITH_RESTART, SHUTDOWN_WITH_TIMEOUT, SHUTDOWN_SIGNAL_ONLY):
+        problems.append(f"LocalElasticAgent._shutdown{tuple(shutdown[1:])} is none of (death_sig, is_restart), "
+                        "(death_sig, timeout), (death_sig)")  # fmt: skip
     if problems:
         raise IncompatibleTorchError(
             f"sdflow_image.elastic_run was written against torch 2.5.1's elastic agent; torch "
             f"{torch.__version__}: {'; '.join(problems)}. Re-check how torchrun stops workers."
         )
+    return shutdown
 
 
 def install_stop_grace(grace_s: float) -> None:
@@ -66,19 +77,24 @@ def install_stop_grace(grace_s: float) -> None:
     if getattr(installed, "stop_grace_s", None) is not None:
         installed.stop_grace_s = grace_s  # already installed in this process
         return
-    _check_torch(launcher_api, LocalElasticAgent, PContext)
+    shutdown = _check_torch(launcher_api, LocalElasticAgent, PContext)
 
     class GracefulStopAgent(LocalElasticAgent):
         stop_grace_s = grace_s
 
-        def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, is_restart: bool = False) -> None:
+        def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, *args: Any, **kwargs: Any) -> None:
+            # close's timeout is annotated int (it is used as float seconds)
+            grace = math.ceil(self.stop_grace_s)
+            if shutdown == SHUTDOWN_WITH_TIMEOUT:
+                with _stop_signals_ignored():
+                    super()._shutdown(death_sig, grace)  # type: ignore[arg-type]  # the later torch: (death_sig, timeout)
+                return
             if self._pcontext is not None:
                 with _stop_signals_ignored():
-                    # close's timeout is annotated int (it is used as float seconds)
-                    self._pcontext.close(death_sig, timeout=math.ceil(self.stop_grace_s))
+                    self._pcontext.close(death_sig, timeout=grace)
             # torch's own clean-up (watchdog, health server, rendezvous); its close(death_sig)
             # finds every worker gone and returns at once.
-            super()._shutdown(death_sig, is_restart)
+            super()._shutdown(death_sig, *args, **kwargs)
 
     launcher_api.LocalElasticAgent = GracefulStopAgent  # type: ignore[misc]
 

@@ -116,6 +116,11 @@ def distributed(seed: int, cuda: bool) -> Iterator[None]:
             os.environ.pop(key, None)
 
 
+def step_seed(seed: int, rank: int, step: int) -> int:
+    """The random seed of one rank's step: distinct for every (seed, rank, step), within 63 bits."""
+    return ((seed * 100_003 + rank) * 1_000_003 + step) % 2**63
+
+
 def barrier() -> None:
     import torch.distributed as dist
 
@@ -275,14 +280,9 @@ class Trainer:
             print(f"resumed from checkpoint {path} at step {self.state.step}", flush=True)
 
     def _resume_ema(self, ema_file: Path) -> None:
-        import torch
-
-        if ema_file.is_file():
-            self.ema.load_state_dict(torch.load(ema_file, map_location="cpu", weights_only=False))
-            return
-        # use_ema turned on for the resumed run: the average starts from the resumed weights.
-        log.warning("checkpoint %s has no EMA state; EMA restarts from the resumed weights", ema_file.parent)
-        self.ema.shadow_params = [p.detach().clone() for p in self.parts.unet.parameters()]
+        if not ema_file.is_file():
+            log.warning("checkpoint %s has no EMA state; EMA restarts from the resumed weights", ema_file.parent)
+        model.restore_ema(self.ema, ema_file, self.parts.unet.parameters(), self.device)
 
     # --- steps ---------------------------------------------------------------------------
 
@@ -350,12 +350,14 @@ class Trainer:
         import torch
 
         args, state = self.args, self.state
-        seed = args.seed * 100_003 + self.rank * 1_009 + state.step
-        generator = torch.Generator(device=self.device).manual_seed(seed)
+        generator = torch.Generator(device=self.device)
         timing, start_step = Timing(), state.step
         batches = iter(self.loader)
         while state.step < args.max_train_steps:
             t_step = time.perf_counter()
+            # Each step's noise, timesteps and empty prompts are drawn from (seed, rank, step) alone,
+            # so a run resumed at step k draws what the uninterrupted run drew at step k + 1.
+            generator.manual_seed(step_seed(args.seed, self.rank, state.step))
             loss, stop_now = self._reduce(self._step(batches, generator), stop)
             state.step += 1
             state.samples_seen += self.samples_per_step
@@ -408,7 +410,20 @@ class Trainer:
             "resolution": args.resolution,
             "use_ema": args.use_ema,
             "device": str(self.device),
+            "peak_gpu_memory_gib": self._peak_gpu_memory_gib(),
         }
+
+    def _peak_gpu_memory_gib(self) -> float | None:
+        """Collective: the largest `max_memory_allocated` of any rank, in GiB (None on CPU)."""
+        import torch
+        import torch.distributed as dist
+
+        if self.device.type != "cuda":
+            return None
+        peak = torch.tensor([torch.cuda.max_memory_allocated(self.device) / 2**30], device=self.device)
+        if self.world_size > 1:
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        return float(peak.item())
 
     def release(self) -> None:
         """Drop the boosted model, optimizer, EMA, frozen parts and data readers, and give their

@@ -21,6 +21,7 @@ import argparse
 import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 ADAM_PLUGINS = ("gemini", "low_level_zero")  # plugins that get Colossal-AI's HybridAdam
@@ -228,6 +229,23 @@ def make_ema(unet: Any, decay: float, device: Any) -> Any:
     ema = EMA(unet.parameters(), decay=decay, model_cls=UNet2DConditionModel, model_config=unet.config)
     ema.to(device)
     return ema
+
+
+def restore_ema(ema: Any, ema_file: Path, parameters: Iterable[Any], device: Any) -> None:
+    """Put a resumed run's EMA where make_ema puts a new one: on the training device, in fp32.
+
+    The checkpoint's state is read on the CPU (it may come from another device) and must move:
+    EMAModel.load_state_dict keeps the tensors where they were loaded, and the next step would
+    mix a CPU average with CUDA weights. Without a saved state (use_ema turned on for the resumed
+    run) the average restarts from the resumed weights, in fp32: the ZeRO plugins' working copy is
+    fp16/bf16, too coarse to take a 0.9999 average's small updates."""
+    import torch
+
+    if ema_file.is_file():
+        ema.load_state_dict(torch.load(ema_file, map_location="cpu", weights_only=False))
+    else:
+        ema.shadow_params = [p.detach().float().clone() for p in parameters]
+    ema.to(device, dtype=torch.float32)
 
 
 class EMAStep:

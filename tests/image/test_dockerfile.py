@@ -111,7 +111,11 @@ def test_dockerfile_installs_the_two_files_with_constraints_then_checks(instruct
         ["--no-build-isolation", "-c", "constraints.txt", "-r", "requirements-colossalai.txt"],
     ], f"pip installs must be exactly the two requirement files under the constraints, got {installs}"
     run = next(r for r in values(instructions, "RUN") if "requirements-colossalai.txt" in r)
-    assert "BUILD_EXT=1" in run, "Colossal-AI's kernels must be compiled at build time, not at every job start"
+    for variable in ("BUILD_EXT", "FORCE_CUDA"):
+        assert variable not in run, (
+            "Colossal-AI 0.5.0's setup.py builds kernels only where it sees a GPU, and no image builder has one: "
+            "the training job builds them (sdflow_image/kernels.py)"
+        )
     assert "pip check" in run, "the build must fail on a broken dependency set"
     copied = values(instructions, "COPY")[0].split()
     assert set(REQUIREMENT_FILES) <= set(copied), "every requirement file is in the image before the install"

@@ -252,3 +252,89 @@ def test_install_stop_grace_on_changed_torch_raises(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(launcher_api, "LocalElasticAgent", object)
     with pytest.raises(elastic_run.IncompatibleTorchError, match=r"torch 2\.5\.1"):
         elastic_run.install_stop_grace(10)
+
+
+def test_install_stop_grace_on_later_torch_passes_the_grace_as_shutdowns_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Later torch's agent takes close's timeout itself: `_shutdown(death_sig, timeout=30)`."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.launcher import api as launcher_api
+
+    calls: list[tuple[object, ...]] = []
+
+    class LaterAgent(LocalElasticAgent):
+        def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:  # type: ignore[override]
+            calls.append((death_sig, timeout, signal.getsignal(signal.SIGTERM)))
+
+    from torch.distributed.elastic.agent.server import local_elastic_agent
+
+    monkeypatch.setattr(launcher_api, "LocalElasticAgent", LaterAgent)
+    monkeypatch.setattr(local_elastic_agent, "LocalElasticAgent", LaterAgent)
+    monkeypatch.setattr(elastic_run, "_check_torch", lambda *_: elastic_run.SHUTDOWN_WITH_TIMEOUT)
+    elastic_run.install_stop_grace(77)
+    agent: Any = launcher_api.LocalElasticAgent.__new__(launcher_api.LocalElasticAgent)
+    agent._shutdown(signal.SIGTERM)
+    assert calls == [(signal.SIGTERM, 77, signal.SIG_IGN)], "the grace, with repeated stop signals ignored meanwhile"
+
+
+@pytest.mark.parametrize(("plugin", "cuda"), [("torch_ddp", True), ("gemini", False), ("low_level_zero", False)])
+def test_kernels_prepare_without_hybrid_adam_or_cuda_builds_nothing(plugin: str, cuda: bool) -> None:
+    from sdflow_image import kernels
+
+    assert kernels.prepare(plugin, cuda=cuda) is None
+
+
+def _fake_loaders(monkeypatch: pytest.MonkeyPatch, loaded: list[str], fail: bool = False) -> None:
+    from colossalai.kernel import kernel_loader
+
+    def loader(name: str) -> type:
+        class Fake:
+            def load(self) -> None:
+                if fail:
+                    raise RuntimeError("nvcc not found")
+                loaded.append(name)
+
+        return Fake
+
+    monkeypatch.setattr(kernel_loader, "CPUAdamLoader", loader("cpu_adam"))
+    monkeypatch.setattr(kernel_loader, "FusedOptimizerLoader", loader("fused_optim"))
+
+
+def test_kernels_prepare_zero_plugin_on_cuda_builds_both_and_logs_the_seconds(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sdflow_image import kernels
+
+    loaded: list[str] = []
+    _fake_loaders(monkeypatch, loaded)
+    seconds = kernels.prepare("low_level_zero", cuda=True)
+    assert loaded == ["cpu_adam", "fused_optim"]
+    assert seconds is not None
+    assert seconds >= 0
+    assert f"Colossal-AI's Adam kernels ready in {seconds:.1f} s" in capsys.readouterr().out
+
+
+def test_kernels_prepare_build_failure_names_plugin_and_the_kernel_free_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sdflow_image import kernels
+
+    _fake_loaders(monkeypatch, [], fail=True)
+    with pytest.raises(kernels.KernelBuildError, match=r"plugin=gemini could not be built: nvcc not found.*torch_ddp"):
+        kernels.prepare("gemini", cuda=True)
+
+
+def test_launcher_main_builds_kernels_for_the_cli_plugin_before_training(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from sdflow_image import kernels, train
+
+    config = tmp_path / "input" / "config"
+    config.mkdir(parents=True)
+    (config / "resourceconfig.json").write_text('{"current_host": "algo-1", "hosts": ["algo-1"]}')
+    (config / "hyperparameters.json").write_text('{"plugin": "torch_ddp"}')
+    monkeypatch.setenv("SDFLOW_OPT_ML", str(tmp_path))
+    order: list[tuple[str, object]] = []
+    monkeypatch.setattr(kernels, "prepare", lambda plugin, cuda: order.append(("kernels", plugin)))
+    monkeypatch.setattr(train, "cli", lambda argv: order.append(("train", argv)) or 0)
+    assert launcher.main(["--plugin", "low_level_zero"]) == 0
+    assert order == [("kernels", "low_level_zero"), ("train", ["--plugin", "low_level_zero"])]

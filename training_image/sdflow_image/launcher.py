@@ -133,12 +133,14 @@ def run_torchrun(topology: dict[str, Any], argv: list[str], module: str = TRAIN_
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        topology = plan(contract.read_resource_config(), _gpu_count(), dict(os.environ))
+        gpus = _gpu_count()
+        topology = plan(contract.read_resource_config(), gpus, dict(os.environ))
+        from sdflow_image import kernels, train
+
+        kernels.prepare(train.parse_args(argv).plugin, cuda=gpus > 0)
     except Exception as exc:
         return contract.fail(exc)
     if topology["in_process"]:
-        from sdflow_image import train
-
         return train.cli(argv)
     return run_torchrun(topology, argv)
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ADAM_PLUGINS = ("gemini", "low_level_zero")  # plugins that get Colossal-AI's HybridAdam
+from sdflow_image.kernels import ADAM_PLUGINS  # plugins that get Colossal-AI's HybridAdam
 
 
 @dataclass

@@ -210,6 +210,27 @@ def test_parse_max_wait_without_spot_is_rejected() -> None:
     assert "use_spot" in errors[0]["message"]
 
 
+def test_parse_resolution_above_downloaded_image_size_is_rejected_naming_both() -> None:
+    errors = errors_of({**minimal(), "download": {"image_size": 256}, "training": {"resolution": 512}})
+    assert errors == [
+        {
+            "field": "(document)",
+            "message": "training.resolution=512 is larger than download.image_size=256: every image would be "
+            "upsampled to train. Set download.image_size to at least 512, or training.resolution to at most 256",
+        }
+    ]
+
+
+@pytest.mark.parametrize(("image_size", "resize_mode"), [(512, "center_crop"), (1024, "border"), (256, "no")])
+def test_parse_resolution_within_downloaded_images_is_accepted(image_size: int, resize_mode: str) -> None:
+    raw = {
+        **minimal(),
+        "download": {"image_size": image_size, "resize_mode": resize_mode},
+        "training": {"resolution": 512},
+    }
+    assert parse_run_document(raw).training.resolution == 512
+
+
 def test_parse_spot_with_enough_wait_is_accepted() -> None:
     training = {"use_spot": True, "max_runtime_seconds": 3600, "max_wait_seconds": 7200}
     assert parse_run_document({**minimal(), "training": training}).training.max_wait_seconds == 7200

@@ -370,6 +370,19 @@ class RunDocument(_Strict):
         parse_s3_uri(uri)
         return uri
 
+    @model_validator(mode="after")
+    def _trains_no_larger_than_downloaded(self) -> RunDocument:
+        # img2dataset resizes every image to download.image_size (but with resize_mode "no"); a
+        # larger training resolution would train on upsampled images, without a word.
+        size, resolution = self.download.image_size, self.training.resolution
+        if self.download.resize_mode != "no" and resolution > size:
+            raise ValueError(
+                f"training.resolution={resolution} is larger than download.image_size={size}: every image would be "
+                f"upsampled to train. Set download.image_size to at least {resolution}, or training.resolution "
+                f"to at most {size}"
+            )
+        return self
+
 
 def printable(text: str, limit: int = QUOTE_LIMIT) -> str:
     """`text` safe to quote in a report, an error cause and an SNS message: control characters and

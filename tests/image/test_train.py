@@ -436,6 +436,42 @@ def test_restore_ema_without_saved_state_starts_fp32_from_half_precision_weights
         torch.testing.assert_close(shadow, param.detach().float())
 
 
+def test_build_pipeline_from_base_with_safety_checker_leaves_it_out(tiny_base_model: Path, tmp_path: Path) -> None:
+    """SD 1.5's model_index lists a safety checker; the trained pipeline (samples, adherence, the
+    saved model) must not carry it, as the server and the base side of the comparison do not."""
+    import argparse
+    import shutil
+
+    import torch
+    from diffusers import StableDiffusionPipeline
+    from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
+    from safetensors.torch import save_file
+    from transformers import CLIPConfig, CLIPImageProcessor
+
+    from sdflow_image.training import outputs
+
+    small = {"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 1, "num_attention_heads": 4}
+    checker = StableDiffusionSafetyChecker(
+        CLIPConfig(text_config=small, vision_config={**small, "image_size": 32, "patch_size": 16}, projection_dim=32)
+    )
+    base = tmp_path / "base"
+    shutil.copytree(tiny_base_model, base)
+    pipe = StableDiffusionPipeline.from_pretrained(base, local_files_only=True)
+    pipe.register_modules(safety_checker=checker, feature_extractor=CLIPImageProcessor())
+    pipe.save_pretrained(base, safe_serialization=True)
+    assert json.loads((base / "model_index.json").read_text())["safety_checker"][1] == "StableDiffusionSafetyChecker"
+    weights = tmp_path / "unet.safetensors"
+    save_file({k: v.contiguous() for k, v in pipe.unet.state_dict().items()}, str(weights))
+
+    args = argparse.Namespace(pretrained_model_name_or_path=str(base), mixed_precision="no")
+    trained = outputs.build_pipeline(args, weights, None)
+    assert trained.safety_checker is None
+    trained.save_pretrained(tmp_path / "out", safe_serialization=True)
+    assert json.loads((tmp_path / "out" / "model_index.json").read_text())["safety_checker"] == [None, None]
+    assert not (tmp_path / "out" / "safety_checker").exists()
+    assert torch.equal(trained.unet.conv_in.weight, pipe.unet.conv_in.weight)
+
+
 # --- early checks of the dataset index (the index itself: tests/image/test_data.py) ----------
 
 

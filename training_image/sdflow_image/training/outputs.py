@@ -93,7 +93,17 @@ def build_pipeline(args: argparse.Namespace, weights: Path, ema_params: list[Any
         with torch.no_grad():
             for param, averaged in zip(unet.parameters(), ema_params, strict=True):
                 param.copy_(averaged)
-    pipe = StableDiffusionPipeline.from_pretrained(base, unet=unet, local_files_only=True)
+    # No safety checker, as the server and the adherence comparison load models: a base that has
+    # one (SD 1.5's model_index lists it) would black out this side's samples only, and it would
+    # travel with the trained model for nothing (serve_model loads without it).
+    pipe = StableDiffusionPipeline.from_pretrained(
+        base,
+        unet=unet,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+        local_files_only=True,
+    )
     return pipe.to(dtype=model.precision_dtype(args.mixed_precision))
 
 

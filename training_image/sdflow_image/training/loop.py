@@ -116,6 +116,19 @@ def distributed(seed: int, cuda: bool) -> Iterator[None]:
             os.environ.pop(key, None)
 
 
+def _on_cpu(state: Any) -> Any:
+    """`state` (nested dicts, lists and tuples) with every tensor copied to the CPU."""
+    import torch
+
+    if isinstance(state, torch.Tensor):
+        return state.detach().cpu()
+    if isinstance(state, dict):
+        return {key: _on_cpu(value) for key, value in state.items()}
+    if isinstance(state, list | tuple):
+        return type(state)(_on_cpu(value) for value in state)
+    return state
+
+
 def step_seed(seed: int, rank: int, step: int) -> int:
     """The random seed of one rank's step: distinct for every (seed, rank, step), within 63 bits."""
     return ((seed * 100_003 + rank) * 1_000_003 + step) % 2**63
@@ -221,7 +234,9 @@ class Trainer:
             self._load(path)
         for tensor in list(b.model.parameters()) + list(b.model.buffers()):
             dist.broadcast(tensor.data, src=0)
-        payload = [b.optimizer.state_dict(), b.lr_scheduler.state_dict()] if self.rank == 0 else [None, None]
+        # On the CPU: pickled CUDA tensors unpickle onto the device they left, cuda:0 of every
+        # host; load_state_dict moves the state to each rank's parameters itself.
+        payload = [_on_cpu(b.optimizer.state_dict()), b.lr_scheduler.state_dict()] if self.rank == 0 else [None, None]
         dist.broadcast_object_list(payload, src=0)
         if self.rank != 0:
             b.optimizer.load_state_dict(payload[0])

@@ -261,12 +261,25 @@ class EMAStep:
         self.optimization_step += 1
         decay = self.get_decay(self.optimization_step)
         self.cur_decay_value = decay
+        trained = [(s, p) for s, p in zip(self.shadow_params, parameters, strict=True) if p.requires_grad]
         with torch.no_grad():
             for shadow, param in zip(self.shadow_params, parameters, strict=True):
-                if param.requires_grad:
-                    shadow.sub_((1 - decay) * (shadow - param))
-                else:
+                if not param.requires_grad:
                     shadow.copy_(param)
+            # One fused update over every tensor (SD 1.5's UNet has ~700), not a Python loop of
+            # three kernels each: shadow += (1 - decay) * (param - shadow). The ZeRO plugins'
+            # working weights are fp16/bf16 while the average is fp32: cast them to it first.
+            for group in _chunks(trained, EMA_CHUNK):
+                shadows = [s for s, _ in group]
+                torch._foreach_lerp_(shadows, [p.detach().to(s.dtype) for s, p in group], 1 - decay)
+
+
+EMA_CHUNK = 64  # tensors per fused EMA update: bounds the fp32 copies of half-precision weights
+
+
+def _chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
 
 
 def encode_batch(

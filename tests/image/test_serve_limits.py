@@ -173,12 +173,56 @@ def test_invocations_default_size_is_sdflow_model_json_resolution(model_dir: Pat
         assert (response.json()["width"], response.json()["height"]) == (96, 96)
 
 
-def test_torch_placement_gpu_uses_saved_dtype_cpu_uses_float32() -> None:
+@pytest.mark.parametrize(
+    ("saved", "capability", "served"),
+    [
+        pytest.param("bfloat16", (9, 0), torch.bfloat16, id="bf16-on-h100"),
+        pytest.param("bfloat16", (8, 6), torch.bfloat16, id="bf16-on-a10g"),
+        pytest.param("bfloat16", (7, 5), torch.float16, id="bf16-on-t4-has-no-bf16-cores"),
+        pytest.param("bfloat16", (7, 0), torch.float16, id="bf16-on-v100"),
+        pytest.param("float32", (9, 0), torch.float16, id="fp32-trained-serves-half"),
+        pytest.param("float16", (7, 5), torch.float16, id="fp16"),
+        pytest.param(None, (8, 0), torch.float16, id="no-sdflow-model-json"),
+    ],
+)
+def test_torch_placement_gpu_serves_half_precision_its_compute_capability_runs(
+    saved: str | None, capability: tuple[int, int], served: torch.dtype
+) -> None:
+    info = ModelInfo(resolution=256, dtype=saved) if saved else None
+    assert torch_placement(ServeSettings(device="cuda"), info, capability) == ("cuda", served)
+
+
+def test_torch_placement_cpu_uses_float32_and_an_explicit_dtype_wins() -> None:
     info = ModelInfo(resolution=256, dtype="bfloat16")
-    assert torch_placement(ServeSettings(device="cuda"), info) == ("cuda", torch.bfloat16)
-    assert torch_placement(ServeSettings(device="cuda"), None) == ("cuda", torch.float16)
     assert torch_placement(ServeSettings(device="cpu"), info) == ("cpu", torch.float32)
-    assert torch_placement(ServeSettings(device="cuda", dtype="float32"), info) == ("cuda", torch.float32)
+    assert torch_placement(ServeSettings(device="cuda", dtype="float32"), info, (7, 5)) == ("cuda", torch.float32)
+
+
+def test_load_pipeline_decodes_a_requests_images_one_at_a_time(model_dir: Path) -> None:
+    pipe = load_pipeline(ServeSettings(model_dir=model_dir, device="cpu"))
+    assert pipe.vae.use_slicing is True
+
+
+class OutOfMemoryPipeline(InstantPipeline):
+    """Runs out of GPU memory for more than one image, as four 1024² images did on an A10G."""
+
+    def __call__(self, **kwargs: Any) -> Any:
+        if kwargs["num_images_per_prompt"] > 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
+        return super().__call__(**kwargs)
+
+
+def test_invocations_cuda_out_of_memory_returns_400_naming_num_images_and_server_stays_up() -> None:
+    settings = ServeSettings(model_dir=Path("/nonexistent"))
+    app = serve.create_app(settings, loader=lambda s: OutOfMemoryPipeline(), calibrator=fixed_timing(QUICK_TIMING))
+    with TestClient(app) as client:
+        _ready(client)
+        response = client.post("/invocations", json={"prompt": "a red square", **FAST, "num_images": 4})
+        assert response.status_code == 400, response.text
+        body = response.json()
+        assert body["field"] == "num_images"
+        assert "do not fit in this GPU's memory" in body["error"]
+        assert client.post("/invocations", json={"prompt": "a red square", **FAST}).status_code == 200
 
 
 @pytest.mark.parametrize(

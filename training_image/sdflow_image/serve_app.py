@@ -101,6 +101,23 @@ def _generation_response(generation: Generation, media_type: str, steps: int, gu
     )
 
 
+def _generation_failed(exc: Exception) -> JSONResponse:
+    """The answer to a request whose generation did not finish."""
+    if isinstance(exc, BadRequestError):  # more than the GPU holds: the caller's to change
+        return _bad_request(exc)
+    if isinstance(exc, BusyError):
+        return _error(503, str(exc), headers={"Retry-After": "1"}, status="busy")
+    if isinstance(exc, ClientGoneError):
+        LOG.info("request dropped: %s", exc)
+        return _error(CLIENT_CLOSED_REQUEST, str(exc), status="dropped")
+    if isinstance(exc, DeadlineError):
+        LOG.warning("request stopped: %s", exc)
+        return _error(503, str(exc), status="timed_out")
+    # The model failing on valid input is the server's fault.
+    LOG.error("generation failed", exc_info=exc)
+    return _error(500, f"generation failed: {type(exc).__name__}: {exc}")
+
+
 def create_app(
     settings: ServeSettings | None = None,
     loader: PipelineLoader = load_pipeline,
@@ -159,17 +176,8 @@ def create_app(
         watcher = asyncio.create_task(_watch_disconnect(request, gone))
         try:
             generation = await server.generate(job)
-        except BusyError as exc:
-            return _error(503, str(exc), headers={"Retry-After": "1"}, status="busy")
-        except ClientGoneError as exc:
-            LOG.info("request dropped: %s", exc)
-            return _error(CLIENT_CLOSED_REQUEST, str(exc), status="dropped")
-        except DeadlineError as exc:
-            LOG.warning("request stopped: %s", exc)
-            return _error(503, str(exc), status="timed_out")
-        except Exception as exc:  # the model failing on valid input is the server's fault
-            LOG.exception("generation failed")
-            return _error(500, f"generation failed: {type(exc).__name__}: {exc}")
+        except Exception as exc:
+            return _generation_failed(exc)
         finally:
             watcher.cancel()
         return _generation_response(generation, media_type, parsed.num_inference_steps, parsed.guidance_scale)

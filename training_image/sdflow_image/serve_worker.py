@@ -201,18 +201,28 @@ class ModelServer:
         # The asyncio lock orders requests; this one guards the pipeline itself should a
         # cancelled request's thread still be running when the next one starts.
         with self._pipe_lock:
-            result = self._pipe(
-                prompt=request.prompt,
-                negative_prompt=request.negative_prompt,
-                num_inference_steps=request.num_inference_steps,
-                guidance_scale=request.guidance_scale,
-                width=job.width,
-                height=job.height,
-                num_images_per_prompt=request.num_images,
-                generator=generator,
-                output_type="pil",
-                callback_on_step_end=_stop_when_gone(job, self.settings.invocation_limit_s),
-            )
+            try:
+                result = self._pipe(
+                    prompt=request.prompt,
+                    negative_prompt=request.negative_prompt,
+                    num_inference_steps=request.num_inference_steps,
+                    guidance_scale=request.guidance_scale,
+                    width=job.width,
+                    height=job.height,
+                    num_images_per_prompt=request.num_images,
+                    generator=generator,
+                    output_type="pil",
+                    callback_on_step_end=_stop_when_gone(job, self.settings.invocation_limit_s),
+                )
+            except torch.cuda.OutOfMemoryError:
+                # The request asked for more than this GPU holds: the caller's to change, and the
+                # server stays up for the next one once the cached blocks are given back.
+                torch.cuda.empty_cache()
+                raise BadRequestError(
+                    f"{request.num_images} image(s) of {job.width}x{job.height} do not fit in this GPU's memory; "
+                    "ask for fewer num_images or a smaller width and height",
+                    field="num_images",
+                ) from None
         pngs = [to_png(image) for image in result.images]
         elapsed = time.monotonic() - started
         LOG.info("generated %d image(s) in %.2f s", len(pngs), elapsed)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sdflow_image.training import checkpoints, model
+from sdflow_image.training import checkpoints, model, precision_state
 from sdflow_image.training.checkpoints import CheckpointError
 
 log = logging.getLogger("sdflow.train")
@@ -201,6 +201,8 @@ class Trainer:
             b.booster.save_optimizer(b.optimizer, str(folder / checkpoints.OPTIMIZER_FILE), shard=False)
         else:
             b.booster.save_optimizer(b.optimizer, str(folder / "optimizer"), shard=True)
+        if self.rank == 0 or self.args.plugin != "torch_ddp":  # torch_ddp's state is replicated
+            precision_state.save(folder, self.args.plugin, b.optimizer, b.model.parameters(), self._state_rank)
         if self.rank != 0:
             return
         b.booster.save_lr_scheduler(b.lr_scheduler, str(folder / "lr_scheduler.pt"))
@@ -223,6 +225,13 @@ class Trainer:
         optimizer_file = path / checkpoints.OPTIMIZER_FILE
         b.booster.load_optimizer(b.optimizer, str(optimizer_file if optimizer_file.is_file() else path / "optimizer"))
         b.booster.load_lr_scheduler(b.lr_scheduler, str(path / "lr_scheduler.pt"))
+        precision_state.load(path, self.args.plugin, b.optimizer, b.model.parameters(), self._state_rank)
+
+    @property
+    def _state_rank(self) -> int:
+        """Whose loss scaler and masters files this rank reads and writes: its own under the ZeRO
+        plugins (each holds a shard), rank 0's under torch_ddp (replicated)."""
+        return 0 if self.args.plugin == "torch_ddp" else self.rank
 
     def _load_from_rank0(self, path: Path) -> None:
         """Hosts with their own checkpoint folders (torch_ddp: only rank 0 writes one): the state
@@ -236,11 +245,17 @@ class Trainer:
             dist.broadcast(tensor.data, src=0)
         # On the CPU: pickled CUDA tensors unpickle onto the device they left, cuda:0 of every
         # host; load_state_dict moves the state to each rank's parameters itself.
-        payload = [_on_cpu(b.optimizer.state_dict()), b.lr_scheduler.state_dict()] if self.rank == 0 else [None, None]
+        scaler = precision_state.loss_scaler(b.optimizer)
+        payload: list[Any] = [None, None, None]
+        if self.rank == 0:
+            scaling = precision_state.scaler_state(scaler) if scaler is not None else None
+            payload = [_on_cpu(b.optimizer.state_dict()), b.lr_scheduler.state_dict(), scaling]
         dist.broadcast_object_list(payload, src=0)
         if self.rank != 0:
             b.optimizer.load_state_dict(payload[0])
             b.lr_scheduler.load_state_dict(payload[1])
+            if scaler is not None and payload[2] is not None:
+                precision_state.restore_scaler(scaler, payload[2])
 
     def resume(self) -> None:
         """Continue from the newest complete checkpoint rank 0 sees, if any (collective)."""

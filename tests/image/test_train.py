@@ -472,6 +472,39 @@ def test_build_pipeline_from_base_with_safety_checker_leaves_it_out(tiny_base_mo
     assert torch.equal(trained.unet.conv_in.weight, pipe.unet.conv_in.weight)
 
 
+# --- cache_latents: each image and caption encoded once --------------------------------------
+
+
+@pytest.mark.parametrize(("flip", "crop"), [("true", "true"), ("false", "false")])
+def test_parse_args_cache_latents_with_changing_pixels_raises_naming_both(flip: str, crop: str) -> None:
+    hp = {"cache_latents": "true", "random_flip": flip, "center_crop": crop}
+    with pytest.raises(train_module.HyperparameterError, match=rf"random_flip={flip}, center_crop={crop}"):
+        train_module.parse_args([], hyperparameters=hp)
+
+
+def _cached_run(tmp: Path, base: Path, dataset: Path, cache: str) -> tuple[dict[str, Any], list[float]]:
+    hp = {**BASE_HP, "max_train_steps": "14", "proportion_empty_prompts": "0.5", "cache_latents": cache}
+    opt_ml = write_job_config(tmp / f"cache-{cache}", hp, dataset_dir=dataset, base_model_dir=base)
+    done = _run(opt_ml)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((opt_ml / "model" / "training_summary.json").read_text())
+    return summary, [float(m.group(2)) for m in STEP_LINE.finditer(done.stdout)]
+
+
+def test_train_cache_latents_encodes_each_sample_once_and_trains_as_uncached(
+    tmp_path: Path, tiny_base_model: Path, dataset_channel: Path
+) -> None:
+    """12 samples, batch 2, 14 steps: each encoded in the first epoch only; the step losses are
+    those of the same run encoding at every step (same draws, empty prompts included)."""
+    cached, cached_losses = _cached_run(tmp_path, tiny_base_model, dataset_channel, "true")
+    assert cached["latent_cache"]["samples"] == 12
+    assert (cached["latent_cache"]["misses"], cached["latent_cache"]["hits"]) == (12, 16)
+    uncached, uncached_losses = _cached_run(tmp_path, tiny_base_model, dataset_channel, "false")
+    assert uncached["latent_cache"] is None
+    assert len(cached_losses) == len(uncached_losses) == 14
+    assert cached_losses == pytest.approx(uncached_losses, rel=1e-5)
+
+
 # --- early checks of the dataset index (the index itself: tests/image/test_data.py) ----------
 
 

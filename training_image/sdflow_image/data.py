@@ -40,6 +40,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from sdflow_image.data_source import (
     FLAGS,
+    KEYS_KEY,
     DatasetIndex,
     DatasetIndexError,
     ShardReader,
@@ -147,6 +148,7 @@ class InterleavedShards:
         self.group = fingerprint(shards)
         self.cursor = cursor
         self.epoch_draws: int | None = None  # draws of the last epoch that ended, once one has
+        self.last_shard = ""  # the shard the last drawn sample came from
         self._order = self._epoch_order(cursor.epoch)
         if any(p >= len(shards) for p, _ in cursor.open) or cursor.next_shard > len(shards):
             raise DataStateError(f"data position {asdict(cursor)} points past this reader's {len(shards)} shards")
@@ -185,6 +187,7 @@ class InterleavedShards:
             if sample is None:
                 self._drop(slot)
                 continue
+            self.last_shard = self.shards[self._order[cursor.open[slot][0]]]
             drawn = cursor.draws
             cursor.draws += 1
             if sample.next_offset is None:
@@ -316,6 +319,7 @@ class ShardStream(IterableDataset):
 
     def _batches(self, walk: InterleavedShards, reader: int, modulo: int, slot: int) -> Iterator[dict[str, Any]]:
         items: list[dict[str, torch.Tensor]] = []
+        keys: list[str] = []
         while True:
             drawn = walk.next()
             if drawn is None:
@@ -330,14 +334,16 @@ class ShardStream(IterableDataset):
             if item is None:
                 continue
             items.append(item)
+            keys.append(f"{walk.last_shard}#{sample.key}")
             if len(items) == self.config.batch_size:
                 position = {"reader": reader, "cursor": asdict(walk.cursor)}
                 yield {
                     "pixel_values": torch.stack([i["pixel_values"] for i in items]),
                     "input_ids": torch.stack([i["input_ids"] for i in items]),
                     POSITION_KEY: json.dumps(position),
+                    KEYS_KEY: json.dumps(keys),
                 }
-                items = []
+                items, keys = [], []
 
 
 def ignore_stop_signals(_worker_id: int) -> None:

@@ -31,6 +31,8 @@ DEFAULT_INDEX = "index.json"  # at the dataset root: the layout of one run's dat
 # webdataset's key rule (webdataset.tariterators.base_plus_ext): the key is the path up to the
 # first dot of the file name, the rest its extension; consecutive files with one key are a sample.
 _KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+# Each training batch's samples as "<tar path>#<sample key>" (JSON list): what the latent cache keys on.
+KEYS_KEY = "_keys"
 # Reads that fail on a dropped connection reopen at the last whole sample, this many times in a row.
 STREAM_RETRIES = 3
 

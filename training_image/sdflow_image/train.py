@@ -99,6 +99,14 @@ FLAGS: list[flags.Flag] = [
     Flag("train_batch_size", flags.positive_int, 4, "batch size per process"),
     Flag("gradient_accumulation_steps", flags.positive_int, 1, "micro-batches per optimizer step"),
     Flag("gradient_checkpointing", flags.boolean, False, "recompute UNet activations in backward to save memory"),
+    Flag(
+        "cache_latents",
+        flags.boolean,
+        False,
+        "encode each image and caption once (VAE latents, text embeddings) and reuse them in later epochs; "
+        "needs center_crop and no random_flip",
+    ),
+    Flag("cache_latents_max_gb", flags.positive_float, 16.0, "host memory per process for cache_latents, in GB"),
     Flag("learning_rate", flags.positive_float, 1e-5, "AdamW learning rate"),
     Flag("lr_scheduler", flags.choice(LR_SCHEDULERS), "constant", "learning-rate schedule"),
     Flag("lr_warmup_steps", flags.non_negative_int, 0, "warmup steps of the schedule"),
@@ -144,6 +152,12 @@ def parse_args(
     args = flags.parse(build_parser(), FLAGS, argv, hp)
     if args.resolution % 8:
         raise HyperparameterError(f"resolution={args.resolution} must be a multiple of 8 (e.g. 512)")
+    if args.cache_latents and (args.random_flip or not args.center_crop):
+        raise HyperparameterError(
+            "cache_latents=true keeps one encoding per image, so every epoch must see the same pixels: "
+            f"random_flip={str(args.random_flip).lower()}, center_crop={str(args.center_crop).lower()}; set "
+            "random_flip=false and center_crop=true, or cache_latents=false"
+        )
     for name in ("adam_beta1", "adam_beta2", "ema_decay"):
         if getattr(args, name) >= 1:
             raise HyperparameterError(f"{name}={getattr(args, name)} must be < 1")

@@ -284,7 +284,9 @@ def training_digest(document: RunDocument, cache_keys: Iterable[str]) -> str:
     """What a trained model depends on: the base model, every training option, the exact shard set."""
     inputs = {
         "base_model_uri": document.base_model_uri,
-        "training": document.training.model_dump(mode="json"),
+        # cache_latents changes where the encodings come from, not what is trained (and leaving it
+        # out keeps the digests of runs recorded before it existed).
+        "training": document.training.model_dump(mode="json", exclude={"cache_latents"}),
         "shards": sorted(cache_keys),
     }
     return _digest(inputs)

@@ -147,6 +147,11 @@ class TrainingOptions(_Strict):
     train_batch_size: int = Field(default=8, ge=1, le=1024, description="Samples per step per GPU.")
     gradient_accumulation_steps: int = Field(default=1, ge=1, le=1024, description="Steps per optimizer update.")
     gradient_checkpointing: bool = Field(default=True, description="Trade compute for UNet activation memory.")
+    cache_latents: bool = Field(
+        default=False,
+        description="Encode each image and caption once (VAE latents, text embeddings) and reuse them in later "
+        "epochs: about a third of a step's compute at 512² (host memory: ~180 kB per sample).",
+    )
     learning_rate: float = Field(default=1e-5, gt=0, le=1, description="AdamW learning rate.")
     max_train_steps: int = Field(default=1000, ge=1, le=10_000_000, description="Optimizer updates in total.")
     checkpointing_steps: int = Field(default=500, ge=1, description="Checkpoint every N steps (spot resumes).")
@@ -203,6 +208,7 @@ class TrainingOptions(_Strict):
             "train_batch_size": self.train_batch_size,
             "gradient_accumulation_steps": self.gradient_accumulation_steps,
             "gradient_checkpointing": self.gradient_checkpointing,
+            "cache_latents": self.cache_latents,
             "learning_rate": self.learning_rate,
             "max_train_steps": self.max_train_steps,
             "checkpointing_steps": self.checkpointing_steps,

@@ -29,6 +29,7 @@ from typing import Any
 
 from sdflow_image.training import checkpoints, model, precision_state
 from sdflow_image.training.checkpoints import CheckpointError
+from sdflow_image.training.encode_cache import EncodeCache
 
 log = logging.getLogger("sdflow.train")
 
@@ -161,6 +162,7 @@ class Trainer:
             model.make_ema(self.parts.unet, args.ema_decay, device) if args.use_ema and self.rank == 0 else None
         )
         self.boosted = model.boost(args, self.parts.unet)
+        self.encode_cache = EncodeCache(int(args.cache_latents_max_gb * 1e9)) if args.cache_latents else None
         self.state = TrainState()
         self.data_state: dict[str, Any] | None = None
         self.loader: Any = None
@@ -339,9 +341,8 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         no_sync_ok = args.plugin == "torch_ddp" and self.world_size > 1
         for micro in range(args.gradient_accumulation_steps):
-            latents, hidden = model.encode_batch(
-                next(batches), self.parts, self.device, generator, args.proportion_empty_prompts
-            )
+            encode = self.encode_cache.encode if self.encode_cache is not None else model.encode_batch
+            latents, hidden = encode(next(batches), self.parts, self.device, generator, args.proportion_empty_prompts)
             last = micro == args.gradient_accumulation_steps - 1
             with model.no_sync(b.booster, b.model, b.optimizer, skip=no_sync_ok and not last):
                 loss = model.compute_loss(
@@ -441,7 +442,14 @@ class Trainer:
             "use_ema": args.use_ema,
             "device": str(self.device),
             "peak_gpu_memory_gib": self._peak_gpu_memory_gib(),
+            "latent_cache": self._cache_summary(),
         }
+
+    def _cache_summary(self) -> dict[str, Any] | None:
+        cache = self.encode_cache
+        if cache is None:
+            return None
+        return {"samples": len(cache), "gb": round(cache.bytes / 1e9, 3), "hits": cache.hits, "misses": cache.misses}
 
     def _peak_gpu_memory_gib(self) -> float | None:
         """Collective: the largest `max_memory_allocated` of any rank, in GiB (None on CPU)."""

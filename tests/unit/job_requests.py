@@ -8,6 +8,7 @@ import botocore.session
 from botocore.exceptions import ClientError
 from botocore.validate import validate_parameters
 
+from sdflow.local.sagemaker import limits
 from sdflow_common import aws, names
 from tests.unit.helpers import AwsWorld
 
@@ -15,8 +16,11 @@ SAGEMAKER_MODEL = botocore.session.get_session().get_service_model("sagemaker")
 
 
 def assert_valid_request(operation: str, request: dict[str, Any]) -> None:
-    """botocore's own validation: wrong names, types, ranges or enums raise here."""
-    validate_parameters(request, SAGEMAKER_MODEL.operation_model(operation).input_shape)
+    """botocore's own validation (wrong names, types, minimums, enums), then the maximums and
+    patterns SageMaker checks on the server, as the local cloud enforces them."""
+    shape = SAGEMAKER_MODEL.operation_model(operation).input_shape
+    validate_parameters(request, shape)
+    assert limits.problems(shape, request) == []
 
 
 def run_hash(event: dict[str, Any]) -> str:

@@ -31,6 +31,7 @@ def make_config(world: AwsWorld, shard_count: int, tolerated: float = 10.0) -> R
             "dataset": {"prefix": f"s3://{DATA_BUCKET}/datasets/"},
             "base_model_uri": f"s3://{DATA_BUCKET}/models/sd/",
             "download": {"tolerated_failure_percent": tolerated, "image_size": 64},
+            "training": {"resolution": 64},
         }
     )
     shard_list_key = f"runs/{RUN_ID}/shards.json"

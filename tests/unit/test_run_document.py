@@ -231,6 +231,20 @@ def test_parse_resolution_within_downloaded_images_is_accepted(image_size: int, 
     assert parse_run_document(raw).training.resolution == 512
 
 
+def test_parse_validation_prompts_over_one_hyperparameter_value_are_rejected_naming_the_limit() -> None:
+    prompts = [f"prompt {i} " + "x" * 280 for i in range(10)]  # each valid; 2,971 characters as JSON
+    errors = errors_of({**minimal(), "training": {"validation_prompts": prompts}})
+    assert [e["field"] for e in errors] == ["training.validation_prompts"]
+    assert "SageMaker allows 2500" in errors[0]["message"]
+    assert parse_run_document({**minimal(), "training": {"validation_prompts": prompts[:8]}})
+
+
+@pytest.mark.parametrize("section", ["download", "evaluation"])
+def test_parse_processing_max_runtime_over_nine_days_is_rejected(section: str) -> None:
+    assert fields_of({**minimal(), section: {"max_runtime_seconds": 777_601}}) == {f"{section}.max_runtime_seconds"}
+    assert parse_run_document({**minimal(), section: {"max_runtime_seconds": 777_600}})
+
+
 def test_parse_spot_with_enough_wait_is_accepted() -> None:
     training = {"use_spot": True, "max_runtime_seconds": 3600, "max_wait_seconds": 7200}
     assert parse_run_document({**minimal(), "training": training}).training.max_wait_seconds == 7200

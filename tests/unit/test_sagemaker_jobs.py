@@ -25,20 +25,22 @@ def run_document(**overrides: Any) -> RunDocument:
     return RunDocument.model_validate(raw)
 
 
+PROCESSING_KWARGS: dict[str, Any] = {
+    "job_name": "sdf-dl-demo-0123456789-00003-a0",
+    "run_id": RUN_ID,
+    "run_hash": RUN_HASH,
+    "shard_id": "00003",
+    "parquet_uri": f"s3://{DATA_BUCKET}/datasets/part-00003.parquet",
+    "output_uri": f"s3://{DATA_BUCKET}/runs/{RUN_ID}/dataset/shards/00003/",
+    "url_column": "url",
+    "caption_column": "caption",
+    "image_uri": TRAINING_IMAGE_URI,
+    "role_arn": SAGEMAKER_ROLE_ARN,
+}
+
+
 def processing_request(options: DownloadOptions) -> dict[str, Any]:
-    return sagemaker_jobs.processing_job_request(
-        job_name="sdf-dl-demo-0123456789-00003-a0",
-        run_id=RUN_ID,
-        run_hash=RUN_HASH,
-        shard_id="00003",
-        parquet_uri=f"s3://{DATA_BUCKET}/datasets/part-00003.parquet",
-        output_uri=f"s3://{DATA_BUCKET}/runs/{RUN_ID}/dataset/shards/00003/",
-        options=options,
-        url_column="url",
-        caption_column="caption",
-        image_uri=TRAINING_IMAGE_URI,
-        role_arn=SAGEMAKER_ROLE_ARN,
-    )
+    return sagemaker_jobs.processing_job_request(**PROCESSING_KWARGS, options=options)
 
 
 def training_request(run: RunDocument) -> dict[str, Any]:
@@ -88,6 +90,20 @@ def test_processing_job_request_follows_download_contract() -> None:
     assert request["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 1
     assert {"Key": "sdflow:execution", "Value": RUN_ID} in request["Tags"]
     assert {"Key": "sdflow:run", "Value": RUN_HASH} in request["Tags"]
+
+
+@pytest.mark.parametrize("execution_name", ["cats (copy)!", "it's-mine", "a/b:c=d+e@f", "Zürich 東京"])
+def test_job_tags_hold_any_execution_name_step_functions_allows(execution_name: str) -> None:
+    """Step Functions allows `( ) ! '` in an execution name; SageMaker's TagValue does not."""
+    request = sagemaker_jobs.processing_job_request(
+        **{**PROCESSING_KWARGS, "run_id": execution_name}, options=DownloadOptions()
+    )
+    assert_valid_request("CreateProcessingJob", request)
+    assert {t["Key"]: t["Value"] for t in request["Tags"]}["sdflow:execution"] == sagemaker_jobs.tag_value(
+        execution_name
+    )
+    assert sagemaker_jobs.tag_value("cats (copy)!") == "cats _copy__"
+    assert sagemaker_jobs.tag_value("Zürich 東京") == "Zürich 東京"
 
 
 def test_download_volume_defaults_hold_input_and_two_shards_per_process() -> None:

@@ -44,8 +44,12 @@ QUOTE_LIMIT = 80
 # Escaped when quoted: control and format characters, lone surrogates (JSON allows them, UTF-8
 # encoders refuse them), line and paragraph separators (they would break a report's lines).
 UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
-# SageMaker's maximum for MaxRuntimeInSeconds is 28 days.
+# SageMaker's maximum for a training job's MaxRuntimeInSeconds is 28 days; a processing job's is
+# 9 days (ProcessingMaxRuntimeInSeconds: 777,600, SageMaker's API model).
 MAX_RUNTIME_LIMIT = 28 * 24 * 3600
+PROCESSING_MAX_RUNTIME_LIMIT = 777_600
+# CreateTrainingJob refuses a hyperparameter value over 2,500 characters (HyperParameterValue).
+HYPERPARAMETER_VALUE_LIMIT = 2500
 # Step Functions state data is capped at 256 KB, and the run document travels twice in it (the
 # execution input and `$.config.run`), so a document must stay well under half of that. Large
 # datasets use `dataset.prefix`, which costs a few bytes whatever the number of shards.
@@ -116,7 +120,10 @@ class DownloadOptions(_Strict):
     threads: int = Field(default=16, ge=1, le=256, description="Download threads per process.")
     url_timeout_seconds: int = Field(default=10, ge=1, le=300, description="Per-URL timeout.")
     max_runtime_seconds: int = Field(
-        default=3600, ge=60, le=MAX_RUNTIME_LIMIT, description="Hard limit of one download job (hung URLs)."
+        default=3600,
+        ge=60,
+        le=PROCESSING_MAX_RUNTIME_LIMIT,
+        description="Hard limit of one download job (hung URLs); SageMaker allows 9 days.",
     )
     max_concurrency: int = Field(
         default=10, ge=1, le=1000, description="Download jobs running at once (SageMaker quota!)."
@@ -184,6 +191,17 @@ class TrainingOptions(_Strict):
         description="Also score prompt adherence (held-out scene prompts) of the base and the trained model at the "
         "end of the training job, as SageMaker metrics (the Evaluate model step always scores it).",
     )
+
+    @field_validator("validation_prompts")
+    @classmethod
+    def _prompts_fit_one_hyperparameter(cls, prompts: list[str]) -> list[str]:
+        size = len(json.dumps(list(prompts)))
+        if size > HYPERPARAMETER_VALUE_LIMIT:
+            raise ValueError(
+                f"the prompts take {size} characters as the training job's validation_prompts hyperparameter "
+                f"(a JSON list), and SageMaker allows {HYPERPARAMETER_VALUE_LIMIT}: use fewer or shorter prompts"
+            )
+        return prompts
 
     @model_validator(mode="after")
     def _spot_needs_wait(self) -> TrainingOptions:
@@ -290,7 +308,10 @@ class EvaluationOptions(_Strict):
         default="ml.g5.xlarge", pattern=INSTANCE_TYPE, description="Processing instance of the evaluation job."
     )
     max_runtime_seconds: int = Field(
-        default=3600, ge=60, le=MAX_RUNTIME_LIMIT, description="Stopping condition of the evaluation job."
+        default=3600,
+        ge=60,
+        le=PROCESSING_MAX_RUNTIME_LIMIT,
+        description="Stopping condition of the evaluation job; SageMaker allows 9 days.",
     )
 
     @field_validator("prompts")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
@@ -198,9 +199,22 @@ def is_not_found(exc: ClientError) -> bool:
 # ---------------------------------------------------------------------------- requests
 
 
+# SageMaker's TagValue: at most 256 of letters, spaces, digits and `_ . : / = + - @`
+# (`[\p{L}\p{Z}\p{N}_.:/=+\-@]*`, SageMaker's API model). An execution name may hold more:
+# Step Functions allows `( ) ! '` and others, which would fail every Create call of the run.
+TAG_VALUE_MAX = 256
+TAG_VALUE_MARKS = frozenset("_.:/=+-@")
+
+
+def tag_value(text: str) -> str:
+    """`text` as a SageMaker tag value: each character the pattern refuses becomes `_`."""
+    allowed = (c if c in TAG_VALUE_MARKS or unicodedata.category(c)[0] in "LZN" else "_" for c in text)
+    return "".join(allowed)[:TAG_VALUE_MAX]
+
+
 def tags(run_id: str, run_hash: str, **extra: str) -> list[TagTypeDef]:
-    tags: list[TagTypeDef] = [{"Key": TAG_EXECUTION, "Value": run_id}, {"Key": TAG_RUN, "Value": run_hash}]
-    tags.extend({"Key": f"sdflow:{key}", "Value": value} for key, value in extra.items())
+    tags: list[TagTypeDef] = [{"Key": TAG_EXECUTION, "Value": tag_value(run_id)}, {"Key": TAG_RUN, "Value": run_hash}]
+    tags.extend({"Key": f"sdflow:{key}", "Value": tag_value(value)} for key, value in extra.items())
     return tags
 
 

@@ -24,7 +24,7 @@ from sdflow.local.runtime import (
     current_runtime,
     runtime_or_none,
 )
-from sdflow.local.sagemaker import capacity, quotas
+from sdflow.local.sagemaker import capacity, limits, quotas
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,7 @@ def sagemaker_create_processing_job(inner: Any, self: Any) -> Any:
     LocalSageMaker.run_processing_job; its status changes come back through
     SageMakerStatusPublisher."""
     request = _request(self)
+    limits.check("CreateProcessingJob", request)
     name = request.get("ProcessingJobName", "")
     backend = self.sagemaker_backend
     _throttle(current_runtime())
@@ -130,6 +131,7 @@ def sagemaker_create_training_job(inner: Any, self: Any) -> Any:
     artifacts, end time or metrics until LocalSageMaker reports them, then
     LocalSageMaker.run_training_job."""
     request = _request(self)
+    limits.check("CreateTrainingJob", request)
     name = request.get("TrainingJobName", "")
     backend = self.sagemaker_backend
     _throttle(current_runtime())
@@ -231,6 +233,7 @@ def _refuse_unless_in_progress(status: str, what: str) -> None:
 def sagemaker_create_model(inner: Any, self: Any) -> Any:
     """Wraps SageMakerResponse.create_model to keep the request (LocalSageMaker.deploy_endpoint needs it)."""
     request = _request(self)
+    limits.check("CreateModel", request)
     result = inner(self)
     current_runtime().recorded_requests[(self.current_account, "model", request.get("ModelName", ""))] = request
     return result
@@ -239,6 +242,7 @@ def sagemaker_create_model(inner: Any, self: Any) -> Any:
 def sagemaker_create_endpoint_config(inner: Any, self: Any) -> Any:
     """Wraps SageMakerResponse.create_endpoint_config to keep the request (for deploy_endpoint)."""
     request = _request(self)
+    limits.check("CreateEndpointConfig", request)
     result = inner(self)
     current_runtime().recorded_requests[(self.current_account, "config", request.get("EndpointConfigName", ""))] = (
         request
@@ -279,6 +283,7 @@ def sagemaker_create_endpoint(inner: Any, self: Any) -> Any:
     from moto.sagemaker.exceptions import ResourceInUseException
 
     name = self._get_param("EndpointName")
+    limits.check("CreateEndpoint", _request(self))
     _throttle(current_runtime())
     if name in self.sagemaker_backend.endpoints:
         arn = self.sagemaker_backend.endpoints[name].arn

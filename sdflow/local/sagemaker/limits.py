@@ -1,0 +1,108 @@
+"""SageMaker's server-side request limits, read from its service model, enforced locally.
+
+botocore validates a request's types, required members and minimums on the client, never a
+maximum or a pattern; moto checks neither. AWS refuses the rest with a ValidationException
+before creating anything, e.g. a hyperparameter value over 2,500 characters
+(`HyperParameterValue`), a processing job's MaxRuntimeInSeconds over 777,600
+(`ProcessingMaxRuntimeInSeconds`), or a tag value holding `(` (`TagValue`'s pattern). So the
+local cloud walks each Create request through the operation's input shape and refuses what
+the model's `max` (length, value, item count) and `pattern` refuse, with AWS's message format:
+"1 validation error detected: Value '…' at 'hyperParameters.max_train_steps' failed to satisfy
+constraint: Member must have length less than or equal to 2500".
+
+Patterns are Java regular expressions matched whole; the `regex` module reads their `\\p{L}`
+classes. A pattern it cannot compile is skipped (none of those the pipeline reaches).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import regex
+from moto.core.exceptions import JsonRESTError
+
+QUOTE_LIMIT = 80  # characters of an offending value quoted in the message
+
+
+class SageMakerValidationError(JsonRESTError):
+    """SageMaker's ValidationException (HTTP 400)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        count = len(problems)
+        super().__init__(
+            "ValidationException",
+            f"{count} validation error{'s' if count > 1 else ''} detected: " + "; ".join(problems),
+        )
+
+
+@functools.cache
+def _model() -> Any:
+    import botocore.session
+
+    return botocore.session.get_session().get_service_model("sagemaker")
+
+
+@functools.cache
+def _pattern(text: str) -> Any:
+    try:
+        return regex.compile(text)
+    except regex.error:
+        return None
+
+
+def _member_path(parent: str, name: str) -> str:
+    member = name[:1].lower() + name[1:]
+    return f"{parent}.{member}" if parent else member
+
+
+def _quoted(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= QUOTE_LIMIT else text[: QUOTE_LIMIT - 1] + "…"
+
+
+def _scalar(shape: Any, value: Any, path: str) -> list[str]:
+    meta = shape.metadata
+    where = f"Value '{_quoted(value)}' at '{path}' failed to satisfy constraint: Member must"
+    if shape.type_name == "string" and isinstance(value, str):
+        if "max" in meta and len(value) > meta["max"]:
+            return [f"{where} have length less than or equal to {meta['max']}"]
+        compiled = _pattern(meta["pattern"]) if "pattern" in meta else None
+        if compiled is not None and compiled.fullmatch(value) is None:
+            return [f"{where} satisfy regular expression pattern: {meta['pattern']}"]
+    elif shape.type_name in ("integer", "long") and isinstance(value, int) and "max" in meta and value > meta["max"]:
+        return [f"{where} have value less than or equal to {meta['max']}"]
+    return []
+
+
+def problems(shape: Any, value: Any, path: str = "") -> list[str]:
+    """Every maximum and pattern `value` breaks under `shape`, as AWS words them."""
+    meta, found = shape.metadata, []
+    if shape.type_name == "structure" and isinstance(value, dict):
+        for name, member in shape.members.items():
+            if name in value:
+                found += problems(member, value[name], _member_path(path, name))
+    elif shape.type_name == "list" and isinstance(value, list):
+        if "max" in meta and len(value) > meta["max"]:
+            found.append(f"Value at '{path}' failed to satisfy constraint: Member must have length less than or "
+                         f"equal to {meta['max']}")  # fmt: skip
+        for index, item in enumerate(value, start=1):
+            found += problems(shape.member, item, f"{path}.{index}.member")
+    elif shape.type_name == "map" and isinstance(value, dict):
+        if "max" in meta and len(value) > meta["max"]:
+            found.append(f"Value at '{path}' failed to satisfy constraint: Member must have length less than or "
+                         f"equal to {meta['max']}")  # fmt: skip
+        for key, item in value.items():
+            found += _scalar(shape.key, key, f"{path}.{key}.key")
+            found += problems(shape.value, item, f"{path}.{key}")
+    else:
+        found += _scalar(shape, value, path)
+    return found
+
+
+def check(operation: str, request: dict[str, Any]) -> None:
+    """Raise SageMaker's ValidationException when `request` breaks a maximum or a pattern of
+    `operation`'s input shape."""
+    found = problems(_model().operation_model(operation).input_shape, request)
+    if found:
+        raise SageMakerValidationError(found)

@@ -16,8 +16,15 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from sdflow_image import flags, serve
-from sdflow_image.serve_model import ModelInfo, ServeSettings, StepTiming, load_pipeline, torch_placement
+from sdflow_image import flags, serve, serve_worker
+from sdflow_image.serve_model import (
+    ModelInfo,
+    ServeSettings,
+    StepTiming,
+    load_pipeline,
+    serving_devices,
+    torch_placement,
+)
 from sdflow_image.tiny_model import IMAGE_SIZE, build_tiny_pipeline
 from tests.image.serve_fixtures import (
     QUICK_TIMING,
@@ -301,6 +308,53 @@ def test_invocations_client_gone_mid_generation_stops_between_steps(
         follow = open_invocation(port, {"prompt": "a blue square", **FAST})
         assert read_status(follow)[0] == 200
         follow.close()
+
+
+@pytest.mark.parametrize(
+    ("device", "gpus", "devices"),
+    [
+        ("auto", 4, ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]),
+        ("cuda", 2, ["cuda:0", "cuda:1"]),
+        ("auto", 0, ["cpu"]),
+        ("cuda:1", 4, ["cuda:1"]),
+        ("cpu", 4, ["cpu"]),
+    ],
+)
+def test_serving_devices_every_gpu_unless_one_is_named(device: str, gpus: int, devices: list[str]) -> None:
+    assert serving_devices(ServeSettings(device=device), gpus) == devices
+
+
+def test_invocations_two_gpus_run_two_requests_at_once_each_on_its_own_pipeline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A model copy per GPU: two requests generate side by side, a third waits for a free one."""
+    gate, running, lock = threading.Event(), [], threading.Lock()
+
+    def loader(settings: ServeSettings) -> Any:
+        pipe = InstantPipeline()
+
+        def held(**kwargs: Any) -> Any:
+            with lock:
+                running.append(settings.device)
+            assert gate.wait(30)
+            return pipe(**kwargs)
+
+        return held
+
+    monkeypatch.setattr(serve_worker, "serving_devices", lambda settings: ["cuda:0", "cuda:1"])
+    app = serve.create_app(ServeSettings(model_dir=Path("/nonexistent")), loader=loader,
+                           calibrator=fixed_timing(QUICK_TIMING))  # fmt: skip
+    with served_on_port(app) as port:
+        socks = [open_invocation(port, {"prompt": f"p{i}", **FAST}) for i in range(3)]
+        wait_until(lambda: app.state.server._admitted == 3, "three requests to be admitted")
+        wait_until(lambda: len(running) == 2, "two generations to run at once")
+        time.sleep(0.3)
+        assert sorted(running) == ["cuda:0", "cuda:1"], "the third waits for a free pipeline"
+        gate.set()
+        assert [read_status(sock)[0] for sock in socks] == [200, 200, 200]
+        assert len(running) == 3
+        for sock in socks:
+            sock.close()
 
 
 def test_invocations_client_gone_while_queued_never_runs() -> None:

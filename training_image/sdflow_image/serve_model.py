@@ -117,6 +117,21 @@ def torch_placement(
     return device, getattr(torch, dtype_name)
 
 
+def serving_devices(settings: ServeSettings, gpus: int | None = None) -> list[str]:
+    """Where the server keeps a copy of the model, one per device: every GPU of the instance
+    ("auto" or "cuda": a g5.12xlarge's four serve four requests at once), the one named
+    ("cuda:1", "cpu"), or the CPU where there is no GPU."""
+    if settings.device not in ("auto", "cuda"):
+        return [settings.device]
+    if gpus is None:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus == 0:
+        return ["cpu" if settings.device == "auto" else "cuda"]
+    return [f"cuda:{index}" for index in range(gpus)]
+
+
 def load_pipeline(settings: ServeSettings) -> Any:
     """Load the diffusers pipeline from the model folder; nothing is fetched from a hub."""
     model_dir = settings.model_dir

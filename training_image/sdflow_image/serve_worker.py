@@ -21,7 +21,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from sdflow_image.serve_model import (
@@ -32,6 +32,7 @@ from sdflow_image.serve_model import (
     default_size,
     load_pipeline,
     read_model_info,
+    serving_devices,
     to_png,
 )
 from sdflow_image.serve_request import BadRequestError, InvocationRequest
@@ -76,7 +77,7 @@ class Job:
 
 
 class ModelServer:
-    """Holds the pipeline's load state and runs generations one at a time."""
+    """Holds the pipelines' load state (one per serving device) and runs one generation at a time on each."""
 
     def __init__(
         self,
@@ -91,9 +92,11 @@ class ModelServer:
         self.error: str | None = None
         self.timing: StepTiming | None = None
         self.default_size = 0
-        self._pipe: Any = None
-        self._pipe_lock = threading.Lock()
-        self._queue_lock = asyncio.Lock()
+        self.devices = serving_devices(settings)
+        self._pipes: list[Any] = []
+        # Each pipeline runs one generation at a time; the pool hands out the free ones.
+        self._pipe_locks = [threading.Lock() for _ in self.devices]
+        self._free: asyncio.Queue[int] | None = None
         # Touched only on the event loop thread: requests running + waiting, and their estimates.
         self._admitted = 0
         self._pending_s = 0.0
@@ -110,19 +113,20 @@ class ModelServer:
         LOG.info("loading model from %s", model_dir)
         try:
             info = read_model_info(model_dir)
-            pipe = self._loader(self.settings)
-            size = default_size(info, pipe)
-            timing = self._calibrator(pipe, size)
+            pipes = [self._loader(replace(self.settings, device=device)) for device in self.devices]
+            size = default_size(info, pipes[0])
+            timing = self._calibrator(pipes[0], size)
         except Exception as exc:  # reported by /ping (500) and the log, not raised into nowhere
             self.error = f"{type(exc).__name__}: {exc}"
             self.status = "failed"
             LOG.exception("model failed to load from %s", model_dir)
             return
-        self._pipe, self.default_size, self.timing = pipe, size, timing
+        self._pipes, self.default_size, self.timing = pipes, size, timing
         self.status = "ready"
         LOG.info(
-            "model ready in %.1f s: default size %d, %.3f s per step + %.3f s per image at %d²",
+            "model ready in %.1f s on %s: default size %d, %.3f s per step + %.3f s per image at %d²",
             time.monotonic() - started,
+            ", ".join(self.devices),
             size,
             timing.step_s,
             timing.overhead_s,
@@ -158,41 +162,51 @@ class ModelServer:
     async def generate(self, job: Job) -> Generation:
         """Admit, queue and run one job: BusyError when the queue is full, ClientGoneError or
         DeadlineError when dropped."""
-        limit = self.settings.invocation_limit_s
-        if self._admitted > self.settings.max_queue:  # one running + max_queue waiting
+        limit, pipes = self.settings.invocation_limit_s, len(self.devices)
+        if self._admitted >= self.settings.max_queue + pipes:  # one running per pipeline + max_queue waiting
             raise BusyError(
                 f"server busy: {self._admitted} requests in progress or waiting "
-                f"(limit {self.settings.max_queue + 1}); retry later"
+                f"(limit {self.settings.max_queue + pipes}); retry later"
             )
-        if self._admitted and self._pending_s + job.estimate_s > limit:
+        # The work ahead is shared by the pipelines: this request starts when one is free.
+        ahead_s = self._pending_s / pipes
+        if self._admitted >= pipes and ahead_s + job.estimate_s > limit:
             raise BusyError(
-                f"server busy: about {self._pending_s:.0f} s of work is ahead of this request "
+                f"server busy: about {ahead_s:.0f} s of work is ahead of this request "
                 f"(about {job.estimate_s:.0f} s), which would end past SageMaker's {limit:g} s limit; retry later"
             )
+        if self._free is None:
+            self._free = asyncio.Queue()
+            for index in range(pipes):
+                self._free.put_nowait(index)
         self._admitted += 1
         self._pending_s += job.estimate_s
         try:
-            async with self._queue_lock:
+            index = await self._free.get()
+            try:
                 if job.gone.is_set():
                     raise ClientGoneError("the client went away while the request was queued")
-                return await asyncio.to_thread(self._generate_blocking, job)
+                return await asyncio.to_thread(self._generate_blocking, job, index)
+            finally:
+                self._free.put_nowait(index)
         finally:
             self._admitted -= 1
             self._pending_s -= job.estimate_s
 
-    def _generate_blocking(self, job: Job) -> Generation:
+    def _generate_blocking(self, job: Job, index: int = 0) -> Generation:
         import torch
 
         request = job.request
         seed = request.seed if request.seed is not None else secrets.randbelow(2**31)
         LOG.info(
-            "generating %d image(s) %dx%d steps=%d guidance=%.2f seed=%d (estimate %.1f s)",
+            "generating %d image(s) %dx%d steps=%d guidance=%.2f seed=%d on %s (estimate %.1f s)",
             request.num_images,
             job.width,
             job.height,
             request.num_inference_steps,
             request.guidance_scale,
             seed,
+            self.devices[index],
             job.estimate_s,
         )
         started = time.monotonic()
@@ -200,9 +214,9 @@ class ModelServer:
         generator = torch.Generator("cpu").manual_seed(seed)
         # The asyncio lock orders requests; this one guards the pipeline itself should a
         # cancelled request's thread still be running when the next one starts.
-        with self._pipe_lock:
+        with self._pipe_locks[index]:
             try:
-                result = self._pipe(
+                result = self._pipes[index](
                     prompt=request.prompt,
                     negative_prompt=request.negative_prompt,
                     num_inference_steps=request.num_inference_steps,

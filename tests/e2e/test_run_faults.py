@@ -219,6 +219,29 @@ def test_stop_execution_during_training_stops_the_job_within_30_s(cloud: LocalCl
     _record("StopExecution during training", f"job Stopped after {took:.1f} s, notified", stopped_at, leftovers)
 
 
+def test_stop_execution_during_evaluation_stops_the_evaluation_job(cloud: LocalCloud, sagemaker: NoOpSageMaker) -> None:
+    arn = _start(cloud, "stop-evaluation")
+    run_hash = _run_hash(cloud, arn)
+    _wait_for_job(cloud, "training", run_hash, status=None)  # every download has ended by now
+    sagemaker.seconds_by_kind["processing"] = hold_for(120.0)  # the evaluation job runs long
+    job = _wait_for_job(cloud, "processing", "sdf-ev-", timeout_s=120.0)
+    assert run_hash in job
+
+    cloud.client("stepfunctions").stop_execution(executionArn=arn, error="UserStopped", cause="changed my mind")
+    stopped_at = time.monotonic()
+
+    def job_stopped() -> bool:
+        status = cloud.client("sagemaker").describe_processing_job(ProcessingJobName=job)["ProcessingJobStatus"]
+        return status == "Stopped"
+
+    wait_for(job_stopped, timeout_s=30.0, what=f"evaluation job {job} Stopped", interval_s=0.2)
+    message = _notification(cloud, "stop-evaluation")
+    assert f"1 evaluation job ({job})" in message["message"], "the notification says what was stopped"
+    leftovers = _settled(cloud, sagemaker)
+    assert leftovers == []
+    _record("StopExecution during evaluation", "evaluation job Stopped, notified", stopped_at, leftovers)
+
+
 def test_lost_job_event_is_resolved_by_the_reconciler_after_the_deadline(
     cloud: LocalCloud, sagemaker: NoOpSageMaker
 ) -> None:

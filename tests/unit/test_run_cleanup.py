@@ -81,6 +81,22 @@ def test_clean_up_run_in_progress_jobs_of_the_run_are_stopped_and_no_other(
     assert listed["StatusEquals"] == "InProgress"
 
 
+def test_clean_up_run_evaluation_job_of_the_run_is_stopped_from_the_same_listing(
+    sagemaker: FakeSageMakerClient, store: TokenStore
+) -> None:
+    evaluation = names.evaluation_job_name(RUN_HASH, "cats-v1-abc", 0, 0)
+    sagemaker.add_job("processing", evaluation)
+    sagemaker.add_job("processing", _download("00001"))
+    sagemaker.add_job("processing", names.evaluation_job_name(OLD_RUN_HASH, "cats-v1-abc", 0, 0))
+
+    report = _clean(sagemaker, store)
+
+    assert report.stopped == {"download job": [_download("00001")], "evaluation job": [evaluation]}
+    assert sagemaker.jobs["processing"][evaluation] == "Stopping"
+    assert f"1 evaluation job ({evaluation})" in report.lines()[0]
+    assert len(sagemaker.called("ListProcessingJobs")) == 1, "downloads and evaluation share one listing"
+
+
 def test_clean_up_run_more_jobs_than_a_page_every_page_is_stopped(
     sagemaker: FakeSageMakerClient, store: TokenStore
 ) -> None:

@@ -116,6 +116,10 @@ def processing_jobs(sagemaker: Any) -> JobApi:
     return JobApi(sagemaker, "download job", names.DOWNLOAD_PREFIX, "ProcessingJob")
 
 
+def evaluation_jobs(sagemaker: Any) -> JobApi:
+    return JobApi(sagemaker, "evaluation job", names.EVALUATION_PREFIX, "ProcessingJob")
+
+
 def training_jobs(sagemaker: Any) -> JobApi:
     return JobApi(sagemaker, "training job", names.TRAINING_PREFIX, "TrainingJob")
 

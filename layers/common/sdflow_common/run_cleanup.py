@@ -3,12 +3,13 @@ stopped or rolled back before the notification says so.
 
 Step Functions ends an execution without touching what its tasks started: a processing or
 training job runs on until its MaxRuntime, an endpoint deployment still completes. So:
-1. every SageMaker job of the run is stopped. Every job name of a run carries
-   `names.run_hash(execution ARN, start time)`, so ListProcessingJobs / ListTrainingJobs with
-   NameContains=<hash> and StatusEquals=InProgress find them all, across redrives and Map
-   children; StopProcessingJob / StopTrainingJob each. A job that ended between the list and
-   the stop answers ValidationException ("The request was rejected because the training job is
-   in status Stopped.", the documented refusal for a job not InProgress): nothing to do.
+1. every SageMaker job of the run is stopped: downloads, the training job and the evaluation
+   job. Every job name of a run carries `names.run_hash(execution ARN, start time)`, so
+   ListProcessingJobs / ListTrainingJobs with NameContains=<hash> and StatusEquals=InProgress
+   find them all, across redrives and Map children; StopProcessingJob / StopTrainingJob each.
+   A job that ended between the list and the stop answers ValidationException ("The request
+   was rejected because the training job is in status Stopped.", the documented refusal for a
+   job not InProgress): nothing to do.
 2. the run's endpoint deployment is rolled back (sdflow_common.rollback).
 3. the run's remaining task-token claims are deleted (their tokens died with the execution),
    except a deferred rollback's, which job_events needs when the endpoint settles.
@@ -77,11 +78,9 @@ def _job_phrase(label: str, jobs: list[str]) -> str:
     return f"{len(jobs)} {noun} ({shown}{more})"
 
 
-def _in_progress_jobs(api: job_control.JobApi, run_hash: str) -> list[str]:
-    """Every InProgress job of the run (all pages listed before any is stopped, so stopping
-    does not shift the pages under the listing)."""
+def _of_run(api: job_control.JobApi, listed: list[str], run_hash: str) -> list[str]:
     # NameContains is a substring match: keep only sdflow's own names of this run.
-    return [name for name in api.in_progress(run_hash) if name.startswith(f"{api.prefix}-") and f"-{run_hash}-" in name]
+    return [name for name in listed if name.startswith(f"{api.prefix}-") and f"-{run_hash}-" in name]
 
 
 def _cli_name(noun: str) -> str:
@@ -90,22 +89,33 @@ def _cli_name(noun: str) -> str:
 
 
 def stop_jobs(sagemaker: Any, run_hash: str, report: CleanupReport) -> None:
-    for api in (job_control.processing_jobs(sagemaker), job_control.training_jobs(sagemaker)):
+    # One listing per job type (all pages before any stop, so stopping does not shift the pages
+    # under it): download and evaluation jobs are both processing jobs.
+    groups = (
+        (job_control.processing_jobs(sagemaker), job_control.evaluation_jobs(sagemaker)),
+        (job_control.training_jobs(sagemaker),),
+    )
+    for apis in groups:
         try:
-            jobs = _in_progress_jobs(api, run_hash)
+            listed = apis[0].in_progress(run_hash)
         except ClientError as exc:
-            report.errors.append(f"could not list the run's {api.label}s ({exc}); look for names containing {run_hash}")
+            labels = " and ".join(f"{api.label}s" for api in apis)
+            report.errors.append(f"could not list the run's {labels} ({exc}); look for names containing {run_hash}")
             continue
-        for name in jobs:
-            try:
-                if api.stop(name):
-                    report.stopped.setdefault(api.label, []).append(name)
-            except ClientError as exc:
-                noun = _cli_name(api.noun)
-                report.errors.append(
-                    f"{api.label} {name} is still running ({exc}); stop it: aws sagemaker stop-{noun} "
-                    f"--{noun}-name {name}"
-                )
+        for api in apis:
+            for name in _of_run(api, listed, run_hash):
+                _stop(api, name, report)
+
+
+def _stop(api: job_control.JobApi, name: str, report: CleanupReport) -> None:
+    try:
+        if api.stop(name):
+            report.stopped.setdefault(api.label, []).append(name)
+    except ClientError as exc:
+        noun = _cli_name(api.noun)
+        report.errors.append(
+            f"{api.label} {name} is still running ({exc}); stop it: aws sagemaker stop-{noun} --{noun}-name {name}"
+        )
 
 
 def _settle_claim(record: TokenRecord, sagemaker: Any, store: TokenStore, report: CleanupReport) -> None:

@@ -384,7 +384,7 @@ def test_training_bad_hyperparameter_fails_with_failure_file_reason(
 
 
 @pytest.mark.slow
-def test_training_stop_job_reports_stopped_and_uploads_checkpoint(
+def test_training_stop_job_uploads_checkpoint_and_next_job_of_the_run_resumes_from_it(
     sagemaker: LocalSageMaker, listener: RecordingListener, dataset_index: str, tiny_model_in_s3: str, s3: Any
 ) -> None:
     name = "e2e-train-stopped"
@@ -401,10 +401,33 @@ def test_training_stop_job_reports_stopped_and_uploads_checkpoint(
     assert fields["SecondaryStatus"] == "Stopped"
     assert "FailureReason" not in fields
     # The trainer saves a checkpoint on SIGTERM; it reaches S3 so a rerun resumes from it.
-    assert any(
-        "/checkpoint-" in k and k.endswith("trainer_state.json") for k in _keys(s3, f"{RUN}/checkpoints/{name}/")
-    )
+    saved = [
+        k for k in _keys(s3, f"{RUN}/checkpoints/{name}/") if "/checkpoint-" in k and k.endswith("trainer_state.json")
+    ]
+    assert saved
     assert sagemaker.training_progress(name)["status"] == "Stopped"
+
+    # The run's next training job (a Retry or a redrive: its own, empty checkpoint prefix) starts
+    # from that checkpoint, not from step 0.
+    stopped_at = max(json.loads(s3.get_object(Bucket=BUCKET, Key=k)["Body"].read())["step"] for k in saved)
+    again = f"{name}-a1"
+    own = f"s3://{BUCKET}/{RUN}/checkpoints/{again}/"
+    hyperparameters = TRAIN_HP | {"max_train_steps": str(stopped_at + 1), "checkpoint_s3_uri": own}
+    sagemaker.run_training_job(training_request(again, hyperparameters, instances=1))
+    fields = listener.wait_for("training", again, TERMINAL, timeout=240)
+    log = (sagemaker.workdir / "jobs" / again / "algo-1.log").read_text()
+    assert fields["_status"] == "Completed", log[-3000:]
+    assert (
+        f"resuming from s3://{BUCKET}/{RUN}/checkpoints/{name}/checkpoint-{stopped_at:08d}/ (step {stopped_at})" in log
+    )
+    archive = s3.get_object(Bucket=BUCKET, Key=f"{RUN}/training/{again}/output/model.tar.gz")["Body"].read()
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        summary = json.loads(tar.extractfile("training_summary.json").read())  # type: ignore[union-attr]
+    assert (summary["resumed_from_step"], summary["steps_this_run"], summary["steps"]) == (
+        stopped_at,
+        1,
+        stopped_at + 1,
+    )
 
 
 # --- endpoints ------------------------------------------------------------------------------

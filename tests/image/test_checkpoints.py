@@ -17,7 +17,7 @@ import pytest
 from data_fixtures import local_s3
 from train_fixtures import gloo_world_of_one
 
-from sdflow_image.training import checkpoints
+from sdflow_image.training import checkpoints, earlier_attempts
 
 pytestmark = pytest.mark.image
 
@@ -215,3 +215,48 @@ def test_prune_s3_access_denied_logs_and_returns_nothing(caplog: pytest.LogCaptu
 def test_prune_s3_bad_uri_raises_naming_hyperparameter() -> None:
     with pytest.raises(ValueError, match="checkpoint_s3_uri='/local/path' is not an s3://"):
         checkpoints.prune_s3("/local/path", 2)
+
+
+# --- a new job of the run starts from an earlier job's checkpoint ------------------------------
+
+RUN_PREFIX = "runs/run-1/checkpoints/"
+
+
+def _upload_complete(client: Any, tmp: Path, job: str, step: int, drop: str | None = None) -> None:
+    """A complete checkpoint of `job` in S3 (with `drop` missing from S3 though its marker lists it)."""
+    folder = _complete(tmp / job, step)
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder).as_posix()
+        if path.is_file() and rel != drop:
+            client.upload_file(str(path), BUCKET, f"{RUN_PREFIX}{job}/{folder.name}/{rel}")
+
+
+def test_adopt_takes_newest_complete_checkpoint_of_an_earlier_job_of_the_run(
+    tmp_path: Path, s3: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _upload_complete(s3, tmp_path / "src", "sdf-tr-run-1-r0-a0", 4)
+    _upload_complete(s3, tmp_path / "src", "sdf-tr-run-1-r0-a0", 9, drop="unet/model.safetensors")  # incomplete
+    _upload_complete(s3, tmp_path / "src", "sdf-tr-run-1-r0-a1", 6)
+    _upload_complete(s3, tmp_path / "src", "sdf-tr-run-1-r1-a0", 12)  # this job's own prefix: SageMaker syncs it
+    s3.put_object(Bucket=BUCKET, Key="runs/run-2/checkpoints/sdf-tr-run-2-r0-a0/checkpoint-00000099/x", Body=b"x")
+
+    local = tmp_path / "checkpoints"
+    adopted = earlier_attempts.adopt(f"s3://{BUCKET}/{RUN_PREFIX}sdf-tr-run-1-r1-a0/", local)
+
+    assert adopted == local / checkpoints.checkpoint_name(6)
+    assert [step for step, _ in checkpoints.list_checkpoints(local)] == [6]
+    assert (adopted / "unet" / "model.safetensors").read_bytes() == b"w" * 106
+    assert "resuming from s3://sdflow-data/runs/run-1/checkpoints/sdf-tr-run-1-r0-a1/checkpoint-00000006/ (step 6)" in (
+        capsys.readouterr().out
+    )
+
+
+def test_adopt_with_a_checkpoint_of_its_own_or_no_earlier_job_downloads_nothing(tmp_path: Path, s3: Any) -> None:
+    own = f"s3://{BUCKET}/{RUN_PREFIX}sdf-tr-run-1-r0-a1/"
+    assert earlier_attempts.adopt(own, tmp_path / "empty") is None
+    _upload_complete(s3, tmp_path / "src", "sdf-tr-run-1-r0-a0", 4)
+    local = tmp_path / "checkpoints"
+    _complete(local, 2)  # a spot restart of the same job: its own checkpoint comes first
+    assert earlier_attempts.adopt(own, local) is None
+    assert [step for step, _ in checkpoints.list_checkpoints(local)] == [2]
+    assert earlier_attempts.adopt(None, tmp_path / "none") is None

@@ -136,8 +136,11 @@ def main(argv: list[str] | None = None) -> int:
         gpus = _gpu_count()
         topology = plan(contract.read_resource_config(), gpus, dict(os.environ))
         from sdflow_image import kernels, train
+        from sdflow_image.training import earlier_attempts
 
-        kernels.prepare(train.parse_args(argv).plugin, cuda=gpus > 0)
+        args = train.parse_args(argv)
+        kernels.prepare(args.plugin, cuda=gpus > 0)
+        earlier_attempts.adopt(args.checkpoint_s3_uri, args.checkpoints_dir)
     except Exception as exc:
         return contract.fail(exc)
     if topology["in_process"]:

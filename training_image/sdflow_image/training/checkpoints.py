@@ -125,7 +125,7 @@ def prune_local(root: str | Path, keep: int) -> list[Path]:
     return removed
 
 
-def _split_s3_uri(uri: str) -> tuple[str, str]:
+def split_s3_uri(uri: str) -> tuple[str, str]:
     try:
         location = S3Prefix.parse(uri)
     except ValueError:
@@ -140,7 +140,7 @@ def prune_s3(uri: str, keep: int, client: Any = None) -> list[int]:
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError
 
-    bucket, prefix = _split_s3_uri(uri)
+    bucket, prefix = split_s3_uri(uri)
     s3 = client or boto3.client("s3")
     try:
         steps: dict[int, str] = {}

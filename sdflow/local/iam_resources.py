@@ -7,7 +7,11 @@ keys for <service>"). Requests that also need a permission besides their own act
   as the SageMaker Developer Guide's "Passing roles" section requires;
 - sagemaker:AddTags on the new resource when a SageMaker Create* request carries Tags (tags set
   on create are authorized as AddTags, as the template's own policies anticipate);
-- s3:GetObject on the source of a CopyObject / UploadPartCopy.
+- s3:GetObject on the source of a CopyObject / UploadPartCopy;
+- cloudwatch:DescribeAlarms on each alarm a CreateEndpoint / UpdateEndpoint names for automatic
+  rollback (the Developer Guide's "Auto-Rollback Configuration and Monitoring": "Ensure that your
+  IAM execution role has permission to perform the cloudwatch:DescribeAlarms action on the
+  auto-rollback alarms you specify"; enforced here on the caller).
 SendTaskSuccess / SendTaskFailure / SendTaskHeartbeat: the reference lists no resource type, yet
 AWS authorizes them against the state machine of the task's execution ("not authorized to perform:
 states:SendTaskFailure on resource: arn:aws:states:…:stateMachine:…"); for a Distributed Map child
@@ -208,6 +212,10 @@ def _sagemaker(operation: str, p: Params, region: str, account: str) -> list[Che
         checks.append(Check("iam:PassRole", str(role), _ctx(iam__PassedToService=["sagemaker.amazonaws.com"])))
     if operation.startswith("Create") and p.get("Tags"):
         checks.append(Check("sagemaker:AddTags", arn, _ctx()))
+    rollback = ((p.get("DeploymentConfig") or {}).get("AutoRollbackConfiguration") or {}).get("Alarms") or []
+    for alarm in rollback:  # SageMaker reads the alarms it is to watch as the caller
+        name = str(alarm.get("AlarmName", ""))
+        checks.append(Check("cloudwatch:DescribeAlarms", _arn("cloudwatch", region, account, f"alarm:{name}"), _ctx()))
     return checks
 
 

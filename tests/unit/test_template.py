@@ -575,3 +575,10 @@ def test_template_jobs_may_delete_only_checkpoints(template: dict[str, Any]) -> 
         "arn:aws:s3:::sdflow-data/manifests/run.json",
     ):
         assert not _allows(template, "SageMakerExecutionRole", "s3:DeleteObject", other), other
+
+
+@pytest.mark.parametrize("role", ["DeployEndpointFunction", "SageMakerExecutionRole"])
+def test_template_rollback_alarms_of_an_update_can_be_described(template: dict[str, Any], role: str) -> None:
+    # UpdateEndpoint with AutoRollbackConfiguration: SageMaker reads the alarms (cloudwatch:DescribeAlarms).
+    alarm = "arn:aws:cloudwatch:us-east-1:123456789012:alarm:sdflow-5xx"
+    assert _allows(template, role, "cloudwatch:DescribeAlarms", alarm)

@@ -167,6 +167,19 @@ def test_checks_sagemaker_create_passes_role_and_tags() -> None:
     assert (checks or [])[1].context["iam:passedtoservice"] == ["sagemaker.amazonaws.com"]
 
 
+def test_checks_sagemaker_update_endpoint_with_rollback_alarms_needs_describe_alarms_on_each() -> None:
+    params = {
+        "EndpointName": "sdflow-cats",
+        "EndpointConfigName": "cfg",
+        "DeploymentConfig": {"AutoRollbackConfiguration": {"Alarms": [{"AlarmName": "errors"}, {"AlarmName": "p99"}]}},
+    }
+    checks = iam_resources.checks(None, "sagemaker", "UpdateEndpoint", params, REGION, ACCOUNT)
+    assert [(c.action, c.resource) for c in checks or []][1:] == [
+        ("cloudwatch:DescribeAlarms", f"arn:aws:cloudwatch:{REGION}:{ACCOUNT}:alarm:errors"),
+        ("cloudwatch:DescribeAlarms", f"arn:aws:cloudwatch:{REGION}:{ACCOUNT}:alarm:p99"),
+    ]
+
+
 @pytest.mark.parametrize(
     ("operation", "params", "resource"),
     [

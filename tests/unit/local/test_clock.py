@@ -39,10 +39,14 @@ def test_clock_scaled_runs_real_speed_while_busy() -> None:
 def test_clock_busy_from_another_thread_slows_a_sleeper_already_waiting() -> None:
     clock = Clock(scale=1000)
     done = threading.Event()
-    threading.Thread(target=lambda: (clock.sleep(2.0), done.set()), daemon=True).start()
-    with clock.busy():  # 2 virtual seconds are 2 real ones now
+    threading.Thread(target=lambda: (clock.sleep(2000.0), done.set()), daemon=True).start()
+    for _ in range(200):  # the sleeper is waiting: about 2 s of real time at this scale
+        if clock.pending():
+            break
+        time.sleep(0.01)
+    with clock.busy():  # the virtual seconds left are real ones now
         assert not done.wait(0.5)
-    assert done.wait(2.0)
+    assert done.wait(5.0)
 
 
 def test_clock_advance_wakes_sleeper_due_by_then() -> None:

@@ -69,10 +69,12 @@ $(CHROMIUM):
 browser: $(CHROMIUM)  ## Debian's headless Chromium for the console's browser tests (apt)
 
 # Two workers (pytest-xdist), a test module per worker at a time (--dist loadscope): an e2e
-# module's tests share its local cloud by design. The local clouds run on a scaled clock
+# module's tests share its local cloud by design. Modules are handed out in collection order
+# (--no-loadscope-reorder): the longest tests first, each on a worker of its own, then e2e, then
+# unit modules (tests/conftest.py). The local clouds run on a scaled clock
 # (tests/constants.py TIME_SCALE), so the state machine's real Retry intervals cost moments.
 test: setup $(CHROMIUM)  ## the whole suite: unit, e2e, browser and lint tests, then the image tests in the job environment (what CI runs)
-	$(BIN)/pytest -n 2 --dist loadscope --durations=25
+	$(BIN)/pytest -n 2 --dist loadscope --no-loadscope-reorder --durations=25
 	$(IMAGE_BIN)/pytest tests/image --durations=15
 
 test-unit: setup  ## unit tests only (seconds)

@@ -136,6 +136,8 @@ class LocalCloud:
         self._saved_config: dict[str, Any] = {}
         self._moto_logs: moto_logging.Routing | None = None
         self._cloudwatch: CloudWatchSink | None = None
+        self._clients: dict[str, Any] = {}  # client(): one per service, for this start's endpoint
+        self._clients_lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -237,6 +239,8 @@ class LocalCloud:
         if self._server is not None:
             self._server.stop()
             self._server = None
+            with self._clients_lock:  # a restarted cloud listens on another port
+                self._clients.clear()
             from moto.moto_api._internal.models import moto_api_backend
 
             moto_api_backend.reset()
@@ -323,7 +327,19 @@ class LocalCloud:
 
     def client(self, service: str, **options: Any) -> Any:
         """A boto3 client for this cloud (its own session: nothing from the user's profile);
-        `options` go to boto3's client(), e.g. a botocore Config."""
+        `options` go to boto3's client(), e.g. a botocore Config. Without options, one client per
+        service while the cloud runs (boto3 clients are safe to share between threads): building
+        one parses the service's model afresh, ~0.1 s of CPU for SageMaker, and callers that poll
+        (watch, the tests' waits) would pay it on every poll."""
+        if options:
+            return self._new_client(service, **options)
+        with self._clients_lock:
+            client = self._clients.get(service)
+            if client is None:
+                client = self._clients[service] = self._new_client(service)
+            return client
+
+    def _new_client(self, service: str, **options: Any) -> Any:
         session = boto3.session.Session(
             aws_access_key_id=CLI_CREDENTIALS["AWS_ACCESS_KEY_ID"],
             aws_secret_access_key=CLI_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],

@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from botocore.config import Config
 
 from sdflow import samples
 from sdflow.local import template
 from sdflow.local.cloud import ACCOUNT_ID, REGION, LocalCloud
+from sdflow.local.lambda_runner import DEFAULT_MAX_WORKERS_TOTAL
 from sdflow.local.services import events
 from tests.helpers import wait_for
 
@@ -254,3 +256,31 @@ def test_local_cloud_prewarm_makes_the_next_invocation_warm(cloud: LocalCloud) -
 
     assert "FunctionError" not in answer, answer["Payload"].read()
     assert runtime.lambda_runner.stats["cold_starts"] == cold_starts
+
+
+def test_local_cloud_every_function_called_in_turn_after_prewarm_starts_none_cold(cloud: LocalCloud) -> None:
+    """A run calls the template's functions one after another: each keeps a warm worker, so none
+    of them starts cold again (with fewer warm workers than functions, the least recently used one
+    recycled was always the next one called)."""
+    runtime = cloud.runtime
+    assert runtime is not None
+    assert runtime.lambda_runner is not None
+    cloud.prewarm().join(timeout=120)
+    cold_starts = runtime.lambda_runner.stats["cold_starts"]
+    lambda_client = cloud.client("lambda")
+    names = sorted(f["FunctionName"] for f in lambda_client.list_functions()["Functions"])
+    assert len(names) <= DEFAULT_MAX_WORKERS_TOTAL, "every function of the template keeps a warm worker"
+
+    for name in names:  # an empty event: most handlers refuse it, in a warm worker all the same
+        lambda_client.invoke(FunctionName=name, Payload=b"{}")
+
+    assert runtime.lambda_runner.stats["cold_starts"] == cold_starts
+
+
+def test_local_cloud_client_without_options_is_one_per_service(cloud: LocalCloud) -> None:
+    s3 = cloud.client("s3")
+    assert cloud.client("s3") is s3
+    assert cloud.client("sns") is not s3
+    # Options make a client of its own: a caller's settings and event handlers stay its own.
+    assert cloud.client("s3", config=Config(retries={"max_attempts": 1})) is not s3
+    assert s3.list_objects_v2(Bucket=cloud.bucket, Prefix="models/tiny/")["KeyCount"] == 1

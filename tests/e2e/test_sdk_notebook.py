@@ -17,7 +17,7 @@ from botocore.exceptions import ClientError
 
 from sdflow.local.cloud import LocalCloud
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.longest]
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "docs" / "notebooks" / "sdk-quickstart.ipynb"

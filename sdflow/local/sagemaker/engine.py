@@ -52,7 +52,7 @@ from sdflow.local.sagemaker.host import (
     terminate,
     utc_now,
 )
-from sdflow.local.sagemaker.job_env import image_python
+from sdflow.local.sagemaker.job_env import WAIT_POLICY, image_python
 from sdflow.local.sagemaker.job_logs import JobLogs
 from sdflow.local.sagemaker.job_state import (
     Job,
@@ -183,6 +183,14 @@ class LocalSageMaker(TrainingJobs, EndpointHosting):
                 "WANDB_MODE": "disabled",
                 "HF_HUB_OFFLINE": "1",
                 "TRANSFORMERS_OFFLINE": "1",
+                # The instances share this machine's cores, with each other and the local cloud:
+                # torch's OpenMP threads spin while they wait (libgomp's default) and take the cores
+                # the others need (job_env.py WAIT_POLICY).
+                "OMP_WAIT_POLICY": WAIT_POLICY,
+                # Importing Colossal-AI's booster starts torch inductor's pool of compile workers
+                # (one more interpreter importing torch, ~1 s of CPU per training process), and
+                # nothing in the image compiles: compile in the process instead, if ever.
+                "TORCHINDUCTOR_COMPILE_THREADS": "1",
                 "AWS_REGION": self.region,
                 "AWS_DEFAULT_REGION": self.region,
                 # boto3 in the container (training streams its shards from S3, downloads write theirs)

@@ -66,23 +66,22 @@ def upload_noop_inputs(cloud: Any, workdir: Path, shards: int, concurrency: int)
     }
 
 
-def _tree_rss(process: psutil.Process) -> int:
+def _tree_rss(process: psutil.Process) -> tuple[int, int]:
+    """The summed RSS of the process and its descendants, and how many descendants there are."""
     total = 0
-    for proc in [process, *process.children(recursive=True)]:
+    children = process.children(recursive=True)
+    for proc in [process, *children]:
         with contextlib.suppress(psutil.NoSuchProcess):
             total += proc.memory_info().rss
-    return total
+    return total, len(children)
 
 
-def _top_allocations(limit: int = 15) -> list[str]:
-    """Where the cloud process's live Python memory was allocated (tracemalloc), biggest first,
-    then the callers behind the biggest line, and the traced peak against what is live now."""
-    import tracemalloc
-
-    current, peak = tracemalloc.get_traced_memory()
-    snapshot = tracemalloc.take_snapshot()
+def _top_allocations(snapshot: Any, label: str, limit: int = 15) -> list[str]:
+    """Where the cloud process's live Python memory was allocated in a tracemalloc snapshot,
+    biggest first, then the callers behind the biggest line."""
     stats = snapshot.statistics("lineno")
-    lines = [f"traced Python memory: {current / 2**20:.0f} MB live now, {peak / 2**20:.0f} MB at its peak"]
+    total = sum(stat.size for stat in stats)
+    lines = [f"{label}: {total / 2**20:.0f} MB traced"]
     lines += [f"{stat.size / 2**20:8.1f} MB {stat.count:>9} blocks  {stat.traceback[0]}" for stat in stats[:limit]]
     biggest = stats[0].traceback[0]
     for stat in [s for s in snapshot.statistics("traceback") if s.traceback[-1] == biggest][:4]:
@@ -91,27 +90,56 @@ def _top_allocations(limit: int = 15) -> list[str]:
     return lines
 
 
+class _LargestHeap:
+    """Keeps the tracemalloc snapshot of the largest traced heap seen while the run goes on: the
+    peak is transient (it falls by the end of the run), so a snapshot at the end misses it.
+    A snapshot is taken when the traced heap has grown 10% past the largest one kept."""
+
+    def __init__(self) -> None:
+        self.snapshot: Any = None
+        self.size = 0
+        self.at_s = 0.0
+
+    def sample(self, started: float) -> None:
+        import tracemalloc
+
+        current, _ = tracemalloc.get_traced_memory()
+        if current > self.size * 1.1:
+            self.snapshot, self.size, self.at_s = tracemalloc.take_snapshot(), current, time.monotonic() - started
+
+
 def run_one(shards: int, concurrency: int, profile_memory: bool = False) -> dict[str, Any]:
     from sdflow.local.cloud import LocalCloud
 
     if profile_memory:
         import tracemalloc
 
-        tracemalloc.start(12)
-    peak = peak_own = 0
+        tracemalloc.start(4)
+    peak = peak_own = peak_children = 0
     stop = threading.Event()
     me = psutil.Process()
 
     def sample() -> None:
-        nonlocal peak, peak_own
+        nonlocal peak, peak_own, peak_children
         while not stop.is_set():
-            peak = max(peak, _tree_rss(me))
+            rss, children = _tree_rss(me)
+            if rss > peak:
+                peak, peak_children = rss, children
             with contextlib.suppress(psutil.NoSuchProcess):
                 peak_own = max(peak_own, me.memory_info().rss)
             stop.wait(0.2)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
+    largest = _LargestHeap()
+    profiler_started = time.monotonic()
+
+    def profile() -> None:
+        while not stop.wait(15.0):
+            largest.sample(profiler_started)
+
+    if profile_memory:
+        threading.Thread(target=profile, daemon=True).start()
     with tempfile.TemporaryDirectory() as workdir:
         started = time.monotonic()
         with LocalCloud(
@@ -144,7 +172,20 @@ def run_one(shards: int, concurrency: int, profile_memory: bool = False) -> dict
             transitions = runtime.sfn_transitions
             with runtime.api_calls_lock:
                 calls = dict(collections.Counter(runtime.api_calls) - before)
-            allocations = _top_allocations() if profile_memory else []
+            allocations: list[str] = []
+            if profile_memory:
+                import tracemalloc
+
+                current, traced_peak = tracemalloc.get_traced_memory()
+                allocations = [
+                    f"traced Python memory: {current / 2**20:.0f} MB live at the end, "
+                    + f"{traced_peak / 2**20:.0f} MB at its peak"
+                ]
+                if largest.snapshot is not None:
+                    allocations += _top_allocations(
+                        largest.snapshot, f"the largest heap sampled ({largest.at_s:.0f} s in)"
+                    )
+                allocations += _top_allocations(tracemalloc.take_snapshot(), "at the end of the run")
     stop.set()
     sampler.join()
     polls_excluded = collections.Counter(calls)
@@ -161,6 +202,7 @@ def run_one(shards: int, concurrency: int, profile_memory: bool = False) -> dict
         "run_s": run_s,
         "peak_mb": peak / 2**20,
         "peak_cloud_mb": peak_own / 2**20,  # the local cloud's own process, without its workers
+        "processes_at_peak": peak_children,  # the Lambda workers (and any other child) at the peak
         "allocations": allocations,
         "transitions": transitions,
         "describe_calls": describes,
@@ -189,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile-memory",
         action="store_true",
-        help="trace the cloud process's allocations (tracemalloc: slower) and print where its memory is at the end",
+        help="trace the cloud process's allocations (tracemalloc: slower) and print where its memory is "
+        "at its largest and at the end",
     )
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -202,11 +245,15 @@ def main(argv: list[str] | None = None) -> int:
         command += ["--profile-memory"] if args.profile_memory else []
         out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
         results.append(json.loads(out.strip().splitlines()[-1]))
-    print(f"{'shards':>8} {'stack up s':>11} {'run s':>8} {'ms/shard':>9} {'peak MB':>8} {'API calls/shard':>16}")
+    print(
+        f"{'shards':>8} {'stack up s':>11} {'run s':>8} {'ms/shard':>9} {'peak MB':>8} {'cloud MB':>9} "
+        f"{'workers at peak':>16} {'API calls/shard':>16}"
+    )
     for r in results:
         print(
-            f"{r['shards']:>8} {r['up_s']:>11.1f} {r['run_s']:>8.1f} "
-            f"{1000 * r['run_s'] / r['shards']:>9.1f} {r['peak_mb']:>8.0f} {r['api_calls'] / r['shards']:>16.1f}"
+            f"{r['shards']:>8} {r['up_s']:>11.1f} {r['run_s']:>8.1f} {1000 * r['run_s'] / r['shards']:>9.1f} "
+            f"{r['peak_mb']:>8.0f} {r['peak_cloud_mb']:>9.0f} {r['processes_at_peak']:>16} "
+            f"{r['api_calls'] / r['shards']:>16.1f}"
         )
     if len(results) >= 2:
         first, last = results[0], results[-1]

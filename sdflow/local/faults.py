@@ -147,6 +147,21 @@ class Faults:
 
     # ------------------------------------------------------------------ Lambda
 
+    def fail_api_calls(self, operation: str, code: str, message: str, *, times: int = 1, status: int = 400) -> None:
+        """Answer the next `times` calls of `operation` ("<IAM service prefix>.<Operation>", e.g.
+        "sagemaker.StopTrainingJob"), from any caller, with the error `code` and `message` in the
+        service's protocol, as AWS answers a throttled or failing call. Non-S3 services."""
+        service, _, op = operation.partition(".")
+        if not service or not op or not op[0].isupper():
+            raise FaultError(
+                f"operation must be '<service>.<Operation>', e.g. 'sagemaker.StopTrainingJob'; got {operation!r}"
+            )
+        if times < 1:
+            raise FaultError(f"times must be >= 1, got {times}")
+        runtime = self._runtime()
+        with runtime.faults_lock:
+            runtime.api_errors[(service, op)] = [code, message, status, times]
+
     def kill_lambda_worker(self, function: str, *, timeout_s: float = 30.0) -> int:
         """SIGKILL a worker process of `function` (logical id or name) while it runs an invocation:
         one busy now, or else the one that takes the next invocation, waiting up to `timeout_s`

@@ -87,6 +87,9 @@ class Runtime:
     api_calls_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     # Fault injection (sdflow/local/faults.py): CreateTrainingJob calls still to fail for capacity.
     training_capacity_failures: int = 0
+    # Fault injection: (IAM service prefix, operation) -> [error code, message, HTTP status, calls
+    # still to fail] (faults.fail_api_calls; answered by services/iam.py's request hook).
+    api_errors: dict[tuple[str, str], list[Any]] = field(default_factory=dict)
     faults_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _inflight: int = field(default=0, repr=False)
     _idle: threading.Condition = field(default_factory=threading.Condition, repr=False)

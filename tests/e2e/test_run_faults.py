@@ -242,6 +242,53 @@ def test_stop_execution_during_evaluation_stops_the_evaluation_job(cloud: LocalC
     _record("StopExecution during evaluation", "evaluation job Stopped, notified", stopped_at, leftovers)
 
 
+def _function_log_lines(cloud: LocalCloud, function: str) -> list[str]:
+    """A function's log lines in CloudWatch Logs (they arrive in batches: callers wait for theirs)."""
+    logs = cloud.client("logs")
+    groups = logs.describe_log_groups(logGroupNamePrefix="/aws/lambda/")["logGroups"]
+    group = next(g["logGroupName"] for g in groups if function in g["logGroupName"])
+    pages = logs.get_paginator("filter_log_events").paginate(logGroupName=group)
+    return [e["message"] for page in pages for e in page["events"]]
+
+
+def test_redrive_inside_the_cleanup_retry_window_keeps_its_new_jobs(
+    cloud: LocalCloud, sagemaker: NoOpSageMaker
+) -> None:
+    """Part of the cleanup fails: notify publishes, raises, and Lambda retries it a minute or more
+    later. The user redrives in that minute, as the notification invites; the retried cleanup must
+    not stop the redrive's new training job (the run keeps its hash across redrives)."""
+    clock = cloud.runtime.clock if cloud.runtime is not None else None
+    assert clock is not None
+    sagemaker.seconds_by_kind["training"] = hold_for(20.0)
+    arn = _start(cloud, "redrive-window")
+    run_hash = _run_hash(cloud, arn)
+    first = _wait_for_job(cloud, "training", run_hash)
+    # Five calls: botocore retries a throttled call itself, four times in its default (legacy) mode.
+    cloud.faults.fail_api_calls("sagemaker.ListProcessingJobs", "ThrottlingException", "Rate exceeded", times=5)
+    sfn = cloud.client("stepfunctions")
+    with clock.busy():  # the clock at real speed: Lambda's retry comes a real minute later, not in 0.6 s
+        sfn.stop_execution(executionArn=arn, error="UserStopped", cause="stopped to redrive")
+        message = _notification(cloud, "redrive-window")["message"]
+        assert "NOT cleaned up: could not list the run's download jobs and evaluation jobs" in message
+        assert f"1 training job ({first})" in message
+        sfn.redrive_execution(executionArn=arn)
+        second = _wait_for_job(cloud, "training", f"{run_hash}-r1-")
+    started = time.monotonic()
+
+    def retried() -> bool:  # the first cleanup logged "run cleaned up"; the retry logs either line
+        lines = _function_log_lines(cloud, "NotifyFunction")
+        done = [line for line in lines if "run cleaned up" in line or "cleanup skipped" in line]
+        return len(done) >= 2
+
+    wait_for(retried, timeout_s=60.0, what="the notify retry's cleanup", interval_s=0.5)
+    described = cloud.client("sagemaker").describe_training_job(TrainingJobName=second)
+    assert described["TrainingJobStatus"] == "InProgress", "the retried cleanup left the redrive's job running"
+    assert _ended(cloud, arn)["status"] == "SUCCEEDED"
+    leftovers = _settled(cloud, sagemaker)
+    assert leftovers == []
+    _record("a redrive inside the cleanup's retry window", "its training job kept, SUCCEEDED", started, leftovers)
+
+
 def test_lost_job_event_is_resolved_by_the_reconciler_after_the_deadline(
     cloud: LocalCloud, sagemaker: NoOpSageMaker
 ) -> None:

@@ -50,8 +50,74 @@ def _claim(
     return token
 
 
-def _clean(sagemaker: FakeSageMakerClient, store: TokenStore) -> run_cleanup.CleanupReport:
-    return run_cleanup.clean_up_run(EXECUTION_ARN, START_MS, sagemaker=sagemaker, store=store)
+class FakeStepFunctions:
+    """send_task_* answer as for a task whose execution ended; describe_execution its status."""
+
+    def __init__(self, status: str, redrive_count: int = 0) -> None:
+        self.status = status
+        self.redrive_count = redrive_count
+        self.sent: list[str] = []
+
+    def send_task_success(self, **params: Any) -> None:
+        self.sent.append("success")
+        raise client_error("TaskTimedOut", "Task Timed Out", "SendTaskSuccess")
+
+    def send_task_failure(self, **params: Any) -> None:
+        self.sent.append("failure")
+        raise client_error("TaskTimedOut", "Task Timed Out", "SendTaskFailure")
+
+    def describe_execution(self, executionArn: str) -> dict[str, Any]:
+        return {"executionArn": executionArn, "status": self.status, "redriveCount": self.redrive_count}
+
+
+def _clean(
+    sagemaker: FakeSageMakerClient, store: TokenStore, sfn: FakeStepFunctions | None = None, redrive_count: int = 0
+) -> run_cleanup.CleanupReport:
+    return run_cleanup.clean_up_run(
+        EXECUTION_ARN,
+        START_MS,
+        sagemaker=sagemaker,
+        store=store,
+        sfn=sfn or FakeStepFunctions("FAILED", redrive_count),
+        redrive_count=redrive_count,
+    )
+
+
+# ---------------------------------------------------------------------------- a redrive since the end
+
+
+@pytest.mark.parametrize(("status", "redrive_count"), [("RUNNING", 1), ("FAILED", 1), ("RUNNING", 0)])
+def test_clean_up_run_redriven_since_the_end_touches_nothing(
+    sagemaker: FakeSageMakerClient, store: TokenStore, status: str, redrive_count: int
+) -> None:
+    """The end of attempt 0 is cleaned up (a retried cleanup) after the user redrove the run: the
+    redrive's jobs and claims share the run's hash and are left alone."""
+    redriven_job = _training(attempt=1)
+    sagemaker.add_job("training", redriven_job)
+    sagemaker.add_job("processing", _download("00001"))
+    _claim(store, redriven_job, "training")
+
+    report = _clean(sagemaker, store, FakeStepFunctions(status, redrive_count), redrive_count=0)
+
+    assert sagemaker.jobs["training"][redriven_job] == "InProgress"
+    assert sagemaker.jobs["processing"][_download("00001")] == "InProgress"
+    assert sagemaker.called("ListTrainingJobs") == []
+    assert sagemaker.called("ListProcessingJobs") == []
+    assert store.get(redriven_job) is not None
+    assert report.errors == []
+    assert report.lines()[0].startswith("Nothing stopped: the run ")
+    assert report.lines()[0].endswith("what runs now is the redrive's.")
+
+
+def test_clean_up_run_end_of_the_latest_redrive_is_cleaned_up(
+    sagemaker: FakeSageMakerClient, store: TokenStore
+) -> None:
+    job = _training(attempt=1)
+    sagemaker.add_job("training", job)
+
+    report = _clean(sagemaker, store, FakeStepFunctions("FAILED", 1), redrive_count=1)
+
+    assert report.stopped == {"training job": [job]}
 
 
 # ---------------------------------------------------------------------------- jobs
@@ -260,25 +326,6 @@ def test_clean_up_run_endpoint_of_another_deployment_is_not_touched(
 
 
 # ---------------------------------------------------------------------------- job_events finishes a deferred rollback
-
-
-class FakeStepFunctions:
-    """send_task_* answer as for a task whose execution ended; describe_execution its status."""
-
-    def __init__(self, status: str) -> None:
-        self.status = status
-        self.sent: list[str] = []
-
-    def send_task_success(self, **params: Any) -> None:
-        self.sent.append("success")
-        raise client_error("TaskTimedOut", "Task Timed Out", "SendTaskSuccess")
-
-    def send_task_failure(self, **params: Any) -> None:
-        self.sent.append("failure")
-        raise client_error("TaskTimedOut", "Task Timed Out", "SendTaskFailure")
-
-    def describe_execution(self, executionArn: str) -> dict[str, Any]:
-        return {"executionArn": executionArn, "status": self.status}
 
 
 def _endpoint_event(status: str = "IN_SERVICE") -> EndpointDetail:

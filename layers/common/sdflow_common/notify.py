@@ -453,7 +453,14 @@ def gather(
         if output is None or (detail.output_details is not None and not detail.output_details.included):
             output = sfn.describe_execution(executionArn=detail.execution_arn).get("output")
         return NotifyRequest.from_event(detail, state=_json_object(output)), None
-    report = run_cleanup.clean_up_run(detail.execution_arn, detail.start_date, sagemaker=sagemaker, store=store)
+    report = run_cleanup.clean_up_run(
+        detail.execution_arn,
+        detail.start_date,
+        sagemaker=sagemaker,
+        store=store,
+        sfn=sfn,
+        redrive_count=detail.redrive_count,
+    )
     history = execution_history.read_history(sfn, detail.execution_arn)
     request = NotifyRequest.from_event(
         detail,

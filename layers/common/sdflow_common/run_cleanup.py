@@ -14,7 +14,13 @@ training job runs on until its MaxRuntime, an endpoint deployment still complete
 3. the run's remaining task-token claims are deleted (their tokens died with the execution),
    except a deferred rollback's, which job_events needs when the endpoint settles.
 Every step is idempotent and one item's error does not stop the others: the errors are
-collected, reported, and raised by the caller after the rest is done, so the event is retried."""
+collected, reported, and raised by the caller after the rest is done, so the event is retried.
+
+Before any of it, the execution is described: a redrive keeps the run's hash, so jobs and claims
+of the run may belong to a redrive started since the end being cleaned up (the failure's
+notification tells the user to redrive, and a cleanup retried by Lambda runs one to three minutes
+later). If the execution runs again, or has been redriven more times than the end being cleaned
+up, nothing is touched: what runs now is the redrive's."""
 
 from __future__ import annotations
 
@@ -45,6 +51,8 @@ class CleanupReport:
     rollbacks: list[rollback.Rollback] = field(default_factory=list)
     claims_deleted: int = 0
     errors: list[str] = field(default_factory=list)
+    # Set when a redrive started after the end being cleaned up: nothing was touched.
+    superseded_by: str | None = None
 
     @property
     def stopped_count(self) -> int:
@@ -52,6 +60,8 @@ class CleanupReport:
 
     def lines(self) -> list[str]:
         """The notification's account of the cleanup, one finding a line."""
+        if self.superseded_by is not None:
+            return [f"Nothing stopped: {self.superseded_by}; what runs now is the redrive's."]
         lines = []
         parts = [_job_phrase(label, jobs) for label, jobs in self.stopped.items() if jobs]
         if parts:
@@ -68,6 +78,7 @@ class CleanupReport:
             "rollbacks": [item.outcome for item in self.rollbacks],
             "claims_deleted": self.claims_deleted,
             "errors": len(self.errors),
+            "superseded": self.superseded_by is not None,
         }
 
 
@@ -156,10 +167,34 @@ def settle_claims(execution_arn: str, sagemaker: Any, store: TokenStore, report:
             report.errors.append(f"{record.kind} {record.resource_name}: {exc}")
 
 
-def clean_up_run(execution_arn: str, start_time: Any, *, sagemaker: Any, store: TokenStore) -> CleanupReport:
-    """Stop, roll back and release everything of the run; see the module docstring."""
+def superseding_redrive(sfn: Any, execution_arn: str, redrive_count: int) -> str | None:
+    """Why the end of attempt `redrive_count` is no longer the execution's latest state, if it is not."""
+    described = sfn.describe_execution(executionArn=execution_arn)
+    current = int(described.get("redriveCount") or 0)
+    if current > redrive_count:
+        return f"the run was redriven (redrive {current}) after this end"
+    if described["status"] == "RUNNING":
+        return "the run is running again (redriven) since this end"
+    return None
+
+
+def clean_up_run(
+    execution_arn: str,
+    start_time: Any,
+    *,
+    sagemaker: Any,
+    store: TokenStore,
+    sfn: Any,
+    redrive_count: int = 0,
+) -> CleanupReport:
+    """Stop, roll back and release everything of the run's attempt `redrive_count` (the end
+    being cleaned up); see the module docstring."""
     run_hash = names.run_hash(execution_arn, start_time)
     report = CleanupReport()
+    report.superseded_by = superseding_redrive(sfn, execution_arn, redrive_count)
+    if report.superseded_by is not None:
+        logger.info("run redriven since it ended; cleanup skipped", extra={"reason": report.superseded_by})
+        return report
     stop_jobs(sagemaker, run_hash, report)
     settle_claims(execution_arn, sagemaker, store, report)
     logger.info("run cleaned up", extra={"run_hash": run_hash, **report.as_dict()})

@@ -209,6 +209,20 @@ def _count(runtime: Runtime, service: str, operation: str) -> None:
         runtime.api_calls[(service, operation)] += 1
 
 
+def _injected_error(runtime: Runtime, service: str, operation: str) -> tuple[str, str, int] | None:
+    """The error faults.fail_api_calls armed for this call, if any (one call used up)."""
+    with runtime.faults_lock:
+        armed = runtime.api_errors.get((service, operation))
+        if armed is None:
+            return None
+        code, message, status, remaining = armed
+        if remaining <= 1:
+            del runtime.api_errors[(service, operation)]
+        else:
+            armed[3] = remaining - 1
+        return code, message, status
+
+
 def _params(responder: Any) -> dict[str, Any]:
     params: dict[str, Any] = {}
     for key, values in (getattr(responder, "querystring", None) or {}).items():
@@ -257,25 +271,32 @@ def _evaluate(
 def authorize_normal_action(inner: Any, self: Any, resource: str = "*") -> None:
     """Replaces ActionAuthenticatorMixin._authenticate_and_authorize_normal_action (every
     non-S3 request, from moto/core/responses.py BaseResponse.call_action)."""
-    from werkzeug.exceptions import HTTPException
-
     runtime = runtime_or_none()
     if runtime is None:
         return inner(self, resource)
     operation = self._get_action()
+    scope = _scope(self)
+    service = scope[2] if scope else str(getattr(self, "service_name", "") or "unknown")
     try:
         _evaluate(self, runtime, operation, lambda s, p, r, a: iam_resources.checks(self, s, operation, p, r, a))
     except AccessDenied as denied:
-        from moto.core.responses import ActionResult
-
-        service = (_scope(self) or ("", "", ""))[2]
         code, status = _DENIAL.get(service, ("AccessDeniedException", 400))
-        error = _DeniedError(code, str(denied))
-        _status, headers, body = self.serialized(ActionResult(error))
-        self.response_headers.update({k: v for k, v in headers.items() if k.lower() != "status"})
-        http_error = HTTPException(description=body)
-        http_error.code = status
-        raise http_error from None
+        raise _http_error(self, code, str(denied), status) from None
+    injected = _injected_error(runtime, service, operation)
+    if injected is not None:
+        raise _http_error(self, injected[0], injected[1], injected[2])
+
+
+def _http_error(responder: Any, code: str, message: str, status: int) -> Exception:
+    """An error answered in the service's own protocol (its serializer writes code and message)."""
+    from moto.core.responses import ActionResult
+    from werkzeug.exceptions import HTTPException
+
+    _status, headers, body = responder.serialized(ActionResult(_DeniedError(code, message)))
+    responder.response_headers.update({k: v for k, v in headers.items() if k.lower() != "status"})
+    http_error = HTTPException(description=body)
+    http_error.code = status
+    return http_error
 
 
 def authorize_s3_action(inner: Any, self: Any, bucket_name: str | None = None, key_name: str | None = None) -> None:

@@ -133,6 +133,26 @@ def test_runner_over_total_worker_cap_stops_least_recently_used_idle_worker(tmp_
         runner.shutdown()
 
 
+def test_runner_worker_idle_past_its_lifetime_is_stopped_at_next_invocation(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text(HANDLERS)
+    runner = LambdaRunner("http://127.0.0.1:9", REGION, tmp_path / "logs", idle_lifetime_s=1.0)
+    early, late = (
+        FunctionSpec(name, f"arn:aws:lambda:us-east-1:1:function:{name}", "app.lambda_handler", tmp_path, timeout_s=10)
+        for name in ("early", "late")
+    )
+    try:
+        early_pid = json.loads(runner.invoke(early, "{}").payload)["pid"]
+        late_pid = json.loads(runner.invoke(late, "{}").payload)["pid"]
+        assert sorted(runner.worker_pids()) == sorted([early_pid, late_pid]), "idle a moment: both stay warm"
+
+        time.sleep(1.5)
+        assert json.loads(runner.invoke(late, "{}").payload)["pid"] != late_pid, "idle past its lifetime: cold"
+        assert early_pid not in runner.worker_pids(), "stopped without being invoked again"
+        assert len(runner.worker_pids()) == 1
+    finally:
+        runner.shutdown()
+
+
 def test_patch_lambda_handler_tells_time_on_advanced_clock(function_arn: str, runtime: runtime_module.Runtime) -> None:
     """A handler compares claim deadlines with its own time.time(): on the cloud's clock, it must be."""
     runtime.clock.advance(86_400)

@@ -162,6 +162,13 @@ class Faults:
         with runtime.faults_lock:
             runtime.api_errors[(service, op)] = [code, message, status, times]
 
+    def drop_end_event(self, execution_arn: str) -> None:
+        """Never deliver the execution's "Step Functions Execution Status Change" event of its end
+        (SUCCEEDED, FAILED, TIMED_OUT, ABORTED): EventBridge carries them best effort."""
+        runtime = self._runtime()
+        with runtime.faults_lock:
+            runtime.dropped_end_events.add(execution_arn)
+
     def kill_lambda_worker(self, function: str, *, timeout_s: float = 30.0) -> int:
         """SIGKILL a worker process of `function` (logical id or name) while it runs an invocation:
         one busy now, or else the one that takes the next invocation, waiting up to `timeout_s`

@@ -90,9 +90,16 @@ class Runtime:
     # Fault injection: (IAM service prefix, operation) -> [error code, message, HTTP status, calls
     # still to fail] (faults.fail_api_calls; answered by services/iam.py's request hook).
     api_errors: dict[tuple[str, str], list[Any]] = field(default_factory=dict)
+    # Fault injection: execution ARNs whose end (status change to anything but RUNNING) is never
+    # delivered to EventBridge (faults.drop_end_event).
+    dropped_end_events: set[str] = field(default_factory=set)
     faults_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _inflight: int = field(default=0, repr=False)
     _idle: threading.Condition = field(default_factory=threading.Condition, repr=False)
+
+    def drops_status_event(self, execution_arn: str, status: str) -> bool:
+        with self.faults_lock:
+            return status != "RUNNING" and execution_arn in self.dropped_end_events
 
     def __post_init__(self) -> None:
         # One clock: the runner marks invocations busy on it and tells the workers its offset.

@@ -257,8 +257,7 @@ def test_redrive_inside_the_cleanup_retry_window_keeps_its_new_jobs(
     """Part of the cleanup fails: notify publishes, raises, and Lambda retries it a minute or more
     later. The user redrives in that minute, as the notification invites; the retried cleanup must
     not stop the redrive's new training job (the run keeps its hash across redrives)."""
-    clock = cloud.runtime.clock if cloud.runtime is not None else None
-    assert clock is not None
+    clock = cloud.clock
     sagemaker.seconds_by_kind["training"] = hold_for(20.0)
     arn = _start(cloud, "redrive-window")
     run_hash = _run_hash(cloud, arn)
@@ -287,6 +286,42 @@ def test_redrive_inside_the_cleanup_retry_window_keeps_its_new_jobs(
     leftovers = _settled(cloud, sagemaker)
     assert leftovers == []
     _record("a redrive inside the cleanup's retry window", "its training job kept, SUCCEEDED", started, leftovers)
+
+
+def test_run_end_event_lost_reconciler_notifies_and_cleans_up_within_its_period(
+    cloud: LocalCloud, sagemaker: NoOpSageMaker
+) -> None:
+    """EventBridge carries Step Functions' status changes best effort: the end of a stopped run is
+    never delivered. Nothing happens until the reconciler's next run, which hands notify the end:
+    the training job is stopped and the user notified."""
+    sagemaker.seconds_by_kind["training"] = hold_for(60.0)
+    arn = _start(cloud, "lost-end")
+    cloud.faults.drop_end_event(arn)
+    job = _wait_for_job(cloud, "training", _run_hash(cloud, arn))
+    cloud.client("stepfunctions").stop_execution(executionArn=arn, error="UserStopped", cause="end event lost")
+    assert _ended(cloud, arn)["status"] == "ABORTED"
+    cloud.wait_idle(30.0)
+    assert not [m for m in cloud.sns_messages() if m["attributes"].get("run_id") == "lost-end"]
+    described = cloud.client("sagemaker").describe_training_job(TrainingJobName=job)
+    assert described["TrainingJobStatus"] == "InProgress", "without its end event nobody stopped it"
+    started = time.monotonic()
+
+    cloud.clock.advance(10 * 60 + 1)  # the reconciler's rate(10 minutes) comes round
+
+    message = _notification(cloud, "lost-end")["message"]
+    assert "was STOPPED" in message
+    assert f"1 training job ({job})" in message
+    leftovers = _settled(cloud, sagemaker)
+    assert leftovers == []
+    wait_for(
+        lambda: any(
+            "notify invoked" in line and arn in line for line in _function_log_lines(cloud, "ReconcilerFunction")
+        ),
+        timeout_s=30.0,
+        what="the reconciler's log of the run it closed",
+        interval_s=0.5,
+    )
+    _record("the run's end event lost", "reconciler handed notify the end: stopped, notified", started, leftovers)
 
 
 def test_lost_job_event_is_resolved_by_the_reconciler_after_the_deadline(

@@ -58,6 +58,7 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
         "AWS_REGION": REGION,
         "DATA_BUCKET": DATA_BUCKET,
         "TOKEN_TABLE": TOKEN_TABLE,
+        "NOTIFY_FUNCTION": "sdflow-test-NotifyFunction",
         "IDEMPOTENCY_TABLE": IDEMPOTENCY_TABLE,
         "STATE_MACHINE_ARN": STATE_MACHINE_ARN,
         "SAGEMAKER_ROLE_ARN": SAGEMAKER_ROLE_ARN,

@@ -132,7 +132,9 @@ def test_reconciler_resolves_training_job_whose_event_was_missed_before_its_dead
     output = json.loads(params["output"])
     assert output["job_name"] == "sdf-tr-missed-a0"
     assert output["model_data_url"].endswith("sdf-tr-missed-a0/output/model.tar.gz")
-    assert counts == {"checked": 1, "resolved": 1, "pending": 0, "vanished": 0, "stopped": 0, "errors": 0}
+    assert counts == {
+        "checked": 1, "resolved": 1, "pending": 0, "vanished": 0, "stopped": 0, "runs_closed": 0, "errors": 0
+    }  # fmt: skip
     assert TokenStore(TOKEN_TABLE).get("sdf-tr-missed-a0") is None
 
 
@@ -160,7 +162,9 @@ def test_reconciler_running_job_before_its_deadline_is_left_alone(
     counts = reconcile()
     assert sfn.calls == []
     assert sagemaker_calls == ["DescribeProcessingJob"]
-    assert counts == {"checked": 1, "resolved": 0, "pending": 1, "vanished": 0, "stopped": 0, "errors": 0}
+    assert counts == {
+        "checked": 1, "resolved": 0, "pending": 1, "vanished": 0, "stopped": 0, "runs_closed": 0, "errors": 0
+    }  # fmt: skip
     assert TokenStore(TOKEN_TABLE).get("sdf-dl-running-00000-r0-a0") is not None
 
 
@@ -305,3 +309,18 @@ def test_reconciler_approval_still_pending_past_its_deadline_drops_the_claim(
     assert TokenStore(TOKEN_TABLE).get(arn) is None
     described = mocked_aws.sagemaker.describe_model_package(ModelPackageName=arn)
     assert described["ModelApprovalStatus"] == "PendingManualApproval", "nobody decided: the package is left as it is"
+
+
+def test_reconciler_training_job_ended_long_before_its_deadline_answers_the_task_at_once(
+    mocked_aws: AwsWorld, sfn: Resolutions
+) -> None:
+    """A lost "Completed" event of a training job: the run does not wait a day for the deadline's lead."""
+    create_training_job(mocked_aws, "sdf-tr-early-a0")  # moto completes jobs at once
+    claim("sdf-tr-early-a0", "token-early", "training", deadline_in=86_400)
+    claim("sdf-dl-early-00000-r0-a0", "token-dl", "download", deadline_in=86_400)
+
+    counts = reconcile()
+
+    assert sfn.by_token()["token-early"][0] == "success"
+    assert "token-dl" not in sfn.by_token(), "downloads wait for their deadline's lead"
+    assert counts["checked"] == 1

@@ -12,7 +12,13 @@ For a due claim it describes the resource:
   job: it is stopped and its token failed with the step's error;
 - an endpoint still changing after its deadline cannot be stopped: its claim stays, and its
   state-change event (or a later pass) finds the dead token and rolls the deployment back;
-- anything else is left for a later pass."""
+- anything else is left for a later pass.
+Claims other than downloads (a run's training, evaluation, endpoint and approval: a few per run)
+are described every period, whatever their deadline: a lost "Completed" event of a training job
+would otherwise hold the run until the deadline's lead, about a day for a default training job.
+Download claims (thousands in a big run) wait for their deadline's lead, as above.
+Then the table is read again (the claims this pass resolved are gone) and runs whose end event
+was lost are handed to notify again (sdflow_common.lost_ends)."""
 
 from __future__ import annotations
 
@@ -24,7 +30,7 @@ from typing import Any
 from aws_lambda_powertools import Logger
 from botocore.exceptions import ClientError
 
-from sdflow_common import aws, job_control, sagemaker_jobs
+from sdflow_common import aws, job_control, lost_ends, sagemaker_jobs
 from sdflow_common.errors import ReconcileIncomplete
 from sdflow_common.job_events import (
     DETAIL_MODELS,
@@ -48,6 +54,7 @@ class ReconcileReport:
     pending: int = 0
     vanished: int = 0
     stopped: int = 0
+    runs_closed: int = 0
     errors: list[str] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
@@ -57,6 +64,7 @@ class ReconcileReport:
             "pending": self.pending,
             "vanished": self.vanished,
             "stopped": self.stopped,
+            "runs_closed": self.runs_closed,
             "errors": len(self.errors),
         }
 
@@ -148,6 +156,11 @@ def reconcile_one(
         report.pending += 1
 
 
+def _is_due(record: TokenRecord, horizon: float) -> bool:
+    """Downloads wait for their deadline's lead; the run's other claims are looked at every period."""
+    return record.kind != "download" or record.deadline <= horizon
+
+
 def reconcile(
     store: TokenStore,
     resolver: TaskResolver,
@@ -156,10 +169,13 @@ def reconcile(
     *,
     clock: Callable[[], float] = time.time,
 ) -> ReconcileReport:
-    """Look at the claims whose deadline is within `lead_seconds` or past (see the module docstring)."""
+    """Look at the claims that are due (see the module docstring)."""
     report = ReconcileReport()
     now = clock()
-    for record in store.past_deadline(lead_seconds=lead_seconds):
+    records = list(store.all_claims())
+    for record in records:
+        if not _is_due(record, now + lead_seconds):
+            continue
         report.checked += 1
         try:
             reconcile_one(record, resolver, sagemaker, report, now)
@@ -170,10 +186,32 @@ def reconcile(
     return report
 
 
+def close_lost_ends(
+    store_records: list[TokenRecord], sfn: Any, lambda_client: Any, notify_function: str, report: ReconcileReport
+) -> None:
+    try:
+        closed = lost_ends.close_lost_ends(
+            lost_ends.runs_with_claims(store_records),
+            sfn=sfn,
+            lambda_client=lambda_client,
+            notify_function=notify_function,
+            now=time.time(),
+        )
+    except Exception as exc:
+        logger.exception("could not look for runs whose end event was lost")
+        report.errors.append(f"runs whose end event was lost: {type(exc).__name__}: {exc}")
+        return
+    report.runs_closed = len(closed)
+
+
 def run(settings: Settings) -> ReconcileReport:
     """The scheduled entry point: clients and store from the function's environment."""
-    settings.require("token_table")
+    settings.require("token_table", "notify_function")
     store = TokenStore.from_settings(settings)
     sagemaker = aws.client("sagemaker")
-    resolver = TaskResolver(store, aws.client("stepfunctions"), sagemaker)
-    return reconcile(store, resolver, sagemaker, settings.reconcile_lead_seconds)
+    sfn = aws.client("stepfunctions")
+    resolver = TaskResolver(store, sfn, sagemaker)
+    report = reconcile(store, resolver, sagemaker, settings.reconcile_lead_seconds)
+    # Read again after the pass: claims it resolved are gone and no longer name their run.
+    close_lost_ends(list(store.all_claims()), sfn, aws.client("lambda"), settings.notify_function, report)
+    return report

@@ -36,6 +36,8 @@ class Settings:
     # Where notifications link a run: a run console's base URL (template parameter ConsoleUrl; the
     # local runtime sets its `sdflow console`); empty: the AWS Step Functions console.
     console_url: str = ""
+    # The notify function, which the reconciler hands the end of a run whose end event was lost.
+    notify_function: str = ""
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -55,6 +57,7 @@ class Settings:
             ),
             endpoint_name_prefix=os.environ.get("ENDPOINT_NAME_PREFIX") or DEFAULT_ENDPOINT_NAME_PREFIX,
             console_url=os.environ.get("CONSOLE_URL", ""),
+            notify_function=os.environ.get("NOTIFY_FUNCTION", ""),
         )
 
     def require(self, *names: str) -> None:

@@ -273,6 +273,10 @@ class TokenStore:
             ExpressionAttributeValues={":horizon": {"N": str(horizon)}},
         )
 
+    def all_claims(self, *, page_size: int | None = None) -> Iterator[TokenRecord]:
+        """Every claim (the reconciler's one read of the table a period)."""
+        return self._scan(page_size)
+
     def for_execution(self, execution_arn: str, *, page_size: int | None = None) -> Iterator[TokenRecord]:
         """The claims of one run: its execution's ARN (download claims carry the parent execution's
         ARN, not the Map child's), for the cleanup when the run fails, is stopped or times out."""

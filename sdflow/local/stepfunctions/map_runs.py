@@ -19,7 +19,7 @@ from typing import Any
 
 from moto.core.exceptions import AWSError
 
-from sdflow.local.runtime import current_clock
+from sdflow.local.runtime import current_clock, runtime_or_none
 
 SOURCE = "aws.states"
 DETAIL_TYPE = "Step Functions Execution Status Change"
@@ -131,6 +131,9 @@ def publish_status_change(account: str, region: str, detail: Callable[[], dict[s
     if not rules:
         return
     body = detail()
+    runtime = runtime_or_none()
+    if runtime is not None and runtime.drops_status_event(body["executionArn"], body["status"]):
+        return  # faults.drop_end_event: delivered best effort, this one was not
     envelope: Any = {
         "version": "0",
         "source": SOURCE,

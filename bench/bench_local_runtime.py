@@ -115,18 +115,19 @@ def run_one(shards: int, concurrency: int, profile_memory: bool = False) -> dict
         import tracemalloc
 
         tracemalloc.start(4)
-    peak = peak_own = peak_children = 0
+    peak = peak_own = peak_children = peak_threads = 0
     stop = threading.Event()
     me = psutil.Process()
 
     def sample() -> None:
-        nonlocal peak, peak_own, peak_children
+        nonlocal peak, peak_own, peak_children, peak_threads
         while not stop.is_set():
             rss, children = _tree_rss(me)
             if rss > peak:
                 peak, peak_children = rss, children
             with contextlib.suppress(psutil.NoSuchProcess):
                 peak_own = max(peak_own, me.memory_info().rss)
+                peak_threads = max(peak_threads, me.num_threads())
             stop.wait(0.2)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -203,6 +204,7 @@ def run_one(shards: int, concurrency: int, profile_memory: bool = False) -> dict
         "peak_mb": peak / 2**20,
         "peak_cloud_mb": peak_own / 2**20,  # the local cloud's own process, without its workers
         "processes_at_peak": peak_children,  # the Lambda workers (and any other child) at the peak
+        "peak_threads": peak_threads,  # the cloud process's threads (each has a stack of its own)
         "allocations": allocations,
         "transitions": transitions,
         "describe_calls": describes,
@@ -247,12 +249,12 @@ def main(argv: list[str] | None = None) -> int:
         results.append(json.loads(out.strip().splitlines()[-1]))
     print(
         f"{'shards':>8} {'stack up s':>11} {'run s':>8} {'ms/shard':>9} {'peak MB':>8} {'cloud MB':>9} "
-        f"{'workers at peak':>16} {'API calls/shard':>16}"
+        f"{'workers at peak':>16} {'threads':>8} {'API calls/shard':>16}"
     )
     for r in results:
         print(
             f"{r['shards']:>8} {r['up_s']:>11.1f} {r['run_s']:>8.1f} {1000 * r['run_s'] / r['shards']:>9.1f} "
-            f"{r['peak_mb']:>8.0f} {r['peak_cloud_mb']:>9.0f} {r['processes_at_peak']:>16} "
+            f"{r['peak_mb']:>8.0f} {r['peak_cloud_mb']:>9.0f} {r['processes_at_peak']:>16} {r['peak_threads']:>8} "
             f"{r['api_calls'] / r['shards']:>16.1f}"
         )
     if len(results) >= 2:

@@ -68,6 +68,10 @@ class Runtime:
     recorded_requests: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
     # Step Functions: one boto3 client per (port, region, service) for the interpreter's tasks.
     sfn_clients: dict[tuple[str, str, str], Any] = field(default_factory=dict)
+    # The one boto3 session those clients come from (made under sfn_clients_lock): a session reads
+    # each service's model once for all its clients, where a session per client (one per role and
+    # service) read it again for each, ~20 MB of the cloud process in a 2,000-shard run.
+    sfn_session: Any = None
     sfn_clients_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     sns_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     # moto server: host -> backend name, computed once per host (services/moto_server.py).

@@ -344,7 +344,9 @@ def interpreter_client(region: str, service: str, state_credentials: Any = None)
         client = runtime.sfn_clients.get(key)
         if client is None:
             keys = runtime.iam.credentials_for_role(role_arn, "StepFunctions")
-            client = runtime.sfn_clients[key] = boto3.session.Session().client(  # type: ignore[call-overload]
+            if runtime.sfn_session is None:
+                runtime.sfn_session = boto3.session.Session()
+            client = runtime.sfn_clients[key] = runtime.sfn_session.client(
                 service,
                 region_name=region,
                 endpoint_url=f"http://localhost:{port}",

@@ -178,15 +178,38 @@ def test_start_download_two_earlier_attempts_running_adopts_newest_stops_the_oth
     assert len(download_job_names(mocked_aws)) == 2, "no third job"
 
 
-def test_start_download_retry_cannot_list_earlier_attempts_raises_throttled_without_a_job(
+def test_start_download_retry_cannot_describe_earlier_attempt_raises_throttled_without_a_job(
     mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sagemaker_client(), "list_processing_jobs", throttle)
+    monkeypatch.setattr(sagemaker_client(), "describe_processing_job", throttle)
     event = retry_of(load_event("start_download_task.json"), 1)
-    with pytest.raises(SageMakerThrottled, match="ListProcessingJobs"):
+    with pytest.raises(SageMakerThrottled, match="DescribeProcessingJob"):
         load_function_module("start_download").lambda_handler(event, context)
     assert download_job_names(mocked_aws) == [], "no second job while the first may still run"
     assert store.get(download_name(event, attempt=1)) is None
+
+
+def test_start_download_retry_finds_earlier_attempts_by_name_without_listing_jobs(
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23 item 8: SageMaker's List* calls grow with every job the account ran and are throttled
+    at low rates; a retry reads the earlier attempts' claims in one BatchGetItem and describes only
+    the claimed names and the previous attempt's. Here attempt 1 adopted attempt 0's job and died,
+    attempts 2 to 4 were refused by the quota: attempt 5 still finds the job under its own name."""
+    handler = load_function_module("start_download").lambda_handler
+    first = load_event("start_download_task.json")
+    handler(first, context)
+    set_processing_status(download_name(first), "InProgress")
+    handler(retry_of(first, 1), context)  # adopts attempt 0's job: the claim moves to attempt 1
+    calls: list[str] = []
+    sagemaker_client().meta.events.register("before-call.sagemaker.*", lambda model, **_kw: calls.append(model.name))
+    monkeypatch.setattr(sagemaker_client(), "list_processing_jobs", throttle)
+
+    result = handler(retry_of(first, 5), context)
+
+    assert result == {"resource_name": download_name(first), "created": False, "adopted": True}
+    assert sorted(calls) == ["DescribeProcessingJob", "DescribeProcessingJob"], "the claimed a0 and the previous a4"
+    assert download_job_names(mocked_aws) == [download_name(first)]
 
 
 def stray_request(event: dict[str, Any], attempt: int, run: str | None = None) -> dict[str, Any]:

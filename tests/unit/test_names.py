@@ -141,22 +141,9 @@ def test_download_job_name_shard_without_alphanumerics_raises() -> None:
 # ---------------------------------------------------------------------------- lookups
 
 
-def test_same_task_key_is_shared_by_every_attempt_of_one_task_only() -> None:
-    attempts = [names.download_job_name(HASH, LONG_RUN_ID, "00001", 2, n) for n in (0, 1, 10)]
-    keys = {names.same_task_key(name, HASH) for name in attempts}
-    assert keys == {f"{HASH}-00001-r2-a"}
-    for other in (
-        names.download_job_name(HASH, LONG_RUN_ID, "00002", 2, 0),
-        names.download_job_name(HASH, LONG_RUN_ID, "00001", 20, 0),  # r20 must not match r2
-        names.download_job_name(HASH, LONG_RUN_ID, "00001", 1, 0),
-    ):
-        assert f"{HASH}-00001-r2-a" not in other, other
-    assert names.attempt_of(attempts[2]) == 10
-
-
-def test_same_task_key_of_a_foreign_name_raises() -> None:
-    with pytest.raises(InvalidNameInput, match="-a<attempt>"):
-        names.same_task_key("someone-elses-job", HASH)
+def test_attempt_of_reads_the_attempt_counter_at_the_end_of_the_name() -> None:
+    assert names.attempt_of(names.download_job_name(HASH, LONG_RUN_ID, "00001", 2, 10)) == 10
+    assert names.attempt_of("someone-elses-job") is None
 
 
 def test_training_job_glob_matches_every_attempt_and_redrive_of_its_run_only() -> None:

@@ -352,11 +352,11 @@ def test_template_starters_may_find_stop_and_check_their_jobs(
     template: dict[str, Any], function: str, resource_type: str, noun: str
 ) -> None:
     job = f"arn:aws:sagemaker:us-east-1:123456789012:{resource_type}/sdf-x-0123456789-r0-a1"
-    for action in (f"sagemaker:Stop{noun}", "sagemaker:ListTags"):
+    for action in (f"sagemaker:Describe{noun}", f"sagemaker:Stop{noun}", "sagemaker:ListTags"):
         assert _allows(template, function, action, job), action
         assert not _allows(template, function, action, job.replace("/sdf-", "/other-")), action
-    # List*Jobs has no resource-level permissions: "*" or nothing.
-    assert _allows(template, function, f"sagemaker:List{noun}s", "*")
+    # Earlier attempts are found by name (Describe), never by listing: no List*Jobs on "*".
+    assert not _allows(template, function, f"sagemaker:List{noun}s", "*")
     execution = f"arn:aws:states:us-east-1:123456789012:execution:{STACK}-pipeline:run-1"
     assert _allows(template, function, "states:DescribeExecution", execution)
     assert not _allows(template, function, "states:DescribeExecution", execution.replace(STACK, "other"))

@@ -162,3 +162,13 @@ def test_for_execution_lists_one_runs_claims_across_pages(store: TokenStore) -> 
 def test_token_store_without_table_name_raises() -> None:
     with pytest.raises(RuntimeError, match="TOKEN_TABLE"):
         TokenStore("", clock=time.time)
+
+
+def test_get_many_reads_claims_of_more_names_than_one_batch(store: TokenStore) -> None:
+    for index in range(0, 150, 3):
+        store.claim(f"job-{index:03d}", f"token-{index}", EXEC_A, "download", timeout_seconds=TIMEOUT)
+
+    found = store.get_many([f"job-{index:03d}" for index in range(150)])
+
+    assert sorted(record.resource_name for record in found) == [f"job-{index:03d}" for index in range(0, 150, 3)]
+    assert store.get_many([]) == []

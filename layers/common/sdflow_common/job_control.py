@@ -124,19 +124,28 @@ def training_jobs(sagemaker: Any) -> JobApi:
     return JobApi(sagemaker, "training job", names.TRAINING_PREFIX, "TrainingJob")
 
 
-def earlier_attempts(api: JobApi, name: str, run_hash: str) -> list[tuple[int, str]]:
+def earlier_attempts(api: JobApi, store: TokenStore, name: str, execution_arn: str) -> list[tuple[int, str]]:
     """(attempt, name) of the running jobs of the same task (same run, item and redrive) started
-    by an attempt before the one `name` belongs to, newest first."""
+    by an attempt before the one `name` belongs to, newest first.
+
+    Found by name, not by listing (ListProcessingJobs / ListTrainingJobs grow with every job the
+    account ever ran and are throttled at low rates): one BatchGetItem of the claims on the earlier
+    attempts' names, then a Describe of each claimed name and of the previous attempt's name. That
+    is every job that can still run: a starter claims a name before it creates the job, so a
+    started job keeps its claim (an adopted job keeps its own name and claim), and the only
+    unclaimed job possible, a Create that went through while its call failed, is the previous
+    attempt's (each attempt looks before it creates, so an earlier one would have been adopted)."""
     current = names.attempt_of(name)
     if not current:
         return []
-    key = names.same_task_key(name, run_hash)
+    stem = name[: len(name) - len(str(current))]  # ends with "-a"
+    earlier = [f"{stem}{attempt}" for attempt in range(current)]
+    claimed = {record.resource_name for record in store.get_many(earlier) if record.execution_arn == execution_arn}
     found = []
-    for other in api.in_progress(key):
-        attempt = names.attempt_of(other)
-        # NameContains is a substring match: keep only names that end in this task's key + a number.
-        if attempt is not None and attempt < current and other.endswith(f"{key}{attempt}"):
-            found.append((attempt, other))
+    for other in sorted(claimed | {earlier[-1]}):
+        described = api.describe(other)
+        if described is not None and api.status(described) == "InProgress":
+            found.append((names.attempt_of(other) or 0, other))
     return sorted(found, reverse=True)
 
 
@@ -184,9 +193,9 @@ def adopt_earlier_attempt(start: JobStart) -> str | None:
     (for training, hours of instances), and exactly one job runs for the task, so no two jobs
     share the task's outputs. The claim moves to the new token (token_store takes over an
     earlier attempt's claim of the same execution); any further earlier-attempt job still
-    running is stopped, so one remains. A job that ends between the list and the claim is
-    answered by the reconciler a little before the task's deadline."""
-    running = earlier_attempts(start.api, start.name, start.task.run_hash)
+    running is stopped, so one remains. A job that ends between the lookup and the claim is
+    answered by the reconciler (a download's a little before the task's deadline)."""
+    running = earlier_attempts(start.api, start.store, start.name, start.task.execution_arn)
     if not running:
         return None
     (_attempt, adopted), *others = running

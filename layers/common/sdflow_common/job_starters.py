@@ -184,7 +184,7 @@ def _adopted_earlier_attempt(start: job_control.JobStart) -> str | None:
     try:
         return job_control.adopt_earlier_attempt(start)
     except ClientError as exc:
-        raise _translate(exc, f"List{start.api.noun}s", start.name, start.failure) from exc
+        raise _translate(exc, f"Describe{start.api.noun}", start.name, start.failure) from exc
 
 
 def _adopt_existing(start: job_control.JobStart) -> None:

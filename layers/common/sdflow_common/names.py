@@ -199,17 +199,6 @@ def attempt_of(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def same_task_key(name: str, hash_: str) -> str:
-    """The part every attempt of one task's name shares and no other task's name contains:
-    from the run hash up to and including `-a` (e.g. `<hash>-00001-r0-a`). It is what
-    ListProcessingJobs / ListTrainingJobs `NameContains` look for before a retry starts."""
-    start = name.find(hash_)
-    match = _ATTEMPT_TAIL.search(name)
-    if start < 0 or match is None:
-        raise InvalidNameInput(f"'{name}' is not a name of run {hash_} with an -a<attempt> suffix")
-    return name[start : match.start()] + "-a"
-
-
 def training_job_glob(execution_arn: str, start_time: str | int | float | datetime) -> str:
     """A glob matching the training job name of every attempt and redrive of one run."""
     return f"{TRAINING_PREFIX}-*{run_hash(execution_arn, start_time)}-r*-a*"

@@ -12,7 +12,7 @@ themselves up."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -28,6 +28,8 @@ KINDS: tuple[Kind, ...] = ("download", "training", "evaluation", "endpoint", "ap
 # How long a claim is kept after its task's deadline: room for the reconciler to stop a job that
 # outlived its task and for a late event to find its (dead) token, which it then cleans up.
 EXPIRY_SLACK_SECONDS = 86_400
+# BatchGetItem reads at most 100 items a call (DynamoDB API reference, BatchGetItem).
+BATCH_GET_MAX_KEYS = 100
 # Step Functions' largest TimeoutSeconds (99,999,999 s); a callback task cannot wait longer.
 MAX_TIMEOUT_SECONDS = 99_999_999
 
@@ -82,6 +84,10 @@ def _from_item(item: Mapping[str, Any]) -> TokenRecord:
         expires_at=int(item["expires_at"]["N"]),
         context=context,
     )
+
+
+class TokenStoreBusy(RuntimeError):
+    """BatchGetItem kept answering some keys unprocessed (the table's throughput is exhausted)."""
 
 
 def _is_conditional_failure(exc: ClientError) -> bool:
@@ -227,6 +233,24 @@ class TokenStore:
         )
         item = response.get("Item")
         return _from_item(item) if item else None
+
+    def get_many(self, resource_names: Sequence[str]) -> list[TokenRecord]:
+        """The claims held on any of these names (BatchGetItem: 100 keys a call, consistent
+        reads; unprocessed keys are asked again after a growing pause, as DynamoDB advises)."""
+        found: list[TokenRecord] = []
+        for start in range(0, len(resource_names), BATCH_GET_MAX_KEYS):
+            keys = [{"resource_name": {"S": name}} for name in resource_names[start : start + BATCH_GET_MAX_KEYS]]
+            request: dict[str, Any] = {self.table_name: {"Keys": keys, "ConsistentRead": True}}
+            for pause in (0.0, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6):
+                time.sleep(pause)
+                response = self.client.batch_get_item(RequestItems=request)
+                found += [_from_item(item) for item in response.get("Responses", {}).get(self.table_name, [])]
+                request = response.get("UnprocessedKeys") or {}
+                if not request:
+                    break
+            else:
+                raise TokenStoreBusy(f"DynamoDB left {len(request[self.table_name]['Keys'])} keys unread 7 times")
+        return found
 
     def delete(self, resource_name: str, token: str | None = None) -> bool:
         """Remove the claim; with `token`, only if that token still holds it.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 # The X-Ray SDK opens its UDP emitter's socket on first import (Tracer() triggers it); import it
@@ -324,3 +325,31 @@ def test_reconciler_training_job_ended_long_before_its_deadline_answers_the_task
     assert sfn.by_token()["token-early"][0] == "success"
     assert "token-dl" not in sfn.by_token(), "downloads wait for their deadline's lead"
     assert counts["checked"] == 1
+
+
+def test_reconciler_stopped_run_whose_last_claim_the_pass_settles_still_gets_its_end_handled(
+    mocked_aws: AwsWorld, sfn: Resolutions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run was stopped and its end event lost; its training job has ended since. The pass
+    settles the job's claim, and the lost end is found from the claims as they were before it."""
+    create_training_job(mocked_aws, "sdf-tr-stopped-a0")  # moto completes jobs at once
+    claim("sdf-tr-stopped-a0", "token-stopped", "training", deadline_in=86_400)
+    ended = {
+        "executionArn": EXECUTION_ARN,
+        "stateMachineArn": EXECUTION_ARN.replace(":execution:", ":stateMachine:").rsplit(":", 1)[0],
+        "name": RUN_ID,
+        "status": "ABORTED",
+        "startDate": datetime.fromtimestamp(time.time() - 7200, tz=UTC),  # boto3 parses dates
+        "stopDate": datetime.fromtimestamp(time.time() - 900, tz=UTC),
+    }
+    monkeypatch.setattr(aws.client("stepfunctions"), "describe_execution", lambda **_kw: ended)
+    invoked: list[dict[str, Any]] = []
+    monkeypatch.setattr(aws.client("lambda"), "invoke", lambda **kw: invoked.append(kw) or {"StatusCode": 202})
+
+    counts = reconcile()
+
+    assert TokenStore(TOKEN_TABLE).get("sdf-tr-stopped-a0") is None, "the pass settled the claim"
+    assert counts["runs_closed"] == 1
+    [call] = invoked
+    assert call["FunctionName"] == "sdflow-test-NotifyFunction"
+    assert json.loads(call["Payload"])["detail"]["status"] == "ABORTED"

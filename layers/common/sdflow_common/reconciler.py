@@ -17,8 +17,10 @@ Claims other than downloads (a run's training, evaluation, endpoint and approval
 are described every period, whatever their deadline: a lost "Completed" event of a training job
 would otherwise hold the run until the deadline's lead, about a day for a default training job.
 Download claims (thousands in a big run) wait for their deadline's lead, as above.
-Then the table is read again (the claims this pass resolved are gone) and runs whose end event
-was lost are handed to notify again (sdflow_common.lost_ends)."""
+Then, from the same read of the table, runs whose end event was lost are handed to notify again
+(sdflow_common.lost_ends). The claims as they were before the pass: a stopped run whose training
+job then ended has its last claim settled by the pass (a dead token), and a read after it would
+no longer see the run whose end needs handling."""
 
 from __future__ import annotations
 
@@ -162,7 +164,7 @@ def _is_due(record: TokenRecord, horizon: float) -> bool:
 
 
 def reconcile(
-    store: TokenStore,
+    records: list[TokenRecord],
     resolver: TaskResolver,
     sagemaker: Any,
     lead_seconds: int,
@@ -172,7 +174,6 @@ def reconcile(
     """Look at the claims that are due (see the module docstring)."""
     report = ReconcileReport()
     now = clock()
-    records = list(store.all_claims())
     for record in records:
         if not _is_due(record, now + lead_seconds):
             continue
@@ -187,11 +188,11 @@ def reconcile(
 
 
 def close_lost_ends(
-    store_records: list[TokenRecord], sfn: Any, lambda_client: Any, notify_function: str, report: ReconcileReport
+    records: list[TokenRecord], sfn: Any, lambda_client: Any, notify_function: str, report: ReconcileReport
 ) -> None:
     try:
         closed = lost_ends.close_lost_ends(
-            lost_ends.runs_with_claims(store_records),
+            lost_ends.runs_with_claims(records),
             sfn=sfn,
             lambda_client=lambda_client,
             notify_function=notify_function,
@@ -211,7 +212,7 @@ def run(settings: Settings) -> ReconcileReport:
     sagemaker = aws.client("sagemaker")
     sfn = aws.client("stepfunctions")
     resolver = TaskResolver(store, sfn, sagemaker)
-    report = reconcile(store, resolver, sagemaker, settings.reconcile_lead_seconds)
-    # Read again after the pass: claims it resolved are gone and no longer name their run.
-    close_lost_ends(list(store.all_claims()), sfn, aws.client("lambda"), settings.notify_function, report)
+    records = list(store.all_claims())  # one read a period, for the pass and the lost ends
+    report = reconcile(records, resolver, sagemaker, settings.reconcile_lead_seconds)
+    close_lost_ends(records, sfn, aws.client("lambda"), settings.notify_function, report)
     return report

@@ -1,0 +1,268 @@
+"""Faults around the end of a run and the events that carry it, on the strict local cloud: a
+cleanup retried while the user redrives, a run's end event or a job's event lost (the reconciler
+answers), an event delivered twice, a task outliving its timeout, an approval never given. As in
+test_run_faults.py, SageMaker jobs are no-ops, each test asserts that nothing is left running, and
+each records its recovery time in RECOVERY, printed at the end of the module."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from sdflow.local.cloud import LocalCloud
+from sdflow.local.sagemaker.noop import NoOpSageMaker
+from tests.constants import hold_for
+from tests.e2e.clouds import CloudSpec
+from tests.e2e.runs import (
+    RecoveryTable,
+    download_jobs,
+    ended,
+    function_log_lines,
+    jobs_named,
+    notification,
+    run_document,
+    run_hash_of,
+    settled,
+    start_run,
+    token_table,
+    wait_for_job,
+)
+from tests.helpers import wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+SHARDS = 3
+RECOVERY = RecoveryTable()
+
+CLOUD = CloudSpec(dataset="faults", shards=SHARDS)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _recovery_table() -> Iterator[None]:
+    yield
+    RECOVERY.print()
+
+
+def test_redrive_inside_the_cleanup_retry_window_keeps_its_new_jobs(
+    cloud: LocalCloud, sagemaker: NoOpSageMaker
+) -> None:
+    """Part of the cleanup fails: notify publishes, raises, and Lambda retries it a minute or more
+    later. The user redrives in that minute, as the notification invites; the retried cleanup must
+    not stop the redrive's new training job (the run keeps its hash across redrives)."""
+    clock = cloud.clock
+    sagemaker.seconds_by_kind["training"] = hold_for(20.0)
+    arn = start_run(cloud, "redrive-window")
+    run_hash = run_hash_of(cloud, arn)
+    first = wait_for_job(cloud, "training", run_hash)
+    # Five calls: botocore retries a throttled call itself, four times in its default (legacy) mode.
+    cloud.faults.fail_api_calls("sagemaker.ListProcessingJobs", "ThrottlingException", "Rate exceeded", times=5)
+    sfn = cloud.client("stepfunctions")
+    with clock.busy():  # the clock at real speed: Lambda's retry comes a real minute later, not in 0.6 s
+        sfn.stop_execution(executionArn=arn, error="UserStopped", cause="stopped to redrive")
+        message = notification(cloud, "redrive-window")["message"]
+        assert "NOT cleaned up: could not list the run's download jobs and evaluation jobs" in message
+        assert f"1 training job ({first})" in message
+        sfn.redrive_execution(executionArn=arn)
+        second = wait_for_job(cloud, "training", f"{run_hash}-r1-")
+    started = time.monotonic()
+
+    def retried() -> bool:  # the first cleanup logged "run cleaned up"; the retry logs either line
+        lines = function_log_lines(cloud, "NotifyFunction")
+        done = [line for line in lines if "run cleaned up" in line or "cleanup skipped" in line]
+        return len(done) >= 2
+
+    wait_for(retried, timeout_s=60.0, what="the notify retry's cleanup", interval_s=0.5)
+    described = cloud.client("sagemaker").describe_training_job(TrainingJobName=second)
+    assert described["TrainingJobStatus"] == "InProgress", "the retried cleanup left the redrive's job running"
+    assert ended(cloud, arn)["status"] == "SUCCEEDED"
+    leftovers = settled(cloud, sagemaker)
+    assert leftovers == []
+    RECOVERY.record(
+        "a redrive inside the cleanup's retry window", "its training job kept, SUCCEEDED", started, leftovers
+    )
+
+
+def test_run_end_event_lost_reconciler_notifies_and_cleans_up_within_its_period(
+    cloud: LocalCloud, sagemaker: NoOpSageMaker
+) -> None:
+    """EventBridge carries Step Functions' status changes best effort: the end of a stopped run is
+    never delivered. Nothing happens until the reconciler's next run, which hands notify the end:
+    the training job is stopped and the user notified."""
+    sagemaker.seconds_by_kind["training"] = hold_for(60.0)
+    arn = start_run(cloud, "lost-end")
+    cloud.faults.drop_end_event(arn)
+    job = wait_for_job(cloud, "training", run_hash_of(cloud, arn))
+    cloud.client("stepfunctions").stop_execution(executionArn=arn, error="UserStopped", cause="end event lost")
+    assert ended(cloud, arn)["status"] == "ABORTED"
+    cloud.wait_idle(30.0)
+    assert not [m for m in cloud.sns_messages() if m["attributes"].get("run_id") == "lost-end"]
+    described = cloud.client("sagemaker").describe_training_job(TrainingJobName=job)
+    assert described["TrainingJobStatus"] == "InProgress", "without its end event nobody stopped it"
+    started = time.monotonic()
+
+    cloud.clock.advance(10 * 60 + 1)  # the reconciler's rate(10 minutes) comes round
+
+    message = notification(cloud, "lost-end")["message"]
+    assert "was STOPPED" in message
+    assert f"1 training job ({job})" in message
+    leftovers = settled(cloud, sagemaker)
+    assert leftovers == []
+    wait_for(
+        lambda: any(
+            "notify invoked" in line and arn in line for line in function_log_lines(cloud, "ReconcilerFunction")
+        ),
+        timeout_s=30.0,
+        what="the reconciler's log of the run it closed",
+        interval_s=0.5,
+    )
+    RECOVERY.record(
+        "the run's end event lost", "reconciler handed notify the end: stopped, notified", started, leftovers
+    )
+
+
+def test_lost_job_event_is_resolved_by_the_reconciler_after_the_deadline(
+    cloud: LocalCloud, sagemaker: NoOpSageMaker
+) -> None:
+    events = cloud.client("events")
+    rule = next(
+        r["Name"] for r in events.list_rules()["Rules"] if "TrainingJobEnded" in r["Name"] or "Training" in r["Name"]
+    )
+    events.disable_rule(Name=rule)
+    try:
+        arn = start_run(cloud, "lost-event")
+        run_hash = run_hash_of(cloud, arn)
+        job = wait_for_job(cloud, "training", run_hash, status=None)  # a no-op job ends at once
+
+        def completed() -> bool:
+            described = cloud.client("sagemaker").describe_training_job(TrainingJobName=job)
+            return described["TrainingJobStatus"] == "Completed"
+
+        wait_for(completed, timeout_s=30.0, what=f"training job {job} Completed", interval_s=0.2)
+        lost_at = time.monotonic()
+        # Time passes, on the clock: the reconciler (every 10 minutes) looks at the claim once its
+        # deadline (the task's timeout, a day here) is within ReconcileLeadMinutes (20), and
+        # answers the task from the job's status before the task times out.
+        table = cloud.outputs.get("TokenTableName") or token_table(cloud)
+        claim = cloud.client("dynamodb").get_item(TableName=table, Key={"resource_name": {"S": job}})["Item"]
+        cloud.clock.advance(int(claim["deadline"]["N"]) - cloud.clock.time() - 15 * 60)
+
+        described = ended(cloud, arn)
+    finally:
+        events.enable_rule(Name=rule)
+
+    assert described["status"] == "SUCCEEDED", described.get("cause")
+
+    def reconciled() -> bool:
+        lines = function_log_lines(cloud, "ReconcilerFunction")
+        return any("missed event reconciled" in line and job in line for line in lines)
+
+    wait_for(reconciled, timeout_s=30.0, what="the reconciler's resolution of the lost event", interval_s=0.5)
+    leftovers = settled(cloud, sagemaker)
+    assert leftovers == []
+    RECOVERY.record("training event lost (rule disabled)", "reconciler resolved it, run SUCCEEDED", lost_at, leftovers)
+
+
+def test_job_event_delivered_twice_has_one_effect(cloud: LocalCloud, sagemaker: NoOpSageMaker) -> None:
+    sagemaker.seconds_by_kind["training"] = hold_for(2.0)
+    arn = start_run(cloud, "twice")
+    run_hash = run_hash_of(cloud, arn)
+    wait_for_job(cloud, "training", run_hash)
+    downloads = download_jobs(cloud, run_hash)
+    started = time.monotonic()
+    for job in downloads:
+        cloud.faults.redeliver_sagemaker_event(job, status="Completed")
+
+    described = ended(cloud, arn)
+
+    assert described["status"] == "SUCCEEDED", described.get("cause")
+    assert len(download_jobs(cloud, run_hash)) == SHARDS
+    assert len(jobs_named(cloud, "training", run_hash)) == 1
+    cloud.wait_idle(30.0)
+    assert len([m for m in cloud.sns_messages() if m["attributes"].get("run_id") == "twice"]) == 1
+    leftovers = settled(cloud, sagemaker)
+    assert leftovers == []
+    RECOVERY.record("the same job event delivered twice", "one effect, run SUCCEEDED", started, leftovers)
+
+
+def test_training_capacity_failure_is_retried_after_backoff_and_run_succeeds(
+    cloud: LocalCloud, sagemaker: NoOpSageMaker
+) -> None:
+    """The definition's own Retry for TrainingCapacityUnavailable (300 s, FULL jitter) plays out."""
+    cloud.faults.fail_next_training_jobs(1)
+    started = time.monotonic()
+    arn = start_run(cloud, "capacity")
+
+    described = ended(cloud, arn)
+
+    assert described["status"] == "SUCCEEDED", described.get("cause")
+    run_hash = run_hash_of(cloud, arn)
+    failed = jobs_named(cloud, "training", run_hash, "Failed")
+    completed = jobs_named(cloud, "training", run_hash, "Completed")
+    assert len(failed) == 1, failed
+    assert [name.rsplit("-a", 1)[-1] for name in (failed[0], completed[0])] == ["0", "1"], (failed, completed)
+    reason = cloud.client("sagemaker").describe_training_job(TrainingJobName=failed[0])["FailureReason"]
+    assert reason.startswith("CapacityError: Unable to provision requested ML compute capacity")
+    events = cloud.client("stepfunctions").get_execution_history(executionArn=arn, maxResults=1000)["events"]
+    retried = [e for e in events if e["type"] == "TaskFailed"]
+    assert [e["taskFailedEventDetails"]["error"] for e in retried] == ["TrainingCapacityUnavailable"]
+    leftovers = settled(cloud, sagemaker)
+    assert leftovers == []
+    RECOVERY.record("training capacity failure", "retried after the 300 s backoff, SUCCEEDED", started, leftovers)
+
+
+def test_training_job_outliving_its_task_timeout_fails_run_and_is_stopped(
+    cloud: LocalCloud, sagemaker: NoOpSageMaker
+) -> None:
+    sagemaker.seconds_by_kind["training"] = 30 * 86_400.0  # a job that never ends
+    arn = start_run(cloud, "training-timeout", run_document(cloud))
+    job = wait_for_job(cloud, "training", run_hash_of(cloud, arn))
+    started = time.monotonic()
+
+    assert cloud.clock.advance_to_next(what="TimeoutSeconds") is not None  # a day and an hour pass
+    described = ended(cloud, arn)
+
+    assert described["status"] == "FAILED"
+    assert described["error"] == "States.Timeout"
+    message = notification(cloud, "training-timeout")
+    assert "Train model" in message["message"]
+    assert "States.Timeout" in message["message"]
+    # Stopped by whichever sees it first: the reconciler (the claim outlived its deadline) or the
+    # failed run's cleanup; either way nothing runs to its MaxRuntime.
+    status = cloud.client("sagemaker").describe_training_job(TrainingJobName=job)["TrainingJobStatus"]
+    assert status == "Stopped"
+    leftovers = settled(cloud, sagemaker)
+    assert leftovers == []
+    RECOVERY.record("training outlived its task timeout", "States.Timeout, job stopped, notified", started, leftovers)
+
+
+def test_manual_approval_never_given_times_out_without_deploy(cloud: LocalCloud, sagemaker: NoOpSageMaker) -> None:
+    document = run_document(cloud)
+    document["approval"] = {"mode": "manual", "timeout_seconds": 3 * 86_400}
+    document["endpoint"]["name"] = "sdflow-unapproved"
+    arn = start_run(cloud, "approval-timeout", document)
+
+    def waiting_for_approval() -> bool:
+        events = cloud.client("stepfunctions").get_execution_history(executionArn=arn, reverseOrder=True)["events"]
+        entered = [e for e in events if e["type"] == "TaskStateEntered"]
+        return bool(entered) and entered[0]["stateEnteredEventDetails"]["name"] == "Wait for approval"
+
+    wait_for(waiting_for_approval, timeout_s=60.0, what="Wait for approval", interval_s=0.2)
+    started = time.monotonic()
+    wait_for(
+        lambda: cloud.clock.advance_to_next(what="TimeoutSeconds"),
+        timeout_s=10.0,
+        what="the approval's timeout",
+        interval_s=0.05,
+    )  # three days pass and nobody decides
+    described = ended(cloud, arn)
+
+    assert described["status"] == "FAILED"
+    assert described["error"] == "States.Timeout"
+    assert "Wait for approval" in notification(cloud, "approval-timeout")["message"]
+    endpoints = cloud.client("sagemaker").list_endpoints(NameContains="sdflow-unapproved")["Endpoints"]
+    assert endpoints == []
+    leftovers = settled(cloud, sagemaker)
+    assert leftovers == []
+    RECOVERY.record("manual approval never given", "States.Timeout after 3 days, nothing deployed", started, leftovers)

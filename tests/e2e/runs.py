@@ -96,6 +96,28 @@ def wait_for_job(
     return str(wait_for(running, timeout_s=timeout_s, what=f"a {kind} job named *{contains}*", interval_s=0.1))
 
 
+STARTERS = {
+    "sdf-dl-": "StartDownloadFunction",
+    "sdf-tr-": "StartTrainingFunction",
+    "sdf-ev-": "StartEvaluationFunction",
+}
+
+
+def wait_for_started_job(cloud: LocalCloud, kind: str, contains: str, timeout_s: float = 60.0) -> str:
+    """A job InProgress whose starter has returned: its check that the run still runs is done.
+    A test that stops the run as soon as the job exists races that check, and the starter then
+    stops the job itself (RunEnded) before the run's cleanup can."""
+    job = wait_for_job(cloud, kind, contains, timeout_s=timeout_s)
+    function = STARTERS[job[: len("sdf-xx-")]]
+
+    def started() -> bool:
+        lines = (json.loads(line) for line in function_log_lines(cloud, function) if line.startswith("{"))
+        return any(line.get("message") == "job started" and line.get("resource_name") == job for line in lines)
+
+    wait_for(started, timeout_s=timeout_s, what=f"{function}'s 'job started' for {job}", interval_s=0.2)
+    return job
+
+
 def leftovers_of(cloud: LocalCloud, sagemaker: NoOpSageMaker) -> list[str]:
     """Whatever still runs or bills: jobs InProgress or Stopping, endpoints changing, held no-op jobs."""
     left = [

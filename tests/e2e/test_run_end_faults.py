@@ -28,6 +28,7 @@ from tests.e2e.runs import (
     start_run,
     token_table,
     wait_for_job,
+    wait_for_started_job,
 )
 from tests.helpers import wait_for
 
@@ -55,7 +56,7 @@ def test_redrive_inside_the_cleanup_retry_window_keeps_its_new_jobs(
     sagemaker.seconds_by_kind["training"] = hold_for(20.0)
     arn = start_run(cloud, "redrive-window")
     run_hash = run_hash_of(cloud, arn)
-    first = wait_for_job(cloud, "training", run_hash)
+    first = wait_for_started_job(cloud, "training", run_hash)
     # Five calls: botocore retries a throttled call itself, four times in its default (legacy) mode.
     cloud.faults.fail_api_calls("sagemaker.ListProcessingJobs", "ThrottlingException", "Rate exceeded", times=5)
     sfn = cloud.client("stepfunctions")
@@ -93,7 +94,7 @@ def test_run_end_event_lost_reconciler_notifies_and_cleans_up_within_its_period(
     sagemaker.seconds_by_kind["training"] = hold_for(60.0)
     arn = start_run(cloud, "lost-end")
     cloud.faults.drop_end_event(arn)
-    job = wait_for_job(cloud, "training", run_hash_of(cloud, arn))
+    job = wait_for_started_job(cloud, "training", run_hash_of(cloud, arn))
     cloud.client("stepfunctions").stop_execution(executionArn=arn, error="UserStopped", cause="end event lost")
     assert ended(cloud, arn)["status"] == "ABORTED"
     cloud.wait_idle(30.0)

@@ -32,6 +32,7 @@ from tests.e2e.runs import (
     settled,
     start_run,
     wait_for_job,
+    wait_for_started_job,
 )
 from tests.helpers import wait_for
 
@@ -100,7 +101,7 @@ def test_stop_execution_during_training_stops_the_job_within_30_s(cloud: LocalCl
     sagemaker.seconds_by_kind["training"] = hold_for(120.0)
     arn = start_run(cloud, "stop-training")
     run_hash = run_hash_of(cloud, arn)
-    job = wait_for_job(cloud, "training", run_hash)
+    job = wait_for_started_job(cloud, "training", run_hash)
 
     cloud.client("stepfunctions").stop_execution(executionArn=arn, error="UserStopped", cause="changed my mind")
     stopped_at = time.monotonic()
@@ -128,7 +129,7 @@ def test_stop_execution_during_evaluation_stops_the_evaluation_job(cloud: LocalC
     run_hash = run_hash_of(cloud, arn)
     wait_for_job(cloud, "training", run_hash)  # every download has ended by now
     sagemaker.seconds_by_kind["processing"] = hold_for(120.0)  # the evaluation job runs long
-    job = wait_for_job(cloud, "processing", "sdf-ev-", timeout_s=120.0)
+    job = wait_for_started_job(cloud, "processing", "sdf-ev-", timeout_s=120.0)
     assert run_hash in job
 
     cloud.client("stepfunctions").stop_execution(executionArn=arn, error="UserStopped", cause="changed my mind")

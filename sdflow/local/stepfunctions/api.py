@@ -23,7 +23,7 @@ from typing import Any
 
 from sdflow.local.patching import Patch, replace, wrap
 from sdflow.local.runtime import current_clock
-from sdflow.local.stepfunctions import map_runs
+from sdflow.local.stepfunctions import listing, map_runs
 from sdflow.local.stepfunctions.executions import (
     event_manager,
     execution_lock,
@@ -161,22 +161,27 @@ def sfn_stop_execution(self: Any) -> Any:
 
 def sfn_list_executions(inner: Any, self: Any) -> Any:
     """Wraps moto/stepfunctions/responses.py StepFunctionResponse.list_executions, which answers 500
-    for `mapRunArn`. API reference, ListExecutions: "You can specify either a mapRunArn or a
-    stateMachineArn, but not both"; with mapRunArn, the Map Run's child workflow executions,
-    most recent first, paged by maxResults (default 100, at most 1000) and nextToken."""
+    for `mapRunArn` and knows no redrive. API reference, ListExecutions: "You can specify either a
+    mapRunArn or a stateMachineArn, but not both"; with mapRunArn, the Map Run's child workflow
+    executions, most recent first, paged by maxResults (default 100, at most 1000) and nextToken.
+    With stateMachineArn: every item carries redriveCount (and redriveDate once redriven), and
+    redriveFilter (REDRIVEN / NOT_REDRIVEN) selects the executions (stepfunctions/listing.py)."""
     from moto.core.responses import ActionResult
 
     map_run_arn = self._get_param("mapRunArn")
     if not map_run_arn:
-        return inner(self)
+        return listing.list_state_machine_executions(inner, self)
     if self._get_param("stateMachineArn"):
         raise StepFunctionsValidationError("You can specify either a mapRunArn or a stateMachineArn, but not both.")
-    status_filter = self._get_param("statusFilter")
+    status_filter, redrive_filter = self._get_param("statusFilter"), self._get_param("redriveFilter")
+    listing.check_redrive_filter(redrive_filter)
     limit = page_size(self._get_param("maxResults"))
     record = map_runs.find_map_run(self.stepfunction_backend, map_run_arn)
     request = {"mapRunArn": map_run_arn, "statusFilter": status_filter}
+    if redrive_filter is not None:
+        request["redriveFilter"] = redrive_filter
     start = decode_page_token(self._get_param("nextToken"), request)
-    items, next_index = map_runs.list_children(record, status_filter, limit, start)
+    items, next_index = map_runs.list_children(record, status_filter, limit, start, redrive_filter)
     response: dict[str, Any] = {"executions": items}
     if next_index is not None:
         response["nextToken"] = encode_page_token(request, next_index)

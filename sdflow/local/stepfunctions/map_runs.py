@@ -420,17 +420,19 @@ def find_child(backend: Any, execution_arn: str | None) -> ChildExecution | None
 
 
 def list_children(
-    record: Any, status_filter: str | None, limit: int, start: int | None
+    record: Any, status_filter: str | None, limit: int, start: int | None, redrive_filter: str | None = None
 ) -> tuple[list[dict[str, Any]], int | None]:
     """A page of the Map Run's children, most recent first; the position is an index into the
-    start-ordered list, so children started between pages do not shift it."""
+    start-ordered list, so children started between pages do not shift it. `redrive_filter`:
+    REDRIVEN keeps the children redriven at least once, NOT_REDRIVEN the others."""
     runs = getattr(record, "_sdflow_children", None)
     children = list(runs.children) if runs is not None else []
     index = len(children) - 1 if start is None else min(start, len(children) - 1)
     items: list[dict[str, Any]] = []
     while index >= 0 and len(items) < limit:
         child = children[index]
-        if status_filter is None or child.status == status_filter:
+        redrive_kept = redrive_filter is None or (child.redrive_count > 0) == (redrive_filter == "REDRIVEN")
+        if (status_filter is None or child.status == status_filter) and redrive_kept:
             items.append(child.list_item())
         index -= 1
     return items, (index if index >= 0 else None)

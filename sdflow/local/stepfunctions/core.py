@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import functools
+import json
 import uuid
 from typing import Any
 
 from sdflow.local.patching import Patch, replace, wrap
 from sdflow.local.runtime import current_clock, runtime_or_none
 from sdflow.local.stepfunctions.interpreter import import_interpreter_modules, interpreter_modules_importing
+
+# The nesting depth AWS's JSON parser (Jackson's StreamReadConstraints) accepts by default.
+MAX_INPUT_NESTING = 1000
 
 
 def sfn_send_task_failure(self: Any) -> Any:
@@ -53,6 +57,54 @@ def check_execution_input(execution_input: Any) -> None:
             "1 validation error detected: Value at 'input' failed to satisfy constraint: "
             f"Member must have size less than or equal to {MAX_PAYLOAD_BYTES} bytes in UTF-8 encoding"
         )
+    if isinstance(execution_input, str):
+        check_execution_json(execution_input)
+
+
+def check_execution_json(execution_input: str) -> None:
+    """API reference, StartExecution errors: InvalidExecutionInput, "The provided JSON input data is
+    not valid" (HTTP 400), worded "Invalid State Machine Execution Input: '<parser's reason>'" as AWS
+    words it. moto's parser backend raises LocalStack's exception instead, which reaches the client
+    as a 400 without an error code. The nesting bound is the one AWS's JSON parser (Jackson,
+    StreamReadConstraints) applies by default; AWS documents none, and past Python's recursion
+    limit json.loads would fail with a RecursionError rather than a reason."""
+    from moto.stepfunctions.exceptions import InvalidExecutionInput
+
+    # Fewer brackets than the bound cannot nest past it: most inputs skip the character scan.
+    brackets = execution_input.count("[") + execution_input.count("{")
+    depth = json_nesting_depth(execution_input) if brackets > MAX_INPUT_NESTING else 0
+    if depth > MAX_INPUT_NESTING:
+        raise InvalidExecutionInput(
+            f"Invalid State Machine Execution Input: 'Document nesting depth ({depth}) exceeds the maximum "
+            f"allowed ({MAX_INPUT_NESTING})'"
+        )
+    try:
+        json.loads(execution_input)
+    except ValueError as invalid:
+        raise InvalidExecutionInput(f"Invalid State Machine Execution Input: '{invalid}'") from None
+
+
+def json_nesting_depth(text: str) -> int:
+    """The deepest nesting of arrays and objects in `text`, brackets inside strings not counted;
+    counted without recursion, so any depth is measured."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
 
 
 def sfn_reflect_execution_status(self: Any) -> None:

@@ -195,3 +195,49 @@ def test_patch_counts_state_transitions_and_retries(runtime: runtime_module.Runt
     }
     assert run_machine(definition, {"items": [1, 2, 3]})["status"] == "SUCCEEDED"
     assert runtime.sfn_transitions == 2 + 3, "A, Map, and one state in each of the 3 children"
+
+
+def _pass_machine() -> str:
+    return str(
+        client("stepfunctions").create_state_machine(
+            name="m",
+            definition=json.dumps({"StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}}),
+            roleArn=ROLE,
+        )["stateMachineArn"]
+    )
+
+
+def _start_refused(machine: str, execution_input: str) -> tuple[int, str, str]:
+    with pytest.raises(ClientError) as refused:
+        client("stepfunctions").start_execution(stateMachineArn=machine, input=execution_input)
+    response = refused.value.response
+    return response["ResponseMetadata"]["HTTPStatusCode"], response["Error"]["Code"], response["Error"]["Message"]
+
+
+def test_patch_start_execution_input_not_json_is_invalid_execution_input(runtime: runtime_module.Runtime) -> None:
+    machine = _pass_machine()
+
+    status, code, message = _start_refused(machine, "{not json")
+
+    assert (status, code) == (400, "InvalidExecutionInput")
+    assert message.startswith("Invalid State Machine Execution Input: '")
+
+
+def test_patch_start_execution_input_nested_too_deep_is_invalid_execution_input(
+    runtime: runtime_module.Runtime,
+) -> None:
+    machine = _pass_machine()
+    # Brackets inside a string do not nest: this one is accepted.
+    client("stepfunctions").start_execution(stateMachineArn=machine, input=json.dumps({"s": "[" * 2000}))
+
+    status, code, message = _start_refused(machine, "[" * 1001 + "]" * 1001)
+
+    assert (status, code) == (400, "InvalidExecutionInput")
+    assert message == (
+        "Invalid State Machine Execution Input: 'Document nesting depth (1001) exceeds the maximum allowed (1000)'"
+    )
+
+
+def test_moto_gap_start_execution_bad_input_has_no_error_code(aws: None) -> None:
+    status, code, _ = _start_refused(_pass_machine(), "{not json")
+    assert (status, code) == (400, "")

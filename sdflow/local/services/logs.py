@@ -14,6 +14,7 @@ cloudwatch backends (no HTTP) by one flusher thread, about once a second, so a 1
 A function with LoggingConfig.LogGroup (template.yaml gives each its own group, with retention)
 writes there instead, in streams named YYYY/MM/DD/<function name>[$LATEST]<id> (AWS Lambda
 developer guide, "Configuring CloudWatch log groups").
+FilterLogEvents' filterPattern follows CloudWatch's filter pattern syntax (services/filter_pattern.py).
 Not emulated: expiry by retention (the group's retentionInDays is kept and reported), metric
 filters, EMF's own limits beyond what is checked below."""
 
@@ -29,8 +30,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sdflow.local.patching import Patch, replace
+from sdflow.local.patching import Patch, replace, wrap
 from sdflow.local.runtime import current_clock
+from sdflow.local.services.filter_pattern import FilterPatternError, compile_pattern
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +263,37 @@ def logs_utcnow() -> datetime:
     return current_clock().now().astimezone(UTC).replace(tzinfo=None)
 
 
+class PatternFilter:
+    """Replaces EventMessageFilter in moto/logs/models.py, which matches a bare term or phrase only
+    and lets every event through for any other pattern (JSON, -exclusion, ?OR): the filter
+    patterns the CloudWatch Logs user guide documents (services/filter_pattern.py)."""
+
+    def __init__(self, pattern: str) -> None:
+        self._matches = compile_pattern(pattern)
+
+    def matches(self, message: str) -> bool:
+        return self._matches(message)
+
+
+def logs_filter_log_events(inner: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    """Wraps moto/logs/models.py LogsBackend.filter_log_events: a pattern that does not parse is
+    refused with InvalidParameterException (AWS refuses it whatever the group holds; moto would
+    parse it per event, or never for an empty group)."""
+    from moto.logs.exceptions import InvalidParameterException
+
+    pattern = kwargs.get("filter_pattern", args[6] if len(args) > 6 else None)
+    try:
+        compile_pattern(pattern)
+    except FilterPatternError as invalid:
+        raise InvalidParameterException(str(invalid)) from None
+    return inner(self, *args, **kwargs)
+
+
 def patches() -> list[Patch]:
     import moto.logs.models as logs_models
 
-    return [replace(logs_models, "utcnow", logs_utcnow)]
+    return [
+        replace(logs_models, "utcnow", logs_utcnow),
+        replace(logs_models, "EventMessageFilter", PatternFilter),
+        wrap(logs_models.LogsBackend, "filter_log_events", logs_filter_log_events),
+    ]

@@ -22,6 +22,11 @@ RUN_HASH = names.run_hash(EXECUTION_ARN, START_MS)
 OLD_RUN_HASH = names.run_hash(EXECUTION_ARN, START_MS - 91 * 86_400_000)
 ENDPOINT = "sdflow-cats"
 OURS = names.deployment_name(ENDPOINT, RUN_HASH, 0, 0)
+# What a cleanup that found nothing running says: the kinds it looked at, no more.
+NOTHING_RUNNING = (
+    "None of this run's download jobs, evaluation jobs, training jobs or endpoint deployments "
+    "was still running when checked."
+)
 
 
 def _download(shard: str, run_hash: str = RUN_HASH, attempt: int = 0) -> str:
@@ -187,7 +192,7 @@ def test_clean_up_run_job_ended_before_its_stop_is_neither_stopped_nor_an_error(
 
     assert report.stopped == {}
     assert report.errors == []
-    assert report.lines() == ["Nothing was left running."]
+    assert report.lines() == [NOTHING_RUNNING]
 
 
 def test_clean_up_run_one_stop_throttled_the_others_are_stopped_and_the_error_reported(
@@ -221,7 +226,24 @@ def test_clean_up_run_twice_second_time_nothing_is_left(sagemaker: FakeSageMaker
     assert again.stopped == {}
     assert again.errors == []
     assert again.claims_deleted == 0
-    assert again.lines() == ["Nothing was left running."]
+    assert again.lines() == [NOTHING_RUNNING]
+
+
+def test_clean_up_run_listing_failed_says_only_what_was_checked(
+    sagemaker: FakeSageMakerClient, store: TokenStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def throttled(**params: Any) -> Any:
+        raise client_error("ThrottlingException", "Rate exceeded", "ListTrainingJobs")
+
+    monkeypatch.setattr(sagemaker, "list_training_jobs", throttled)
+
+    lines = _clean(sagemaker, store).lines()
+
+    # The training jobs were not looked at: the message must not say none was running.
+    assert lines[0] == (
+        "None of this run's download jobs, evaluation jobs or endpoint deployments was still running when checked."
+    )
+    assert lines[1].startswith("NOT cleaned up: could not list the run's training jobs")
 
 
 # ---------------------------------------------------------------------------- claims and endpoints
@@ -295,7 +317,7 @@ def test_clean_up_run_update_sagemaker_already_rolled_back_leaves_the_endpoint_a
 
     assert sagemaker.called("UpdateEndpoint") == []
     assert sagemaker.called("DeleteEndpoint") == []
-    assert report.lines() == ["Nothing was left running."]
+    assert report.lines() == [NOTHING_RUNNING]
     assert store.get(ENDPOINT) is None
 
 
@@ -322,7 +344,7 @@ def test_clean_up_run_endpoint_of_another_deployment_is_not_touched(
     report = _clean(sagemaker, store)
 
     assert ENDPOINT in sagemaker.endpoints
-    assert report.lines() == ["Nothing was left running."]
+    assert report.lines() == [NOTHING_RUNNING]
 
 
 # ---------------------------------------------------------------------------- job_events finishes a deferred rollback

@@ -1,4 +1,4 @@
-"""Nothing left running: what a run that FAILED, TIMED_OUT or was ABORTED leaves behind is
+"""Nothing left running that was looked for: what a run that FAILED, TIMED_OUT or was ABORTED leaves behind is
 stopped or rolled back before the notification says so.
 
 Step Functions ends an execution without touching what its tasks started: a processing or
@@ -53,6 +53,9 @@ class CleanupReport:
     errors: list[str] = field(default_factory=list)
     # Set when a redrive started after the end being cleaned up: nothing was touched.
     superseded_by: str | None = None
+    # What was looked at (job kinds listed, the endpoint claims read): all that a "nothing was
+    # running" can be said of. A run may hold what the cleanup does not look for.
+    checked: list[str] = field(default_factory=list)
 
     @property
     def stopped_count(self) -> int:
@@ -67,8 +70,8 @@ class CleanupReport:
         if parts:
             lines.append("Stopped: " + "; ".join(parts))
         lines.extend(item.text for item in self.rollbacks if item.outcome != "untouched")
-        if not lines and not self.errors:
-            lines.append("Nothing was left running.")
+        if not lines and self.checked:
+            lines.append(f"None of this run's {_listed(self.checked)} was still running when checked.")
         lines.extend(f"NOT cleaned up: {error}" for error in self.errors)
         return lines
 
@@ -80,6 +83,10 @@ class CleanupReport:
             "errors": len(self.errors),
             "superseded": self.superseded_by is not None,
         }
+
+
+def _listed(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
 
 
 def _job_phrase(label: str, jobs: list[str]) -> str:
@@ -113,6 +120,7 @@ def stop_jobs(sagemaker: Any, run_hash: str, report: CleanupReport) -> None:
             labels = " and ".join(f"{api.label}s" for api in apis)
             report.errors.append(f"could not list the run's {labels} ({exc}); look for names containing {run_hash}")
             continue
+        report.checked.extend(f"{api.label}s" for api in apis)
         for api in apis:
             for name in _of_run(api, listed, run_hash):
                 _stop(api, name, report)
@@ -160,6 +168,7 @@ def settle_claims(execution_arn: str, sagemaker: Any, store: TokenStore, report:
     except ClientError as exc:
         report.errors.append(f"could not read the run's task-token claims ({exc})")
         return
+    report.checked.append("endpoint deployments")
     for record in records:
         try:
             _settle_claim(record, sagemaker, store, report)

@@ -35,6 +35,8 @@ MAX_LOSS_POINTS = 2000
 MAX_ARCHIVE_BYTES = 512 * 1024 * 1024  # read a .tar.gz for one member only below this size
 MAX_MEMBER_BYTES = 32 * 1024 * 1024
 TERMINAL_JOB = {"Completed", "Failed", "Stopped"}
+RESULT_FIELDS = ("prompt", "foreground", "background", "shape", "foreground_ok", "background_ok", "shape_ok")
+MAX_RESULT_ROWS = 1000
 CONTENT_TYPES = {".png": "image/png", ".json": "application/json", ".jpg": "image/jpeg", ".txt": "text/plain"}
 
 
@@ -98,6 +100,8 @@ class JobReader:
         )
         resources = job.get("ResourceConfig") or {}
         start, end = job.get("TrainingStartTime"), job.get("TrainingEndTime")
+        if end is None and job.get("TrainingJobStatus") in TERMINAL_JOB:
+            end = job.get("LastModifiedTime")  # an ended job's duration is fixed, never "until now"
         outputs = self._training_outputs(job)
         return {
             "job_name": job_name,
@@ -192,15 +196,15 @@ class JobReader:
         folder = found.get("evaluation_uri") or next(
             (o["S3Output"]["S3Uri"] for o in (job.get("ProcessingOutputConfig") or {}).get("Outputs", [])), None
         )
-        scores, grid = None, None
+        document, grid = None, None
         if job.get("ProcessingJobStatus") == "Completed" and folder:
             scores_uri = f"{folder.rstrip('/')}/evaluation.json"
-            scores = self._final.get(("scores", scores_uri), lambda: (_json_or_none(self, scores_uri), True))
+            document = self._final.get(("scores", scores_uri), lambda: (_json_or_none(self, scores_uri), True))
             grid = artifact_url(f"{folder.rstrip('/')}/adherence.png")
         return {
             "job_name": job_name,
             "status": job.get("ProcessingJobStatus"),
-            "scores": scores,
+            **evaluation_view(document),
             "grid_url": grid,
             "failure_reason": job.get("FailureReason"),
             "log_url": log_url(PROCESSING_LOGS, f"{job_name}/algo-1-"),
@@ -230,8 +234,13 @@ class JobReader:
             ("config", config_name),
             lambda: (sagemaker.describe_endpoint_config(EndpointConfigName=config_name), True),
         )
+        # Deployment names carry the run hash (names.deployment_name): a config without this
+        # run's is another run's, deployed later or rolled back to.
+        serves_this_run = bool(config_name) and f"-{_run_hash(run)}-r" in str(config_name)
         return {
             "name": name,
+            "serves_this_run": serves_this_run,
+            "serving_run": None,  # the run whose model it serves instead, where known (server.py)
             "status": endpoint.get("EndpointStatus"),
             "config_name": config_name,
             "created": iso(endpoint.get("CreationTime")),
@@ -403,6 +412,29 @@ def _notification(event: dict[str, Any]) -> dict[str, Any] | None:
         "subject": record.get("subject"),
         "message": record.get("notification"),
     }
+
+
+def evaluation_view(document: Any) -> dict[str, Any]:
+    """evaluation.json as the page shows it: the scores as flat name → number pairs (the base
+    model's beside the trained one's), the settings, and one row per prompt, never raw JSON."""
+    if not isinstance(document, dict):
+        return {"scores": None, "settings": {}, "results": []}
+    scores: dict[str, Any] = {}
+    for key, value in document.items():
+        if key in {"results", "settings", "grid"}:
+            continue
+        if isinstance(value, dict):
+            scores |= {f"{key} {k}": v for k, v in value.items() if isinstance(v, int | float | str | bool)}
+        elif isinstance(value, int | float | str | bool) or value is None:
+            scores[key] = value
+    settings = document.get("settings")
+    rows = document.get("results")
+    results = [
+        {key: row.get(key) for key in RESULT_FIELDS}
+        for row in (rows if isinstance(rows, list) else [])[:MAX_RESULT_ROWS]
+        if isinstance(row, dict)
+    ]
+    return {"scores": scores, "settings": settings if isinstance(settings, dict) else {}, "results": results}
 
 
 def _json_or_none(reader: JobReader, uri: str) -> Any:

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sdflow import history
-from sdflow.console import graph
+from sdflow.console import causes, graph, maps
 from sdflow.console.aws import Clients, ConsoleError, Recent, TtlCache
 from sdflow_common import names
 from sdflow_common.run_document import parse_s3_uri
@@ -35,6 +35,25 @@ def iso(value: datetime | None) -> str | None:
 
 def _duration(start: datetime, stop: datetime | None) -> float:
     return max(0.0, ((stop or datetime.now(UTC)) - start).total_seconds())
+
+
+def state_end(run: history.StateRun, read: history.ExecutionHistory, finished: bool) -> datetime | None:
+    """When the state's newest entry ended, from its own events: its exit; for a failure that
+    ended the run (no exit follows a TaskFailed the run died of), its last event. None while it
+    still runs (a failed attempt waiting for its retry runs on)."""
+    if run.exited is not None:
+        return run.exited
+    if not finished:
+        return None
+    for event_id in reversed(run.event_ids):
+        event = read.event(event_id)
+        if event is not None and event.get("timestamp"):
+            return event["timestamp"]
+    return run.entered
+
+
+def _state_duration(run: history.StateRun, end: datetime | None, now: datetime) -> float:
+    return max(0.0, ((end or now) - run.entered).total_seconds())
 
 
 def _execution_fields(item: dict[str, Any]) -> dict[str, Any]:
@@ -58,6 +77,7 @@ class RunReader:
         self._describe_cache = TtlCache(1.0)
         self._final = TtlCache(1.0, max_entries=20_000)  # definitions, sources, children's shards
         self._histories: Recent[list[dict[str, Any]]] = Recent(64)
+        self._inner_cache = TtlCache(5.0)  # a Map's inner states: a page of children at most every 5 s
 
     # ------------------------------------------------------------------ executions
 
@@ -93,6 +113,18 @@ class RunReader:
             return [self._summary(item) for item in items], False
 
         return self._list_cache.get("runs", compute)
+
+    def run_deploying(self, resource_name: str) -> str | None:
+        """The run among the listed ones whose deployment `resource_name` is (its name carries
+        the run hash, names.deployment_name)."""
+        for summary in self.runs():
+            try:
+                run_hash = names.run_hash(summary["arn"], summary["start"])
+            except names.InvalidNameInput:
+                continue
+            if f"-{run_hash}-r" in resource_name:
+                return str(summary["name"])
+        return None
 
     def _summary(self, item: dict[str, Any]) -> dict[str, Any]:
         source = self.source(item["name"])
@@ -131,10 +163,15 @@ class RunReader:
         )
 
     def definition(self, execution_arn: str) -> dict[str, Any]:
-        def compute() -> tuple[dict[str, Any], bool]:
+        return self._asl(execution_arn)[0]
+
+    def _asl(self, execution_arn: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+        """The run's graph and its Maps' ItemProcessors, from the definition it started with."""
+
+        def compute() -> tuple[tuple[dict[str, Any], dict[str, dict[str, Any]]], bool]:
             described = self.clients("stepfunctions").describe_state_machine_for_execution(executionArn=execution_arn)
             try:
-                return graph.build(described["definition"]), True
+                return (graph.build(described["definition"]), maps.processors(described["definition"])), True
             except graph.UnreadableDefinition as exc:
                 raise ConsoleError(
                     422, "UnreadableDefinition", f"cannot draw this run's state machine: {exc}",
@@ -172,7 +209,10 @@ class RunReader:
         description = self.describe(name)
         read = history.read(self.events(description))
         now = datetime.now(UTC)
-        summary = self._summary(description) | {"error": description.get("error"), "cause": description.get("cause")}
+        finished = description["status"] not in UNFINISHED
+        error, cause = description.get("error"), description.get("cause")
+        summary = self._summary(description) | {"error": error, "cause": cause, "reason": causes.read(error, cause)}
+        ends = {state: state_end(run, read, finished) for state, run in read.states.items()}
         return {
             "run": summary,
             "description": description,
@@ -183,15 +223,16 @@ class RunReader:
                     "status": run.status,
                     "entered": iso(run.entered),
                     "exited": iso(run.exited),
-                    "duration_s": run.duration_s(now),
+                    "ended": iso(ends[state]),
+                    "duration_s": _state_duration(run, ends[state], now),
                     "attempts": run.attempts,
                     "error": run.error,
                     "cause": run.cause,
                 }
                 for state, run in read.states.items()
             },
-            "map_runs": self.map_runs(read),
-            "finished": description["status"] not in UNFINISHED,
+            "map_runs": self.map_runs(read, description["executionArn"]),
+            "finished": finished,
         }
 
     def state(self, name: str, state: str) -> dict[str, Any]:
@@ -202,19 +243,24 @@ class RunReader:
             raise ConsoleError(404, "NoSuchState", f"run {name} has no state {state[:100]!r}")
         run = read.states.get(state)
         if run is None:
-            empty = dict.fromkeys(("entered", "exited", "input", "output", "error", "cause"))
+            fields = ("entered", "exited", "ended", "duration_s", "input", "output", "error", "cause", "reason")
+            empty = dict.fromkeys(fields)
             return {"name": state, "type": nodes[state]["type"], "status": "not_reached", "events": [], **empty}
         events = [read.event(event_id) for event_id in run.event_ids]
+        end = state_end(run, read, description["status"] not in UNFINISHED)
         return {
             "name": state,
             "type": nodes[state]["type"],
             "status": run.status,
             "entered": iso(run.entered),
             "exited": iso(run.exited),
+            "ended": iso(end),
+            "duration_s": _state_duration(run, end, datetime.now(UTC)),
             "input": history.decode(run.input),
             "output": history.decode(run.output),
             "error": run.error,
             "cause": run.cause,
+            "reason": causes.read(run.error, run.cause),
             "events": [
                 {"id": e["id"], "type": e["type"], "timestamp": iso(e["timestamp"])} for e in events if e is not None
             ],
@@ -233,11 +279,12 @@ class RunReader:
                     arns[state] = arn  # the newest Map Run of the state's newest entry
         return arns
 
-    def map_runs(self, read: history.ExecutionHistory) -> dict[str, Any]:
+    def map_runs(self, read: history.ExecutionHistory, execution_arn: str) -> dict[str, Any]:
         result = {}
         for state, arn in self._map_run_arns(read).items():
             described = self._describe_cache.get(("maprun", arn), self._map_run_describer(arn))
             counts = described.get("executionCounts") or {}
+            processor = self._asl(execution_arn)[1].get(state)
             result[state] = {
                 "arn": arn,
                 "status": described.get("status"),
@@ -255,8 +302,32 @@ class RunReader:
                 },
                 "tolerated_failure_percentage": described.get("toleratedFailurePercentage", 0.0),
                 "max_concurrency": described.get("maxConcurrency", 0),
+                "inner": self._inner(arn, described, processor) if processor else None,
             }
         return result
+
+    def _inner(self, arn: str, described: dict[str, Any], processor: dict[str, Any]) -> dict[str, Any]:
+        """The Map's inner states as its children ran them (maps.py): a page of children, and
+        the failed ones besides when there are failures."""
+        counts = described.get("executionCounts") or {}
+        status = described.get("status")
+
+        def compute() -> tuple[dict[str, Any], bool]:
+            sfn = self.clients("stepfunctions")
+            listed = sfn.list_executions(mapRunArn=arn, maxResults=maps.SAMPLE)["executions"]
+            if (counts.get("failed") or counts.get("timedOut")) and not any(c["status"] != "SUCCEEDED" for c in listed):
+                failed = sfn.list_executions(mapRunArn=arn, statusFilter="FAILED", maxResults=maps.FAILED_SAMPLE)
+                listed = failed["executions"] + listed
+            seen: set[str] = set()
+            children = []
+            for child in listed:
+                if child["executionArn"] not in seen:
+                    seen.add(child["executionArn"])
+                    document = self._child_input(child["executionArn"], child["status"] != "RUNNING")
+                    children.append((child["status"], document))
+            return maps.colour(processor, children, int(counts.get("total") or 0)), status != "RUNNING"
+
+        return self._inner_cache.get(("inner", arn, status), compute)
 
     def _map_run_describer(self, arn: str) -> Any:
         return lambda: (self.clients("stepfunctions").describe_map_run(mapRunArn=arn), False)
@@ -279,41 +350,57 @@ class RunReader:
         return {"map_run_arn": arn, "next_token": page.get("nextToken"), "items": items}
 
     def _child(self, child: dict[str, Any], run_hash: str, jobs: dict[str, Any]) -> dict[str, Any]:
-        shard_id, output_uri = self._child_shard(child["executionArn"])
-        job = None
+        shard_id, output_uri = self._child_shard(child["executionArn"], child["status"] != "RUNNING")
+        attempts: list[dict[str, Any]] = []  # the shard's download jobs, newest first
         if shard_id:
             try:
                 key = names.download_job_key(run_hash, shard_id)
             except names.InvalidNameInput:
                 key = None
-            job = next((j for j in jobs.values() if key and key in j["ProcessingJobName"]), None)
+            attempts = [j for j in jobs.values() if key and key in j["ProcessingJobName"]]
+        job = attempts[0] if attempts else None
         job_name = job["ProcessingJobName"] if job else None
+        marker = self._samples(output_uri) if child["status"] == "SUCCEEDED" and output_uri else None
         return {
             **_execution_fields(child),
             "shard_id": shard_id,
             "job_name": job_name,
             "job_status": job["ProcessingJobStatus"] if job else None,
-            "samples": self._samples(output_uri) if child["status"] == "SUCCEEDED" and output_uri else None,
+            "samples": marker["samples"] if marker else None,
+            "images": marker["images"] if marker else None,
             "failure_reason": (job or {}).get("FailureReason"),
+            "earlier_attempts": [
+                {
+                    "job_name": j["ProcessingJobName"],
+                    "status": j.get("ProcessingJobStatus"),
+                    "failure_reason": j.get("FailureReason"),
+                }
+                for j in attempts[1:]
+            ],
             "log_url": f"#/logs?group=/aws/sagemaker/ProcessingJobs&stream={job_name}/" if job_name else None,
         }
 
-    def _child_shard(self, child_arn: str) -> tuple[str | None, str | None]:
-        """The child's shard id and output folder, from its input (the Map's ItemSelector)."""
+    def _child_input(self, child_arn: str, ended: bool) -> Any:
+        """The child's input (the Map's ItemSelector applied), kept for good once the child ended
+        (the local cloud records the selected input only when the child ends)."""
 
-        def compute() -> tuple[tuple[str | None, str | None], bool]:
+        def compute() -> tuple[Any, bool]:
             described = self.clients("stepfunctions").describe_execution(executionArn=child_arn)
-            document = history.decode(described.get("input"))
-            shard = document.get("shard") if isinstance(document, dict) else None
-            if not isinstance(shard, dict):
-                return (None, None), True
-            shard_id, output_uri = shard.get("shard_id"), shard.get("output_uri")
-            return (
-                str(shard_id) if shard_id is not None else None,
-                output_uri if isinstance(output_uri, str) else None,
-            ), True
+            return history.decode(described.get("input")), ended
 
-        return self._final.get(("shard", child_arn), compute)
+        return self._final.get(("child-input", child_arn), compute)
+
+    def _child_shard(self, child_arn: str, ended: bool) -> tuple[str | None, str | None]:
+        """The child's shard id and output folder, from its input (the Map's ItemSelector)."""
+        document = self._child_input(child_arn, ended)
+        shard = document.get("shard") if isinstance(document, dict) else None
+        if not isinstance(shard, dict):
+            return None, None
+        shard_id, output_uri = shard.get("shard_id"), shard.get("output_uri")
+        return (
+            str(shard_id) if shard_id is not None else None,
+            output_uri if isinstance(output_uri, str) else None,
+        )
 
     def _download_jobs(self, run_hash: str) -> dict[str, Any]:
         """The run's download jobs, newest attempt first: ListProcessingJobs pages of 100."""
@@ -337,21 +424,25 @@ class RunReader:
 
         return self._describe_cache.get(("jobs", run_hash), compute)
 
-    def _samples(self, output_uri: str) -> int | None:
-        """The sample count the shard's download job wrote into its _SUCCESS marker."""
+    def _samples(self, output_uri: str) -> dict[str, int | None] | None:
+        """What the shard's download job wrote into its _SUCCESS marker: the samples it stored and
+        the rows it read (`samples` + `failed`): a shard of 0 of its 102 images is no download."""
         try:
             bucket, key = parse_s3_uri(output_uri)
         except ValueError:
             return None
 
-        def compute() -> tuple[int | None, bool]:
+        def compute() -> tuple[dict[str, int | None] | None, bool]:
             s3 = self.clients("s3")
             try:
                 body = s3.get_object(Bucket=bucket, Key=f"{key.rstrip('/')}/_SUCCESS")["Body"]
                 record = json.loads(body.read())
             except (s3.exceptions.NoSuchKey, ValueError):
                 return None, False
-            samples = record.get("samples") if isinstance(record, dict) else None
-            return (int(samples) if isinstance(samples, int | float) else None), True
+            if not isinstance(record, dict) or not isinstance(record.get("samples"), int | float):
+                return None, True
+            samples, failed = int(record["samples"]), record.get("failed")
+            images = samples + int(failed) if isinstance(failed, int | float) else None
+            return {"samples": samples, "images": images}, True
 
         return self._final.get(("samples", output_uri), compute)

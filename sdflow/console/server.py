@@ -115,7 +115,9 @@ def _add_run_routes(app: FastAPI, config: ConsoleConfig, runs: RunReader, jobs: 
         answer = {key: value for key, value in found.items() if key not in {"description", "history"}}
         answer["training"] = jobs.training(found)
         answer["evaluation"] = jobs.evaluation(found)
-        answer["endpoint"] = jobs.endpoint(found)
+        answer["endpoint"] = endpoint = jobs.endpoint(found)
+        if endpoint and endpoint.get("config_name") and not endpoint.get("serves_this_run"):
+            endpoint["serving_run"] = runs.run_deploying(endpoint["config_name"])
         answer["notifications"] = jobs.notifications(found)
         answer["poll_after_s"] = 10.0 if found["finished"] else 1.5
         return answer

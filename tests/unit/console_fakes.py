@@ -114,6 +114,7 @@ class FakeStepFunctions(FakeClient):
         self.histories: dict[str, list[dict[str, Any]]] = {}
         self.definitions: dict[str, str] = {}
         self.map_runs: dict[str, dict[str, Any]] = {}
+        self.children: dict[str, list[dict[str, Any]]] = {}  # Map Run ARN -> its child executions
         self.page_size = 1000  # the most events one GetExecutionHistory page holds
 
     def add_execution(
@@ -146,14 +147,34 @@ class FakeStepFunctions(FakeClient):
             raise client_error("ExecutionDoesNotExist", f"Execution Does Not Exist: '{arn}'", operation)
         return self.executions[arn]
 
+    def add_child(self, map_run: str, name: str, status: str, child_input: Any) -> str:
+        """A child execution of the Map Run, as DescribeExecution and ListExecutions(mapRunArn) show it."""
+        arn = f"{map_run.replace(':mapRun:', ':execution:', 1)}:{name}"
+        start = T0 + timedelta(seconds=20 + len(self.children.get(map_run, [])))
+        child = {"executionArn": arn, "mapRunArn": map_run, "name": name, "status": status, "startDate": start,
+                 "input": json.dumps(child_input)}  # fmt: skip
+        if status != "RUNNING":
+            child["stopDate"] = start + timedelta(seconds=3)
+        self.children.setdefault(map_run, []).append(child)
+        return arn
+
     def list_executions(self, **params: Any) -> dict[str, Any]:
         self._call("ListExecutions", params)
+        if "mapRunArn" in params:
+            children = [c for c in self.children.get(params["mapRunArn"], [])
+                        if params.get("statusFilter") in (None, c["status"])]  # fmt: skip
+            listed = [{k: v for k, v in c.items() if k != "input"} for c in children]
+            return {"executions": listed[: params.get("maxResults", 100)]}
         keys = ("executionArn", "stateMachineArn", "name", "status", "startDate", "stopDate", "redriveCount")
         found = [{k: e[k] for k in keys if k in e} for e in self.executions.values()]
         return {"executions": found[: params.get("maxResults", 100)]}
 
     def describe_execution(self, **params: Any) -> dict[str, Any]:
         self._call("DescribeExecution", params)
+        for children in self.children.values():
+            found = next((c for c in children if c["executionArn"] == params["executionArn"]), None)
+            if found is not None:
+                return dict(found)
         return dict(self._execution(params["executionArn"], "DescribeExecution"))
 
     def describe_state_machine_for_execution(self, **params: Any) -> dict[str, Any]:
@@ -187,6 +208,9 @@ class FakeSageMaker(FakeClient):
     def __init__(self) -> None:
         super().__init__()
         self.training_jobs: dict[str, dict[str, Any]] = {}
+        self.processing_jobs: list[dict[str, Any]] = []  # ProcessingJobSummaries, newest first
+        self.endpoints: dict[str, dict[str, Any]] = {}
+        self.endpoint_configs: dict[str, dict[str, Any]] = {}
 
     def list_training_jobs(self, **params: Any) -> dict[str, Any]:
         self._call("ListTrainingJobs", params)
@@ -195,7 +219,18 @@ class FakeSageMaker(FakeClient):
 
     def list_processing_jobs(self, **params: Any) -> dict[str, Any]:
         self._call("ListProcessingJobs", params)
-        return {"ProcessingJobSummaries": []}
+        found = [j for j in self.processing_jobs if params.get("NameContains", "") in j["ProcessingJobName"]]
+        return {"ProcessingJobSummaries": found}
+
+    def describe_endpoint(self, **params: Any) -> dict[str, Any]:
+        self._call("DescribeEndpoint", params)
+        if params["EndpointName"] not in self.endpoints:
+            raise client_error("ValidationException", "Could not find endpoint.", "DescribeEndpoint")
+        return dict(self.endpoints[params["EndpointName"]])
+
+    def describe_endpoint_config(self, **params: Any) -> dict[str, Any]:
+        self._call("DescribeEndpointConfig", params)
+        return dict(self.endpoint_configs[params["EndpointConfigName"]])
 
     def describe_training_job(self, **params: Any) -> dict[str, Any]:
         self._call("DescribeTrainingJob", params)

@@ -7,7 +7,11 @@ propagates (state, iteration, map, program). With no logging configured, Python'
 handler prints all of it on stderr: kilobytes of interpreter internals for one failed state,
 interleaved with `sdflow watch`'s progress. The run's own error and cause are already in the
 execution's history (and printed by `watch`), so the console gets one line per failure and the
-full records go to the local cloud's log file."""
+full records go to the local cloud's log file.
+
+A task interrupted by StopExecution ends, inside the interpreter, as a task timeout
+(States.Timeout): its console line says the execution was stopped (ABORTED) instead
+(stepfunctions/tokens.py marks the thread, `stopped_here`)."""
 
 from __future__ import annotations
 
@@ -26,6 +30,15 @@ _COMPONENT_MARK = " at '"
 # nothing) is logged as NoSuchJsonPathError although it is the rule's normal `false`; a path that
 # really is missing fails the state with States.Runtime, which is logged (and shown) on its own.
 _QUIET_SUMMARIES = ("Exception=NoSuchJsonPathError",)
+
+
+_thread_state = threading.local()
+
+
+def stopped_here(execution_name: str | None) -> None:
+    """The failure now propagating on this thread is the end of an execution StopExecution
+    stopped (None: a new attempt began on this thread, what fails next is its own)."""
+    _thread_state.stopped = execution_name
 
 
 class Writable(Protocol):
@@ -48,6 +61,9 @@ class ConsoleSummary(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             summary = record.getMessage().split(_COMPONENT_MARK, 1)[0].replace("\n", " ")
+            stopped = getattr(_thread_state, "stopped", None)
+            if stopped is not None:
+                summary = f"execution {stopped} was stopped (ABORTED by StopExecution); its running task ended with it"
             if getattr(self._last, "summary", None) == summary or summary.startswith(_QUIET_SUMMARIES):
                 return
             self._last.summary = summary

@@ -100,6 +100,7 @@ def _close_open_tokens(env: Any) -> list[Any]:
     endpoints = []
     for endpoint in list(getattr(env.callback_pool_manager, "_pool", {}).values()):
         if endpoint.get_outcome() is None and endpoint.consumer_error is None:
+            endpoint.sdflow_stopped = True  # for the console line (stepfunctions/tokens.py, moto_logging.py)
             endpoint.report(CallbackConsumerTimeout())
             endpoints.append(endpoint)
     return endpoints

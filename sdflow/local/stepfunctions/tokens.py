@@ -18,6 +18,7 @@ from typing import Any
 
 from moto.core.exceptions import AWSError
 
+from sdflow.local import moto_logging
 from sdflow.local.patching import Patch, replace, wrap
 
 TASK_TIMED_OUT_MESSAGE = "Task Timed Out: 'Provided task does not exist anymore'"
@@ -63,8 +64,15 @@ def sfn_callback_attempt(inner: Any, self: Any, env: Any) -> None:
     if endpoint is None or endpoint.consumer_error is not None:  # an earlier attempt owned it
         token = context.update_task_token()
         endpoint = pool.add(token)
+    moto_logging.stopped_here(None)
     try:
         attempt(self, env)
+    except BaseException:
+        # Closed by StopExecution (stepfunctions/api.py): the interpreter turns it into a task
+        # timeout, which the console should not report as one.
+        if getattr(endpoint, "sdflow_stopped", False):
+            moto_logging.stopped_here(str(context.context_object_data.get("Execution", {}).get("Name")))
+        raise
     finally:
         endpoint.report(_closed_attempt())
         endpoint.interrupt_all()

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sdflow.local import moto_logging
-from tests.unit.local.helpers import fail_waiting_task
+from sdflow.local import runtime as runtime_module
+from tests.unit.local.helpers import ROLE, client, fail_waiting_task, wait_for
 
 
 def test_moto_gap_failed_execution_logs_component_repr_at_error(aws: None, caplog: pytest.LogCaptureFixture) -> None:
@@ -68,3 +72,37 @@ def test_console_summary_long_message_clipped_and_repeats_once(tmp_path: Path) -
     assert len(lines) == 1
     assert len(lines[0]) < moto_logging.CONSOLE_LINE_CHARS + 100 + len(str(tmp_path))  # the path is not clipped
     assert "StateMap" not in lines[0]
+
+
+def _stop_waiting_task() -> dict[str, Any]:
+    """A waitForTaskToken task whose execution is stopped (StopExecution) while it waits."""
+    sfn, sqs = client("stepfunctions"), client("sqs")
+    queue_url = sqs.create_queue(QueueName="tokens")["QueueUrl"]
+    wait = {
+        "Type": "Task",
+        "Resource": "arn:aws:states:::sqs:sendMessage.waitForTaskToken",
+        "Parameters": {"QueueUrl": queue_url, "MessageBody": {"token.$": "$$.Task.Token"}},
+        "End": True,
+    }
+    definition = json.dumps({"StartAt": "Wait", "States": {"Wait": wait}})
+    machine = sfn.create_state_machine(name="m", definition=definition, roleArn=ROLE)["stateMachineArn"]
+    execution = sfn.start_execution(stateMachineArn=machine, name="x", input="{}")["executionArn"]
+    wait_for(lambda: sqs.receive_message(QueueUrl=queue_url).get("Messages"), what="the task token")
+    sfn.stop_execution(executionArn=execution, error="UserStop", cause="stopped by hand")
+    time.sleep(0.5)  # the interrupted task's thread ends after the stop
+    return dict(sfn.describe_execution(executionArn=execution))
+
+
+def test_route_stopped_execution_console_says_aborted_not_timeout(
+    runtime: runtime_module.Runtime, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    routing = moto_logging.route(tmp_path / "moto.log")
+    try:
+        execution = _stop_waiting_task()
+    finally:
+        routing.restore()
+
+    assert execution["status"] == "ABORTED"
+    err = capfd.readouterr().err
+    assert "Timeout" not in err
+    assert "execution x was stopped (ABORTED by StopExecution)" in err

@@ -5,16 +5,48 @@ The earlier patch returned (400, headers, body) tuples, but moto's BaseResponse.
 element, so every error went out as HTTP 200 with the error as the body: `aws
 sagemaker-runtime invoke-endpoint` exited 0 and boto3 returned the error JSON as the image.
 Errors are now raised as moto JSON errors (HTTPException), which call_action sends with their
-status. The codes and members are those of botocore's sagemaker-runtime model for InvokeEndpoint:
-- ValidationError 400: no such endpoint ("Endpoint <name> of account <account> not found."), or
-  an endpoint that is not InService / Updating;
-- ModelError 424: the container answered 4xx/5xx; OriginalStatusCode, OriginalMessage (its
-  body) and LogStreamArn (its CloudWatch log group), message "Received client|server error
-  (<code>) from primary with message "<body>". See <console URL> in account <account> for more
-  information.";
-- ServiceUnavailable 503: the serving process did not answer (died, hung, or is gone);
-- ModelNotReadyException 429 is for serverless and multi-model endpoints, which the local
-  SageMaker does not run, so it is never answered."""
+status.
+
+What AWS documents, and where it was looked up:
+- The errors of InvokeEndpoint (SageMaker API reference, "InvokeEndpoint" > Errors; botocore's
+  sagemaker-runtime service model, the same list): ValidationError 400, ModelError 424 ("Model
+  (owned by the customer in the container) returned 4xx or 5xx error code."), ModelNotReadyException
+  429 (serverless endpoints still provisioning, multi-model endpoints still loading the model),
+  ServiceUnavailable 503, InternalFailure 500, InternalDependencyException 530.
+- So every 4xx/5xx of the container, its 429 and 503 included, is ModelError 424 with
+  OriginalStatusCode (its status), OriginalMessage (its body) and LogStreamArn (its log group),
+  message "Received client|server error (<code>) from primary with message "<body>". See <console
+  URL> in account <account> for more information." No header of the container's answer is kept:
+  a container's Retry-After reaches the caller only inside OriginalMessage, if the container put
+  it in its body (so the serve container does: `retry_after_s`). This matches what vendors
+  running on SageMaker document (e.g. Sarvam's "Error handling on SageMaker": "any error the
+  container returns is collapsed ... into a ModelError (HTTP 424) ... its Retry-After header is
+  dropped"), and the ModelError threads of aws/amazon-sagemaker-examples and
+  aws/sagemaker-python-sdk ("Received server error (500) from primary ...").
+- SageMaker's own throttling (its concurrency limit per endpoint, before the container) is
+  ThrottlingException, HTTP 400 (SageMaker API reference, "Common Errors"; seen as "Status Code:
+  400; Error Code: ThrottlingException" in aws/amazon-kinesis-video-streams-parser-library#187
+  and opensearch-project/ml-commons#2429). The container has no way to ask for it.
+- Which of these the SDKs retry (the AWS SDKs and Tools reference guide, "Retry behavior"; the
+  AWS SDK for Python guide, "Retries": socket failures, HTTP 500, 502, 503 and 504, and the error
+  codes it knows as transient or throttling; botocore 1.44's retries/standard.py and
+  data/_retry.json, read here): ServiceUnavailable (503), ThrottlingException, and a 429 that is
+  not a modeled error. ModelError (424) is never retried, nor is
+  ModelNotReadyException in standard mode (modeled, not marked retryable). A container that
+  refuses work therefore makes the caller see a ModelError with OriginalStatusCode 429 that it
+  must retry itself, after OriginalMessage's retry_after_s; ServiceUnavailable 503 is answered
+  here only when the serving process did not answer at all (died, hung, or is gone).
+- The request body: at most 6 MB, Body "Maximum length of 6291456" (InvokeEndpoint API reference;
+  BodyBlob max 6291456 in botocore's model, which botocore does not enforce; AWS re:Post's answer
+  on "Received client error (413) from primary": "the payload size for the endpoint invocation
+  exceeds the limit of 6 MB"). SageMaker's front end refuses a longer body before any
+  endpoint lookup with HTTP 413, no error code and the plain-text message "HTTP content length
+  exceeded <n> bytes." (aws/sagemaker-python-sdk#171, at the old 5 MB limit:
+  "An error occurred (413) when calling the InvokeEndpoint operation: HTTP content length exceeded
+  5246976 bytes."; botocore names the error by its status when the body has none). The <n> here
+  is the documented 6291456; the front end's exact figure today is not documented.
+The local SageMaker runs neither serverless nor multi-model endpoints, so ModelNotReadyException
+is never answered."""
 
 from __future__ import annotations
 
@@ -27,6 +59,8 @@ from moto.core.exceptions import JsonRESTError
 
 from sdflow.local.patching import Patch, wrap
 from sdflow.local.runtime import current_runtime
+
+BODY_LIMIT_BYTES = 6_291_456  # InvokeEndpoint's Body: "Maximum length of 6291456"
 
 
 class InvokeEndpointError(JsonRESTError):
@@ -59,6 +93,12 @@ def model_error(region: str, account: str, endpoint: str, status: int, body: byt
     )
 
 
+def body_too_large(size: int) -> tuple[int, dict[str, Any], str]:
+    """The front end's answer to a body over the limit: 413, plain text, no error code."""
+    message = f"HTTP content length exceeded {BODY_LIMIT_BYTES} bytes."
+    return 413, {"status": 413, "Content-Type": "text/plain", "Content-Length": str(len(message))}, message
+
+
 def sagemaker_runtime_invoke_endpoint(inner: Any, self: Any) -> Any:
     """Wraps moto/sagemakerruntime/responses.py SageMakerRuntimeResponse.invoke_endpoint.
 
@@ -67,6 +107,9 @@ def sagemaker_runtime_invoke_endpoint(inner: Any, self: Any) -> Any:
     sagemaker = current_runtime().sagemaker
     if sagemaker is None:
         return inner(self)
+    body = self.body if isinstance(self.body, bytes) else (self.body or "").encode()
+    if len(body) > BODY_LIMIT_BYTES:
+        return body_too_large(len(body))
     from moto.sagemaker.models import sagemaker_backends
 
     match = re.search(r"/endpoints/([^/]+)/invocations", self.path)
@@ -83,7 +126,6 @@ def sagemaker_runtime_invoke_endpoint(inner: Any, self: Any) -> Any:
         )
     content_type = self.headers.get("Content-Type") or "application/json"
     accept = self.headers.get("Accept") or "*/*"
-    body = self.body if isinstance(self.body, bytes) else (self.body or "").encode()
     try:
         answer, answer_type = sagemaker.invoke_endpoint(name, body, content_type, accept)
     except Exception as exc:

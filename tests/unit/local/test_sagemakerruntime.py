@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import boto3
@@ -11,6 +12,7 @@ from botocore.exceptions import ClientError
 
 from sdflow.local import runtime as runtime_module
 from sdflow.local.sagemaker.engine import ContainerError, EndpointUnreachable
+from sdflow.local.sagemaker.invoke import BODY_LIMIT_BYTES
 from sdflow.local.sagemaker.service import SageMakerStatusPublisher
 from tests.constants import ACCOUNT, REGION
 from tests.unit.local.helpers import ROLE, client
@@ -26,6 +28,10 @@ def _endpoint(name: str = "e") -> None:
 
 def _invoke(name: str = "e") -> Any:
     return client("sagemaker-runtime").invoke_endpoint(EndpointName=name, Body=b'{"prompt": "x"}')
+
+
+def _invoke_body(body: bytes) -> Any:
+    return client("sagemaker-runtime").invoke_endpoint(EndpointName="e", Body=body)
 
 
 def _error(exc: pytest.ExceptionInfo[ClientError]) -> tuple[str, int]:
@@ -111,3 +117,55 @@ def test_success_answers_200_with_model_body(runtime: runtime_module.Runtime) ->
     answer = _invoke()
     assert answer["ResponseMetadata"]["HTTPStatusCode"] == 200
     assert answer["Body"].read() == b'PNG:{"prompt": "x"}'
+
+
+def _in_service(monkeypatch: pytest.MonkeyPatch, runtime: runtime_module.Runtime, answer: Any) -> list[bytes]:
+    """Endpoint "e" InService, its container answering with `answer(body)`; returns the bodies it got."""
+    _endpoint()
+    SageMakerStatusPublisher().job_status_changed("endpoint", "e", "InService", {"EndpointConfigName": "c"})
+    received: list[bytes] = []
+
+    def container(name: str, body: bytes, content_type: str, accept: str) -> Any:
+        received.append(body)
+        return answer(body)
+
+    monkeypatch.setattr(runtime.sagemaker, "invoke_endpoint", container)
+    return received
+
+
+def test_body_over_6_mb_refused_413_before_the_container(
+    runtime: runtime_module.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    received = _in_service(monkeypatch, runtime, lambda body: (b"PNG", "image/png"))
+    with pytest.raises(ClientError) as refused:
+        _invoke_body(b"x" * (BODY_LIMIT_BYTES + 1))
+    # AWS's front end answers plain text without an error code; botocore then names the error by its status.
+    assert _error(refused) == ("413", 413)
+    assert refused.value.response["Error"]["Message"] == "HTTP content length exceeded 6291456 bytes."
+    assert received == [], "the container never sees a body over the limit"
+    assert _invoke_body(b"x" * BODY_LIMIT_BYTES)["ResponseMetadata"]["HTTPStatusCode"] == 200
+    assert len(received[0]) == BODY_LIMIT_BYTES
+
+
+def test_container_429_is_model_error_424_with_retry_after_in_original_message_not_retried(
+    runtime: runtime_module.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    busy = b'{"error":"server busy","status":"busy","retry_after_s":7}'
+
+    def refuse(body: bytes) -> Any:
+        raise ContainerError("e", 429, busy, "application/json")
+
+    received = _in_service(monkeypatch, runtime, refuse)
+    standard = boto3.client("sagemaker-runtime", region_name=REGION, config=Config(retries={"mode": "standard"}))
+    with pytest.raises(ClientError) as refused:
+        standard.invoke_endpoint(EndpointName="e", Body=b'{"prompt": "x"}')
+    response: Any = refused.value.response
+    # As on AWS: every container 4xx/5xx is ModelError 424, which no SDK retries; the container's
+    # Retry-After reaches the caller only inside its body, as OriginalMessage.
+    assert _error(refused) == ("ModelError", 424)
+    assert response["OriginalStatusCode"] == 429
+    assert json.loads(response["OriginalMessage"])["retry_after_s"] == 7
+    assert response["Error"]["Message"].startswith("Received client error (429) from primary")
+    assert "retry-after" not in response["ResponseMetadata"]["HTTPHeaders"]
+    assert response["ResponseMetadata"]["RetryAttempts"] == 0
+    assert len(received) == 1

@@ -110,20 +110,26 @@ def open_invocation(port: int, request: dict[str, Any]) -> socket.socket:
 
 def read_status(sock: socket.socket) -> tuple[int, bytes]:
     """The status and body of the one response on `sock` (the server closes or sends it whole)."""
+    status, _headers, body = read_response(sock)
+    return status, body
+
+
+def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """The status, headers (lower-case names) and body of the one response on `sock`."""
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = sock.recv(65536)
         assert chunk, f"connection closed before a response: {data!r}"
         data += chunk
     head, _, rest = data.partition(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
-    )
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {name.strip().lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
+    length = int(headers["content-length"])
     while len(rest) < length:
         chunk = sock.recv(65536)
         assert chunk, "connection closed mid-body"
         rest += chunk
-    return int(head.split(b" ", 2)[1]), rest
+    return int(status_line.split(" ", 2)[1]), headers, rest
 
 
 def wait_until(predicate: Callable[[], Any], what: str, timeout_s: float = 30) -> None:

@@ -304,7 +304,9 @@ def fake_served() -> Iterator[tuple[TestClient, FakePipeline]]:
         fake.release.set()
 
 
-def test_invocations_queue_full_returns_503_busy(fake_served: tuple[TestClient, FakePipeline]) -> None:
+def test_invocations_queue_full_returns_429_busy_with_retry_after(
+    fake_served: tuple[TestClient, FakePipeline],
+) -> None:
     client, fake = fake_served
     first: list[int] = []
     runner = threading.Thread(
@@ -313,9 +315,10 @@ def test_invocations_queue_full_returns_503_busy(fake_served: tuple[TestClient, 
     runner.start()
     assert fake.entered.wait(30)
     busy = client.post("/invocations", json={"prompt": "b", **FAST})
-    assert busy.status_code == 503
+    assert busy.status_code == 429
     assert busy.json()["status"] == "busy"
     assert busy.headers["retry-after"] == "1"
+    assert busy.json()["retry_after_s"] == 1, "the body carries it too: SageMaker passes bodies, not headers"
     assert client.get("/ping").status_code == 200, "/ping must answer while a generation runs"
     fake.release.set()
     runner.join(30)

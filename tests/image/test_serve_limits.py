@@ -149,17 +149,18 @@ def test_step_timing_estimate_scales_with_steps_images_and_pixels() -> None:
     assert timing.max_steps(images=4, width=1024, height=1024, limit_s=10) == 0  # the overheads alone: 16 s
 
 
-def test_invocations_work_ahead_past_limit_returns_503_busy() -> None:
+def test_invocations_work_ahead_past_limit_returns_429_busy() -> None:
     blocker = SteppingPipeline(InstantPipeline(), step_delay_s=0.05)
     settings = ServeSettings(model_dir=Path("/nonexistent"))
-    # 0.6 s per step at 64²: 30 steps are ~18 s, three of them 54 s, a fourth would end past 60 s.
+    # 0.6 s per step at 64²: 30 steps are ~18 s, three of them 54 s (the 60 s limit less its 10%
+    # margin), a fourth would end past it.
     app = serve.create_app(settings, loader=lambda s: blocker, calibrator=fixed_timing(StepTiming(64, 0.6, 0.0)))
     with served_on_port(app) as port:
         socks = [open_invocation(port, {"prompt": f"p{i}", **FAST, "num_inference_steps": 30}) for i in range(3)]
-        wait_until(lambda: app.state.server._admitted == 3, "three requests to be admitted")
+        wait_until(lambda: app.state.server.admitted == 3, "three requests to be admitted")
         late = open_invocation(port, {"prompt": "late", **FAST, "num_inference_steps": 30})
         status, body = read_status(late)
-        assert status == 503
+        assert status == 429
         assert "60 s limit" in json.loads(body)["error"]
         assert [read_status(sock)[0] for sock in socks] == [200, 200, 200]
         for sock in (*socks, late):
@@ -346,7 +347,7 @@ def test_invocations_two_gpus_run_two_requests_at_once_each_on_its_own_pipeline(
                            calibrator=fixed_timing(QUICK_TIMING))  # fmt: skip
     with served_on_port(app) as port:
         socks = [open_invocation(port, {"prompt": f"p{i}", **FAST}) for i in range(3)]
-        wait_until(lambda: app.state.server._admitted == 3, "three requests to be admitted")
+        wait_until(lambda: app.state.server.admitted == 3, "three requests to be admitted")
         wait_until(lambda: len(running) == 2, "two generations to run at once")
         time.sleep(0.3)
         assert sorted(running) == ["cuda:0", "cuda:1"], "the third waits for a free pipeline"
@@ -369,14 +370,14 @@ def test_invocations_client_gone_while_queued_never_runs() -> None:
     app = serve.create_app(settings, loader=lambda s: held, calibrator=fixed_timing(QUICK_TIMING))
     with served_on_port(app) as port:
         first = open_invocation(port, {"prompt": "first", **FAST})
-        wait_until(lambda: app.state.server._admitted == 1, "the first request to be admitted")
+        wait_until(lambda: app.state.server.admitted == 1, "the first request to be admitted")
         queued = open_invocation(port, {"prompt": "queued", **FAST})
-        wait_until(lambda: app.state.server._admitted == 2, "the second request to queue")
+        wait_until(lambda: app.state.server.admitted == 2, "the second request to queue")
         queued.close()
         time.sleep(0.5)  # more than the disconnect poll interval
         gate.set()
         assert read_status(first)[0] == 200
-        wait_until(lambda: app.state.server._admitted == 0, "the queue to drain")
+        wait_until(lambda: app.state.server.admitted == 0, "the queue to drain")
         assert pipe.calls == 1, "the abandoned request must not run"
         first.close()
 

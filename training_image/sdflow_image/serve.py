@@ -41,8 +41,9 @@ FLAGS: list[flags.Flag] = [
     flags.Flag(
         "max_queue",
         flags.non_negative_int,
-        8,
-        "requests allowed to wait while one runs; more get 503 busy",
+        1000,
+        "most requests allowed to wait (a guard on memory: requests that would not end within "
+        "--invocation_limit_s are refused first, with 429 and Retry-After)",
         env="SDFLOW_SERVE_MAX_QUEUE",
     ),
     flags.Flag("min_size", flags.positive_int, 64, "smallest width/height accepted"),

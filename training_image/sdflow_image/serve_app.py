@@ -5,8 +5,15 @@ failed, with the cause in the body and the log: a model that will never load sho
 endpoint now, not after the health-check window runs out.
 
 /invocations: every malformed request is a 4xx naming the field at fault (never a 422 or a
-500); 503 "busy" with Retry-After when the queue is full. Error bodies are ASCII JSON, so an
-error that quotes the request (a lone surrogate in a field name) can always be encoded.
+500). A request that would not end within SageMaker's limit behind the work already admitted
+(serve_admission) is a 429 "busy": the throttle status, which HTTP clients and the AWS SDKs'
+retry policies treat as "slow down and retry", with the seconds to wait twice: in the
+Retry-After header (RFC 9110) and as `retry_after_s` in the body. Through SageMaker only the body
+survives: InvokeEndpoint turns any 4xx/5xx of the container into ModelError (424) carrying the
+status in OriginalStatusCode and the body in OriginalMessage, and no header of the container's
+answer (see sdflow/local/sagemaker/invoke.py for what AWS documents). Error bodies are ASCII
+JSON, so an error that quotes the request (a lone surrogate in a field name) can always be
+encoded.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ LOG = logging.getLogger("sdflow.serve")
 DISCONNECT_POLL_S = 0.2
 # nginx's "client closed request": nobody reads it, but the access log then says what happened.
 CLIENT_CLOSED_REQUEST = 499
+TOO_MANY_REQUESTS = 429
 
 
 class AsciiJSONResponse(JSONResponse):
@@ -106,7 +114,13 @@ def _generation_failed(exc: Exception) -> JSONResponse:
     if isinstance(exc, BadRequestError):  # more than the GPU holds: the caller's to change
         return _bad_request(exc)
     if isinstance(exc, BusyError):
-        return _error(503, str(exc), headers={"Retry-After": "1"}, status="busy")
+        return _error(
+            TOO_MANY_REQUESTS,
+            str(exc),
+            headers={"Retry-After": str(exc.retry_after_s)},
+            status="busy",
+            retry_after_s=exc.retry_after_s,
+        )
     if isinstance(exc, ClientGoneError):
         LOG.info("request dropped: %s", exc)
         return _error(CLIENT_CLOSED_REQUEST, str(exc), status="dropped")

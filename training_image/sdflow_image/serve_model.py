@@ -51,7 +51,7 @@ class ServeSettings:
     model_dir: Path = field(default_factory=contract.model_dir)
     host: str = "0.0.0.0"
     port: int = 8080
-    max_queue: int = 8
+    max_queue: int = 1000  # a guard on memory: load is shed by time first (serve_admission)
     limits: SizeLimits = field(default_factory=SizeLimits)
     max_body_bytes: int = 64 * 1024
     device: str = "auto"

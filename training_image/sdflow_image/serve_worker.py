@@ -1,11 +1,13 @@
 """The inference worker: loads the model once, admits requests, runs them one at a time.
 
-Inference is serialized: one pipeline call at a time (a GPU holds one model copy and
-concurrent calls would only thrash it), run in a worker thread so /ping stays responsive.
-Admission is bounded twice: by the number of requests waiting (`max_queue`) and by time, so
-that what is admitted can finish within SageMaker's invocation limit. A request that could
-not finish alone is the caller's to change (400, naming the limit and what would fit); one
-that could, but not behind the work already queued, is told to retry (503 busy).
+Inference is serialized: one pipeline call at a time per pipeline (a GPU holds one model copy
+and concurrent calls would only thrash it), run in a worker thread so /ping stays responsive.
+Admission is by time (serve_admission): what is admitted can finish within SageMaker's
+invocation limit at the model's measured speed, however many requests that is. A request that
+could not finish alone is the caller's to change (400, naming the limit and what would fit);
+one that could, but not behind the work already admitted, is told when to retry (BusyError with
+`retry_after_s`, answered 429 by serve_app). Every generation's service time is fed back into
+the admission's estimate.
 
 Work whose client has gone is dropped: before it starts, and between denoising steps
 through diffusers' `callback_on_step_end` (diffusers 0.29 calls it as
@@ -24,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from sdflow_image.serve_admission import Admission, RefusedError, Ticket
 from sdflow_image.serve_model import (
     ServeError,
     ServeSettings,
@@ -44,7 +47,11 @@ Calibrator = Callable[[Any, int], StepTiming]
 
 
 class BusyError(ServeError):
-    """Too many requests, or too much work, are already waiting for the pipeline."""
+    """Too much work is already admitted for this request to end within the limit."""
+
+    def __init__(self, message: str, retry_after_s: int):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class ClientGoneError(ServeError):
@@ -97,9 +104,13 @@ class ModelServer:
         # Each pipeline runs one generation at a time; the pool hands out the free ones.
         self._pipe_locks = [threading.Lock() for _ in self.devices]
         self._free: asyncio.Queue[int] | None = None
-        # Touched only on the event loop thread: requests running + waiting, and their estimates.
-        self._admitted = 0
-        self._pending_s = 0.0
+        # Touched only on the event loop thread.
+        self.admission = Admission(settings.invocation_limit_s, len(self.devices), max_waiting=settings.max_queue)
+
+    @property
+    def admitted(self) -> int:
+        """Requests running or waiting."""
+        return self.admission.admitted
 
     def start_loading(self) -> threading.Thread:
         # A daemon thread: a SIGTERM during a long load must not wait for the load to end.
@@ -160,38 +171,39 @@ class ModelServer:
         return Job(request, width, height, estimate, gone, arrived + limit)
 
     async def generate(self, job: Job) -> Generation:
-        """Admit, queue and run one job: BusyError when the queue is full, ClientGoneError or
-        DeadlineError when dropped."""
-        limit, pipes = self.settings.invocation_limit_s, len(self.devices)
-        if self._admitted >= self.settings.max_queue + pipes:  # one running per pipeline + max_queue waiting
-            raise BusyError(
-                f"server busy: {self._admitted} requests in progress or waiting "
-                f"(limit {self.settings.max_queue + pipes}); retry later"
-            )
-        # The work ahead is shared by the pipelines: this request starts when one is free.
-        ahead_s = self._pending_s / pipes
-        if self._admitted >= pipes and ahead_s + job.estimate_s > limit:
-            raise BusyError(
-                f"server busy: about {ahead_s:.0f} s of work is ahead of this request "
-                f"(about {job.estimate_s:.0f} s), which would end past SageMaker's {limit:g} s limit; retry later"
-            )
+        """Admit, queue and run one job: BusyError when it would not end within the limit,
+        ClientGoneError or DeadlineError when dropped."""
+        try:
+            ticket = self.admission.admit(job.estimate_s)
+        except RefusedError as exc:
+            raise BusyError(str(exc), exc.retry_after_s) from None
         if self._free is None:
             self._free = asyncio.Queue()
-            for index in range(pipes):
+            for index in range(len(self.devices)):
                 self._free.put_nowait(index)
-        self._admitted += 1
-        self._pending_s += job.estimate_s
         try:
             index = await self._free.get()
             try:
                 if job.gone.is_set():
                     raise ClientGoneError("the client went away while the request was queued")
-                return await asyncio.to_thread(self._generate_blocking, job, index)
+                return await self._run(job, index, ticket)
             finally:
                 self._free.put_nowait(index)
         finally:
-            self._admitted -= 1
-            self._pending_s -= job.estimate_s
+            self.admission.release(ticket)
+
+    async def _run(self, job: Job, index: int, ticket: Ticket) -> Generation:
+        self.admission.start(ticket)
+        started = time.monotonic()
+        try:
+            generation = await asyncio.to_thread(self._generate_blocking, job, index)
+        except DeadlineError:
+            # Stopped at the limit: the time it ran is a lower bound on what it would have taken,
+            # and still teaches the estimate that the model is slower than it thought.
+            self.admission.record(job.estimate_s, time.monotonic() - started)
+            raise
+        self.admission.record(job.estimate_s, time.monotonic() - started)
+        return generation
 
     def _generate_blocking(self, job: Job, index: int = 0) -> Generation:
         import torch

@@ -113,6 +113,7 @@ def test_local_up_signal_stops_every_process_and_removes_state_file(
             server.kill()
     assert server.returncode == 0, output
     assert f"stopping ({signal.Signals(signum).name})" in output
+    assert "Traceback" not in output, output  # a stop is the command's normal end
     assert not state_file.exists()
     deadline = time.monotonic() + 10
     while [p for p in started if not _gone(p)] and time.monotonic() < deadline:

@@ -2,15 +2,18 @@
 local cloud whose SageMaker jobs are no-ops (the console, not the jobs' content, is under test).
 
 Chromium comes from the `chromium` Debian package (.ci/run installs it); Playwright never
-downloads a browser of its own. A finished run's graph is kept as a screenshot under the test's
-temporary folder (its path is printed)."""
+downloads a browser of its own. Each page kind is kept as a screenshot under the test's temporary
+folder (its path is printed, to be looked at) and checked as a person would (console_looks.py):
+the runs, a succeeded run with its training, evaluation and endpoint panels, a run failed in
+validation, one whose job failed, then redriven, a stopped one, the Map's children."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-from collections.abc import Iterator
+import types
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +23,11 @@ from sdflow.console.server import ConsoleConfig, ConsoleServer
 from sdflow.local.cloud import LocalCloud
 from sdflow.local.sagemaker.noop import NoOpSageMaker
 from sdflow.session import Session
+from sdflow_common.evaluation import EVALUATION_FILE
+from sdflow_common.run_document import parse_s3_uri
 from tests.constants import hold_for
 from tests.e2e.clouds import CloudSpec, NoOpCloud
+from tests.e2e.console_looks import durations_fixed, look, shoot
 from tests.helpers import free_port, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -46,10 +52,48 @@ CLOUD = CloudSpec(
 WAIT_MS = 120_000
 
 
+def _full_evaluation(sagemaker: NoOpSageMaker, request: dict[str, Any]) -> None:
+    """evaluation.json as the real job writes it (48 prompts, each with its result), so that the
+    Evaluation panel is seen with what it shows after a real run, not the no-op's four scores."""
+    original(sagemaker, request)
+    [output] = request["ProcessingOutputConfig"]["Outputs"]
+    bucket, key = parse_s3_uri(output["S3Output"]["S3Uri"])
+    colours = ("red", "green", "blue", "yellow")
+    results = [
+        {"prompt": f"a {colours[i % 4]} circle on a {colours[(i + 1) % 4]} background", "foreground": colours[i % 4],
+         "background": colours[(i + 1) % 4] if i % 5 else "white", "shape": "circle", "foreground_ok": True,
+         "background_ok": bool(i % 5), "shape_ok": i % 3 != 0}
+        for i in range(48)
+    ]  # fmt: skip
+    document = {
+        "prompt_adherence": 0.9, "base_prompt_adherence": 0.125, "prompts": 48, "foreground_accuracy": 1.0,
+        "background_accuracy": 0.8, "shape_accuracy": 0.66, "base": {"foreground_accuracy": 0.25,
+        "background_accuracy": 0.0, "shape_accuracy": 0.3}, "grid": "adherence.png",
+        "settings": {"resolution": 32, "num_inference_steps": 4, "guidance_scale": 7.5, "seed": 0, "device": "cpu"},
+        "results": results,
+    }  # fmt: skip
+    sagemaker._put(bucket, key.rstrip("/") + "/" + EVALUATION_FILE, json.dumps(document).encode())
+
+
+original = NoOpSageMaker._evaluation_output
+
+
 @pytest.fixture(scope="module")
 def cloud(noop: NoOpCloud) -> LocalCloud:
     noop.cloud.console_port = CONSOLE_PORT  # type: ignore[attr-defined]
+    noop.sagemaker._evaluation_output = types.MethodType(_full_evaluation, noop.sagemaker)  # type: ignore[method-assign]
     return noop.cloud
+
+
+@pytest.fixture
+def report(capsys: pytest.CaptureFixture[str]) -> Callable[[str], None]:
+    """Prints into the test output even when pytest captures it: the screenshots' paths."""
+
+    def say(line: str) -> None:
+        with capsys.disabled():
+            print(f"\n{line}")
+
+    return say
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +145,7 @@ def _fill(page: Any, name: str) -> str:
 
 
 def test_console_upload_run_graph_follows_states_to_success_with_details(
-    cloud: LocalCloud, console: ConsoleServer, page: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    cloud: LocalCloud, console: ConsoleServer, page: Any, tmp_path: Path, report: Callable[[str], None]
 ) -> None:
     page.goto(console.url)
     cloud.client("s3").put_object(
@@ -151,12 +195,33 @@ def test_console_upload_run_graph_follows_states_to_success_with_details(
     note = page.locator('[data-testid="notification"]').first
     note.wait_for(timeout=WAIT_MS)
     assert f"127.0.0.1:{cloud.console_port}/#/runs/{name}" in note.inner_text()  # type: ignore[attr-defined]
-    screenshot = tmp_path / "console-finished-run.png"
-    page.screenshot(path=str(screenshot), full_page=True)
-    with capsys.disabled():  # in the test output even when pytest captures it
-        print(f"\nconsole screenshot of the finished run: {screenshot}")
+    # The Distributed Map's inner states ran in its children: drawn from them, not "not reached".
+    page.wait_for_selector('g.state[data-state="Download shard"][data-status="succeeded"]', timeout=WAIT_MS)
+    assert _state(page, "Check shard cache").get_attribute("data-status") == "succeeded"
+    assert f"{SHARDS} of {SHARDS} children" in (_state(page, "Download shard").text_content() or "")
+    assert _state(page, "Reuse downloaded shard").get_attribute("data-status") == "not_reached"
 
-    # The Map's child executions: one per shard, each with its download job and its log link.
+    # Evaluation: the 48 prompts as rows in a bounded box, the scores next to their labels.
+    rows = page.locator('[data-testid="result-row"]')
+    rows.first.wait_for(timeout=WAIT_MS)
+    assert rows.count() == 48
+    assert page.locator('[data-testid="results"]').bounding_box()["height"] <= 400
+    gaps = page.evaluate("""() => [...document.querySelectorAll('[data-testid=evaluation] table.kv tr')]
+        .map(tr => tr.cells[1].getBoundingClientRect().left - tr.cells[0].getBoundingClientRect().left)""")
+    assert gaps
+    assert max(gaps) < 300, f"labels far from their values: {gaps}"
+    page.locator('img[data-testid="adherence-grid"]').wait_for(timeout=WAIT_MS)
+    durations_fixed(page)
+    look(page, tmp_path, "succeeded-run", report)
+    for panel in ("training", "evaluation", "endpoint"):
+        shoot(page.locator(f'[data-testid="{panel}"]'), tmp_path, f"{panel}-panel", report)
+
+    # The Map's child executions: one per shard, each with its download job and its log link;
+    # a shard whose job stored none of its images is flagged, though its child succeeded.
+    arn = cloud.client("stepfunctions").describe_execution(
+        executionArn=cloud.state_machine_arn.replace(":stateMachine:", ":execution:") + f":{name}"
+    )["executionArn"]
+    _empty_one_shard(cloud, arn)
     page.goto(f"{console.url}#/runs/{name}/maps/Download%20shards")
     page.wait_for_function(
         f"document.querySelectorAll('[data-testid=\"child-row\"]').length === {SHARDS}", timeout=WAIT_MS
@@ -166,6 +231,22 @@ def test_console_upload_run_graph_follows_states_to_success_with_details(
         text = rows.nth(i).inner_text()
         assert "sdf-dl-" in text
         assert rows.nth(i).get_attribute("data-status") == "SUCCEEDED"
+    assert page.locator('[data-testid="empty-shard"]').count() == 1
+    assert "0 of 1" in page.locator('[data-testid="empty-shard"]').inner_text()
+    assert "1 shard on this page downloaded no images" in page.locator('[data-testid="empty-shards"]').inner_text()
+    look(page, tmp_path, "children", report)
+
+
+def _empty_one_shard(cloud: LocalCloud, execution_arn: str) -> None:
+    """One shard's _SUCCESS rewritten as a job that stored none of its images writes it (every
+    URL failed), before the console first reads it."""
+    sfn, s3 = cloud.client("stepfunctions"), cloud.client("s3")
+    map_run = sfn.list_map_runs(executionArn=execution_arn)["mapRuns"][0]["mapRunArn"]
+    child = sfn.list_executions(mapRunArn=map_run)["executions"][0]["executionArn"]
+    shard = json.loads(sfn.describe_execution(executionArn=child)["input"])["shard"]
+    bucket, key = parse_s3_uri(shard["output_uri"])
+    marker = {"shard_id": shard["shard_id"], "samples": 0, "failed": 1, "tar_files": ["00000.tar"]}
+    s3.put_object(Bucket=bucket, Key=key.rstrip("/") + "/_SUCCESS", Body=json.dumps(marker).encode())
 
 
 def test_console_endpoint_prompt_box_returns_an_image(cloud: LocalCloud, console: ConsoleServer, page: Any) -> None:
@@ -189,13 +270,16 @@ def test_console_endpoint_prompt_box_returns_an_image(cloud: LocalCloud, console
     assert "prompt" in error.inner_text().lower()
 
 
-def test_console_killed_training_job_shows_failed_state_and_error(
-    cloud: LocalCloud, console: ConsoleServer, sagemaker: NoOpSageMaker, page: Any
-) -> None:
+def test_console_killed_training_job_shows_failed_state_then_redrive_and_later_endpoint(
+    cloud: LocalCloud, console: ConsoleServer, sagemaker: NoOpSageMaker, page: Any, tmp_path: Path,
+    report: Callable[[str], None],
+) -> None:  # fmt: skip
     sfn = cloud.client("stepfunctions")
+    # The endpoint of the upload test's run: deployed by this run once redriven, the older run's
+    # endpoint panel must say that it serves this run's model now.
     arn = sfn.start_execution(
         stateMachineArn=cloud.state_machine_arn, name="console-killed",
-        input=json.dumps(_document(cloud, "sdflow-console-killed")),
+        input=json.dumps(_document(cloud, "sdflow-console")),
     )["executionArn"]  # fmt: skip
     page.goto(f"{console.url}#/runs/console-killed")
     page.wait_for_selector('g.state[data-state="Train model"][data-status="running"]', timeout=WAIT_MS)
@@ -211,9 +295,92 @@ def test_console_killed_training_job_shows_failed_state_and_error(
     page.wait_for_selector('g.state[data-state="Train model"][data-status="failed"]', timeout=WAIT_MS)
     header = page.locator('[data-testid="run-header"]')
     page.wait_for_function("el => el.innerText.includes('FAILED')", arg=header.element_handle(), timeout=WAIT_MS)
-    assert "TrainingJobFailed" in header.inner_text() or "Failed" in header.inner_text()
+    assert "TrainingJobFailed" in header.inner_text()
+    assert "training job ended Failed or Stopped" in header.inner_text()  # the error said as the problem
     assert sfn.describe_execution(executionArn=arn)["status"] == "FAILED"
     assert _state(page, "Evaluate model").get_attribute("data-status") == "not_reached"
+    page.wait_for_selector('[data-testid="training-status"]', timeout=WAIT_MS)
+    durations_fixed(page)
+    look(page, tmp_path, "job-failed-run", report)
+
+    sfn.redrive_execution(executionArn=arn)
+    page.wait_for_selector('g.state[data-state="Deploy endpoint"][data-status="succeeded"]', timeout=WAIT_MS)
+    page.wait_for_function("el => el.innerText.includes('SUCCEEDED')", arg=header.element_handle(), timeout=WAIT_MS)
+    assert "Redrives" in header.inner_text()
+    durations_fixed(page)
+    look(page, tmp_path, "redriven-run", report)
+
+    older = next(r["name"] for r in _runs(cloud) if r["name"].startswith("console-ok-"))
+    page.goto(f"{console.url}#/runs/{older}")
+    notice = page.locator('[data-testid="endpoint-other-run"]')
+    notice.wait_for(timeout=WAIT_MS)
+    assert "console-killed" in notice.inner_text()
+    look(page, tmp_path, "endpoint-of-later-run", report)
+    shoot(page.locator('[data-testid="endpoint"]'), tmp_path, "endpoint-panel-of-later-run", report)
+
+
+def _runs(cloud: LocalCloud) -> list[dict[str, Any]]:
+    return list(cloud.client("stepfunctions").list_executions(stateMachineArn=cloud.state_machine_arn)["executions"])
+
+
+def test_console_validation_failure_reads_as_fields_and_fixes_with_raw_cause_one_click_away(
+    cloud: LocalCloud, console: ConsoleServer, page: Any, tmp_path: Path, report: Callable[[str], None]
+) -> None:
+    document = _document(cloud, "sdflow-console-invalid")
+    document["dataset"] = {"prefix": f"s3://{cloud.bucket}/datasets/nothing-here/"}
+    cloud.client("stepfunctions").start_execution(
+        stateMachineArn=cloud.state_machine_arn, name="console-invalid", input=json.dumps(document)
+    )
+    page.goto(f"{console.url}#/runs/console-invalid")
+    page.wait_for_selector('g.state[data-state="Validate run"][data-status="failed"]', timeout=WAIT_MS)
+    cause = page.locator('[data-testid="run-cause"]')
+    cause.wait_for(timeout=WAIT_MS)
+    assert "dataset.prefix" in page.locator('[data-testid="cause-problems"]').inner_text()
+    assert "upload the parquet files there" in cause.inner_text()
+    raw = cause.locator('[data-testid="raw-cause"]')
+    assert raw.get_attribute("open") is None  # closed: the raw cause is one click away, not on the page
+    sub = _state(page, "Validate run").locator(".state-sub").text_content() or ""
+    assert sub.endswith(" s"), f"a step of moments shown as {sub!r}"
+    assert "min" not in sub
+    durations_fixed(page)
+    look(page, tmp_path, "validation-failed-run", report)
+
+    # The state's Error tab reads the same way.
+    _state(page, "Validate run").click()
+    page.locator('[data-testid="tab-error"]').click()
+    page.locator('[data-testid="state-cause"] [data-testid="cause-problems"]').wait_for(timeout=WAIT_MS)
+    look(page, tmp_path, "validation-failed-state-error", report)
+    raw.locator("summary").click()
+    assert "errorMessage" in raw.inner_text()  # one click shows the raw cause
+
+
+def test_console_stopped_run_states_end_at_the_stop(
+    cloud: LocalCloud, console: ConsoleServer, sagemaker: NoOpSageMaker, page: Any, tmp_path: Path,
+    report: Callable[[str], None],
+) -> None:  # fmt: skip
+    sfn = cloud.client("stepfunctions")
+    arn = sfn.start_execution(
+        stateMachineArn=cloud.state_machine_arn, name="console-stopped",
+        input=json.dumps(_document(cloud, "sdflow-console-stopped")),
+    )["executionArn"]  # fmt: skip
+    page.goto(f"{console.url}#/runs/console-stopped")
+    page.wait_for_selector('g.state[data-state="Train model"][data-status="running"]', timeout=WAIT_MS)
+    sfn.stop_execution(executionArn=arn, error="Stopped.ByUser", cause="a person stopped it from the console test")
+    page.wait_for_selector('g.state[data-state="Train model"][data-status="aborted"]', timeout=WAIT_MS)
+    page.wait_for_function(
+        "el => el.innerText.includes('ABORTED')", arg=page.locator('[data-testid="run-header"]').element_handle(),
+        timeout=WAIT_MS,
+    )  # fmt: skip
+    durations_fixed(page)
+    look(page, tmp_path, "stopped-run", report)
+
+
+def test_console_runs_list_of_every_kind_reads_well(
+    cloud: LocalCloud, console: ConsoleServer, page: Any, tmp_path: Path, report: Callable[[str], None]
+) -> None:
+    page.goto(console.url)
+    page.wait_for_function("document.querySelectorAll('[data-testid=\"run-row\"]').length >= 4", timeout=WAIT_MS)
+    look(page, tmp_path, "runs-list", report)
 
 
 def test_console_unknown_run_and_stopped_cloud_show_messages_not_traces(console: ConsoleServer, page: Any) -> None:

@@ -8,21 +8,41 @@ import { Poller } from "./poll.js";
 
 const REFRESH_MS = 5000;
 const STATUSES = ["", "RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED", "PENDING_REDRIVE"];
-const COLUMNS = ["Child", "Status", "Shard", "Job", "Job status", "Samples", "Started", "Duration",
-  "Log", "Failure reason"];
+const COLUMNS = ["Child", "Status", "Shard", "Job", "Job status", "Images", "Started", "Duration",
+  "Log", "Notes"];
+
+/** "101 of 102", flagged when the shard stored none: a shard of no images is no download. */
+function images(c) {
+  if (c.samples === null || c.samples === undefined) return "—";
+  const text = c.images != null ? `${c.samples} of ${c.images}` : String(c.samples);
+  return Number(c.samples) === 0
+    ? h("span", { class: "empty-shard", "data-testid": "empty-shard" }, `${text} · no images`) : text;
+}
+
+/** The failure of this attempt, and each earlier attempt of the shard that failed (then retried). */
+function notes(c) {
+  const earlier = Array.isArray(c.earlier_attempts) ? c.earlier_attempts : [];
+  return [
+    c.failure_reason ? h("div", { class: "failure" }, c.failure_reason) : null,
+    earlier.map((a, i) => h("div", { class: "small", "data-testid": "earlier-attempt" },
+      `Attempt ${earlier.length - i} (${a.job_name}) ${String(a.status || "ended").toLowerCase()}` +
+      `${a.failure_reason ? `: ${a.failure_reason}` : ""}; retried.`)),
+  ];
+}
 
 function childRow(c) {
-  return h("tr", { "data-testid": "child-row", "data-child-name": c.name, "data-status": c.status },
+  return h("tr", { "data-testid": "child-row", "data-child-name": c.name, "data-status": c.status,
+    class: Number(c.samples) === 0 ? "row-warning" : null },
     h("td", { class: "mono", title: c.arn || null }, c.name || "—"),
     h("td", {}, badge(c.status)),
     h("td", { class: "mono" }, c.shard_id ?? "—"),
     h("td", { class: "mono" }, c.job_name ?? "—"),
     h("td", {}, c.job_status ? badge(c.job_status) : "—"),
-    h("td", { class: "num" }, c.samples === null || c.samples === undefined ? "—" : String(c.samples)),
+    h("td", { class: "num" }, images(c)),
     h("td", {}, timeEl(c.start)),
     h("td", { class: "num" }, fmtDuration(c.duration_s)),
     h("td", {}, c.log_url ? link(c.log_url, "log", { "data-testid": "child-log" }) : "—"),
-    h("td", { class: "failure" }, c.failure_reason || ""));
+    h("td", {}, notes(c)));
 }
 
 export function mountChildren(root, ctx, runName, state) {
@@ -36,6 +56,7 @@ export function mountChildren(root, ctx, runName, state) {
   const pageNo = h("span", { class: "muted small", "data-testid": "page-number" });
   const body = h("tbody");
   const note = h("p", { class: "muted small" });
+  const summary = h("div", { class: "children-summary" });
   replace(root,
     h("p", { class: "crumbs" }, h("a", { href: "#/" }, "Runs"), " / ",
       h("a", { href: runHref }, runName), " / ", state),
@@ -43,6 +64,7 @@ export function mountChildren(root, ctx, runName, state) {
       h("div", { class: "card-head" }, h("h1", {}, `Child executions of ${state}`),
         h("a", { href: runHref }, "← back to the run")),
       h("div", { class: "toolbar" }, h("label", {}, "Status ", select), first, prev, next, pageNo),
+      summary,
       h("div", { class: "table-wrap" }, h("table", { class: "table", "data-testid": "children-table" },
         h("thead", {}, h("tr", {}, COLUMNS.map((t) => h("th", { scope: "col" }, t)))), body)),
       note));
@@ -79,6 +101,14 @@ export function mountChildren(root, ctx, runName, state) {
           : h("tr", {}, h("td", { colspan: COLUMNS.length, class: "muted" },
             status ? `No ${status.replace(/_/g, " ").toLowerCase()} child executions.` : "No child executions yet.")));
       }
+      const empty = items.filter((c) => Number(c.samples) === 0).length;
+      const retried = items.filter((c) => (c.earlier_attempts || []).length).length;
+      replace(summary,
+        empty ? h("p", { class: "notice", "data-testid": "empty-shards" },
+          `${empty} shard${empty === 1 ? "" : "s"} on this page downloaded no images: ` +
+          "the child succeeded, but the shard adds nothing to training.") : null,
+        retried ? h("p", { class: "small", "data-testid": "retried-shards" },
+          `${retried} shard${retried === 1 ? " was" : "s were"} retried after a failed download job.`) : null);
       note.textContent = data.map_run_arn ? `Map run ${data.map_run_arn}` : "";
     } catch (err) {
       if (alive) reportError("page", err);

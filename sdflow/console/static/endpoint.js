@@ -4,6 +4,17 @@
 import { api } from "./api.js";
 import { h, replace, badge, timeEl, kvTable, signature, setText } from "./dom.js";
 
+/** The endpoint deployed by another run since (or rolled back to one): what it serves is not this run's model. */
+function otherRun(ep) {
+  if (ep.serves_this_run !== false || !ep.config_name) return null;
+  const who = ep.serving_run
+    ? ["the model of run ", h("a", { href: `#/runs/${encodeURIComponent(ep.serving_run)}` }, ep.serving_run)]
+    : ["another run's model"];
+  return h("p", { class: "notice", "data-testid": "endpoint-other-run" },
+    `Endpoint ${ep.name} now serves `, ...who, ` (config ${ep.config_name}), not this run's. `,
+    "The details and the prompt box below are that model's.");
+}
+
 export class EndpointSection {
   constructor() {
     this.info = h("div", { class: "part" });
@@ -31,7 +42,7 @@ export class EndpointSection {
     if (sig === this.infoSig) return;
     this.infoSig = sig;
     const variants = Array.isArray(ep.variants) ? ep.variants : [];
-    replace(this.info, h("div", { class: "grid-2" },
+    replace(this.info, otherRun(ep), h("div", { class: "grid-2" },
       kvTable([
         ["Name", h("span", { "data-testid": "endpoint-name" }, ep.name || "—")],
         ["Status", badge(ep.status, "endpoint-status")],

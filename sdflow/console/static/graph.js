@@ -55,6 +55,24 @@ function mapSub(st, mapRun, rec) {
   return parts.join(" · ");
 }
 
+/** A Distributed Map's inner state as its children ran it (API.md map_runs[*].inner), or null. */
+function innerOf(mapRuns, st) {
+  const inner = st.parent && mapRuns[st.parent] ? mapRuns[st.parent].inner : null;
+  return inner && inner.states && inner.states[st.name] ? { ...inner.states[st.name], of: inner } : null;
+}
+
+function innerSub(st, inner) {
+  const c = inner.counts || {};
+  const n = Object.values(c).reduce((a, b) => a + Number(b || 0), 0);
+  const read = Number(inner.of.sampled || 0);
+  const total = Number(inner.of.total || 0);
+  const parts = [st.type, read < total ? `${n} of ${read} children read` : `${n} of ${total} children`];
+  if (c.failed) parts.push(`${c.failed} failed`);
+  if (c.running) parts.push(`${c.running} running`);
+  if (c.aborted) parts.push(`${c.aborted} aborted`);
+  return parts.join(" · ");
+}
+
 const isTerminal = (st) => st.end || st.type === "Succeed" || st.type === "Fail";
 
 export class RunGraph {
@@ -106,8 +124,10 @@ export class RunGraph {
         g.setParent(headerId(st.name), st.name);
         g.setParent(joinId(st.name), st.name);
       } else {
-        const width = Math.max(150, textWidth(st.name, NAME_FONT) + 32,
-          textWidth(`${st.type} · 00 min 00 s`, SUB_FONT) + 32);
+        const inDistributed = st.parent && byName.get(st.parent) && byName.get(st.parent).distributed;
+        const widestSub = inDistributed ? `${st.type} · 88 of 88 children read · 88 failed`
+          : `${st.type} · 00 min 00 s`;
+        const width = Math.max(150, textWidth(st.name, NAME_FONT) + 32, textWidth(widestSub, SUB_FONT) + 32);
         g.setNode(st.name, { kind: "state", st, width, height: BOX_H });
       }
     }
@@ -253,17 +273,24 @@ export class RunGraph {
   paint(states, mapRuns) {
     for (const [name, node] of this.nodes) {
       const rec = states[name];
-      const status = rec ? rec.status : "not_reached";
+      // A Distributed Map's states run in its children, not in this history: coloured from them.
+      const inner = rec ? null : innerOf(mapRuns, node.st);
+      const status = rec ? rec.status : inner ? inner.status : "not_reached";
       setAttr(node.g, "data-status", status);
+      setAttr(node.g, "data-from-children", Boolean(inner));
       if (node.frame) setAttr(node.frame.parentNode, "data-status", status);
-      const text = node.frame ? mapSub(node.st, mapRuns[name], rec) : stateSub(node.st, rec);
+      const text = node.frame ? mapSub(node.st, mapRuns[name], rec)
+        : inner ? innerSub(node.st, inner) : stateSub(node.st, rec);
       setText(node.sub, text);
       const tip = [name, `${node.st.type} · ${status.replace("_", " ")}`];
-      if (rec && rec.error) tip.push(`${rec.error}${rec.cause ? `: ${rec.cause}` : ""}`);
+      if (rec && rec.error) tip.push(rec.error);  // the cause, read, is in the state panel
       setText(node.title, tip.join("\n"));
     }
     for (const e of this.edges) {
-      const taken = Boolean(e.source && e.target && states[e.source] && states[e.target]);
+      const node = (n) => this.nodes.get(n);
+      const reached = (n) => Boolean(states[n]) ||
+        Boolean(node(n) && node(n).g.getAttribute("data-status") !== "not_reached");
+      const taken = Boolean(e.source && e.target && reached(e.source) && reached(e.target));
       e.path.classList.toggle("taken", taken);
     }
   }

@@ -6,17 +6,13 @@
 import { api } from "./api.js";
 import { h, replace, badge, timeEl, fmtJson, fmtDuration, signature, setText, mapHref } from "./dom.js";
 import { reportError, clearError } from "./errors.js";
+import { causeView } from "./causes.js";
 
 const TABS = [["input", "Input"], ["output", "Output"], ["error", "Error"]];
 
 function jsonBlock(value, what) {
   if (value === null || value === undefined) return `(no ${what} yet)`;
   return fmtJson(value);
-}
-
-function prettyCause(cause) {
-  if (typeof cause !== "string") return fmtJson(cause);
-  try { return JSON.stringify(JSON.parse(cause), null, 2); } catch (_e) { return cause; }
 }
 
 export class StatePanel {
@@ -32,6 +28,7 @@ export class StatePanel {
 
   open(state, runData) {
     this.state = state;
+    this.runData = runData;
     this.fetchedSig = null;
     const info = ((runData && runData.graph && runData.graph.states) || []).find((st) => st.name === state);
     const isMap = info ? info.type === "Map" : false;
@@ -101,6 +98,7 @@ export class StatePanel {
 
   /** Each run poll: refresh the Map counts; refetch the detail when the state changed. */
   update(runData, refetch = true) {
+    this.runData = runData;
     if (!this.state || !this.els) return;
     if (this.els.map) this.renderMap(runData.map_runs ? runData.map_runs[this.state] : null);
     if (refetch && this.fetchedSig !== null && this.stateSig(runData) !== this.fetchedSig) {
@@ -135,28 +133,49 @@ export class StatePanel {
       const apiErr = reportError("panel", err);
       this.fetchedSig = "\u0000retry"; // differs from any state: the next poll fetches again
       this.els.message.hidden = false;
+      this.els.message.classList.remove("info");
       setText(this.els.message, apiErr.hint ? `${apiErr.message} (${apiErr.hint})` : apiErr.message);
     }
   }
 
+  /** A Distributed Map's inner state: it runs in the Map's children, not in this history. */
+  innerOf(state) {
+    const graph = (this.runData && this.runData.graph && this.runData.graph.states) || [];
+    const st = graph.find((x) => x.name === state);
+    const mapRun = st && st.parent && this.runData.map_runs ? this.runData.map_runs[st.parent] : null;
+    const inner = mapRun && mapRun.inner && mapRun.inner.states ? mapRun.inner.states[state] : null;
+    return inner ? { ...inner, map: st.parent, of: mapRun.inner } : null;
+  }
+
   render(d) {
     const els = this.els;
-    const status = d.status || "not_reached";
-    const duration = d.entered && d.exited ? (Date.parse(d.exited) - Date.parse(d.entered)) / 1000 : null;
+    const inner = d.status === "not_reached" ? this.innerOf(d.name) : null;
+    const status = inner ? inner.status : d.status || "not_reached";
+    // The server's duration: fixed once the state ended (its exit, or the failure that ended the run).
+    const duration = d.entered && d.ended && d.duration_s != null ? Number(d.duration_s) : null;
     replace(els.meta,
       h("span", { class: "type" }, d.type || ""),
       badge(status.replace("not_reached", "not reached"), "state-status"),
       h("span", { class: "small muted" }, "Entered ", timeEl(d.entered)),
-      d.exited ? h("span", { class: "small muted" }, "Exited ", timeEl(d.exited)) : null,
+      d.exited ? h("span", { class: "small muted" }, "Exited ", timeEl(d.exited))
+        : d.ended ? h("span", { class: "small muted" }, "Ended ", timeEl(d.ended)) : null,
       duration !== null && Number.isFinite(duration) ? h("span", { class: "small muted" },
         fmtDuration(duration)) : null);
+    els.message.classList.toggle("info", Boolean(inner));
+    if (inner) {
+      const counts = Object.entries(inner.counts || {}).map(([k, n]) => `${n} ${k}`).join(", ");
+      els.message.hidden = false;
+      replace(els.message, `This state runs in the child executions of ${inner.map}: of the ` +
+        `${inner.of.sampled} children read, ${counts}. `,
+      h("a", { href: mapHref(this.runName, inner.map) }, "Child executions →"));
+    }
     els.input.classList.toggle("empty", d.input === null || d.input === undefined);
     els.output.classList.toggle("empty", d.output === null || d.output === undefined);
     setText(els.input, jsonBlock(d.input, "input"));
     setText(els.output, jsonBlock(d.output, "output"));
     if (d.error || d.cause) {
       replace(els.error, h("strong", { class: "error-name" }, d.error || "Error"),
-        d.cause ? h("pre", { class: "cause" }, prettyCause(d.cause)) : null);
+        causeView(d.reason, d.cause, "state-cause"));
     } else {
       replace(els.error, h("p", { class: "muted" }, "No error."));
     }

@@ -9,6 +9,7 @@ import { Poller } from "./poll.js";
 import { RunGraph } from "./graph.js";
 import { StatePanel } from "./panel.js";
 import { Sections } from "./sections.js";
+import { causeView } from "./causes.js";
 
 const FINISHED_POLL_MS = 10000;
 const ERROR_POLL_MS = 3000;
@@ -69,7 +70,7 @@ function header(run, runName) {
     ], { class: "kv run-meta" }),
     failed && (run.error || run.cause) ? h("div", { class: "run-error", "data-testid": "run-error" },
       h("strong", {}, run.error || run.status),
-      run.cause ? h("pre", { class: "cause" }, run.cause) : null) : null,
+      causeView(run.reason, run.cause, "run-cause")) : null,
   ];
 }
 

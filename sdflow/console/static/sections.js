@@ -17,10 +17,46 @@ class Part {
   }
 }
 
+/** A value of a summary as a person reads it: numbers and words; a list of records by its size. */
+function plain(v) {
+  if (Array.isArray(v)) {
+    return v.every((x) => x === null || typeof x !== "object") ? v.map(fmtValue).join(", ")
+      : `${v.length} entries`;
+  }
+  return fmtValue(v);
+}
+
+/** name → value rows; a nested object's entries become "name · key" rows next to their values. */
 function metricsTable(obj, testid) {
-  const entries = Object.entries(obj || {});
-  if (!entries.length) return h("p", { class: "muted small" }, "None yet.");
-  return kvTable(entries.map(([k, v]) => [k, fmtValue(v)]), { "data-testid": testid });
+  const rows = [];
+  for (const [k, v] of Object.entries(obj || {})) {
+    if (v && typeof v === "object" && !Array.isArray(v)) {
+      for (const [k2, v2] of Object.entries(v)) rows.push([`${k} · ${k2}`, plain(v2)]);
+    } else rows.push([k, plain(v)]);
+  }
+  if (!rows.length) return h("p", { class: "muted small" }, "None yet.");
+  return kvTable(rows, { "data-testid": testid });
+}
+
+const mark = (ok, seen) => h("span", { class: ok ? "ok" : "miss", title: ok ? "as asked" : "not as asked" },
+  `${ok ? "✓" : "✗"} ${seen ?? "—"}`);
+
+/** One row per evaluation prompt, in a box of bounded height that scrolls. */
+function resultsTable(results) {
+  if (!results.length) return null;
+  const matched = results.filter((r) => r.foreground_ok && r.background_ok).length;
+  return [
+    h("h3", {}, "Per prompt"),
+    h("p", { class: "small", "data-testid": "results-summary" },
+      `${matched} of ${results.length} prompts drawn with the asked foreground and background colours.`),
+    h("div", { class: "results-wrap", "data-testid": "results" },
+      h("table", { class: "table results" },
+        h("thead", {}, h("tr", {}, ["Prompt", "Foreground", "Background", "Shape"].map((t) =>
+          h("th", { scope: "col" }, t)))),
+        h("tbody", {}, results.map((r) => h("tr", { "data-testid": "result-row" },
+          h("td", {}, r.prompt || "—"), h("td", {}, mark(r.foreground_ok, r.foreground)),
+          h("td", {}, mark(r.background_ok, r.background)), h("td", {}, mark(r.shape_ok, r.shape))))))),
+  ];
 }
 
 function image(src, testid, alt) {
@@ -71,20 +107,25 @@ class TrainingSection {
 class EvaluationSection {
   constructor() {
     this.info = new Part({ class: "part" });
+    this.results = new Part({ class: "part" });
     this.grid = new Part({ class: "part samples" });
     this.el = h("section", { class: "card", "data-testid": "evaluation" },
-      h("h2", {}, "Evaluation"), this.info.el, this.grid.el);
+      h("h2", {}, "Evaluation"), this.info.el, this.results.el, this.grid.el);
   }
 
   update(e) {
-    this.info.set(e, () => h("div", { class: "grid-2" },
+    const info = { ...e, results: undefined };
+    this.info.set(info, () => h("div", { class: "grid-2" },
       kvTable([
         ["Job", e.job_name || "—"],
         ["Status", badge(e.status, "evaluation-status")],
         e.failure_reason ? ["Failure", h("span", { class: "failure" }, e.failure_reason)] : null,
         ["Logs", link(e.log_url, "Evaluation log", { "data-testid": "evaluation-log" })],
       ]),
-      h("div", {}, h("h3", {}, "Scores"), metricsTable(e.scores, "scores"))));
+      h("div", {}, h("h3", {}, "Scores"), metricsTable(e.scores, "scores"),
+        e.settings && Object.keys(e.settings).length ? h("p", { class: "small muted" }, "Settings: ",
+          Object.entries(e.settings).map(([k, v]) => `${k} ${fmtValue(v)}`).join(" · ")) : null)));
+    this.results.set(Array.isArray(e.results) ? e.results : [], resultsTable);
     this.grid.set(e.grid_url, (url) => (url ? [h("h3", {}, "Prompt adherence"),
       image(url, "adherence-grid", "Prompt adherence grid")] : null));
   }

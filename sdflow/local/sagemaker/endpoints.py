@@ -38,6 +38,15 @@ from sdflow.local.sagemaker.host import (
 
 LOG = logging.getLogger("sdflow.local.sagemaker")
 
+# InvokeEndpoint: "A customer's model containers must respond to requests within 60 seconds."
+# Past it SageMaker answers ModelError with OriginalStatusCode 0 and this message (as quoted in
+# aws/amazon-sagemaker-examples#799 and aws-samples/host-yolov8-on-sagemaker-endpoint#21).
+INVOKE_TIMEOUT_S = 60.0
+INVOCATION_TIMED_OUT = (
+    b"Your invocation timed out while waiting for a response from container primary. Review the latency "
+    b"metrics for each container in Amazon CloudWatch, resolve the issue, and try again."
+)
+
 
 @dataclass
 class Deployment:
@@ -265,7 +274,8 @@ class EndpointHosting(LocalSageMakerHalf):
 
     def invoke_endpoint(self, endpoint_name: str, body: bytes, content_type: str, accept: str) -> tuple[bytes, str]:
         """POST /invocations of the process now serving; returns (body, Content-Type).
-        Raises ContainerError for an error status, EndpointNotFound, EndpointUnreachable."""
+        Raises ContainerError for an error status or no answer within invoke_timeout_s (status 0, as
+        SageMaker reports a timeout), EndpointNotFound, EndpointUnreachable."""
         deployment = self._current(endpoint_name)
         headers = {}
         if content_type:
@@ -281,6 +291,8 @@ class EndpointHosting(LocalSageMakerHalf):
         except urllib.error.HTTPError as exc:
             raise ContainerError(endpoint_name, exc.code, exc.read(), exc.headers.get("Content-Type")) from None
         except (urllib.error.URLError, OSError) as exc:
+            if isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError):
+                raise ContainerError(endpoint_name, 0, INVOCATION_TIMED_OUT, "text/plain") from None
             raise EndpointUnreachable(f"endpoint {endpoint_name} did not answer: {exc}") from None
 
     def delete_endpoint(self, endpoint_name: str) -> None:

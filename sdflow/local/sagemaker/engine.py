@@ -31,7 +31,7 @@ from typing import Any
 
 from sdflow.local.account import ACCOUNT_ID, REGION
 from sdflow.local.runtime import current_clock
-from sdflow.local.sagemaker.endpoints import EndpointHosting, EndpointState
+from sdflow.local.sagemaker.endpoints import INVOKE_TIMEOUT_S, EndpointHosting, EndpointState
 from sdflow.local.sagemaker.host import (
     ContainerError,
     ContainerProcess,
@@ -106,7 +106,7 @@ class LocalSageMaker(TrainingJobs, EndpointHosting):
         extra_env: Mapping[str, str] | None = None,
         ping_timeout_s: float = 180.0,
         stop_grace_s: float = 20.0,
-        invoke_timeout_s: float = 600.0,
+        invoke_timeout_s: float = INVOKE_TIMEOUT_S,
         account_id: str = ACCOUNT_ID,
         log_sink: CloudWatchSink | None = None,
     ) -> None:

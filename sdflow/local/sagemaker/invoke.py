@@ -35,7 +35,13 @@ What AWS documents, and where it was looked up:
   ModelNotReadyException in standard mode (modeled, not marked retryable). A container that
   refuses work therefore makes the caller see a ModelError with OriginalStatusCode 429 that it
   must retry itself, after OriginalMessage's retry_after_s; ServiceUnavailable 503 is answered
-  here only when the serving process did not answer at all (died, hung, or is gone).
+  here only when the serving process is gone (died, or refuses connections).
+- A container that does not answer within 60 s ("A customer's model containers must respond to
+  requests within 60 seconds.", InvokeEndpoint API reference) is ModelError 424 too, with
+  OriginalStatusCode 0: 'Received server error (0) from primary with message "Your invocation
+  timed out while waiting for a response from container primary. Review the latency metrics for
+  each container in Amazon CloudWatch, resolve the issue, and try again."' (as quoted in
+  aws/amazon-sagemaker-examples#799 and aws-samples/host-yolov8-on-sagemaker-endpoint#21).
 - The request body: at most 6 MB, Body "Maximum length of 6291456" (InvokeEndpoint API reference;
   BodyBlob max 6291456 in botocore's model, which botocore does not enforce; AWS re:Post's answer
   on "Received client error (413) from primary": "the payload size for the endpoint invocation
@@ -81,7 +87,7 @@ def _log_group(region: str, account: str, endpoint: str) -> tuple[str, str]:
 def model_error(region: str, account: str, endpoint: str, status: int, body: bytes) -> InvokeEndpointError:
     original_message = body.decode("utf-8", errors="replace")
     log_stream_arn, console = _log_group(region, account, endpoint)
-    side = "client" if status < 500 else "server"
+    side = "client" if 400 <= status < 500 else "server"  # a timeout is "server error (0)"
     return InvokeEndpointError(
         "ModelError",
         424,

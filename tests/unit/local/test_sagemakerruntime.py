@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import threading
+import urllib.error
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -11,6 +14,13 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from sdflow.local import runtime as runtime_module
+from sdflow.local.sagemaker.endpoints import (
+    INVOCATION_TIMED_OUT,
+    INVOKE_TIMEOUT_S,
+    Deployment,
+    EndpointHosting,
+    EndpointState,
+)
 from sdflow.local.sagemaker.engine import ContainerError, EndpointUnreachable
 from sdflow.local.sagemaker.invoke import BODY_LIMIT_BYTES
 from sdflow.local.sagemaker.service import SageMakerStatusPublisher
@@ -169,3 +179,47 @@ def test_container_429_is_model_error_424_with_retry_after_in_original_message_n
     assert "retry-after" not in response["ResponseMetadata"]["HTTPHeaders"]
     assert response["ResponseMetadata"]["RetryAttempts"] == 0
     assert len(received) == 1
+
+
+def test_container_silent_past_60_s_is_model_error_server_error_0(
+    runtime: runtime_module.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def silent(body: bytes) -> Any:
+        raise ContainerError("e", 0, INVOCATION_TIMED_OUT, "text/plain")
+
+    _in_service(monkeypatch, runtime, silent)
+    with pytest.raises(ClientError) as timed_out:
+        _invoke()
+    response: Any = timed_out.value.response
+    assert _error(timed_out) == ("ModelError", 424)
+    assert response["OriginalStatusCode"] == 0
+    assert response["Error"]["Message"].startswith(
+        'Received server error (0) from primary with message "Your invocation timed out while waiting for a '
+        "response from container primary."
+    )
+
+
+@pytest.mark.parametrize(
+    "timeout",
+    [
+        pytest.param(TimeoutError("timed out"), id="read"),  # what http.client raises past the socket timeout
+        pytest.param(urllib.error.URLError(TimeoutError("timed out")), id="connect"),
+    ],
+)
+def test_local_sagemaker_invoke_past_timeout_raises_container_error_0(timeout: Exception) -> None:
+    class SilentContainer:
+        def open(self, request: Any, timeout: float) -> Any:
+            opened.append(timeout)
+            raise failure
+
+    failure, opened = timeout, []
+    hosting: Any = EndpointHosting.__new__(EndpointHosting)  # only the state invoke_endpoint reads
+    alive = type("Alive", (), {"alive": lambda self: True})()
+    hosting._lock = threading.RLock()
+    hosting._endpoints = {"e": EndpointState("e", current=Deployment("c", Path("."), 9, alive))}
+    hosting._http = SilentContainer()
+    hosting.invoke_timeout_s = INVOKE_TIMEOUT_S
+    with pytest.raises(ContainerError) as timed_out:
+        hosting.invoke_endpoint("e", b"{}", "application/json", "*/*")
+    assert (timed_out.value.status, timed_out.value.body) == (0, INVOCATION_TIMED_OUT)
+    assert opened == [60.0], "SageMaker's limit"

@@ -17,6 +17,7 @@ omitted and real credentials they work against AWS too."""
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -117,7 +118,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     print(
         "Validate run reuses every shard whose parquet object and download options are unchanged and whose "
         "_SUCCESS still exists, and the trained model when nothing that shapes it changed; "
-        f"`sdflow watch {arn.rsplit(':', 1)[-1]}` follows it.",
+        f"`sdflow watch {shlex.quote(arn.rsplit(':', 1)[-1])}` follows it.",
         file=sys.stderr,
     )
     return 0

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sdflow import history
-from sdflow_common import names
+from sdflow_common import causes, names
 
 PIPELINE_STATES = (
     "Validate run",
@@ -26,6 +26,8 @@ PIPELINE_STATES = (
     "Wait for approval",
     "Deploy endpoint",
 )
+# `sdflow status` is read in a terminal: the cause's report, clipped shorter than a notification's.
+CAUSE_CHARS = 1200
 STEP_LOSS = re.compile(r"step=(\d+) loss=([0-9.eE+-]+)")
 
 
@@ -142,5 +144,11 @@ def render_lines(progress: Progress) -> list[str]:
     lines = [f"execution {progress.execution_arn.rsplit(':', 1)[-1]}: {progress.status}"]
     lines += list(state_lines(progress).values())
     if progress.error:
-        lines.append(f"  error: {progress.error}: {progress.cause or ''}"[:400])
+        lines.append(f"  error: {progress.error}")
+        if progress.cause:
+            # The report the step wrote, a field a line; the raw cause (a Lambda error's stack
+            # trace) is one command away.
+            lines.extend(f"  {line}" for line in causes.readable_cause(progress.cause, CAUSE_CHARS).splitlines())
+            if causes.is_reworded(progress.cause):
+                lines.append(f"  raw cause: {causes.raw_cause_command(progress.execution_arn)}")
     return lines

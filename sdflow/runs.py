@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import time
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
@@ -176,7 +177,7 @@ def start_resume(session: Session, execution: str, *, manifest: Document | None 
     if old["status"] in UNFINISHED:
         raise SdflowError(
             f"execution {old['name']} is {old['status']}; resume only from an execution that has ended: "
-            f"wait for it, or stop it with `aws stepfunctions stop-execution --execution-arn {old_arn}`"
+            f"wait for it, or stop it with `aws stepfunctions stop-execution --execution-arn {shlex.quote(old_arn)}`"
         )
     source = f"the input of {old['name']}" if manifest is None else str(manifest)
     try:
@@ -211,6 +212,6 @@ def follow(
         if left is not None and left <= 0:
             raise WaitTimeout(
                 f"run {execution_arn.rsplit(':', 1)[-1]} still {snap.status} after {timeout_s} s: wait again, or "
-                f"stop it with `aws stepfunctions stop-execution --execution-arn {execution_arn}`"
+                f"stop it with `aws stepfunctions stop-execution --execution-arn {shlex.quote(execution_arn)}`"
             )
         time.sleep(interval_s if left is None else min(interval_s, left))

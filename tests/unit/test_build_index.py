@@ -20,7 +20,9 @@ from tests.unit.parquet_files import parquet_bytes
 
 RUN_ID = "demo-0123456789abcdef"
 EARLIER_RUN = "demo-fedcba9876543210"
-CONTRACT_SUMMARY_KEYS = {"index_uri", "manifest_uri", "total_samples", "shards_ok", "shards_failed", "failed_shards"}
+CONTRACT_SUMMARY_KEYS = {
+    "index_uri", "manifest_uri", "total_samples", "shards_ok", "shards_empty", "shards_failed", "failed_shards"
+}  # fmt: skip
 
 
 def make_config(world: AwsWorld, shard_count: int, tolerated: float = 10.0) -> RunConfig:
@@ -89,6 +91,7 @@ def test_build_index_all_shards_ok_writes_contract_index(mocked_aws: AwsWorld) -
         "manifest_uri": f"s3://{DATA_BUCKET}/runs/{RUN_ID}/dataset/manifest.json",
         "total_samples": 22,
         "shards_ok": 3,
+        "shards_empty": 0,
         "shards_failed": 0,
         "failed_shards": [],
     }
@@ -131,6 +134,7 @@ def test_build_index_reused_shards_of_earlier_run_are_in_index_and_manifest(mock
     summary = build_index(BuildIndexRequest(config=config))
 
     assert (summary["shards_ok"], summary["total_samples"]) == (3, 9)
+    assert summary["shards_empty"] == 1  # 00001 succeeded with no image: not downloaded
     assert [s["tar_files"] for s in index_of(mocked_aws)["shards"]] == [
         [f"{EARLIER_RUN}/dataset/shards/00000/00000.tar"],
         [f"{RUN_ID}/dataset/shards/00002/00000.tar"],

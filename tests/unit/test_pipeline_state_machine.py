@@ -179,6 +179,7 @@ def _build_index(payload: dict[str, Any]) -> dict[str, Any]:
         "index_uri": f"s3://{DATA_BUCKET}/runs/{payload['config']['run_id']}/dataset/index.json",
         "total_samples": 100,
         "shards_ok": payload["config"]["shard_count"],
+        "shards_empty": 0,
         "shards_failed": 0,
         "failed_shards": [],
         "manifest_uri": f"s3://{DATA_BUCKET}/runs/{payload['config']['run_id']}/dataset/manifest.json",

@@ -192,6 +192,9 @@ def build_index(request: BuildIndexRequest) -> dict[str, Any]:
         "manifest_uri": manifest_uri,
         "total_samples": index["total_samples"],
         "shards_ok": len(results) - len(failed),
+        # Of shards_ok, those whose job succeeded with no image (every URL failed): not downloaded,
+        # as `sdflow status` counts them (the index lists only shards with samples).
+        "shards_empty": len(results) - len(failed) - len(index["shards"]),
         "shards_failed": len(failed),
         "failed_shards": [
             {"shard_id": f["shard_id"], "parquet_uri": f["parquet_uri"]} for f in failed[:FAILED_SHARDS_IN_SUMMARY]

@@ -18,6 +18,7 @@ result comes later, from job_events."""
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -449,6 +450,6 @@ def _choose_action(endpoint: str, described: dict[str, Any] | None) -> str:
         reason = described.get("FailureReason", "no reason given")
         raise EndpointDeployFailed(
             f"endpoint {endpoint} is {status} ({reason}) and cannot be updated; delete it "
-            f"(aws sagemaker delete-endpoint --endpoint-name {endpoint}) and run again to recreate it"
+            f"(aws sagemaker delete-endpoint --endpoint-name {shlex.quote(endpoint)}) and run again to recreate it"
         )
     return "update"

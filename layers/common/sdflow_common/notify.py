@@ -15,19 +15,20 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shlex
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from pydantic import BaseModel, ConfigDict, Field
 
-from sdflow_common import aws, execution_history, run_cleanup
+from sdflow_common import aws, causes, execution_history, run_cleanup
 from sdflow_common.run_document import RUN_NAME, printable
 from sdflow_common.token_store import TokenStore
 
 # SNS allows 100 characters of subject; a cause can be long, the mail should not be.
 SUBJECT_LIMIT = 100
-CAUSE_LIMIT = 2000
+CAUSE_LIMIT = causes.CAUSE_LIMIT
 
 # Which step was running, judged by the results the steps before it wrote: (key, a key its
 # result always has, the step that runs next). Only a fallback for when the execution history
@@ -172,27 +173,6 @@ def console_link(execution_arn: str, console_url: str = "") -> str:
     return f"https://{region}.console.aws.amazon.com/states/home?region={region}#/v2/executions/details/{execution_arn}"
 
 
-def _readable_cause(cause: str) -> str:
-    """Lambda errors arrive as JSON with errorMessage; validation errors as a JSON list of fields."""
-    message: Any = cause
-    try:
-        decoded = json.loads(cause)
-        message = decoded.get("errorMessage", cause) if isinstance(decoded, dict) else decoded
-    except (TypeError, ValueError):
-        pass
-    if isinstance(message, str):
-        with contextlib.suppress(ValueError):
-            message = json.loads(message)
-    if isinstance(message, list):
-        lines = [
-            f"  - {item.get('field', '?')}: {item.get('message', item)}" if isinstance(item, dict) else f"  - {item}"
-            for item in message
-        ]
-        message = "\n".join(lines)
-    text = str(message)
-    return text if len(text) <= CAUSE_LIMIT else text[:CAUSE_LIMIT] + " …"
-
-
 def _written(state: dict[str, Any], key: str, marker: str) -> dict[str, Any] | None:
     """`state[key]` when it is the result the pipeline wrote there (a dict holding `marker`)."""
     value = state.get(key)
@@ -223,9 +203,13 @@ def _dataset_lines(dataset: dict[str, Any]) -> list[str]:
     ok, failed = dataset.get("shards_ok"), dataset.get("shards_failed")
     if not isinstance(ok, int) or not isinstance(failed, int) or ok + failed == 0:
         return []
+    # A shard whose job succeeded but fetched no image was not downloaded (`sdflow status` agrees).
+    empty = dataset.get("shards_empty")
+    empty = empty if isinstance(empty, int) and 0 <= empty <= ok else 0
     samples = dataset.get("total_samples")
     samples_text = f", {samples:,} samples" if isinstance(samples, int) else ""
-    lines = [f"Dataset:   {ok} of {ok + failed} shards downloaded{samples_text}"]
+    empty_text = f"; {empty} held no image (every URL failed)" if empty else ""
+    lines = [f"Dataset:   {ok - empty} of {ok + failed} shards downloaded{samples_text}{empty_text}"]
     for shard in dataset.get("failed_shards", []) or []:
         if isinstance(shard, dict) and shard.get("shard_id"):
             where = f": {shard['parquet_uri']}" if shard.get("parquet_uri") else ""
@@ -348,10 +332,14 @@ def _error_lines(request: NotifyRequest) -> list[str]:
     default_error = "States.Timeout" if request.outcome == "timed_out" else "UnknownError"
     lines = [f"Error:     {printable(request.error or default_error)}"]
     if request.outcome == "aborted" and request.cause:
-        lines.append(f"Stopped by / because: {_readable_cause(request.cause)}")
+        lines.append(f"Stopped by / because: {causes.readable_cause(request.cause)}")
     else:
         lines.append("Cause:")
-        lines.append(_readable_cause(request.cause or "(no cause given)"))
+        lines.append(causes.readable_cause(request.cause or "(no cause given)"))
+    if request.cause and causes.is_reworded(request.cause):
+        lines.append(
+            f"           the raw cause (stack trace included): {causes.raw_cause_command(request.execution_arn)}"
+        )
     return lines
 
 
@@ -360,11 +348,15 @@ def _endpoint_lines(endpoint: dict[str, Any], attributes: dict[str, str]) -> lis
     attributes["endpoint"] = name
     action = "updated blue/green" if endpoint.get("action") == "update" else "created"
     config_name = f", config {endpoint['endpoint_config_name']}" if endpoint.get("endpoint_config_name") else ""
+    # AWS CLI v2 reads a blob argument as base64 unless told otherwise; v1 reads it as raw text and
+    # does not know --cli-binary-format. A body from a file (fileb://) is raw bytes in both.
     return [
         f"Endpoint:  {name} ({action}{config_name})",
-        f"Invoke:    aws sagemaker-runtime invoke-endpoint --endpoint-name {name} "
-        "--content-type application/json --accept image/png "
-        '--body \'{"prompt": "a photo of a cat"}\' --cli-binary-format raw-in-base64-out out.png',
+        f"Invoke:    sdflow invoke {shlex.quote(name)} 'a photo of a cat' -o out.png",
+        "           or with the AWS CLI (v1 or v2):",
+        """             echo '{"prompt": "a photo of a cat"}' > body.json""",
+        f"             aws sagemaker-runtime invoke-endpoint --endpoint-name {shlex.quote(name)} "
+        "--content-type application/json --accept image/png --body fileb://body.json out.png",
     ]
 
 
@@ -389,6 +381,8 @@ def _progress_lines(state: dict[str, Any], attributes: dict[str, str]) -> list[s
 
 
 def _next_step_lines(request: NotifyRequest) -> list[str]:
+    # Pasted into a shell as they are: an execution name may hold characters a shell reads ('()!).
+    arn = shlex.quote(request.execution_arn)
     if _running_step(request) in _BEFORE_ANY_JOB and _config(request.state) is None:
         return ["Next:      nothing was started; fix the run document as the cause says and start the run again."]
     model = _registered_model(request.state)
@@ -396,22 +390,22 @@ def _next_step_lines(request: NotifyRequest) -> list[str]:
         package = model["model_package_arn"]
         return [
             "Next:      nobody approved the model in time; approve it, then redrive (the run deploys it at once):",
-            f"             aws sagemaker update-model-package --model-package-arn {package} "
+            f"             aws sagemaker update-model-package --model-package-arn {shlex.quote(package)} "
             "--model-approval-status Approved",
-            f"             aws stepfunctions redrive-execution --execution-arn {request.execution_arn}",
+            f"             aws stepfunctions redrive-execution --execution-arn {arn}",
         ]
     if request.error in ("QualityGateFailed", "ModelRejected"):
         # A redrive would judge the same model again: the model (or the gate) has to change.
         return [
             "Next:      the model was not deployed; train it longer or on more data, or change the gate, in a run "
             "that reuses every finished shard (and the model, if the training options are unchanged):",
-            f"             sdflow resume {request.execution_arn} --manifest NEW.json",
+            f"             sdflow resume {arn} --manifest NEW.json",
         ]
     return [
         "Next:      re-run only what did not finish (same input, finished steps kept):",
-        f"             aws stepfunctions redrive-execution --execution-arn {request.execution_arn}",
+        f"             aws stepfunctions redrive-execution --execution-arn {arn}",
         "           or start a new run that reuses every finished shard and model (optionally with a new manifest):",
-        f"             sdflow resume {request.execution_arn} [--manifest NEW.json]",
+        f"             sdflow resume {arn} [--manifest NEW.json]",
     ]
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shlex
 from collections import defaultdict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -89,7 +90,8 @@ def check_resume_from(resume_from: str, execution_arn: str) -> dict[str, Any]:
     if pipeline_of(resume_from) != pipeline or ":execution:" not in resume_from:
         raise _resume_problem(
             f"'{resume_from}' is not an execution of this pipeline ({pipeline}); list its executions with "
-            f"`aws stepfunctions list-executions --state-machine-arn {pipeline}` and give one of their ARNs"
+            f"`aws stepfunctions list-executions --state-machine-arn {shlex.quote(pipeline)}` "
+            "and give one of their ARNs"
         )
     try:
         described: dict[str, Any] = aws.client("stepfunctions").describe_execution(executionArn=resume_from)
@@ -106,7 +108,8 @@ def check_resume_from(resume_from: str, execution_arn: str) -> dict[str, Any]:
     if status in UNFINISHED:
         raise _resume_problem(
             f"execution '{names.execution_name(resume_from)}' is {status}; resume only from an execution that "
-            f"has ended: wait for it, or stop it with `aws stepfunctions stop-execution --execution-arn {resume_from}`"
+            f"has ended: wait for it, or stop it with `aws stepfunctions stop-execution --execution-arn "
+            f"{shlex.quote(resume_from)}`"
         )
     return described
 

@@ -12,6 +12,7 @@ job_events rolls it back when the endpoint's state-change event says it settled.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -118,7 +119,8 @@ def _restore(sagemaker: Any, record: TokenRecord, described: dict[str, Any], sta
             endpoint,
             "manual",
             f"endpoint {endpoint} is {status}; SageMaker cannot update it. Fix or delete it by hand, then "
-            f"aws sagemaker update-endpoint --endpoint-name {endpoint} --endpoint-config-name {previous}",
+            f"aws sagemaker update-endpoint --endpoint-name {shlex.quote(endpoint)} "
+            f"--endpoint-config-name {shlex.quote(previous)}",
         )
     sagemaker.update_endpoint(EndpointName=endpoint, EndpointConfigName=previous)
     return Rollback(endpoint, "restored", f"endpoint {endpoint} rolled back to config {previous}")

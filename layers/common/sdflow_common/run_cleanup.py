@@ -25,6 +25,7 @@ up, nothing is touched: what runs now is the redrive's."""
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,7 +134,8 @@ def _stop(api: job_control.JobApi, name: str, report: CleanupReport) -> None:
     except ClientError as exc:
         noun = _cli_name(api.noun)
         report.errors.append(
-            f"{api.label} {name} is still running ({exc}); stop it: aws sagemaker stop-{noun} --{noun}-name {name}"
+            f"{api.label} {name} is still running ({exc}); stop it: "
+            f"aws sagemaker stop-{noun} --{noun}-name {shlex.quote(name)}"
         )
 
 

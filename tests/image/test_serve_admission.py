@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -213,3 +214,34 @@ def test_invocations_service_time_measured_from_real_requests_feeds_admission() 
             assert _post_all(port, 1)[0][0] == 200
         scale = app.state.server.admission.scale
     assert scale > 3.0, "three requests 10x slower than calibrated move the scale well up"
+
+
+def test_invocations_waited_past_the_limit_never_runs() -> None:
+    """SageMaker has answered a request still waiting at the limit: it is dropped, not run."""
+    gate = threading.Event()
+    pipe = InstantPipeline()
+
+    def held(**kwargs: Any) -> Any:
+        assert gate.wait(30)
+        return pipe(**kwargs)
+
+    app = serve.create_app(
+        ServeSettings(model_dir=Path("/nonexistent"), invocation_limit_s=1.0),
+        loader=lambda s: held,
+        calibrator=fixed_timing(StepTiming(64, 0.001, 0.0)),
+    )
+    with served_on_port(app) as port:
+        first = open_invocation(port, {"prompt": "first", **TWO_STEPS})
+        wait_until(lambda: app.state.server.admitted == 1, "the first request to be admitted")
+        queued = open_invocation(port, {"prompt": "queued", **TWO_STEPS})
+        wait_until(lambda: app.state.server.admitted == 2, "the second request to wait")
+        time.sleep(1.2)  # past both requests' 1 s limit
+        gate.set()
+        status, body = read_status(queued)
+        read_status(first)
+        for sock in (first, queued):
+            sock.close()
+    assert status == 503
+    assert json.loads(body)["status"] == "timed_out"
+    assert "not started" in json.loads(body)["error"]
+    assert pipe.calls == 1, "only the first request reached the pipeline"

@@ -6,8 +6,9 @@
 /ping at once (503 while loading, 500 with the cause when loading failed).
 
 The pieces: serve_request (the request schema and parsing), serve_model (settings, loading,
-the timing that bounds a request's duration), serve_worker (admission, the one-at-a-time
-worker, dropping abandoned work), serve_app (the HTTP routes). uvicorn handles SIGTERM: it
+the timing that bounds a request's duration), serve_admission (admitting what can end within
+SageMaker's 60 s at the model's measured speed), serve_worker (the one-at-a-time worker per
+GPU, dropping abandoned work), serve_app (the HTTP routes). uvicorn handles SIGTERM: it
 stops accepting, lets in-flight requests finish (up to --graceful_timeout) and the process
 exits 0.
 

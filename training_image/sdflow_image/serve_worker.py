@@ -193,14 +193,21 @@ class ModelServer:
             self.admission.release(ticket)
 
     async def _run(self, job: Job, index: int, ticket: Ticket) -> Generation:
-        self.admission.start(ticket)
         started = time.monotonic()
+        if started > job.deadline:
+            # SageMaker has answered its caller already: the GPU has better things to do.
+            raise DeadlineError(
+                f"not started: SageMaker's {self.settings.invocation_limit_s:g} s limit passed while it waited"
+            )
+        self.admission.start(ticket)
         try:
             generation = await asyncio.to_thread(self._generate_blocking, job, index)
         except DeadlineError:
             # Stopped at the limit: the time it ran is a lower bound on what it would have taken,
-            # and still teaches the estimate that the model is slower than it thought.
-            self.admission.record(job.estimate_s, time.monotonic() - started)
+            # which teaches the estimate only that the model is slower than it thought.
+            elapsed = time.monotonic() - started
+            if elapsed > self.admission.cost_s(job.estimate_s):
+                self.admission.record(job.estimate_s, elapsed)
             raise
         self.admission.record(job.estimate_s, time.monotonic() - started)
         return generation

@@ -13,6 +13,7 @@ from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from sdflow_common.evaluation import EvaluationTask, start_evaluation
+from sdflow_common.job_starters import start_outcome
 from sdflow_common.settings import Settings
 
 logger = Logger()
@@ -26,6 +27,6 @@ metrics = Metrics()
 @event_parser(model=EvaluationTask)
 def lambda_handler(event: EvaluationTask, context: LambdaContext) -> dict[str, Any]:
     result = start_evaluation(event, Settings.from_env())
-    metrics.add_dimension(name="Outcome", value="adopted" if result.get("adopted") else str(result["created"]))
+    metrics.add_dimension(name="Outcome", value=start_outcome(result))
     metrics.add_metric(name="EvaluationJobsStarted", unit=MetricUnit.Count, value=1)
     return result

@@ -15,6 +15,7 @@ from sdflow_common import names
 from sdflow_common.errors import EvaluationJobFailed, QualityGateFailed
 from sdflow_common.evaluation import EVALUATION_FILE, EvaluationTask, evaluation_job_request
 from sdflow_common.job_events import TaskResolver, resolve_event
+from sdflow_common.job_starters import start_outcome
 from sdflow_common.model_registry import (
     ApprovalTask,
     RegisterTask,
@@ -106,6 +107,32 @@ def test_start_evaluation_prompt_list_is_written_to_s3_and_passed_as_a_file(
     assert record is not None
     assert record.kind == "evaluation"
     assert record.context["output_uri"].endswith(f"/evaluation/{name}/")
+
+
+def test_start_evaluation_metric_outcome_says_created_then_existing(
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext, capsys: pytest.CaptureFixture[str]
+) -> None:
+    handler = load_function_module("start_evaluation").lambda_handler
+    event = load_event("start_evaluation_task.json")
+
+    handler(event, context)
+    handler(event, context)  # the same attempt invoked again (a Lambda retry): the job exists
+
+    documents = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"_aws"' in line]
+    outcomes = [d["Outcome"] for d in documents if "EvaluationJobsStarted" in d]
+    assert outcomes == ["created", "existing"]
+
+
+@pytest.mark.parametrize(
+    ("result", "outcome"),
+    [
+        ({"resource_name": "j", "created": True}, "created"),
+        ({"resource_name": "j", "created": False, "adopted": True}, "adopted"),
+        ({"resource_name": "j", "created": False}, "existing"),
+    ],
+)
+def test_start_outcome_names_what_the_starter_did(result: dict[str, Any], outcome: str) -> None:
+    assert start_outcome(result) == outcome
 
 
 def test_job_events_evaluation_completed_answers_with_the_evaluation_folder(

@@ -197,6 +197,15 @@ def _adopt_existing(start: job_control.JobStart) -> None:
         raise _translate(exc, "ListTags", start.name, start.failure) from exc
 
 
+def start_outcome(result: dict[str, Any]) -> str:
+    """A starter's result as a metric dimension value: `created` (this invocation created the
+    resource), `adopted` (an earlier attempt's, taken over) or `existing` (an earlier invocation of
+    this attempt had created it)."""
+    if result.get("adopted"):
+        return "adopted"
+    return "created" if result.get("created") else "existing"
+
+
 def start_job(start: job_control.JobStart) -> dict[str, Any]:
     name, task = start.name, start.task
     if task.attempt > 0:

@@ -133,6 +133,7 @@ class RunReader:
             "started_by": "upload" if source else "api",
             "manifest": (source or {}).get("manifest"),
             "redrive_count": int(item.get("redriveCount") or 0),
+            "redrive_date": iso(item.get("redriveDate")),
             "url": f"#/runs/{item['name']}",
         }
 

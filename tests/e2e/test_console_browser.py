@@ -61,7 +61,8 @@ def _full_evaluation(sagemaker: NoOpSageMaker, request: dict[str, Any]) -> None:
     colours = ("red", "green", "blue", "yellow")
     results = [
         {"prompt": f"a {colours[i % 4]} circle on a {colours[(i + 1) % 4]} background", "foreground": colours[i % 4],
-         "background": colours[(i + 1) % 4] if i % 5 else "white", "shape": "circle", "foreground_ok": True,
+         "background": colours[(i + 1) % 4] if i % 5 else "white", "shape": "circle" if i % 3 else "square",
+         "foreground_ok": True,
          "background_ok": bool(i % 5), "shape_ok": i % 3 != 0}
         for i in range(48)
     ]  # fmt: skip

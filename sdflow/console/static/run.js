@@ -66,9 +66,11 @@ function header(run, runName) {
       ["Duration", fmtDuration(run.duration_s)],
       ["Started by", run.started_by || "—"],
       run.manifest ? ["Manifest", run.manifest] : null,
-      run.redrive_count ? ["Redrives", String(run.redrive_count)] : null,
+      run.redrive_count ? ["Redrives", h("span", {}, String(run.redrive_count),
+        run.redrive_date ? [" · last ", timeEl(run.redrive_date)] : null)] : null,
     ], { class: "kv run-meta" }),
-    failed && (run.error || run.cause) ? h("div", { class: "run-error", "data-testid": "run-error" },
+    failed && (run.error || run.cause) ? h("div", {
+      class: run.status === "ABORTED" ? "run-error run-stopped" : "run-error", "data-testid": "run-error" },
       h("strong", {}, run.error || run.status),
       causeView(run.reason, run.cause, "run-cause")) : null,
   ];

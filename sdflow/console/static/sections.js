@@ -26,13 +26,19 @@ function plain(v) {
   return fmtValue(v);
 }
 
+/** "prompt_adherence" → "Prompt adherence": names from a JSON file, said as words. */
+const words = (key) => {
+  const text = String(key).replace(/_/g, " ");
+  return text.charAt(0).toUpperCase() + text.slice(1);
+};
+
 /** name → value rows; a nested object's entries become "name · key" rows next to their values. */
 function metricsTable(obj, testid) {
   const rows = [];
   for (const [k, v] of Object.entries(obj || {})) {
     if (v && typeof v === "object" && !Array.isArray(v)) {
-      for (const [k2, v2] of Object.entries(v)) rows.push([`${k} · ${k2}`, plain(v2)]);
-    } else rows.push([k, plain(v)]);
+      for (const [k2, v2] of Object.entries(v)) rows.push([`${words(k)} · ${words(k2).toLowerCase()}`, plain(v2)]);
+    } else rows.push([words(k), plain(v)]);
   }
   if (!rows.length) return h("p", { class: "muted small" }, "None yet.");
   return kvTable(rows, { "data-testid": testid });
@@ -51,7 +57,7 @@ function resultsTable(results) {
       `${matched} of ${results.length} prompts drawn with the asked foreground and background colours.`),
     h("div", { class: "results-wrap", "data-testid": "results" },
       h("table", { class: "table results" },
-        h("thead", {}, h("tr", {}, ["Prompt", "Foreground", "Background", "Shape"].map((t) =>
+        h("thead", {}, h("tr", {}, ["Prompt", "Foreground seen", "Background seen", "Shape seen"].map((t) =>
           h("th", { scope: "col" }, t)))),
         h("tbody", {}, results.map((r) => h("tr", { "data-testid": "result-row" },
           h("td", {}, r.prompt || "—"), h("td", {}, mark(r.foreground_ok, r.foreground)),
@@ -85,7 +91,8 @@ class TrainingSection {
       kvTable([
         ["Job", h("span", { "data-testid": "training-job" }, t.job_name || "—")],
         ["Status", h("span", {}, badge(t.status, "training-status"),
-          t.secondary_status ? h("span", { class: "muted small" }, ` ${t.secondary_status}`) : null)],
+          t.secondary_status && t.secondary_status !== t.status
+            ? h("span", { class: "muted small" }, ` ${t.secondary_status}`) : null)],
         ["Instances", `${t.instance_type || "—"} × ${t.instance_count ?? 1}`],
         ["Started", timeEl(t.start)],
         ["Ended", t.end ? timeEl(t.end) : "—"],
@@ -124,7 +131,8 @@ class EvaluationSection {
       ]),
       h("div", {}, h("h3", {}, "Scores"), metricsTable(e.scores, "scores"),
         e.settings && Object.keys(e.settings).length ? h("p", { class: "small muted" }, "Settings: ",
-          Object.entries(e.settings).map(([k, v]) => `${k} ${fmtValue(v)}`).join(" · ")) : null)));
+          Object.entries(e.settings).map(([k, v]) => `${words(k).toLowerCase()} ${fmtValue(v)}`).join(" · "))
+          : null)));
     this.results.set(Array.isArray(e.results) ? e.results : [], resultsTable);
     this.grid.set(e.grid_url, (url) => (url ? [h("h3", {}, "Prompt adherence"),
       image(url, "adherence-grid", "Prompt adherence grid")] : null));

@@ -6,12 +6,13 @@ endpoint now, not after the health-check window runs out.
 
 /invocations: every malformed request is a 4xx naming the field at fault (never a 422 or a
 500). A request that would not end within SageMaker's limit behind the work already admitted
-(serve_admission) is a 429 "busy": the throttle status, which HTTP clients and the AWS SDKs'
-retry policies treat as "slow down and retry", with the seconds to wait twice: in the
-Retry-After header (RFC 9110) and as `retry_after_s` in the body. Through SageMaker only the body
-survives: InvokeEndpoint turns any 4xx/5xx of the container into ModelError (424) carrying the
-status in OriginalStatusCode and the body in OriginalMessage, and no header of the container's
-answer (see sdflow/local/sagemaker/invoke.py for what AWS documents). Error bodies are ASCII
+(serve_admission) is a 429 "busy": the throttle status (RFC 6585), which a client calling the
+container directly retries after the Retry-After header (urllib3's Retry does so for 413, 429
+and 503), with the seconds to wait twice: in that header and as `retry_after_s` in the body.
+Through SageMaker only the body survives: InvokeEndpoint turns any 4xx/5xx of the container
+into ModelError (424) carrying the status in OriginalStatusCode and the body in OriginalMessage,
+and no header of the container's answer (see sdflow/local/sagemaker/invoke.py for what AWS
+documents). Error bodies are ASCII
 JSON, so an error that quotes the request (a lone surrogate in a field name) can always be
 encoded.
 """

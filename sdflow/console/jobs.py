@@ -99,9 +99,7 @@ class JobReader:
             lambda: (self.clients("sagemaker").describe_training_job(TrainingJobName=job_name), False),
         )
         resources = job.get("ResourceConfig") or {}
-        # Before TrainingStartTime is set (or where a job reports none) the job's clock starts at its creation.
-        start = job.get("TrainingStartTime") or job.get("CreationTime")
-        end = job.get("TrainingEndTime")
+        start, end = job.get("TrainingStartTime"), job.get("TrainingEndTime")
         if end is None and job.get("TrainingJobStatus") in TERMINAL_JOB:
             end = job.get("LastModifiedTime")  # an ended job's duration is fixed, never "until now"
         outputs = self._training_outputs(job)

@@ -62,7 +62,8 @@ def look(page: Any, folder: Path, name: str, report: Callable[[str], None]) -> P
 def shoot(locator: Any, folder: Path, name: str, report: Callable[[str], None]) -> Path:
     """One panel's screenshot, for a closer look than the full page gives."""
     path = folder / f"{name}.png"
-    locator.screenshot(path=str(path))
+    # The sticky top bar would cover the panel's heading in a shot of the panel alone.
+    locator.screenshot(path=str(path), style=".topbar, .banner-host { visibility: hidden; }")
     report(f"console screenshot, {name}: {path}")
     return path
 

@@ -295,3 +295,22 @@ def test_children_shard_of_no_images_and_retried_shard_earlier_attempt_reported(
         {"job_name": first, "status": "Failed", "failure_reason": "ClientError: no space left"}
     ]
     assert by_shard["00000"]["earlier_attempts"] == []
+
+
+def test_run_training_job_failed_without_end_time_duration_ends_at_its_last_change(console: Console) -> None:
+    h = pipeline_history("run-train")
+    h.exit("Check trained model", "Choice")
+    h.enter("Train model")
+    h.add("TaskScheduled")
+    h.add("TaskFailed", taskFailedEventDetails={"error": "TrainingJobFailed", "cause": "killed"})
+    h.add("ExecutionFailed")
+    add_run(console, "run-train", "FAILED", h)
+    job = names.training_job_name(names.run_hash(execution_arn("run-train"), T0), "run-train", 0, 0)
+    console.sagemaker.training_jobs[job] = {
+        "TrainingJobName": job, "TrainingJobStatus": "Failed", "TrainingStartTime": T0,
+        "LastModifiedTime": T0 + timedelta(seconds=90),  # a job that failed early reports no TrainingEndTime
+    }  # fmt: skip
+
+    training = console.client().get("/api/runs/run-train").json()["training"]
+
+    assert training["duration_s"] == pytest.approx(90.0)

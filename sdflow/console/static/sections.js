@@ -33,12 +33,13 @@ const words = (key) => {
 };
 
 /** name → value rows; a nested object's entries become "name · key" rows next to their values. */
-function metricsTable(obj, testid) {
+function metricsTable(obj, testid, asWords = true) {
+  const label = asWords ? words : String;
   const rows = [];
   for (const [k, v] of Object.entries(obj || {})) {
     if (v && typeof v === "object" && !Array.isArray(v)) {
-      for (const [k2, v2] of Object.entries(v)) rows.push([`${words(k)} · ${words(k2).toLowerCase()}`, plain(v2)]);
-    } else rows.push([words(k), plain(v)]);
+      for (const [k2, v2] of Object.entries(v)) rows.push([`${label(k)} · ${label(k2).toLowerCase()}`, plain(v2)]);
+    } else rows.push([label(k), plain(v)]);
   }
   if (!rows.length) return h("p", { class: "muted small" }, "None yet.");
   return kvTable(rows, { "data-testid": testid });
@@ -94,14 +95,14 @@ class TrainingSection {
           t.secondary_status && t.secondary_status !== t.status
             ? h("span", { class: "muted small" }, ` ${t.secondary_status}`) : null)],
         ["Instances", `${t.instance_type || "—"} × ${t.instance_count ?? 1}`],
-        ["Started", timeEl(t.start)],
+        t.start || !t.end ? ["Started", timeEl(t.start)] : null,
         ["Ended", t.end ? timeEl(t.end) : "—"],
         ["Duration", fmtDuration(t.duration_s)],
         t.failure_reason ? ["Failure", h("span", { class: "failure" }, t.failure_reason)] : null,
         ["Logs", link(t.log_url, "Training log", { "data-testid": "training-log" })],
       ]),
     ]);
-    this.metrics.set(t.final_metrics, (m) => metricsTable(m, "final-metrics"));
+    this.metrics.set(t.final_metrics, (m) => metricsTable(m, "final-metrics", false));  // metric names as defined
     this.chart.set(t.loss, (loss) => [lossCurve(loss),
       t.loss_png_url ? h("p", { class: "small" }, link(t.loss_png_url, "loss.png")) : null]);
     this.samples.set(t.samples_url, (url) => (url ? [h("h3", {}, "Samples"),

@@ -226,6 +226,7 @@ class LocalCloud:
         self.clock.close()
         runtime, self.runtime = self.runtime, None
         if runtime is not None:
+            runtime.stopping = True
             if runtime.sagemaker is not None and hasattr(runtime.sagemaker, "shutdown"):
                 with contextlib.suppress(Exception):
                     runtime.sagemaker.shutdown()

@@ -98,6 +98,9 @@ class Runtime:
     # delivered to EventBridge (faults.drop_end_event).
     dropped_end_events: set[str] = field(default_factory=set)
     faults_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # Set by LocalCloud.stop() before it shuts the workers down: background work that ends
+    # because of it (an asynchronous invocation in flight) ends quietly, not as a failure.
+    stopping: bool = False
     _inflight: int = field(default=0, repr=False)
     _idle: threading.Condition = field(default_factory=threading.Condition, repr=False)
 

@@ -95,9 +95,15 @@ def invoke_function_async(fn: Any, payload: bytes) -> None:
                     with runtime.lambda_concurrency.slot(concurrency_key(fn), reserved_concurrency(fn), wait=True):
                         result = _runner(runtime).invoke(spec, payload, request_id)
                 except Exception:  # the runner itself failed (e.g. shut down): nothing to retry
-                    log.exception("asynchronous invocation of %s could not run", spec.name)
+                    if runtime.stopping:  # the local cloud shut the runner down: a normal end
+                        log.info("asynchronous invocation of %s dropped: the local cloud is stopping", spec.name)
+                    else:
+                        log.exception("asynchronous invocation of %s could not run", spec.name)
                     return
                 if result.function_error is None:
+                    return
+                if runtime.stopping:  # its worker was ended by the stop, not by the function
+                    log.info("asynchronous invocation of %s dropped: the local cloud is stopping", spec.name)
                     return
                 log.warning("asynchronous invocation of %s failed: %s", spec.name, result.payload[:500])
             _send_to_dead_letter_queue(fn, payload, result, request_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -159,3 +160,22 @@ def test_patch_lambda_handler_tells_time_on_advanced_clock(function_arn: str, ru
     answer = json.loads(client("lambda").invoke(FunctionName=function_arn, Payload=b"{}")["Payload"].read())
     assert 86_300 < answer["now"] - time.time() < 86_500
     assert 0 < answer["remaining_ms"] <= 3000, "the deadline moves with the clock"
+
+
+def test_patch_lambda_async_invocation_while_cloud_stops_ends_without_traceback(
+    runtime: runtime_module.Runtime, function_arn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # LocalCloud.stop() marks the runtime, then shuts the runner down under invocations in flight.
+    runtime.stopping = True
+    assert runtime.lambda_runner is not None
+    runtime.lambda_runner.shutdown()
+
+    with caplog.at_level(logging.INFO, logger="sdflow.local.services.awslambda"):
+        client("lambda").invoke(FunctionName=function_arn, InvocationType="Event", Payload=b"{}")
+        assert runtime.wait_idle(20)
+
+    records = [r for r in caplog.records if r.name == "sdflow.local.services.awslambda"]
+    assert [r.getMessage() for r in records] == [
+        "asynchronous invocation of probe dropped: the local cloud is stopping"
+    ]
+    assert all(r.exc_info is None and r.levelno == logging.INFO for r in records)

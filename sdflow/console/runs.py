@@ -16,9 +16,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sdflow import history
-from sdflow.console import causes, graph, maps
+from sdflow.console import graph, maps
 from sdflow.console.aws import Clients, ConsoleError, Recent, TtlCache
-from sdflow_common import names
+from sdflow_common import causes, names
 from sdflow_common.run_document import parse_s3_uri
 from sdflow_common.start_pipeline import source_key
 

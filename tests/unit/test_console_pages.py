@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from sdflow.console import causes, maps
+from sdflow.console import maps
 from sdflow.console.jobs import evaluation_view
-from sdflow_common import names
+from sdflow_common import causes, names
 from tests.unit.console_fakes import (
     ASL_PATH,
     MAP,

@@ -22,6 +22,7 @@ from urllib.parse import quote
 
 from botocore.exceptions import ClientError
 
+from sdflow import endpoints
 from sdflow.console.aws import Clients, ConsoleError, Recent, TtlCache, error_code
 from sdflow.console.runs import iso
 from sdflow_common import names
@@ -34,6 +35,8 @@ STEP = re.compile(r"step=(\d+)")
 MAX_LOSS_POINTS = 2000
 MAX_ARCHIVE_BYTES = 512 * 1024 * 1024  # read a .tar.gz for one member only below this size
 MAX_MEMBER_BYTES = 32 * 1024 * 1024
+# The page waits on a busy endpoint's retries (sdflow.endpoints) this long before it shows the refusal.
+BUSY_RETRY_BUDGET_S = 30.0
 TERMINAL_JOB = {"Completed", "Failed", "Stopped"}
 RESULT_FIELDS = ("prompt", "foreground", "background", "shape", "foreground_ok", "background_ok", "shape_ok")
 MAX_RESULT_ROWS = 1000
@@ -260,10 +263,7 @@ class JobReader:
 
     def invoke(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
         started = time.monotonic()
-        response = self.clients("sagemaker-runtime").invoke_endpoint(
-            EndpointName=endpoint, ContentType="application/json", Accept="application/json", Body=json.dumps(body)
-        )
-        answer = json.loads(response["Body"].read())
+        answer = endpoints.invoke_json(self.clients("sagemaker-runtime"), endpoint, body, budget_s=BUSY_RETRY_BUDGET_S)
         images = answer.get("images") if isinstance(answer, dict) else None
         if not images:
             raise ConsoleError(502, "NoImage", f"endpoint {endpoint} answered without an image")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from typing import Any
 from urllib.parse import unquote_plus
@@ -64,3 +65,50 @@ def test_object_created_events_unique_ids_and_encoded_keys(runtime: runtime_modu
 def test_event_key_keeps_slashes_and_colons() -> None:
     assert s3.event_key("raw/2023-08-08T14:03:40.zip") == "raw/2023-08-08T14:03:40.zip"
     assert s3.event_key("a b/c=d") == "a+b/c%3Dd"
+
+
+def _versions_listed(bucket: str, prefix: str) -> list[dict[str, Any]]:
+    pages = (
+        client("s3")
+        .get_paginator("list_object_versions")
+        .paginate(Bucket=bucket, Prefix=prefix, PaginationConfig={"PageSize": 3})
+    )
+    return [version for page in pages for version in page.get("Versions", [])]
+
+
+def _tracked_keys() -> int:
+    from moto.s3.models import FakeKey
+
+    return len(FakeKey.instances_tracked)  # type: ignore[attr-defined]
+
+
+def test_moto_gap_list_object_versions_keeps_a_copy_of_every_key_per_page(aws: None) -> None:
+    client("s3").create_bucket(Bucket="data")
+    for i in range(10):
+        client("s3").put_object(Bucket="data", Key=f"parts/{i}.parquet", Body=b"x" * 1000)
+    before = _tracked_keys()
+    assert len(_versions_listed("data", "parts/")) == 10
+    assert _tracked_keys() - before >= 10 * 4, "four pages, each a tracked copy of every key"
+
+
+def test_list_object_versions_pages_leave_no_copies_and_answer_as_before(runtime: runtime_module.Runtime) -> None:
+    s3_client = client("s3")
+    s3_client.create_bucket(Bucket="data")
+    s3_client.put_bucket_versioning(Bucket="data", VersioningConfiguration={"Status": "Enabled"})
+    for i in range(10):
+        s3_client.put_object(Bucket="data", Key=f"parts/{i}.parquet", Body=b"x" * 1000)
+    s3_client.put_object(Bucket="data", Key="parts/3.parquet", Body=b"second version")
+    s3_client.put_object(Bucket="data", Key="other/a", Body=b"a")
+    before = _tracked_keys()
+
+    listed = _versions_listed("data", "parts/")
+
+    assert _tracked_keys() == before, "the listing's copies are views, freed with it"
+    assert len(listed) == 11
+    third = [v for v in listed if v["Key"] == "parts/3.parquet"]
+    assert [v["IsLatest"] for v in third] == [True, False]
+    assert third[0]["Size"] == len(b"second version")
+    assert third[0]["ETag"] == s3_client.head_object(Bucket="data", Key="parts/3.parquet")["ETag"]
+    gc.collect()  # the views are gone: the keys' bytes must still be there
+    assert s3_client.get_object(Bucket="data", Key="parts/3.parquet")["Body"].read() == b"second version"
+    assert s3_client.get_object(Bucket="data", Key="parts/7.parquet")["Body"].read() == b"x" * 1000

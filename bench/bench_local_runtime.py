@@ -66,14 +66,23 @@ def upload_noop_inputs(cloud: Any, workdir: Path, shards: int, concurrency: int)
     }
 
 
-def _tree_rss(process: psutil.Process) -> tuple[int, int]:
-    """The summed RSS of the process and its descendants, and how many descendants there are."""
+def _tree_rss(process: psutil.Process) -> tuple[int, list[psutil.Process]]:
+    """The summed RSS of the process and its descendants, and the descendants."""
     total = 0
     children = process.children(recursive=True)
     for proc in [process, *children]:
         with contextlib.suppress(psutil.NoSuchProcess):
             total += proc.memory_info().rss
-    return total, len(children)
+    return total, children
+
+
+def _workers_by_function(children: list[psutil.Process]) -> dict[str, int]:
+    """How many of the processes are Lambda workers of each function (their environment says)."""
+    found: collections.Counter[str] = collections.Counter()
+    for proc in children:
+        with contextlib.suppress(psutil.Error):
+            found[proc.environ().get("AWS_LAMBDA_FUNCTION_NAME", "(not a Lambda worker)")] += 1
+    return dict(found)
 
 
 def _top_allocations(snapshot: Any, label: str, limit: int = 15) -> list[str]:
@@ -116,15 +125,16 @@ def run_one(shards: int, concurrency: int, profile_memory: bool = False) -> dict
 
         tracemalloc.start(4)
     peak = peak_own = peak_children = peak_threads = 0
+    peak_workers: dict[str, int] = {}
     stop = threading.Event()
     me = psutil.Process()
 
     def sample() -> None:
-        nonlocal peak, peak_own, peak_children, peak_threads
+        nonlocal peak, peak_own, peak_children, peak_threads, peak_workers
         while not stop.is_set():
             rss, children = _tree_rss(me)
             if rss > peak:
-                peak, peak_children = rss, children
+                peak, peak_children, peak_workers = rss, len(children), _workers_by_function(children)
             with contextlib.suppress(psutil.NoSuchProcess):
                 peak_own = max(peak_own, me.memory_info().rss)
                 peak_threads = max(peak_threads, me.num_threads())
@@ -204,6 +214,7 @@ def run_one(shards: int, concurrency: int, profile_memory: bool = False) -> dict
         "peak_mb": peak / 2**20,
         "peak_cloud_mb": peak_own / 2**20,  # the local cloud's own process, without its workers
         "processes_at_peak": peak_children,  # the Lambda workers (and any other child) at the peak
+        "workers_at_peak": peak_workers,  # function name (stack-prefixed) -> its workers at the peak
         "peak_threads": peak_threads,  # the cloud process's threads (each has a stack of its own)
         "allocations": allocations,
         "transitions": transitions,
@@ -263,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
             f"growth {first['shards']} -> {last['shards']} shards: time x{last['run_s'] / first['run_s']:.1f} "
             f"(shards x{last['shards'] / first['shards']:.0f}), peak memory x{last['peak_mb'] / first['peak_mb']:.2f}"
         )
+    for r in results:
+        named = r["workers_at_peak"].items()
+        workers = ", ".join(f"{name.split('-')[-2] if '-' in name else name} {n}" for name, n in named)
+        print(f"workers at the peak of {r['shards']} shards: {workers}")
     for r in results:
         if r.get("allocations"):
             print(f"where the cloud process's Python memory is after {r['shards']} shards (tracemalloc):")

@@ -18,12 +18,19 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from botocore.exceptions import ClientError
 
 from sdflow.errors import EndpointError
-from sdflow.session import Session
+
+
+class Session(Protocol):
+    """What is needed of sdflow.session.Session (not imported: it reaches the console, whose page
+    calls invoke_json)."""
+
+    def client(self, service: str) -> Any: ...
+
 
 BUSY_STATUS = 429
 # A person waiting at `sdflow invoke` (or a notebook cell): a few minutes at most.
@@ -51,11 +58,12 @@ def invoke_json(
     body: dict[str, Any],
     *,
     budget_s: float = BUSY_RETRY_BUDGET_S,
-    sleep: Callable[[float], None] = time.sleep,
-    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> Any:
     """InvokeEndpoint with `body` as JSON; a busy refusal is retried after the wait it names while
     the budget lasts. Any other error, or a busy one past the budget, is raised as it came."""
+    sleep, clock = sleep or time.sleep, clock or time.monotonic
     deadline = clock() + budget_s
     while True:
         try:

@@ -32,15 +32,6 @@ def wait_for(predicate: Callable[[], Any], *, timeout_s: float, what: str, inter
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
-class SearchPaths(list[str]):
-    """A botocore loader's search paths, to which every boto3 session appends its own data folder:
-    a loader shared by many sessions keeps one copy of it instead of one per session."""
-
-    def append(self, path: str) -> None:
-        if path not in self:
-            super().append(path)
-
-
 def shared_botocore_loader() -> Callable[[str | None], Any]:
     """botocore.session's `create_loader`, answering one loader for every session that uses the
     default data path: each service's model is then parsed once per test process, not once per
@@ -50,6 +41,8 @@ def shared_botocore_loader() -> Callable[[str | None], Any]:
     with one loader."""
     import botocore.loaders
     import botocore.session
+
+    from sdflow.local.sessions import SearchPaths
 
     original = botocore.session.create_loader
     loader = botocore.loaders.Loader(extra_search_paths=SearchPaths())

@@ -39,8 +39,10 @@ TABLE = settings.idempotency_table or "sdflow-idempotency"
 # One persistence layer per idempotent callable: Powertools configures the layer with the
 # callable's key expression on every call, so a shared one would lose the handler's key to the
 # nested publish_once's.
-persistence = DynamoDBPersistenceLayer(table_name=TABLE)
-publish_persistence = DynamoDBPersistenceLayer(table_name=TABLE)
+# Both on the process's one DynamoDB client: a layer left to itself makes a boto3 session of its
+# own, which parses botocore's endpoint data and the DynamoDB model again (~13 MB a session).
+persistence = DynamoDBPersistenceLayer(table_name=TABLE, boto3_client=aws.client("dynamodb"))
+publish_persistence = DynamoDBPersistenceLayer(table_name=TABLE, boto3_client=aws.client("dynamodb"))
 RUN_END_KEY = "[detail.executionArn, detail.status, detail.redriveCount]"
 # EventBridge retries a failed delivery for up to a day (the rule's MaximumEventAgeInSeconds).
 idempotency_config = IdempotencyConfig(event_key_jmespath=RUN_END_KEY, expires_after_seconds=2 * 86400)

@@ -27,9 +27,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, cast
 
-import boto3
-
-from sdflow.local import moto_logging, patching, scheduler, template
+from sdflow.local import moto_logging, patching, scheduler, sessions, template
 from sdflow.local.account import ACCOUNT_ID, REGION
 from sdflow.local.clock import Clock
 from sdflow.local.faults import Faults
@@ -341,7 +339,7 @@ class LocalCloud:
             return client
 
     def _new_client(self, service: str, **options: Any) -> Any:
-        session = boto3.session.Session(
+        session = sessions.session(
             aws_access_key_id=CLI_CREDENTIALS["AWS_ACCESS_KEY_ID"],
             aws_secret_access_key=CLI_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
             aws_session_token=CLI_CREDENTIALS["AWS_SESSION_TOKEN"],

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import boto3
 import yaml
 
+from sdflow.local import sessions
 from sdflow.local.account import ACCOUNT_ID, REGION
 
 log = logging.getLogger(__name__)
@@ -234,7 +234,7 @@ def translate(
     }
     document = json.loads(json.dumps(template))
     to_py27_compatible_template(document, values)
-    translator = Translator(None, Parser(), boto_session=boto3.session.Session(region_name=region))
+    translator = Translator(None, Parser(), boto_session=sessions.session(region_name=region))
     policies = _NoManagedPolicies()
     try:
         translated = translator.translate(document, parameter_values=values, get_managed_policy_map=policies.load)
@@ -248,9 +248,9 @@ def translate(
 
 
 def _client(service: str, endpoint_url: str, region: str) -> Any:
-    return boto3.session.Session(
-        aws_access_key_id="testing", aws_secret_access_key="testing", region_name=region
-    ).client(service, endpoint_url=endpoint_url)  # type: ignore[call-overload]
+    return sessions.session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name=region).client(
+        service, endpoint_url=endpoint_url
+    )  # type: ignore[call-overload]
 
 
 def deploy(

@@ -6,6 +6,7 @@ import base64
 import io
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -122,8 +123,7 @@ def test_invoke_json_other_model_error_not_retried() -> None:
 
 def test_invoke_busy_through_the_budget_says_it_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = _FakeTime()
-    monkeypatch.setattr(endpoints.time, "sleep", fake.sleep)
-    monkeypatch.setattr(endpoints.time, "monotonic", lambda: fake.now)
+    monkeypatch.setattr(endpoints, "time", SimpleNamespace(sleep=fake.sleep, monotonic=lambda: fake.now))
     runtime = _BusyThen(1000, {"images": ["aGk="]}, retry_after_s=30.0)
     with pytest.raises(CliError, match=r"ModelError\) \(still busy after retrying for 180 s\).*retry_after_s"):
         invoke(_Session(runtime), "e", "x", tmp_path / "out.png")  # type: ignore[arg-type]

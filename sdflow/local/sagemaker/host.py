@@ -27,9 +27,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
+
+from sdflow.local import sessions
 
 LOG = logging.getLogger("sdflow.local.sagemaker")
 
@@ -193,7 +194,7 @@ def signal_group(pid: int, signum: int) -> None:
 class S3Transfer:
     def __init__(self, endpoint_url: str, region: str, credentials: Mapping[str, str] | None = None) -> None:
         keys = credentials or {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-        session = boto3.session.Session(
+        session = sessions.session(
             aws_access_key_id=keys["AWS_ACCESS_KEY_ID"],
             aws_secret_access_key=keys["AWS_SECRET_ACCESS_KEY"],
             aws_session_token=keys.get("AWS_SESSION_TOKEN"),

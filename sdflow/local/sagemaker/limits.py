@@ -38,9 +38,9 @@ class SageMakerValidationError(JsonRESTError):
 
 @functools.cache
 def _model() -> Any:
-    import botocore.session
+    from sdflow.local import sessions
 
-    return botocore.session.get_session().get_service_model("sagemaker")
+    return sessions.botocore_session().get_service_model("sagemaker")
 
 
 @functools.cache

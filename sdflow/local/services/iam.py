@@ -30,7 +30,7 @@ from typing import Any
 from moto.core.authorization import ActionAuthenticatorMixin
 from moto.core.exceptions import ServiceException
 
-from sdflow.local import iam_resources
+from sdflow.local import iam_resources, sessions
 from sdflow.local.account import REGION
 from sdflow.local.iam_policy import Decision, PolicySet
 from sdflow.local.iam_resources import Check
@@ -328,7 +328,6 @@ def interpreter_client(region: str, service: str, state_credentials: Any = None)
     as Step Functions calls integrated services with it; one per (port, region, service, role).
     None when IAM is not enforced or moto runs in-process: the caller then builds moto's own
     client (moto/stepfunctions/parser/asl/utils/boto_client.py boto_client_for, fixed keys)."""
-    import boto3
     from botocore.config import Config
     from moto.core.models import botocore_stubber
     from moto.settings import moto_server_port
@@ -345,7 +344,7 @@ def interpreter_client(region: str, service: str, state_credentials: Any = None)
         if client is None:
             keys = runtime.iam.credentials_for_role(role_arn, "StepFunctions")
             if runtime.sfn_session is None:
-                runtime.sfn_session = boto3.session.Session()
+                runtime.sfn_session = sessions.session()
             client = runtime.sfn_clients[key] = runtime.sfn_session.client(
                 service,
                 region_name=region,

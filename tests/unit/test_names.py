@@ -146,6 +146,18 @@ def test_attempt_of_reads_the_attempt_counter_at_the_end_of_the_name() -> None:
     assert names.attempt_of("someone-elses-job") is None
 
 
+def test_counters_of_and_task_key_read_redrive_attempt_and_the_task_they_count() -> None:
+    long = names.evaluation_job_name(HASH, LONG_RUN_ID, 7, 123)
+    assert names.counters_of(long) == (7, 123)
+    # The key is the same for every redrive and attempt of one task (the slug is cut the same)...
+    assert names.task_key(long) == names.task_key(names.evaluation_job_name(HASH, LONG_RUN_ID, 0, 0))
+    # ...and differs for another kind of job of the same run or another run.
+    assert names.task_key(long) != names.task_key(names.training_job_name(HASH, LONG_RUN_ID, 7, 123))
+    assert names.task_key(long) != names.task_key(names.evaluation_job_name("0" * 10, LONG_RUN_ID, 7, 123))
+    assert names.counters_of("someone-elses-job") is None
+    assert names.task_key("someone-elses-job-a1") is None
+
+
 def test_training_job_glob_matches_every_attempt_and_redrive_of_its_run_only() -> None:
     execution = ARN.format("r" * 80)
     pattern = names.training_job_glob(execution, START)

@@ -215,6 +215,27 @@ def test_clean_up_run_one_stop_throttled_the_others_are_stopped_and_the_error_re
     assert any(line.startswith("NOT cleaned up:") for line in report.lines())
 
 
+def test_clean_up_run_stop_failed_keeps_that_job_claim_and_deletes_the_others(
+    sagemaker: FakeSageMakerClient, store: TokenStore
+) -> None:
+    """A redrive finds a job the ended run left running by its claim (job_control.earlier_redrives):
+    a job still running must keep it."""
+    stuck, stopped = _training(), _download("00001")
+    for kind, name in (("training", stuck), ("processing", stopped)):
+        sagemaker.add_job(kind, name)
+    _claim(store, stuck, "training")
+    _claim(store, stopped, "download")
+    sagemaker.fail_next(
+        "StopTrainingJob", stuck, client_error("ThrottlingException", "Rate exceeded", "StopTrainingJob")
+    )
+
+    report = _clean(sagemaker, store)
+
+    assert store.get(stuck) is not None
+    assert store.get(stopped) is None
+    assert report.claims_deleted == 1
+
+
 def test_clean_up_run_twice_second_time_nothing_is_left(sagemaker: FakeSageMakerClient, store: TokenStore) -> None:
     sagemaker.add_job("training", _training())
     _claim(store, _training(), "training")

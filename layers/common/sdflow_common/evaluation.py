@@ -188,5 +188,6 @@ def start_evaluation(
             context={"output_uri": output_uri(config.bucket, config.run_id, name), "run_id": config.run_id},
             failure=EvaluationJobFailed,
             job_kind="evaluation",
+            across_redrives=True,
         )
     )

@@ -30,6 +30,8 @@ class CallbackTaskLike(Protocol):
     @property
     def attempt(self) -> int: ...
     @property
+    def redrive(self) -> int: ...
+    @property
     def execution_arn(self) -> str: ...
     @property
     def timeout_seconds(self) -> int: ...
@@ -124,9 +126,19 @@ def training_jobs(sagemaker: Any) -> JobApi:
     return JobApi(sagemaker, "training job", names.TRAINING_PREFIX, "TrainingJob")
 
 
-def earlier_attempts(api: JobApi, store: TokenStore, name: str, execution_arn: str) -> list[tuple[int, str]]:
-    """(attempt, name) of the running jobs of the same task (same run, item and redrive) started
-    by an attempt before the one `name` belongs to, newest first.
+def _running(api: JobApi, candidates: set[str]) -> list[str]:
+    """The candidates SageMaker describes as InProgress, newest (redrive, attempt) first."""
+    found = []
+    for other in sorted(candidates):
+        described = api.describe(other)
+        if described is not None and api.status(described) == "InProgress":
+            found.append(other)
+    return sorted(found, key=lambda other: names.counters_of(other) or (0, 0), reverse=True)
+
+
+def earlier_attempts(api: JobApi, store: TokenStore, name: str, execution_arn: str) -> list[str]:
+    """Names of the running jobs of the same task (same run, item and redrive) started by an
+    attempt before the one `name` belongs to, newest first.
 
     Found by name, not by listing (ListProcessingJobs / ListTrainingJobs grow with every job the
     account ever ran and are throttled at low rates): one BatchGetItem of the claims on the earlier
@@ -141,12 +153,32 @@ def earlier_attempts(api: JobApi, store: TokenStore, name: str, execution_arn: s
     stem = name[: len(name) - len(str(current))]  # ends with "-a"
     earlier = [f"{stem}{attempt}" for attempt in range(current)]
     claimed = {record.resource_name for record in store.get_many(earlier) if record.execution_arn == execution_arn}
-    found = []
-    for other in sorted(claimed | {earlier[-1]}):
-        described = api.describe(other)
-        if described is not None and api.status(described) == "InProgress":
-            found.append((names.attempt_of(other) or 0, other))
-    return sorted(found, reverse=True)
+    return _running(api, claimed | {earlier[-1]})
+
+
+def earlier_redrives(api: JobApi, store: TokenStore, name: str, execution_arn: str) -> list[str]:
+    """Names of the running jobs of the same task started before the redrive `name` belongs to,
+    newest first.
+
+    A redrive re-runs its failed state from attempt 0 under new names (`-r<n>`), while the job
+    the ended run was waiting on may still run: its cleanup skips a run that was redriven before
+    it ran (it would stop the redrive's own jobs), and a lost end event or a failed stop leaves
+    it too. Which attempt of which redrive started it is not known, so the run's claims are read
+    (a scan of the token table, which holds one item per waiting task) and the claimed names of
+    this task with an earlier redrive are described. A task has a claim for every job it started
+    (the cleanup deletes a claim only when it stops everything); an adopted job keeps its old name.
+    For the run's one training and one evaluation task only: a shard's download numbers its
+    redrives with the Map child's count, and a scan per shard would read the table once per shard."""
+    counters, key = names.counters_of(name), names.task_key(name)
+    if counters is None or key is None or counters[0] == 0:
+        return []
+    claimed = {
+        record.resource_name
+        for record in store.for_execution(execution_arn)
+        if names.task_key(record.resource_name) == key
+        and (names.counters_of(record.resource_name) or counters)[0] < counters[0]
+    }
+    return _running(api, claimed)
 
 
 def execution_status(sfn: Any, execution_arn: str) -> str:
@@ -169,6 +201,13 @@ class JobStart:
     failure: type[SdflowError]
     # The claim's kind when the API's default is not it (an evaluation is a processing job too).
     job_kind: Kind | None = None
+    # Look for a job an earlier redrive of the task left running (earlier_redrives): training
+    # and evaluation, the run's one job of each kind.
+    across_redrives: bool = False
+
+    @property
+    def looks_for_earlier_jobs(self) -> bool:
+        return self.task.attempt > 0 or (self.across_redrives and self.task.redrive > 0)
 
     @property
     def kind(self) -> Kind:
@@ -184,27 +223,30 @@ class JobStart:
 
 
 def adopt_earlier_attempt(start: JobStart) -> str | None:
-    """Before attempt n creates a job, take over a job an earlier attempt of the same task left
-    running, and return its name.
+    """Before an attempt creates a job, take over a job an earlier attempt (or, for training and
+    evaluation, an earlier redrive) of the same task left running, and return its name.
 
     An earlier attempt's job still runs when its starter died after CreateProcessingJob /
-    CreateTrainingJob (Runtime.ExitError, a killed worker) and the state retried the task.
-    Adopting it beats stopping it and starting anew: its work goes on instead of starting over
-    (for training, hours of instances), and exactly one job runs for the task, so no two jobs
-    share the task's outputs. The claim moves to the new token (token_store takes over an
-    earlier attempt's claim of the same execution); any further earlier-attempt job still
-    running is stopped, so one remains. A job that ends between the lookup and the claim is
-    answered by the reconciler (a download's a little before the task's deadline)."""
+    CreateTrainingJob (Runtime.ExitError, a killed worker) and the state retried the task; an
+    earlier redrive's, when the run ended while its job ran and was redriven before its cleanup
+    stopped the job. Adopting it beats stopping it and starting anew: its work goes on instead of
+    starting over (for training, hours of instances), and exactly one job runs for the task, so no
+    two jobs share the task's outputs. The claim moves to the new token (token_store takes over an
+    earlier claim of the same execution); any further earlier job still running is stopped, so
+    one remains. A job that ends between the lookup and the claim is answered by the reconciler (a
+    download's a little before the task's deadline)."""
     running = earlier_attempts(start.api, start.store, start.name, start.task.execution_arn)
+    if start.across_redrives:
+        running += earlier_redrives(start.api, start.store, start.name, start.task.execution_arn)
     if not running:
         return None
-    (_attempt, adopted), *others = running
+    adopted, *others = sorted(running, key=lambda other: names.counters_of(other) or (0, 0), reverse=True)
     start.claim(adopted)
-    for _other_attempt, other in others:
+    for other in others:
         start.api.stop(other)
     logger.info(
         "earlier attempt's job adopted",
-        extra={"resource_name": adopted, "attempt": start.task.attempt, "stopped": [n for _a, n in others]},
+        extra={"resource_name": adopted, "attempt": start.task.attempt, "stopped": others},
     )
     return adopted
 

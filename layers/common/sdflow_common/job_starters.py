@@ -208,7 +208,7 @@ def start_outcome(result: dict[str, Any]) -> str:
 
 def start_job(start: job_control.JobStart) -> dict[str, Any]:
     name, task = start.name, start.task
-    if task.attempt > 0:
+    if start.looks_for_earlier_jobs:
         adopted = _adopted_earlier_attempt(start)
         if adopted is not None:
             return {"resource_name": adopted, "created": False, "adopted": True}
@@ -324,6 +324,7 @@ def start_training(
             request=request,
             context={"output_path": request["OutputDataConfig"]["S3OutputPath"], "run_id": config.run_id},
             failure=TrainingJobFailed,
+            across_redrives=True,
         )
     )
 

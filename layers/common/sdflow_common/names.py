@@ -36,6 +36,7 @@ UNNAMED_RUN_GROUP = "unnamed"
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ATTEMPT_TAIL = re.compile(r"-a(\d+)$")
+_COUNTERS_TAIL = re.compile(r"-r(\d+)-a(\d+)$")
 # The readable slug is cut as if the counters had this many digits, so that it is the same for
 # every attempt and redrive of a task (Step Functions allows 1,000 redrives of an execution and a
 # retrier's MaxAttempts is at most 99,999,999; names with counters wider than this are still
@@ -197,6 +198,20 @@ def attempt_of(name: str) -> int | None:
     """The `-a<n>` counter at the end of a name built here, or None."""
     match = _ATTEMPT_TAIL.search(name)
     return int(match.group(1)) if match else None
+
+
+def counters_of(name: str) -> tuple[int, int] | None:
+    """(redrive, attempt) from the `-r<n>-a<n>` at the end of a name built here, or None."""
+    match = _COUNTERS_TAIL.search(name)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def task_key(name: str) -> str | None:
+    """A name without its `-r<n>-a<n>`: the same for every attempt and redrive of one task (the
+    slug is cut as if the counters were wide), different for any other task. None when the name
+    has no counters."""
+    match = _COUNTERS_TAIL.search(name)
+    return name[: match.start()] if match else None
 
 
 def training_job_glob(execution_arn: str, start_time: str | int | float | datetime) -> str:

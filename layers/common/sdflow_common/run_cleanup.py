@@ -12,7 +12,10 @@ training job runs on until its MaxRuntime, an endpoint deployment still complete
    job not InProgress): nothing to do.
 2. the run's endpoint deployment is rolled back (sdflow_common.rollback).
 3. the run's remaining task-token claims are deleted (their tokens died with the execution),
-   except a deferred rollback's, which job_events needs when the endpoint settles.
+   except a deferred rollback's, which job_events needs when the endpoint settles, and a job's
+   that could not be stopped: a redrive finds the job it may adopt by its claim (the task's
+   starter reads the run's claims, job_control.earlier_redrives), and the reconciler's pass
+   still sees it.
 Every step is idempotent and one item's error does not stop the others: the errors are
 collected, reported, and raised by the caller after the rest is done, so the event is retried.
 
@@ -57,6 +60,8 @@ class CleanupReport:
     # What was looked at (job kinds listed, the endpoint claims read): all that a "nothing was
     # running" can be said of. A run may hold what the cleanup does not look for.
     checked: list[str] = field(default_factory=list)
+    # Jobs whose stop failed: their claims are kept (module docstring, step 3).
+    unstopped: set[str] = field(default_factory=set)
 
     @property
     def stopped_count(self) -> int:
@@ -132,6 +137,7 @@ def _stop(api: job_control.JobApi, name: str, report: CleanupReport) -> None:
         if api.stop(name):
             report.stopped.setdefault(api.label, []).append(name)
     except ClientError as exc:
+        report.unstopped.add(name)
         noun = _cli_name(api.noun)
         report.errors.append(
             f"{api.label} {name} is still running ({exc}); stop it: "
@@ -148,6 +154,8 @@ def _settle_claim(record: TokenRecord, sagemaker: Any, store: TokenStore, report
         if outcome.keeps_claim:
             _request_rollback(record, store)
             return
+    if record.resource_name in report.unstopped:
+        return
     if store.delete(record.resource_name, token=record.task_token):
         report.claims_deleted += 1
 

@@ -123,6 +123,39 @@ def test_run_end_event_lost_reconciler_notifies_and_cleans_up_within_its_period(
     )
 
 
+def test_redrive_of_evaluate_model_before_its_cleanup_adopts_the_running_evaluation_job(
+    cloud: LocalCloud, sagemaker: NoOpSageMaker
+) -> None:
+    """The run is stopped during Evaluate model and redriven before any cleanup ran (here its end
+    event is lost; a cleanup retried by Lambda, or one whose stop failed, leaves the same): the
+    redrive's attempt 0 (`-r1-a0`) adopts the evaluation job still running instead of starting a
+    second one beside it, and the run succeeds on that job's result."""
+    sagemaker.seconds_by_kind["training"] = hold_for(3.0)
+    arn = start_run(cloud, "redrive-evaluation")
+    cloud.faults.drop_end_event(arn)
+    run_hash = run_hash_of(cloud, arn)
+    wait_for_job(cloud, "training", run_hash)  # every download has ended by now
+    sagemaker.seconds_by_kind["processing"] = hold_for(20.0)
+    job = wait_for_started_job(cloud, "processing", f"sdf-ev-redrive-evaluation-{run_hash}-r0-", timeout_s=120.0)
+    sfn = cloud.client("stepfunctions")
+    sfn.stop_execution(executionArn=arn, error="UserStopped", cause="stopped to redrive")
+    assert ended(cloud, arn)["status"] == "ABORTED"
+    started = time.monotonic()
+
+    sfn.redrive_execution(executionArn=arn)
+
+    assert ended(cloud, arn)["status"] == "SUCCEEDED"
+    evaluations = [name for name in jobs_named(cloud, "processing", run_hash) if name.startswith("sdf-ev-")]
+    assert evaluations == [job], "the redrive adopted the running job: one evaluation job"
+    adopted = [line for line in function_log_lines(cloud, "StartEvaluationFunction") if "adopted" in line]
+    assert any(job in line for line in adopted)
+    leftovers = settled(cloud, sagemaker)
+    assert leftovers == []
+    RECOVERY.record(
+        "a redrive of Evaluate model before its cleanup", "its evaluation job adopted, SUCCEEDED", started, leftovers
+    )
+
+
 def test_lost_job_event_is_resolved_by_the_reconciler_after_the_deadline(
     cloud: LocalCloud, sagemaker: NoOpSageMaker
 ) -> None:

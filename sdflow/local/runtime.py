@@ -84,6 +84,9 @@ class Runtime:
     sagemaker_quotas: SageMakerQuotas = field(default_factory=SageMakerQuotas)
     # Lambda: invocations in flight per function with reserved concurrency (services/awslambda_limits.py).
     lambda_concurrency: LambdaConcurrency = field(default_factory=LambdaConcurrency)
+    # Lambda: the account's "Concurrent executions" quota, which reservations must leave room in
+    # (services/awslambda_limits.py check_reservation).
+    lambda_account_concurrency: int = 1_000
     # IAM: the roles' credentials and policies (services/iam.py IamEnforcer); None: not enforced.
     iam: Any = None
     # Every API call the local cloud served, by (IAM service prefix, operation) (services/iam.py).

@@ -79,6 +79,12 @@ def _runner(runtime: Runtime) -> LambdaRunner:
     return runtime.lambda_runner
 
 
+def async_retries(fn: Any) -> int:
+    """The function's EventInvokeConfig MaximumRetryAttempts (0 to 2); Lambda's 2 without one."""
+    configs = getattr(fn, "event_invoke_config", None) or []
+    return int(configs[-1].config.get("MaximumRetryAttempts", 2)) if configs else 2
+
+
 def invoke_function_async(fn: Any, payload: bytes) -> None:
     """An "Event" invocation: run in the background, retry like Lambda, then the DLQ."""
     runtime = current_runtime()
@@ -88,7 +94,7 @@ def invoke_function_async(fn: Any, payload: bytes) -> None:
     def run() -> None:
         with runtime.async_task():
             result: InvocationResult | None = None
-            for delay in (0.0, *runtime.async_retry_delays_s):
+            for delay in (0.0, *runtime.async_retry_delays_s[: async_retries(fn)]):
                 runtime.clock.sleep(delay, what=f"Lambda asynchronous retry of {spec.name}")
                 try:
                     # Past reserved concurrency the event stays queued (sdflow/local/lambda_concurrency.py).

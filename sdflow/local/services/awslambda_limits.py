@@ -13,6 +13,16 @@ As AWS documents them (Lambda API reference, Invoke; Lambda quotas):
 - Reserved concurrency (sdflow/local/lambda_concurrency.py): a synchronous invocation past it gets
   TooManyRequestsException, HTTP 429, {"Reason": "ReservedFunctionConcurrentInvocationLimitExceeded",
   "Type": "User", "message": "Rate Exceeded."}; asynchronous events wait (awslambda.py).
+- Reserved concurrency is refused when it would leave the account's unreserved concurrency
+  under its minimum: "You can reserve up to the Unreserved account concurrency value minus 100"
+  (Lambda developer guide, "Configuring reserved concurrency"). Below a quota of 100 (a new
+  account's can be 10 or 50) the minimum AWS quotes is the quota itself, so no reservation at all
+  fits: InvalidParameterValueException, HTTP 400, "Specified ReservedConcurrentExecutions for
+  function decreases account's UnreservedConcurrentExecution below its minimum value of [10]."
+  (the figure as AWS answers it in such accounts; the guide documents only the 100). Checked at
+  CreateFunction (CloudFormation's path too) and PutFunctionConcurrency against the runtime's
+  `lambda_account_concurrency` (AWS's default quota, 1,000, unless a test sets another); moto
+  checks only PutFunctionConcurrency, only with MOTO_LAMBDA_CONCURRENCY_QUOTA, always against 100.
 Memory is not enforced: MemorySize reaches the handler (context.memory_limit_in_mb,
 AWS_LAMBDA_FUNCTION_MEMORY_SIZE) but the worker process may use more; CPU share is not scaled."""
 
@@ -25,9 +35,12 @@ from urllib.parse import unquote
 from moto.core.exceptions import JsonRESTError
 
 from sdflow.local.lambda_concurrency import ConcurrencyLimitExceeded, reserved_concurrency
-from sdflow.local.patching import Patch, replace
+from sdflow.local.patching import Patch, replace, wrap
 from sdflow.local.runtime import runtime_or_none
 
+# Lambda's default "Concurrent executions" quota, and the unreserved concurrency a reservation must leave.
+DEFAULT_ACCOUNT_CONCURRENCY = 1_000
+UNRESERVED_MINIMUM = 100
 SYNC_REQUEST_LIMIT = 6_291_456
 ASYNC_REQUEST_LIMIT = 1_048_576
 RESPONSE_LIMIT = 6_291_556
@@ -63,6 +76,51 @@ class TooManyRequestsException(JsonRESTError):
 
     def get_headers(self, *args: Any, **kwargs: Any) -> list[tuple[str, str]]:
         return [*super().get_headers(*args, **kwargs), ("Retry-After", "1")]
+
+
+class ReservationTooLarge(JsonRESTError):
+    code = 400
+
+    def __init__(self, minimum: int) -> None:
+        super().__init__(
+            "InvalidParameterValueException",
+            "Specified ReservedConcurrentExecutions for function decreases account's UnreservedConcurrentExecution "
+            f"below its minimum value of [{minimum}].",
+        )
+
+
+def unreserved_minimum(account_concurrency: int) -> int:
+    return min(UNRESERVED_MINIMUM, account_concurrency)
+
+
+def check_reservation(backend: Any, function_name: str, reserved: Any) -> None:
+    """Refuse `reserved` for `function_name` when the account's other reservations and it leave
+    less unreserved concurrency than the minimum (module docstring)."""
+    if reserved is None:
+        return
+    runtime = runtime_or_none()
+    account = runtime.lambda_account_concurrency if runtime is not None else DEFAULT_ACCOUNT_CONCURRENCY
+    others = sum(
+        int(fn.reserved_concurrency)
+        for fn in backend.list_functions()
+        if fn.reserved_concurrency is not None and fn.function_name != function_name
+    )
+    minimum = unreserved_minimum(account)
+    if account - others - int(reserved) < minimum:
+        raise ReservationTooLarge(minimum)
+
+
+def create_function_checked(inner: Any, self: Any, spec: dict[str, Any]) -> Any:
+    """Wraps moto/awslambda/models.py LambdaBackend.create_function: the account's reservation rule."""
+    check_reservation(self, str(spec.get("FunctionName", "")), spec.get("ReservedConcurrentExecutions"))
+    return inner(self, spec)
+
+
+def put_function_concurrency_checked(inner: Any, self: Any, function_name: str, reserved_concurrency: Any) -> Any:
+    """Wraps moto/awslambda/models.py LambdaBackend.put_function_concurrency: the same rule, whatever
+    MOTO_LAMBDA_CONCURRENCY_QUOTA says."""
+    check_reservation(self, self.get_function(function_name).function_name, reserved_concurrency)
+    return inner(self, function_name, reserved_concurrency)
 
 
 def check_request_size(payload: bytes, invocation_type: str) -> None:
@@ -109,6 +167,11 @@ def lambda_response_invoke(self: Any) -> tuple[int, dict[str, str], str | bytes]
 
 
 def patches() -> list[Patch]:
+    from moto.awslambda.models import LambdaBackend
     from moto.awslambda.responses import LambdaResponse
 
-    return [replace(LambdaResponse, "invoke", lambda_response_invoke)]
+    return [
+        replace(LambdaResponse, "invoke", lambda_response_invoke),
+        wrap(LambdaBackend, "create_function", create_function_checked),
+        wrap(LambdaBackend, "put_function_concurrency", put_function_concurrency_checked),
+    ]

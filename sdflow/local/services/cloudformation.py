@@ -188,7 +188,29 @@ class CfnSchedule(_CfnResource):
         return cls(schedule.arn)
 
 
+class CfnEventInvokeConfig(_CfnResource):
+    """AWS::Lambda::EventInvokeConfig (what SAM makes of a function's EventInvokeConfig): moto has
+    no CloudFormation model; put it with moto's PutFunctionEventInvokeConfig, which refuses
+    MaximumRetryAttempts over 2 and MaximumEventAgeInSeconds over 21,600 as Lambda does (the
+    minimums, 0 and 60, are botocore's to check on the API path; cfn-lint checks the template). The
+    asynchronous path honours MaximumRetryAttempts (services/awslambda.py); the event's age is not
+    enforced (the local queue holds a throttled event until it runs)."""
+
+    @classmethod
+    def create_from_cloudformation_json(
+        cls, resource_name: str, cloudformation_json: dict[str, Any], account_id: str, region_name: str, **kw: Any
+    ) -> CfnEventInvokeConfig:
+        from moto.awslambda.utils import get_backend
+
+        properties = dict(cloudformation_json["Properties"])
+        function = str(properties.pop("FunctionName"))
+        properties.pop("Qualifier", None)
+        get_backend(account_id, region_name).put_function_event_invoke_config(function, properties)
+        return cls(resource_name)
+
+
 EXTRA_CFN_MODELS: dict[str, type[_CfnResource]] = {
+    "AWS::Lambda::EventInvokeConfig": CfnEventInvokeConfig,
     "AWS::S3::BucketPolicy": CfnBucketPolicy,
     "AWS::SQS::QueuePolicy": CfnQueuePolicy,
     "AWS::Scheduler::Schedule": CfnSchedule,

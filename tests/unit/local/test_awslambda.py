@@ -93,6 +93,19 @@ def test_patch_lambda_async_failure_goes_to_dead_letter_queue(
     assert messages[0]["MessageAttributes"]["ErrorMessage"]["StringValue"] == "dataset: is required"
 
 
+@pytest.mark.parametrize(("retries", "runs"), [(None, 3), (1, 2), (0, 1)])
+def test_patch_lambda_async_failure_is_retried_as_its_event_invoke_config_says(
+    runtime: runtime_module.Runtime, function_arn: str, tmp_path: Path, retries: int | None, runs: int
+) -> None:
+    """Lambda retries a failing asynchronous event twice unless EventInvokeConfig says fewer."""
+    runtime.async_retry_delays_s = (0.0, 0.0)
+    if retries is not None:
+        client("lambda").put_function_event_invoke_config(FunctionName=function_arn, MaximumRetryAttempts=retries)
+    client("lambda").invoke(FunctionName=function_arn, InvocationType="Event", Payload=b'{"fail": true, "record": 1}')
+    assert runtime.wait_idle(20)
+    assert len(records(tmp_path / "events.jsonl")) == runs
+
+
 # ------------------------------------------------------------------------------------ (b) EventBridge
 
 

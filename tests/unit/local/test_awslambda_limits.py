@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from sdflow.local import runtime as runtime_module
 from sdflow.local.lambda_runner import FunctionSpec, LambdaRunner
 from sdflow.local.services import awslambda_limits as limits
 from tests.constants import REGION
-from tests.unit.local.helpers import ROLE, client, records, wait_for, zip_files
+from tests.unit.local.helpers import ROLE, client, records, stack, wait_for, zip_files
 
 LIMITS_HANDLER = """
 import json, os, time
@@ -127,6 +128,54 @@ def test_reserved_concurrency_throttles_sync_and_queues_async(
     key = limits.concurrency_key(_fn(limited))
     wait_for(lambda: runtime.lambda_concurrency.running(key) == 0, "the queued event's slot to free")
     assert "FunctionError" not in lambdas.invoke(FunctionName=limited, Payload=b"{}")
+
+
+RESERVATION_REFUSED = (
+    "Specified ReservedConcurrentExecutions for function decreases account's UnreservedConcurrentExecution "
+    "below its minimum value of [{}]."
+)
+
+
+def test_reserved_concurrency_leaving_under_100_unreserved_is_refused(limited: str) -> None:
+    lambdas = client("lambda")
+    lambdas.put_function_concurrency(FunctionName=limited, ReservedConcurrentExecutions=900)
+    with pytest.raises(ClientError) as refused:
+        lambdas.put_function_concurrency(FunctionName=limited, ReservedConcurrentExecutions=901)
+    assert _error(refused) == ("InvalidParameterValueException", 400, RESERVATION_REFUSED.format(100))
+    assert lambdas.get_function_concurrency(FunctionName=limited)["ReservedConcurrentExecutions"] == 900
+
+
+def test_reserved_concurrency_in_an_account_of_10_is_refused_at_any_value(
+    limited: str, runtime: runtime_module.Runtime
+) -> None:
+    """A new account's quota can be 10: AWS then refuses even one reserved execution, quoting [10]."""
+    runtime.lambda_account_concurrency = 10
+    with pytest.raises(ClientError) as refused:
+        client("lambda").put_function_concurrency(FunctionName=limited, ReservedConcurrentExecutions=1)
+    assert _error(refused) == ("InvalidParameterValueException", 400, RESERVATION_REFUSED.format(10))
+
+
+def test_reserved_concurrency_of_a_template_function_counts_the_other_reservations(limited: str) -> None:
+    """CloudFormation creates a function with its ReservedConcurrentExecutions in one call."""
+    client("lambda").put_function_concurrency(FunctionName=limited, ReservedConcurrentExecutions=850)
+    client("s3").create_bucket(Bucket="artifacts")
+    client("s3").put_object(Bucket="artifacts", Key="fn.zip", Body=zip_files({"app.py": LIMITS_HANDLER}))
+
+    def function(reserved: int) -> dict[str, Any]:
+        properties = {
+            "FunctionName": "second",
+            "Code": {"S3Bucket": "artifacts", "S3Key": "fn.zip"},
+            "Handler": "app.lambda_handler",
+            "Runtime": "python3.11",
+            "Role": ROLE,
+            "ReservedConcurrentExecutions": reserved,
+        }
+        return {"Fn": {"Type": "AWS::Lambda::Function", "Properties": properties}}
+
+    # moto's CreateStack creates resources in the call: the refusal comes back through it.
+    with pytest.raises(Exception, match=re.escape("below its minimum value of [100]")):
+        stack(function(51))
+    assert "second" not in [fn["FunctionName"] for fn in client("lambda").list_functions()["Functions"]]
 
 
 def _fn(name: str) -> Any:

@@ -211,4 +211,22 @@ def test_patch_cloudformation_creates_queue_policy_and_schedule(runtime: runtime
     assert json.loads(policy["Policy"])["Statement"] == [QUEUE_STATEMENT]
 
 
+def test_patch_cloudformation_event_invoke_config_is_put_on_its_function(runtime: runtime_module.Runtime) -> None:
+    """What SAM makes of a function's EventInvokeConfig: AWS::Lambda::EventInvokeConfig on $LATEST."""
+    resources = _function_stack_resources()
+    resources["FnEventInvokeConfig"] = {
+        "Type": "AWS::Lambda::EventInvokeConfig",
+        "Properties": {
+            "FunctionName": {"Ref": "Fn"},
+            "Qualifier": "$LATEST",
+            "MaximumRetryAttempts": 0,
+            "MaximumEventAgeInSeconds": 600,
+            "DestinationConfig": {},
+        },
+    }
+    stack(resources)
+    config = client("lambda").get_function_event_invoke_config(FunctionName="fn")
+    assert (config["MaximumRetryAttempts"], config["MaximumEventAgeInSeconds"]) == (0, 600)
+
+
 # ------------------------------------------------------------------------------------ (d) Step Functions

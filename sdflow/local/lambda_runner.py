@@ -59,6 +59,12 @@ DEFAULT_MAX_WORKERS_TOTAL = 12
 # function: a long run's early functions (validation, the run's start) do not keep ~75 MB each
 # while its Map runs for an hour. A 10,000-shard no-op run peaked with 11 workers without it.
 DEFAULT_IDLE_LIFETIME_S = 120.0
+# A function's workers beyond its first exist for a burst (a Distributed Map's starters, its job
+# events): once idle this long they are stopped at the next invocation of any function, and the
+# first stays warm for DEFAULT_IDLE_LIFETIME_S. A 10,000-shard no-op run peaked at its end with
+# the Map's second StartDownload and JobEvents workers still idle beside the functions that end
+# the run (10 workers, ~75 MB each).
+SURPLUS_IDLE_LIFETIME_S = 10.0
 # How long a worker is given to exit after its stdin closes, before it is killed.
 STOP_GRACE_S = 3.0
 # Below this the worker keeps its own time: the wall clock and a real-speed Clock drift apart by
@@ -266,6 +272,7 @@ class LambdaRunner:
         max_workers_per_function: int = DEFAULT_MAX_WORKERS_PER_FUNCTION,
         max_workers_total: int | None = DEFAULT_MAX_WORKERS_TOTAL,
         idle_lifetime_s: float | None = DEFAULT_IDLE_LIFETIME_S,
+        surplus_idle_lifetime_s: float | None = SURPLUS_IDLE_LIFETIME_S,
         init_timeout_s: float = DEFAULT_INIT_TIMEOUT_S,
         account_id: str = ACCOUNT_ID,
         output_sink: OutputSink | None = None,
@@ -281,6 +288,7 @@ class LambdaRunner:
         self.max_workers_per_function = max_workers_per_function
         self.max_workers_total = max_workers_total
         self.idle_lifetime_s = idle_lifetime_s
+        self.surplus_idle_lifetime_s = surplus_idle_lifetime_s
         self._expiry_checked_at = time.monotonic()
         self.init_timeout_s = init_timeout_s
         self.account_id = account_id
@@ -403,18 +411,23 @@ class LambdaRunner:
             victim.stop()
 
     def _recycle_expired(self) -> None:
-        """Stop every worker that has been idle longer than idle_lifetime_s (at most one scan a second)."""
+        """Stop every worker idle longer than its lifetime: idle_lifetime_s for a function's last
+        worker, surplus_idle_lifetime_s for the others (at most one scan a second)."""
         now = time.monotonic()
         with self._lock:
-            if self.idle_lifetime_s is None or now - self._expiry_checked_at < 1.0:
+            if now - self._expiry_checked_at < 1.0:
                 return
             self._expiry_checked_at = now
             pools = list(self._pools.values())
-        cutoff = now - self.idle_lifetime_s
+        last = now - self.idle_lifetime_s if self.idle_lifetime_s is not None else None
+        surplus = now - self.surplus_idle_lifetime_s if self.surplus_idle_lifetime_s is not None else None
         victims: list[_Worker] = []
         for pool in pools:
             with pool.cond:
-                while pool.idle and pool.idle[0].released_at < cutoff:  # idle[0]: the longest idle
+                while pool.idle:  # idle[0]: the longest idle
+                    cutoff = surplus if pool.count > 1 else last
+                    if cutoff is None or pool.idle[0].released_at >= cutoff:
+                        break
                     victims.append(pool.idle.pop(0))
                     pool.count -= 1
                     pool.cond.notify()

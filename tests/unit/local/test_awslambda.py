@@ -167,6 +167,36 @@ def test_runner_worker_idle_past_its_lifetime_is_stopped_at_next_invocation(tmp_
         runner.shutdown()
 
 
+def test_runner_burst_workers_idle_past_the_surplus_lifetime_are_stopped_first_stays_warm(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text(HANDLERS)
+    runner = LambdaRunner(
+        "http://127.0.0.1:9", REGION, tmp_path / "logs", max_workers_per_function=3, surplus_idle_lifetime_s=0.5
+    )
+    burst, other = (
+        FunctionSpec(name, f"arn:aws:lambda:us-east-1:1:function:{name}", "app.lambda_handler", tmp_path, timeout_s=10)
+        for name in ("burst", "other")
+    )
+    pids: list[int] = []
+
+    def call() -> None:
+        pids.append(json.loads(runner.invoke(burst, json.dumps({"sleep": 0.5})).payload)["pid"])
+
+    try:
+        threads = [threading.Thread(target=call) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert len(set(pids)) == 3, "a burst of three: three workers"
+        time.sleep(1.2)
+        runner.invoke(other, "{}")  # any invocation recycles what has expired
+        left = [pid for pid in set(pids) if pid in runner.worker_pids()]
+        assert len(left) == 1, "the burst's surplus workers stopped, one worker of the function kept warm"
+        assert json.loads(runner.invoke(burst, "{}").payload)["pid"] == left[0]
+    finally:
+        runner.shutdown()
+
+
 def test_patch_lambda_handler_tells_time_on_advanced_clock(function_arn: str, runtime: runtime_module.Runtime) -> None:
     """A handler compares claim deadlines with its own time.time(): on the cloud's clock, it must be."""
     runtime.clock.advance(86_400)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from sdflow.local import runtime as runtime_module
+from sdflow.local.stepfunctions import core
 from tests.constants import ACCOUNT, REGION
 from tests.unit.local.helpers import ROLE, client, wait_for
 
@@ -394,3 +396,38 @@ def test_moto_gap_get_execution_history_ignores_max_results(aws: None) -> None:
     page = sfn.get_execution_history(executionArn=arn, maxResults=2)
     assert len(page["events"]) > 2
     assert "nextToken" not in page
+
+
+def test_moto_gap_interpreter_keeps_every_thread_it_started(aws: None) -> None:
+    from moto.stepfunctions.parser.asl.component.program import program
+    from moto.stepfunctions.parser.utils import TMP_THREADS
+
+    assert program.TMP_THREADS is TMP_THREADS, "the interpreter appends to one module-level list"
+    assert type(TMP_THREADS) is list, "a plain list: moto never removes a thread from it"
+
+
+def test_live_threads_drop_finished_threads_as_the_list_grows() -> None:
+    threads = core.LiveThreads()
+    release = threading.Event()
+    running = threading.Thread(target=release.wait)
+    running.start()
+    threads.append(running)
+    for _ in range(core.LiveThreads.PRUNE_EVERY * 2):
+        done = threading.Thread(target=lambda: None)
+        done.start()
+        done.join()
+        threads.append(done)
+    assert running in threads
+    assert len(threads) < core.LiveThreads.PRUNE_EVERY, "finished threads dropped"
+    release.set()
+    running.join()
+
+
+def test_patch_interpreter_modules_share_the_live_threads_list(runtime: runtime_module.Runtime) -> None:
+    from moto.stepfunctions.parser import utils
+    from moto.stepfunctions.parser.asl.component.program import program
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import state_task_service_callback
+
+    assert isinstance(utils.TMP_THREADS, core.LiveThreads)
+    assert program.TMP_THREADS is utils.TMP_THREADS
+    assert state_task_service_callback.TMP_THREADS is utils.TMP_THREADS

@@ -30,6 +30,9 @@ class RunSummary:
     shards_succeeded: int | None = None
     shards_failed: int | None = None
     shards_reused: int = 0
+    # Shards whose job succeeded but fetched no image: not downloaded (the notification and
+    # `sdflow status` count them so too).
+    shards_empty: int = 0
     samples: int | None = None
     training_job_name: str | None = None
     final_loss: float | None = None
@@ -50,8 +53,10 @@ class RunSummary:
         """(label, text) for each thing known, in the order a person reads them."""
         rows = [("run", self.name), ("status", f"{self.status} after {_duration(self.duration_s)}")]
         if self.shards_total is not None:
-            shards = f"{self.shards_succeeded or 0} of {self.shards_total} downloaded"
+            downloaded = (self.shards_succeeded or 0) - self.shards_empty
+            shards = f"{downloaded} of {self.shards_total} downloaded"
             shards += f" ({self.shards_reused} reused)" if self.shards_reused else ""
+            shards += f", {self.shards_empty} held no image" if self.shards_empty else ""
             shards += f", {self.shards_failed} failed" if self.shards_failed else ""
             shards += f"; {self.samples:,} samples" if self.samples is not None else ""
             rows.append(("shards", shards))
@@ -85,6 +90,12 @@ class RunSummary:
         )
         return f"<table>{cells}</table>"
 
+
+
+def _empty_shards(dataset: dict[str, Any], ok: int | None) -> int:
+    """Build dataset index's `shards_empty`, when it is a count within the succeeded shards."""
+    empty = _int(dataset.get("shards_empty"))
+    return empty if empty is not None and ok is not None and 0 <= empty <= ok else 0
 
 def _duration(seconds: float) -> str:
     minutes, secs = divmod(round(seconds), 60)
@@ -159,6 +170,7 @@ def summarize(
         shards_succeeded=ok if ok is not None else (snap.shards_done if total is not None else None),
         shards_failed=failed if failed is not None else snap.shards_failed,
         shards_reused=snap.shards_reused,
+        shards_empty=_empty_shards(dataset, ok),
         samples=_int(dataset.get("total_samples")),
         training_job_name=training.get("job_name") or snap.training_job,
         final_loss=loss,

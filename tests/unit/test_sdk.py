@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from moto.core.config import default_user_config
 
 from sdflow import sdk
 from sdflow.local import template
+from sdflow.sdk.summary import RunSummary
 from sdflow.session import LOCAL_STACK_NAME, STATE_FILE, Session
 from sdflow_common.start_pipeline import ManifestRef, handle_manifest
 from tests.constants import ACCOUNT, REGION
@@ -352,3 +354,12 @@ def test_predictor_predict_returns_png_bytes_and_save_writes_them(tmp_path: Path
     assert predictor.predict("a red circle", seed=1, width=None) == b"\x89PNG-1"
     assert predictor.save("a red circle", tmp_path / "out.png").read_bytes() == b"\x89PNG-1"
     assert runtime.bodies[0] == {"prompt": "a red circle", "seed": 1}
+
+
+def test_summary_shard_with_no_image_not_counted_as_downloaded() -> None:
+    started = datetime(2026, 11, 27, tzinfo=UTC)
+    summary = RunSummary(
+        name="r", execution_arn="arn", status="SUCCEEDED", started=started, stopped=started, duration_s=60.0,
+        shards_total=4, shards_succeeded=4, shards_failed=0, shards_empty=1,
+    )  # fmt: skip
+    assert dict(summary.rows())["shards"] == "3 of 4 downloaded, 1 held no image"

@@ -91,11 +91,11 @@ class RunSummary:
         return f"<table>{cells}</table>"
 
 
-
 def _empty_shards(dataset: dict[str, Any], ok: int | None) -> int:
     """Build dataset index's `shards_empty`, when it is a count within the succeeded shards."""
     empty = _int(dataset.get("shards_empty"))
     return empty if empty is not None and ok is not None and 0 <= empty <= ok else 0
+
 
 def _duration(seconds: float) -> str:
     minutes, secs = divmod(round(seconds), 60)

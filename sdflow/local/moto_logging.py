@@ -15,6 +15,7 @@ A task interrupted by StopExecution ends, inside the interpreter, as a task time
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import threading
@@ -41,6 +42,25 @@ def stopped_here(execution_name: str | None) -> None:
     _thread_state.stopped = execution_name
 
 
+def readable(summary: str) -> str:
+    """moto's `..., Details={"taskFailedEventDetails": {"error", "cause"}}` with the cause read as a
+    person reads it (sdflow_common.causes: a Lambda error's message, its fields and fixes; never
+    the escaped JSON or the stack trace), else the summary as it was."""
+    from sdflow_common import causes
+
+    head, mark, details = summary.partition(", Details=")
+    try:
+        decoded = json.loads(details) if mark else None
+    except ValueError:
+        return summary
+    found = next((v for v in decoded.values() if isinstance(v, dict)), None) if isinstance(decoded, dict) else None
+    cause = found.get("cause") if found is not None else None
+    if not isinstance(cause, str):
+        return summary
+    lines = [line.strip() for line in causes.readable_cause(cause).splitlines() if line.strip()]
+    return f"{head}, Cause={' '.join(lines)}"
+
+
 class Writable(Protocol):
     def write(self, text: str, /) -> int: ...
     def flush(self) -> None: ...
@@ -60,7 +80,7 @@ class ConsoleSummary(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            summary = record.getMessage().split(_COMPONENT_MARK, 1)[0].replace("\n", " ")
+            summary = readable(record.getMessage().split(_COMPONENT_MARK, 1)[0]).replace("\n", " ")
             stopped = getattr(_thread_state, "stopped", None)
             if stopped is not None:
                 summary = f"execution {stopped} was stopped (ABORTED by StopExecution); its running task ended with it"

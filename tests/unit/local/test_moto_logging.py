@@ -74,6 +74,27 @@ def test_console_summary_long_message_clipped_and_repeats_once(tmp_path: Path) -
     assert "StateMap" not in lines[0]
 
 
+def test_console_summary_lambda_error_cause_read_as_fields_and_fixes() -> None:
+    cause = json.dumps(
+        {
+            "errorMessage": json.dumps([{"field": "dataset.prefix", "message": "no *.parquet objects; upload them"}]),
+            "errorType": "ValidationError",
+            "requestId": "r-1",
+            "stackTrace": ['  File "/var/task/app.py", line 1, in handler'],
+        }
+    )
+    details = {"taskFailedEventDetails": {"error": "ValidationError", "cause": cause}}
+    message = f"Exception=FailureEventException, Error=ValidationError, Details={json.dumps(details)}"
+
+    line = moto_logging.readable(message)
+
+    assert line == (
+        "Exception=FailureEventException, Error=ValidationError, "
+        "Cause=- dataset.prefix: no *.parquet objects; upload them"
+    )
+    assert moto_logging.readable("Exception=X, Details=None-Available") == "Exception=X, Details=None-Available"
+
+
 def _stop_waiting_task() -> dict[str, Any]:
     """A waitForTaskToken task whose execution is stopped (StopExecution) while it waits."""
     sfn, sqs = client("stepfunctions"), client("sqs")

@@ -27,7 +27,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, cast
 
-from sdflow.local import moto_logging, patching, scheduler, sessions, template
+from sdflow.local import moto_data, moto_logging, patching, scheduler, sessions, template
 from sdflow.local.account import ACCOUNT_ID, REGION
 from sdflow.local.clock import Clock
 from sdflow.local.faults import Faults
@@ -194,6 +194,7 @@ class LocalCloud:
             iam=IamEnforcer(REGION) if self.enforce_iam else None,
         )
         patching.install(self.runtime)
+        moto_data.keep_offerings_of(REGION)  # moto has loaded EC2's data by now (the patches import it)
         self.deployment = template.deploy(
             self.template_path,
             self.endpoint_url,

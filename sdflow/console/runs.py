@@ -68,6 +68,26 @@ def _execution_fields(item: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _shards_empty(read: history.ExecutionHistory) -> int:
+    """Build dataset index's count of shards whose job succeeded with no image (0 when not known)."""
+    for run in read.states.values():
+        output = history.decode(run.output) if run.output else None
+        dataset = output.get("dataset") if isinstance(output, dict) else None
+        empty = dataset.get("shards_empty") if isinstance(dataset, dict) else None
+        if isinstance(empty, int) and empty > 0:
+            return empty
+    return 0
+
+
+def _with_empty_shards(map_runs: dict[str, Any], read: history.ExecutionHistory) -> dict[str, Any]:
+    """A child that succeeded but fetched no image counts as succeeded in the Map Run (as on AWS);
+    its box says so beside the counts (`counts.empty`), as the notification and `sdflow status` do."""
+    empty = _shards_empty(read)
+    for entry in map_runs.values():
+        entry["counts"]["empty"] = empty
+    return map_runs
+
+
 class RunReader:
     def __init__(self, clients: Clients, bucket: str | None, state_machine_arn: str | None) -> None:
         self.clients = clients
@@ -232,7 +252,7 @@ class RunReader:
                 }
                 for state, run in read.states.items()
             },
-            "map_runs": self.map_runs(read, description["executionArn"]),
+            "map_runs": _with_empty_shards(self.map_runs(read, description["executionArn"]), read),
             "finished": finished,
         }
 

@@ -235,6 +235,21 @@ def test_run_map_inner_states_of_large_map_read_failed_children_first(console: C
     assert inner["states"]["Download shard"]["counts"]["failed"] == 1
 
 
+def test_run_map_counts_say_how_many_succeeded_shards_held_no_image(console: Console) -> None:
+    h = History()
+    h.add("ExecutionStarted", 0, executionStartedEventDetails={"input": "{}"})
+    h.enter(MAP, "Map")
+    h.add("MapRunStarted", mapRunStartedEventDetails={"mapRunArn": map_run_arn("empty-shard")})
+    h.add("MapRunSucceeded")
+    h.exit(MAP, "Map")
+    h.task("Build dataset index", output=json.dumps({"dataset": {"shards_ok": 4, "shards_empty": 1}}))
+    add_run(console, "empty-shard", "RUNNING", h)
+
+    counts = console.client().get("/api/runs/empty-shard").json()["map_runs"][MAP]["counts"]
+
+    assert counts["empty"] == 1, "the Map Run counts the child as succeeded; the box must say it held no image"
+
+
 # ---------------------------------------------------------------------- 5. the endpoint of a later run
 
 

@@ -51,6 +51,7 @@ function mapSub(st, mapRun, rec) {
   if (!c) return rec && rec.duration_s != null ? `${kind} · ${fmtDuration(rec.duration_s)}` : kind;
   const parts = [`${kind} · ${c.succeeded}/${c.total} succeeded`];
   if (c.failed) parts.push(`${c.failed} failed`);
+  if (c.empty) parts.push(`${c.empty} held no image`);
   if (c.running) parts.push(`${c.running} running`);
   return parts.join(" · ");
 }

@@ -27,6 +27,7 @@ import boto3
 
 from sdflow.local.account import ACCOUNT_ID, REGION
 from sdflow.local.runtime import current_clock
+from sdflow.local.sagemaker.host import utc_now
 from sdflow.local.sagemaker.job_logs import JobLogs, metric_definitions, metric_values
 from sdflow_common.evaluation import EVALUATION_FILE, GRID_FILE
 from sdflow_common.run_document import parse_s3_uri
@@ -149,6 +150,7 @@ class NoOpSageMaker:
 
     def _training(self, request: dict[str, Any]) -> None:
         name = request["TrainingJobName"]
+        started = utc_now()  # DescribeTrainingJob gives TrainingStartTime/EndTime once it ran (the console's duration)
         steps = str((request.get("HyperParameters") or {}).get("max_train_steps", ""))
         steps_count = int(steps) if steps.isdigit() else 1
         self._training_log(name, request, steps_count)
@@ -159,9 +161,13 @@ class NoOpSageMaker:
         output = f"{request['OutputDataConfig']['S3OutputPath'].rstrip('/')}/{name}/output"
         artifacts = f"{output}/model.tar.gz"
         self._put(*parse_s3_uri(f"{output}/output.tar.gz"), output_archive(steps_count, 0.1))
+        ended = utc_now()
         fields = {
             "ModelArtifacts": {"S3ModelArtifacts": artifacts},
             "FinalMetricDataList": [{"MetricName": "train:loss", "Value": 0.1}],
+            "TrainingStartTime": started,
+            "TrainingEndTime": ended,
+            "TrainingTimeInSeconds": max(1, int((ended - started).total_seconds())),
         }
         self.listener.job_status_changed("training", name, "Completed", fields)
 

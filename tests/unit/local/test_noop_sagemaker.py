@@ -38,3 +38,5 @@ def test_noop_training_job_uploads_output_archive_with_summary_and_images(aws: N
         with Image.open(io.BytesIO(members[name])) as image:
             assert (image.format, image.size) == ("PNG", (4, 4))
     assert json.loads(members["training_summary.json"]) == {"final_loss": 0.1, "steps": 10, "noop": True}
+    assert fields["TrainingStartTime"] <= fields["TrainingEndTime"], "a finished job says when it ran"
+    assert fields["TrainingTimeInSeconds"] >= 1

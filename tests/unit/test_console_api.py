@@ -112,7 +112,7 @@ def test_run_running_states_graph_and_map_run_counts_reported(console: Console) 
     described = body["map_runs"][MAP]
     assert described["arn"] == map_run_arn(RUN)
     assert described["counts"] == {"pending": 0, "running": 1, "succeeded": 8, "failed": 1, "timed_out": 0,
-                                   "aborted": 0, "total": 10, "results_written": 9}  # fmt: skip
+                                   "aborted": 0, "total": 10, "results_written": 9, "empty": 0}  # fmt: skip
     assert (described["max_concurrency"], described["tolerated_failure_percentage"]) == (8, 10.0)
     assert console.sfn.called("DescribeMapRun") == [{"mapRunArn": map_run_arn(RUN)}]
     assert (body["run"]["status"], body["finished"]) == ("RUNNING", False)

@@ -124,8 +124,9 @@ MACHINE = {
 MACHINE_ARN = f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:pipeline"
 
 
-def fail_waiting_task() -> dict[str, Any]:
-    """A waitForTaskToken task (token handed over through SQS) failed with SendTaskFailure."""
+def start_waiting_task() -> tuple[str, str]:
+    """An execution whose one state is a waitForTaskToken task, the token handed over through SQS:
+    (execution ARN, task token) once the task waits."""
     sfn, sqs = client("stepfunctions"), client("sqs")
     queue_url = sqs.create_queue(QueueName="tokens")["QueueUrl"]
     wait = {
@@ -138,7 +139,13 @@ def fail_waiting_task() -> dict[str, Any]:
     machine = sfn.create_state_machine(name="m", definition=definition, roleArn=ROLE)["stateMachineArn"]
     execution = sfn.start_execution(stateMachineArn=machine, name="x", input="{}")["executionArn"]
     message = wait_for(lambda: sqs.receive_message(QueueUrl=queue_url).get("Messages"), what="the task token")
-    token = json.loads(message[0]["Body"])["token"]
+    return execution, json.loads(message[0]["Body"])["token"]
+
+
+def fail_waiting_task() -> dict[str, Any]:
+    """A waitForTaskToken task (token handed over through SQS) failed with SendTaskFailure."""
+    sfn = client("stepfunctions")
+    execution, token = start_waiting_task()
     sfn.send_task_failure(taskToken=token, error="DownloadJobFailed", cause="AlgorithmError: all URLs failed")
     return dict(
         wait_for(

@@ -12,7 +12,7 @@ import pytest
 
 from sdflow.local import moto_logging
 from sdflow.local import runtime as runtime_module
-from tests.unit.local.helpers import ROLE, client, fail_waiting_task, wait_for
+from tests.unit.local.helpers import client, fail_waiting_task, start_waiting_task
 
 
 def test_moto_gap_failed_execution_logs_component_repr_at_error(aws: None, caplog: pytest.LogCaptureFixture) -> None:
@@ -97,18 +97,8 @@ def test_console_summary_lambda_error_cause_read_as_fields_and_fixes() -> None:
 
 def _stop_waiting_task() -> dict[str, Any]:
     """A waitForTaskToken task whose execution is stopped (StopExecution) while it waits."""
-    sfn, sqs = client("stepfunctions"), client("sqs")
-    queue_url = sqs.create_queue(QueueName="tokens")["QueueUrl"]
-    wait = {
-        "Type": "Task",
-        "Resource": "arn:aws:states:::sqs:sendMessage.waitForTaskToken",
-        "Parameters": {"QueueUrl": queue_url, "MessageBody": {"token.$": "$$.Task.Token"}},
-        "End": True,
-    }
-    definition = json.dumps({"StartAt": "Wait", "States": {"Wait": wait}})
-    machine = sfn.create_state_machine(name="m", definition=definition, roleArn=ROLE)["stateMachineArn"]
-    execution = sfn.start_execution(stateMachineArn=machine, name="x", input="{}")["executionArn"]
-    wait_for(lambda: sqs.receive_message(QueueUrl=queue_url).get("Messages"), what="the task token")
+    sfn = client("stepfunctions")
+    execution, _token = start_waiting_task()
     sfn.stop_execution(executionArn=execution, error="UserStop", cause="stopped by hand")
     time.sleep(0.5)  # the interrupted task's thread ends after the stop
     return dict(sfn.describe_execution(executionArn=execution))

@@ -12,6 +12,7 @@ from botocore.exceptions import ClientError
 from moto import mock_aws
 
 from sdflow_common import aws
+from sdflow_common.token_store import TokenStore
 from tests.constants import ACCOUNT, REGION
 from tests.unit.helpers import (
     DATA_BUCKET,
@@ -111,6 +112,12 @@ def mocked_aws(aws_env: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[AwsWo
             topic_arn=topic_arn,
         )
         aws.reset_clients()
+
+
+@pytest.fixture
+def store(mocked_aws: AwsWorld) -> TokenStore:
+    """The stack's token table in the moto account (tests/unit/test_token_store.py has its own, on a clock)."""
+    return TokenStore(TOKEN_TABLE)
 
 
 @pytest.fixture

@@ -17,13 +17,8 @@ from sdflow_common.errors import EndpointBusy, EndpointDeployFailed, SageMakerQu
 from sdflow_common.token_store import TokenStore
 from tests.constants import ACCOUNT, REGION
 from tests.helpers import load_function_module
-from tests.unit.helpers import TOKEN_TABLE, TRAINING_IMAGE_URI, AwsWorld, FakeLambdaContext, load_event
+from tests.unit.helpers import TRAINING_IMAGE_URI, AwsWorld, FakeLambdaContext, load_event
 from tests.unit.job_requests import over_quota, run_hash, sagemaker_client, tags_of, throttle
-
-
-@pytest.fixture
-def store(mocked_aws: AwsWorld) -> TokenStore:
-    return TokenStore(TOKEN_TABLE)
 
 
 @pytest.fixture(autouse=True)

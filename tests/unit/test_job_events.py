@@ -21,7 +21,7 @@ from sdflow_common import aws
 from sdflow_common.token_store import TokenStore
 from tests.constants import ACCOUNT, REGION
 from tests.helpers import load_function_module
-from tests.unit.helpers import TOKEN_TABLE, TRAINING_IMAGE_URI, AwsWorld, FakeLambdaContext, load_event
+from tests.unit.helpers import TRAINING_IMAGE_URI, AwsWorld, FakeLambdaContext, load_event
 
 EXECUTION_ARN = f"arn:aws:states:{REGION}:{ACCOUNT}:execution:sdflow-pipeline-test:run-under-test"
 TOKEN = "AQCEAAAAKgAAAAMAAAAAAAAAAf4kTokenUnderTest=="
@@ -54,11 +54,6 @@ def sfn(mocked_aws: AwsWorld, monkeypatch: pytest.MonkeyPatch) -> StepFunctionsC
     monkeypatch.setattr(client, "send_task_success", lambda **kw: recorder.record("SendTaskSuccess", kw))
     monkeypatch.setattr(client, "send_task_failure", lambda **kw: recorder.record("SendTaskFailure", kw))
     return recorder
-
-
-@pytest.fixture
-def store(mocked_aws: AwsWorld) -> TokenStore:
-    return TokenStore(TOKEN_TABLE)
 
 
 @pytest.fixture

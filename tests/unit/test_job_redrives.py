@@ -20,18 +20,12 @@ from tests.constants import ACCOUNT, REGION
 from tests.helpers import load_function_module
 from tests.unit.helpers import (
     SAGEMAKER_ROLE_ARN,
-    TOKEN_TABLE,
     TRAINING_IMAGE_URI,
     AwsWorld,
     FakeLambdaContext,
     load_event,
 )
 from tests.unit.job_requests import run_hash, sagemaker_client
-
-
-@pytest.fixture
-def store(mocked_aws: AwsWorld) -> TokenStore:
-    return TokenStore(TOKEN_TABLE)
 
 
 @pytest.fixture(autouse=True)

@@ -30,7 +30,6 @@ from tests.unit.helpers import (
     EVENTS_PIPELINE,
     EVENTS_RUN_NAME,
     SAGEMAKER_ROLE_ARN,
-    TOKEN_TABLE,
     TRAINING_IMAGE_URI,
     AwsWorld,
     FakeLambdaContext,
@@ -40,11 +39,6 @@ from tests.unit.job_requests import over_quota, run_hash, sagemaker_client, tags
 
 PIPELINE = EVENTS_PIPELINE
 RUN_NAME = EVENTS_RUN_NAME
-
-
-@pytest.fixture
-def store(mocked_aws: AwsWorld) -> TokenStore:
-    return TokenStore(TOKEN_TABLE)
 
 
 @pytest.fixture(autouse=True)

@@ -26,15 +26,10 @@ from sdflow_common.model_registry import (
 from sdflow_common.settings import Settings
 from sdflow_common.token_store import TokenStore
 from tests.helpers import load_function_module
-from tests.unit.helpers import TOKEN_TABLE, TRAINING_IMAGE_URI, AwsWorld, FakeLambdaContext, load_event
+from tests.unit.helpers import TRAINING_IMAGE_URI, AwsWorld, FakeLambdaContext, load_event
 from tests.unit.job_requests import assert_valid_request
 
 SCORES = {"prompt_adherence": 0.86, "base_prompt_adherence": 0.11, "prompts": 48, "shape_accuracy": 0.7}
-
-
-@pytest.fixture
-def store(mocked_aws: AwsWorld) -> TokenStore:
-    return TokenStore(TOKEN_TABLE)
 
 
 @pytest.fixture(autouse=True)

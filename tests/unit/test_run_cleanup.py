@@ -11,7 +11,6 @@ from sdflow_common import names, rollback, run_cleanup
 from sdflow_common.job_events import EndpointDetail, TaskResolver
 from sdflow_common.token_store import TokenStore
 from tests.constants import ACCOUNT, REGION
-from tests.unit.helpers import TOKEN_TABLE, AwsWorld
 from tests.unit.sagemaker_fake import FakeSageMakerClient, client_error
 
 EXECUTION_ARN = f"arn:aws:states:{REGION}:{ACCOUNT}:execution:sdflow-pipeline-test:cats-v1-abc"
@@ -35,11 +34,6 @@ def _download(shard: str, run_hash: str = RUN_HASH, attempt: int = 0) -> str:
 
 def _training(run_hash: str = RUN_HASH, attempt: int = 0) -> str:
     return names.training_job_name(run_hash, "cats-v1-abc", 0, attempt)
-
-
-@pytest.fixture
-def store(mocked_aws: AwsWorld) -> TokenStore:
-    return TokenStore(TOKEN_TABLE)
 
 
 @pytest.fixture

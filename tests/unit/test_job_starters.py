@@ -9,7 +9,7 @@ from typing import Any
 # here, at collection, before the unit fixtures block sockets.
 import aws_xray_sdk.core  # noqa: F401
 import pytest
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, ReadTimeoutError
 from moto.sagemaker.models import sagemaker_backends
 from pydantic import ValidationError
 
@@ -339,6 +339,31 @@ def test_start_download_throttled_raises_and_releases_claim(
         load_function_module("start_download").lambda_handler(event, context)
     assert store.get(download_name(event)) is None
     assert download_job_names(mocked_aws) == []
+
+
+def test_start_download_create_timed_out_keeps_claim_so_the_job_is_found(
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Create whose answer never came (a read timeout) may have created the job: the claim stays,
+    so the run's cleanup (driven from the claims) and the next attempt find it by its name."""
+    original = sagemaker_client().create_processing_job
+
+    def created_then_timed_out(**request: Any) -> None:
+        original(**request)
+        raise ReadTimeoutError(endpoint_url="https://api.sagemaker")
+
+    monkeypatch.setattr(sagemaker_client(), "create_processing_job", created_then_timed_out)
+    event = load_event("start_download_task.json")
+    with pytest.raises(ReadTimeoutError):
+        load_function_module("start_download").lambda_handler(event, context)
+    record = store.get(download_name(event))
+    assert record is not None
+    assert record.task_token == event["token"]
+    monkeypatch.setattr(sagemaker_client(), "create_processing_job", original)
+    set_processing_status(download_name(event), "InProgress")
+    result = load_function_module("start_download").lambda_handler(retry_of(event, 1), context)
+    assert result == {"resource_name": download_name(event), "created": False, "adopted": True}
+    assert download_job_names(mocked_aws) == [download_name(event)]
 
 
 def test_start_download_refused_request_raises_download_job_failed(

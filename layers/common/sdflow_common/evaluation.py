@@ -16,7 +16,8 @@ from aws_lambda_powertools import Logger
 
 from sdflow_common import aws, job_control, names, sagemaker_jobs
 from sdflow_common.errors import EvaluationJobFailed
-from sdflow_common.job_starters import CallbackTask, TrainingResult, require_job_settings, start_job
+from sdflow_common.job_start import JobStart, start_job
+from sdflow_common.job_starters import CallbackTask, TrainingResult, require_job_settings
 from sdflow_common.run_document import EvaluationOptions
 from sdflow_common.settings import Settings
 from sdflow_common.token_store import TokenStore
@@ -178,7 +179,7 @@ def start_evaluation(
     )
     sagemaker = sagemaker or aws.client("sagemaker")
     return start_job(
-        job_control.JobStart(
+        JobStart(
             store=store or TokenStore.from_settings(settings),
             sfn=sfn or aws.client("stepfunctions"),
             task=task,

@@ -1,42 +1,24 @@
-"""What a starter and the reconciler do to a SageMaker job besides creating it: find a task's
-earlier attempts still running and adopt one, stop a job, tell this run's job from another
-run's by its tag, and stop a job created after the run ended. One `JobApi` per job kind keeps
-the processing/training spelling differences (operation and field names) in one place."""
+"""SageMaker's job operations for sdflow, one `JobApi` per job kind (it keeps the processing /
+training spelling differences, operation and field names, in one place), and the lookups of a
+task's earlier jobs by name (earlier_attempts, earlier_redrives). The start of a job, which uses
+them, reads as one sequence in sdflow_common.job_start."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from aws_lambda_powertools import Logger
 from botocore.exceptions import ClientError
 
 from sdflow_common import names, sagemaker_jobs
-from sdflow_common.errors import JobNameTaken, RunEnded, SageMakerThrottled, SdflowError
-from sdflow_common.token_store import Claim, Kind, TokenStore
+from sdflow_common.token_store import TokenStore
 
 logger = Logger(child=True)
 
 # ListProcessingJobs / ListTrainingJobs accept MaxResults 1..100.
 LIST_PAGE_SIZE = 100
-
-
-class CallbackTaskLike(Protocol):
-    """What of a callback task's payload (job_starters.CallbackTask) the job's lifecycle needs."""
-
-    @property
-    def token(self) -> str: ...
-    @property
-    def attempt(self) -> int: ...
-    @property
-    def redrive(self) -> int: ...
-    @property
-    def execution_arn(self) -> str: ...
-    @property
-    def timeout_seconds(self) -> int: ...
-    @property
-    def run_hash(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -184,115 +166,3 @@ def earlier_redrives(api: JobApi, store: TokenStore, name: str, execution_arn: s
 def execution_status(sfn: Any, execution_arn: str) -> str:
     """DescribeExecution's `status`: RUNNING, SUCCEEDED, FAILED, TIMED_OUT, ABORTED or PENDING_REDRIVE."""
     return str(sfn.describe_execution(executionArn=execution_arn)["status"])
-
-
-@dataclass(frozen=True)
-class JobStart:
-    """One job to start: what the claim, the request and the checks need."""
-
-    store: TokenStore
-    sfn: Any
-    task: CallbackTaskLike
-    api: JobApi
-    name: str
-    # A CreateProcessingJob / CreateTrainingJob request (sagemaker_jobs' TypedDicts, or a plain dict).
-    request: Mapping[str, Any]
-    context: dict[str, str]
-    failure: type[SdflowError]
-    # The claim's kind when the API's default is not it (an evaluation is a processing job too).
-    job_kind: Kind | None = None
-    # Look for a job an earlier redrive of the task left running (earlier_redrives): training
-    # and evaluation, the run's one job of each kind.
-    across_redrives: bool = False
-
-    @property
-    def looks_for_earlier_jobs(self) -> bool:
-        return self.task.attempt > 0 or (self.across_redrives and self.task.redrive > 0)
-
-    @property
-    def kind(self) -> Kind:
-        if self.job_kind is not None:
-            return self.job_kind
-        return "download" if self.api.noun == "ProcessingJob" else "training"
-
-    def claim(self, name: str) -> Claim:
-        task = self.task
-        return self.store.claim(
-            name, task.token, task.execution_arn, self.kind, self.context, timeout_seconds=task.timeout_seconds
-        )
-
-
-def adopt_earlier_attempt(start: JobStart) -> str | None:
-    """Before an attempt creates a job, take over a job an earlier attempt (or, for training and
-    evaluation, an earlier redrive) of the same task left running, and return its name.
-
-    An earlier attempt's job still runs when its starter died after CreateProcessingJob /
-    CreateTrainingJob (Runtime.ExitError, a killed worker) and the state retried the task; an
-    earlier redrive's, when the run ended while its job ran and was redriven before its cleanup
-    stopped the job. Adopting it beats stopping it and starting anew: its work goes on instead of
-    starting over (for training, hours of instances), and exactly one job runs for the task, so no
-    two jobs share the task's outputs. The claim moves to the new token (token_store takes over an
-    earlier claim of the same execution); any further earlier job still running is stopped, so
-    one remains. A job that ends between the lookup and the claim is answered by the reconciler (a
-    download's a little before the task's deadline)."""
-    running = earlier_attempts(start.api, start.store, start.name, start.task.execution_arn)
-    if start.across_redrives:
-        running += earlier_redrives(start.api, start.store, start.name, start.task.execution_arn)
-    if not running:
-        return None
-    adopted, *others = sorted(running, key=lambda other: names.counters_of(other) or (0, 0), reverse=True)
-    start.claim(adopted)
-    for other in others:
-        start.api.stop(other)
-    logger.info(
-        "earlier attempt's job adopted",
-        extra={"resource_name": adopted, "attempt": start.task.attempt, "stopped": others},
-    )
-    return adopted
-
-
-def adopt_existing(start: JobStart) -> None:
-    """Create said "already exists" for a new claim: adopt the job only when it is this run's
-    (its `sdflow:run` tag is this run's hash), else fail with JobNameTaken."""
-    described = start.api.describe(start.name)
-    tag = start.api.run_tag(start.api.arn(described)) if described is not None else None
-    if tag == start.task.run_hash:
-        logger.info("job already exists and is this run's; adopted", extra={"resource_name": start.name})
-        return
-    start.store.delete(start.name, token=start.task.token)
-    owner = f"run {tag}" if tag else "no sdflow run (it has no sdflow:run tag)"
-    raise JobNameTaken(
-        f"{start.api.label} {start.name} exists already and belongs to {owner}, not to this run "
-        f"({start.task.run_hash}); it was not adopted. SageMaker job names are unique per account and "
-        "region for ever: start this run again under a new execution name."
-    )
-
-
-def check_run_still_running(start: JobStart) -> None:
-    """Close the race with the run-ended cleanup: the cleanup stops the jobs it can list; a job
-    created after it listed would run on. Create comes first and this check second, so either
-    the cleanup saw the job or this sees the run ended; then the job is stopped here."""
-    try:
-        status = execution_status(start.sfn, start.task.execution_arn)
-    except ClientError as exc:
-        if sagemaker_jobs.is_throttling(exc):
-            # The claim and the job stay: the retry's attempt adopts the job instead of a new one.
-            raise SageMakerThrottled(
-                f"Step Functions throttled DescribeExecution after {start.name} was created; "
-                f"the retry adopts the job ({sagemaker_jobs.error_message(exc)})"
-            ) from exc
-        start.api.stop(start.name)
-        start.store.delete(start.name, token=start.task.token)
-        raise start.failure(
-            f"could not confirm that the run still runs after creating {start.name}, so the job was stopped: "
-            f"DescribeExecution of {start.task.execution_arn} answered {sagemaker_jobs.error_code(exc)}: "
-            f"{sagemaker_jobs.error_message(exc)}"
-        ) from exc
-    if status == "RUNNING":
-        return
-    stopped = start.api.stop(start.name)
-    start.store.delete(start.name, token=start.task.token)
-    raise RunEnded(
-        f"the run {start.task.execution_arn} is {status}: it ended while {start.name} was being created; "
-        + ("the job was stopped" if stopped else "the job had ended already")
-    )

@@ -1,19 +1,12 @@
-"""The long steps' starters: create a SageMaker resource for a waiting Step Functions task.
+"""The long steps' starters: the payloads of the waiting Step Functions tasks, and a starter per
+task that builds its SageMaker request and starts it.
 
-Each starter runs behind `lambda:invoke.waitForTaskToken` and follows one protocol:
-1. compute the resource's deterministic name (sdflow_common.names: the run hash, the redrive
-   count and the attempt; new per retry and per redrive);
-2. claim name → task token in the token table FIRST, so the job_events Lambda can always find
-   the token once the resource exists; the claim lasts until the task's own deadline;
-3. create the resource. A re-invoked Lambda (same attempt, same token) finds its claim and,
-   when the resource already exists, does nothing: one attempt, one resource.
-A retried attempt first looks for a job an earlier attempt left running (its starter died after
-Create) and adopts it; a job created after the run ended is stopped at once (RunEnded).
-Errors: throttling/capacity → SageMakerThrottled and an instance quota in use by other jobs →
-SageMakerQuotaExceeded (the state's Retry runs a new attempt with a new name, the quota one
-slowly and for hours); a request larger than the quota itself, or anything else → the step's
-named error. Either way the claim is released first, so a retry starts clean. The task's
-result comes later, from job_events."""
+A job (download, training; evaluation in sdflow_common.evaluation) starts through one sequence,
+sdflow_common.job_start.start_job: find an earlier attempt's job and adopt it, claim the
+deterministic name (sdflow_common.names: run hash, redrive count, attempt) → the task token, create,
+check the run still runs. The endpoint deployment has its own (deploy_endpoint): its claim is the
+endpoint's name, one deployment per endpoint at a time. The task's result comes later, from
+job_events."""
 
 from __future__ import annotations
 
@@ -31,11 +24,9 @@ from sdflow_common.errors import (
     DownloadJobFailed,
     EndpointBusy,
     EndpointDeployFailed,
-    SageMakerQuotaExceeded,
-    SageMakerThrottled,
-    SdflowError,
     TrainingJobFailed,
 )
+from sdflow_common.job_start import JobStart, refusal_text, start_job, translate
 from sdflow_common.rollback import PREVIOUS_CONFIG_KEY
 from sdflow_common.run_document import DownloadOptions
 from sdflow_common.settings import Settings
@@ -153,50 +144,6 @@ def _describe_or_none(describe: Callable[..., dict[str, Any]], **kwargs: str) ->
         raise
 
 
-def _refusal(exc: ClientError, operation: str, resource: str) -> str:
-    code, message = sagemaker_jobs.error_code(exc), sagemaker_jobs.error_message(exc)
-    return f"SageMaker refused {operation} for {resource}: {code}: {message}"
-
-
-def _quota_error(exc: ClientError, operation: str, resource: str, failure: type[SdflowError]) -> SdflowError:
-    refusal = sagemaker_jobs.quota_refusal(exc)
-    if refusal is not None and refusal.never_fits:
-        # No job ending can free enough instances: retrying for hours would only delay the answer.
-        return failure(
-            f"{_refusal(exc, operation, resource)}; the quota '{refusal.quota_name}' ({refusal.limit:g}) is "
-            f"smaller than this one request ({refusal.requested:g}): request an increase in the Service "
-            "Quotas console (service Amazon SageMaker), or choose an instance type or count that fits it"
-        )
-    return SageMakerQuotaExceeded(
-        _refusal(exc, operation, resource) + " (instances held by other jobs; retrying until they free up)"
-    )
-
-
-def _translate(exc: ClientError, operation: str, resource: str, failure: type[SdflowError]) -> SdflowError:
-    """The named error Step Functions' Retry/Catch matches for a refused create call."""
-    if sagemaker_jobs.is_quota_exceeded(exc):
-        return _quota_error(exc, operation, resource, failure)
-    if sagemaker_jobs.is_throttling(exc):
-        return SageMakerThrottled(_refusal(exc, operation, resource) + " (retrying with a new attempt)")
-    return failure(_refusal(exc, operation, resource))
-
-
-def _adopted_earlier_attempt(start: job_control.JobStart) -> str | None:
-    try:
-        return job_control.adopt_earlier_attempt(start)
-    except ClientError as exc:
-        raise _translate(exc, f"Describe{start.api.noun}", start.name, start.failure) from exc
-
-
-def _adopt_existing(start: job_control.JobStart) -> None:
-    try:
-        job_control.adopt_existing(start)
-    except ClientError as exc:
-        # Whose job it is stays unknown: it must not answer this task.
-        start.store.delete(start.name, token=start.task.token)
-        raise _translate(exc, "ListTags", start.name, start.failure) from exc
-
-
 def start_outcome(result: dict[str, Any]) -> str:
     """A starter's result as a metric dimension value: `created` (this invocation created the
     resource), `adopted` (an earlier attempt's, taken over) or `existing` (an earlier invocation of
@@ -204,43 +151,6 @@ def start_outcome(result: dict[str, Any]) -> str:
     if result.get("adopted"):
         return "adopted"
     return "created" if result.get("created") else "existing"
-
-
-def start_job(start: job_control.JobStart) -> dict[str, Any]:
-    name, task = start.name, start.task
-    if start.looks_for_earlier_jobs:
-        adopted = _adopted_earlier_attempt(start)
-        if adopted is not None:
-            return {"resource_name": adopted, "created": False, "adopted": True}
-    claim = start.claim(name)
-    if not claim.new:
-        try:
-            existing = start.api.describe(name)
-        except ClientError as exc:
-            # The claim stays: an earlier invocation may have created the job, whose event
-            # must still find a token (a dead one is answered harmlessly by job_events).
-            raise _translate(exc, f"Describe{start.api.noun}", name, start.failure) from exc
-        if existing is not None:
-            logger.info("job already started by an earlier invocation", extra={"resource_name": name})
-            return {"resource_name": name, "created": False}
-    try:
-        start.api.create(start.request)
-    except ClientError as exc:
-        if sagemaker_jobs.is_already_exists(exc):
-            _adopt_existing(start)
-            return {"resource_name": name, "created": False}
-        start.store.delete(name, token=task.token)
-        raise _translate(exc, f"Create{start.api.noun}", name, start.failure) from exc
-    except BaseException:
-        start.store.delete(name, token=task.token)
-        raise
-    try:
-        job_control.check_run_still_running(start)
-    except ClientError as exc:
-        # Stopping the job failed; the claim stays, so its event still finds (and clears) it.
-        raise _translate(exc, f"Stop{start.api.noun}", name, start.failure) from exc
-    logger.info("job started", extra={"resource_name": name, "kind": start.kind, "attempt": task.attempt})
-    return {"resource_name": name, "created": True}
 
 
 def require_job_settings(settings: Settings) -> None:
@@ -278,7 +188,7 @@ def start_download(
         role_arn=settings.sagemaker_role_arn,
     )
     return start_job(
-        job_control.JobStart(
+        JobStart(
             store=store or TokenStore.from_settings(settings),
             sfn=sfn or aws.client("stepfunctions"),
             task=task,
@@ -315,7 +225,7 @@ def start_training(
         role_arn=settings.sagemaker_role_arn,
     )
     return start_job(
-        job_control.JobStart(
+        JobStart(
             store=store or TokenStore.from_settings(settings),
             sfn=sfn or aws.client("stepfunctions"),
             task=task,
@@ -423,8 +333,8 @@ def deploy_endpoint(
         message = sagemaker_jobs.error_message(exc).lower()
         if sagemaker_jobs.is_already_exists(exc) or "in progress" in message or "in-progress" in message:
             # Someone outside sdflow created or is changing the endpoint since we looked.
-            raise EndpointBusy(_refusal(exc, "the deployment", endpoint) + "; retrying later") from exc
-        raise _translate(exc, "the deployment", endpoint, EndpointDeployFailed) from exc
+            raise EndpointBusy(refusal_text(exc, "the deployment", endpoint) + "; retrying later") from exc
+        raise translate(exc, "the deployment", endpoint, EndpointDeployFailed) from exc
     except BaseException:
         store.delete(endpoint, token=task.token)
         raise

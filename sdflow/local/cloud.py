@@ -98,6 +98,10 @@ class LocalCloud:
             sagemaker_quotas.DEFAULT_CREATE_RATE_PER_S,
             sagemaker_quotas.DEFAULT_CREATE_BURST,
         ),
+        sagemaker_list_rate: tuple[float, int] = (
+            sagemaker_quotas.DEFAULT_LIST_RATE_PER_S,
+            sagemaker_quotas.DEFAULT_LIST_BURST,
+        ),
         time_scale: float = 1.0,
         clock: Clock | None = None,
     ) -> None:
@@ -118,7 +122,11 @@ class LocalCloud:
             else sagemaker_quotas.overrides_from_env(os.environ.get(sagemaker_quotas.QUOTAS_ENV))
         )
         self.sagemaker_quotas = sagemaker_quotas.SageMakerQuotas(
-            overrides=dict(overrides), create_rate_per_s=sagemaker_create_rate[0], create_burst=sagemaker_create_rate[1]
+            overrides=dict(overrides),
+            create_rate_per_s=sagemaker_create_rate[0],
+            create_burst=sagemaker_create_rate[1],
+            list_rate_per_s=sagemaker_list_rate[0],
+            list_burst=sagemaker_list_rate[1],
         )
         # The one clock every waiting part reads (sdflow/local/clock.py): real time, or
         # `time_scale` times faster while nothing is working (tests; `local up --time-scale`).

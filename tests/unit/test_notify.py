@@ -13,6 +13,7 @@ from moto.core.config import default_user_config
 
 from sdflow_common import aws, execution_history, names, notify
 from sdflow_common.run_cleanup import CleanupIncomplete
+from sdflow_common.token_store import TokenStore
 from tests.constants import ACCOUNT, REGION
 from tests.helpers import load_function_module
 from tests.unit.helpers import AwsWorld, FakeLambdaContext, load_event
@@ -482,14 +483,20 @@ def _event_for(described: dict[str, Any], sample: str) -> dict[str, Any]:
     return event
 
 
+def _start_training_job(store: TokenStore, sagemaker: FakeSageMakerClient, execution_arn: str, job: str) -> None:
+    """The run's training job as its starter leaves it: claimed, then created."""
+    store.claim(job, "token-train", execution_arn, "training", timeout_seconds=3600)
+    sagemaker.add_job("training", job)
+
+
 def test_notify_handler_failed_run_stops_its_jobs_then_publishes_once(
-    executing: AwsWorld, fake_sagemaker: FakeSageMakerClient, lambda_context: FakeLambdaContext
+    executing: AwsWorld, fake_sagemaker: FakeSageMakerClient, lambda_context: FakeLambdaContext, store: TokenStore
 ) -> None:
     sqs, queue_url = _subscribe_queue(executing)
     described = _run(executing, wait=0)
     run_hash = names.run_hash(described["executionArn"], described["startDate"])
     job = names.training_job_name(run_hash, "cats-v1-abc", 0, 0)
-    fake_sagemaker.add_job("training", job)
+    _start_training_job(store, fake_sagemaker, described["executionArn"], job)
     event = _event_for(described, "stepfunctions_execution_failed.json")
     handler = load_function_module("notify").lambda_handler
 
@@ -510,14 +517,14 @@ def test_notify_handler_failed_run_stops_its_jobs_then_publishes_once(
 
 
 def test_notify_handler_cleanup_error_publishes_once_raises_and_the_retry_finishes(
-    executing: AwsWorld, fake_sagemaker: FakeSageMakerClient, lambda_context: FakeLambdaContext
+    executing: AwsWorld, fake_sagemaker: FakeSageMakerClient, lambda_context: FakeLambdaContext, store: TokenStore
 ) -> None:
     sqs, queue_url = _subscribe_queue(executing)
     described = _run(executing, wait=0)
     job = names.training_job_name(
         names.run_hash(described["executionArn"], described["startDate"]), "cats-v1-abc", 0, 0
     )
-    fake_sagemaker.add_job("training", job)
+    _start_training_job(store, fake_sagemaker, described["executionArn"], job)
     fake_sagemaker.fail_next(
         "StopTrainingJob", job, client_error("ThrottlingException", "Rate exceeded", "StopTrainingJob")
     )

@@ -113,6 +113,7 @@ def test_clean_up_run_end_of_the_latest_redrive_is_cleaned_up(
 ) -> None:
     job = _training(attempt=1)
     sagemaker.add_job("training", job)
+    _claim(store, job, "training")
 
     report = _clean(sagemaker, store, FakeStepFunctions("FAILED", 1), redrive_count=1)
 
@@ -122,15 +123,26 @@ def test_clean_up_run_end_of_the_latest_redrive_is_cleaned_up(
 # ---------------------------------------------------------------------------- jobs
 
 
-def test_clean_up_run_in_progress_jobs_of_the_run_are_stopped_and_no_other(
+def _claimed_job(sagemaker: FakeSageMakerClient, store: TokenStore, name: str, status: str = "InProgress") -> None:
+    """A job as a starter leaves it: claimed, then created."""
+    if name.startswith(names.TRAINING_PREFIX):
+        _claim(store, name, "training")
+        sagemaker.add_job("training", name, status=status)
+        return
+    _claim(store, name, "evaluation" if name.startswith(names.EVALUATION_PREFIX) else "download")
+    sagemaker.add_job("processing", name, status=status)
+
+
+def test_clean_up_run_claimed_jobs_of_the_run_are_stopped_and_no_other(
     sagemaker: FakeSageMakerClient, store: TokenStore
 ) -> None:
     ours = [_download(f"0000{i}") for i in range(3)]
     for name in ours:
-        sagemaker.add_job("processing", name)
-    sagemaker.add_job("processing", _download("00009"), status="Completed")
-    sagemaker.add_job("training", _training())
-    sagemaker.add_job("processing", _download("00001", run_hash=OLD_RUN_HASH))
+        _claimed_job(sagemaker, store, name)
+    _claimed_job(sagemaker, store, _download("00009"), status="Completed")
+    _claimed_job(sagemaker, store, _training())
+    # The same execution name, started 91 days earlier: another run, whose claims live on here.
+    _claimed_job(sagemaker, store, _download("00001", run_hash=OLD_RUN_HASH))
     sagemaker.add_job("training", _training(run_hash=OLD_RUN_HASH))
 
     report = _clean(sagemaker, store)
@@ -141,45 +153,45 @@ def test_clean_up_run_in_progress_jobs_of_the_run_are_stopped_and_no_other(
     assert sagemaker.jobs["processing"][_download("00009")] == "Completed"
     assert report.lines()[0] == f"Stopped: 3 download jobs ({', '.join(ours)}); 1 training job ({_training()})"
     assert report.errors == []
-    listed = sagemaker.called("ListProcessingJobs")[0]
-    assert listed["NameContains"] == RUN_HASH
-    assert listed["StatusEquals"] == "InProgress"
 
 
-def test_clean_up_run_evaluation_job_of_the_run_is_stopped_from_the_same_listing(
+def test_clean_up_run_jobs_found_from_the_claims_without_any_list_call(
     sagemaker: FakeSageMakerClient, store: TokenStore
 ) -> None:
+    """Issue 23 item 8: SageMaker's List* calls grow with every job the account ever ran and are
+    throttled at low rates; the cleanup stops the claimed names, one Stop each, and lists nothing."""
     evaluation = names.evaluation_job_name(RUN_HASH, "cats-v1-abc", 0, 0)
-    sagemaker.add_job("processing", evaluation)
-    sagemaker.add_job("processing", _download("00001"))
-    sagemaker.add_job("processing", names.evaluation_job_name(OLD_RUN_HASH, "cats-v1-abc", 0, 0))
+    _claimed_job(sagemaker, store, evaluation)
+    _claimed_job(sagemaker, store, _download("00001"))
+    for i in range(230):
+        sagemaker.add_job("processing", _download(f"{i:05d}", run_hash=OLD_RUN_HASH), status="Completed")
 
     report = _clean(sagemaker, store)
 
     assert report.stopped == {"download job": [_download("00001")], "evaluation job": [evaluation]}
     assert sagemaker.jobs["processing"][evaluation] == "Stopping"
     assert f"1 evaluation job ({evaluation})" in report.lines()[0]
-    assert len(sagemaker.called("ListProcessingJobs")) == 1, "downloads and evaluation share one listing"
+    assert sagemaker.called("ListProcessingJobs") == []
+    assert sagemaker.called("ListTrainingJobs") == []
+    assert len(sagemaker.called("StopProcessingJob")) == 2
 
 
-def test_clean_up_run_more_jobs_than_a_page_every_page_is_stopped(
-    sagemaker: FakeSageMakerClient, store: TokenStore
-) -> None:
+def test_clean_up_run_many_claimed_jobs_every_one_is_stopped(sagemaker: FakeSageMakerClient, store: TokenStore) -> None:
     for i in range(230):
-        sagemaker.add_job("processing", _download(f"{i:05d}"))
+        _claimed_job(sagemaker, store, _download(f"{i:05d}"))
 
     report = _clean(sagemaker, store)
 
     assert len(report.stopped["download job"]) == 230
     assert set(sagemaker.jobs["processing"].values()) == {"Stopping"}
-    assert len(sagemaker.called("ListProcessingJobs")) == 3
     assert "and 220 more" in report.lines()[0]
+    assert report.claims_deleted == 230
 
 
 def test_clean_up_run_job_ended_before_its_stop_is_neither_stopped_nor_an_error(
     sagemaker: FakeSageMakerClient, store: TokenStore
 ) -> None:
-    sagemaker.add_job("training", _training())
+    _claimed_job(sagemaker, store, _training())
     sagemaker.ends_before_stop.add(_training())
 
     report = _clean(sagemaker, store)
@@ -193,8 +205,8 @@ def test_clean_up_run_one_stop_throttled_the_others_are_stopped_and_the_error_re
     sagemaker: FakeSageMakerClient, store: TokenStore
 ) -> None:
     first, second = _download("00001"), _download("00002")
-    sagemaker.add_job("processing", first)
-    sagemaker.add_job("processing", second)
+    _claimed_job(sagemaker, store, first)
+    _claimed_job(sagemaker, store, second)
     sagemaker.fail_next(
         "StopProcessingJob", first, client_error("ThrottlingException", "Rate exceeded", "StopProcessingJob")
     )
@@ -244,21 +256,23 @@ def test_clean_up_run_twice_second_time_nothing_is_left(sagemaker: FakeSageMaker
     assert again.lines() == [NOTHING_RUNNING]
 
 
-def test_clean_up_run_listing_failed_says_only_what_was_checked(
+def test_clean_up_run_claims_unreadable_says_nothing_was_checked_and_how_to_look(
     sagemaker: FakeSageMakerClient, store: TokenStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def throttled(**params: Any) -> Any:
-        raise client_error("ThrottlingException", "Rate exceeded", "ListTrainingJobs")
+    _claimed_job(sagemaker, store, _training())
 
-    monkeypatch.setattr(sagemaker, "list_training_jobs", throttled)
+    def throttled(*args: Any, **kwargs: Any) -> Any:
+        raise client_error("ProvisionedThroughputExceededException", "Rate exceeded", "Scan")
+
+    monkeypatch.setattr(store, "for_execution", throttled)
 
     lines = _clean(sagemaker, store).lines()
 
-    # The training jobs were not looked at: the message must not say none was running.
-    assert lines[0] == (
-        "None of this run's download jobs, evaluation jobs or endpoint deployments was still running when checked."
-    )
-    assert lines[1].startswith("NOT cleaned up: could not list the run's training jobs")
+    # Nothing was looked at: the message must not say none was running.
+    [line] = lines
+    assert line.startswith("NOT cleaned up: could not read the run's task-token claims")
+    assert f"aws sagemaker list-processing-jobs --name-contains {RUN_HASH} --status-equals InProgress" in line
+    assert sagemaker.jobs["training"][_training()] == "InProgress"
 
 
 # ---------------------------------------------------------------------------- claims and endpoints

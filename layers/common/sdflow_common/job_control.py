@@ -17,9 +17,6 @@ from sdflow_common.token_store import TokenStore
 
 logger = Logger(child=True)
 
-# ListProcessingJobs / ListTrainingJobs accept MaxResults 1..100.
-LIST_PAGE_SIZE = 100
-
 
 @dataclass(frozen=True)
 class JobApi:
@@ -55,23 +52,6 @@ class JobApi:
 
     def arn(self, described: dict[str, Any]) -> str:
         return str(described[f"{self.noun}Arn"])
-
-    def in_progress(self, name_contains: str) -> list[str]:
-        """Names of InProgress jobs whose name contains the text (every page)."""
-        call = self._call("list", "s")
-        request: dict[str, Any] = {
-            "NameContains": name_contains,
-            "StatusEquals": "InProgress",
-            "MaxResults": LIST_PAGE_SIZE,
-        }
-        found: list[str] = []
-        while True:
-            page = call(**request)
-            found += [str(summary[self.name_field]) for summary in page.get(f"{self.noun}Summaries", [])]
-            token = page.get("NextToken")
-            if not token:
-                return found
-            request["NextToken"] = token
 
     def stop(self, name: str) -> bool:
         """Stop the job; False when it had ended already. SageMaker refuses to stop a job that is

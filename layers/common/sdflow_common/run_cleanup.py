@@ -2,20 +2,23 @@
 stopped or rolled back before the notification says so.
 
 Step Functions ends an execution without touching what its tasks started: a processing or
-training job runs on until its MaxRuntime, an endpoint deployment still completes. So:
-1. every SageMaker job of the run is stopped: downloads, the training job and the evaluation
-   job. Every job name of a run carries `names.run_hash(execution ARN, start time)`, so
-   ListProcessingJobs / ListTrainingJobs with NameContains=<hash> and StatusEquals=InProgress
-   find them all, across redrives and Map children; StopProcessingJob / StopTrainingJob each.
-   A job that ended between the list and the stop answers ValidationException ("The request
-   was rejected because the training job is in status Stopped.", the documented refusal for a
-   job not InProgress): nothing to do.
+training job runs on until its MaxRuntime, an endpoint deployment still completes. The run's
+claims in the token table say what it started: a starter claims a job's name before it creates the
+job (sdflow_common.job_start), and a claim goes only when its job has ended (job_events, the
+reconciler) or was stopped. So, from one read of the run's claims:
+1. every claimed SageMaker job of the run is stopped: downloads, the training job, the evaluation
+   job (StopProcessingJob / StopTrainingJob by name). A job that ended already answers
+   ValidationException ("The request was rejected because the training job is in status
+   Stopped.", the documented refusal for a job not InProgress): nothing to do. No List* call:
+   SageMaker keeps every job record for ever, so ListProcessingJobs / ListTrainingJobs grow with
+   the account's history and are throttled at low rates (ListTrainingJobs: 2 a second, not
+   adjustable, as users report it), where a 10,000-shard run's cleanup would page through
+   thousands of names.
 2. the run's endpoint deployment is rolled back (sdflow_common.rollback).
-3. the run's remaining task-token claims are deleted (their tokens died with the execution),
-   except a deferred rollback's, which job_events needs when the endpoint settles, and a job's
-   that could not be stopped: a redrive finds the job it may adopt by its claim (the task's
-   starter reads the run's claims, job_control.earlier_redrives), and the reconciler's pass
-   still sees it.
+3. the run's claims are deleted (their tokens died with the execution), except a deferred
+   rollback's, which job_events needs when the endpoint settles, and a job's that could not be
+   stopped: a redrive finds the job it may adopt by its claim (job_control.earlier_redrives), and
+   the reconciler's pass still sees it.
 Every step is idempotent and one item's error does not stop the others: the errors are
 collected, reported, and raised by the caller after the rest is done, so the event is retried.
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,34 +106,35 @@ def _job_phrase(label: str, jobs: list[str]) -> str:
     return f"{len(jobs)} {noun} ({shown}{more})"
 
 
-def _of_run(api: job_control.JobApi, listed: list[str], run_hash: str) -> list[str]:
-    # NameContains is a substring match: keep only sdflow's own names of this run.
-    return [name for name in listed if name.startswith(f"{api.prefix}-") and f"-{run_hash}-" in name]
-
-
 def _cli_name(noun: str) -> str:
     """ "ProcessingJob" -> "processing-job", as the AWS CLI spells operations and options."""
     return re.sub(r"(?<!^)(?=[A-Z])", "-", noun).lower()
 
 
-def stop_jobs(sagemaker: Any, run_hash: str, report: CleanupReport) -> None:
-    # One listing per job type (all pages before any stop, so stopping does not shift the pages
-    # under it): download and evaluation jobs are both processing jobs.
-    groups = (
-        (job_control.processing_jobs(sagemaker), job_control.evaluation_jobs(sagemaker)),
-        (job_control.training_jobs(sagemaker),),
-    )
-    for apis in groups:
-        try:
-            listed = apis[0].in_progress(run_hash)
-        except ClientError as exc:
-            labels = " and ".join(f"{api.label}s" for api in apis)
-            report.errors.append(f"could not list the run's {labels} ({exc}); look for names containing {run_hash}")
-            continue
-        report.checked.extend(f"{api.label}s" for api in apis)
-        for api in apis:
-            for name in _of_run(api, listed, run_hash):
-                _stop(api, name, report)
+# The job kinds a claim can name, in the order the notification lists them.
+JOB_APIS: dict[str, Callable[[Any], job_control.JobApi]] = {
+    "download": job_control.processing_jobs,
+    "training": job_control.training_jobs,
+    "evaluation": job_control.evaluation_jobs,
+}
+# What one read of the claims lets the cleanup say of the run (CleanupReport.checked).
+CHECKED = ["download jobs", "evaluation jobs", "training jobs", "endpoint deployments"]
+
+
+def stop_jobs(records: list[TokenRecord], sagemaker: Any, run_hash: str, report: CleanupReport) -> None:
+    """Stop every job the run's claims name (module docstring, step 1). A claim on a name of
+    another run of the same execution name (one started again after 90 days) is not this run's."""
+    for kind, make_api in JOB_APIS.items():
+        api = make_api(sagemaker)
+        claimed = sorted(
+            {
+                record.resource_name
+                for record in records
+                if record.kind == kind and f"-{run_hash}-" in record.resource_name
+            }
+        )
+        for name in claimed:
+            _stop(api, name, report)
 
 
 def _stop(api: job_control.JobApi, name: str, report: CleanupReport) -> None:
@@ -172,13 +177,7 @@ def _request_rollback(record: TokenRecord, store: TokenStore) -> None:
         logger.info("endpoint claim changed hands; rollback not requested", extra={"endpoint": record.resource_name})
 
 
-def settle_claims(execution_arn: str, sagemaker: Any, store: TokenStore, report: CleanupReport) -> None:
-    try:
-        records = list(store.for_execution(execution_arn))
-    except ClientError as exc:
-        report.errors.append(f"could not read the run's task-token claims ({exc})")
-        return
-    report.checked.append("endpoint deployments")
+def settle_claims(records: list[TokenRecord], sagemaker: Any, store: TokenStore, report: CleanupReport) -> None:
     for record in records:
         try:
             _settle_claim(record, sagemaker, store, report)
@@ -214,7 +213,17 @@ def clean_up_run(
     if report.superseded_by is not None:
         logger.info("run redriven since it ended; cleanup skipped", extra={"reason": report.superseded_by})
         return report
-    stop_jobs(sagemaker, run_hash, report)
-    settle_claims(execution_arn, sagemaker, store, report)
+    try:
+        records = list(store.for_execution(execution_arn))
+    except ClientError as exc:
+        report.errors.append(
+            f"could not read the run's task-token claims ({exc}), so nothing was stopped; its SageMaker jobs "
+            f"are named with {run_hash}: aws sagemaker list-processing-jobs --name-contains {run_hash} "
+            "--status-equals InProgress (and list-training-jobs)"
+        )
+        return report
+    report.checked.extend(CHECKED)
+    stop_jobs(records, sagemaker, run_hash, report)
+    settle_claims(records, sagemaker, store, report)
     logger.info("run cleaned up", extra={"run_hash": run_hash, **report.as_dict()})
     return report

@@ -20,6 +20,10 @@ Completed, Failed: sagemaker/service.py keeps moto's job objects current) and pa
 - Summaries carry what AWS's do and moto's lack: SecondaryStatus (TrainingJobSummary),
   FailureReason and ExitMessage (ProcessingJobSummary).
 
+Both are rate limited on their own token bucket (sagemaker/quotas.py: 2 calls a second, as users
+report ListTrainingJobs' account-wide rate): a call over it answers ThrottlingException "Rate
+exceeded".
+
 The NextToken is opaque: the offset into the sorted, filtered list, base64-encoded; a token that
 does not decode is refused with ValidationException, as AWS refuses a token it did not issue."""
 
@@ -33,6 +37,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from sdflow.local.patching import Patch, replace
+from sdflow.local.runtime import runtime_or_none
+from sdflow.local.sagemaker import quotas
+from sdflow.local.sagemaker.service import ThrottlingException
 
 DEFAULT_MAX_RESULTS = 10
 MAX_RESULTS = 100
@@ -169,10 +176,21 @@ def _without_none(summary: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in summary.items() if v is not None}
 
 
+def _throttle() -> None:
+    runtime = runtime_or_none()
+    if runtime is None:
+        return
+    try:
+        runtime.sagemaker_quotas.take_list_token()
+    except quotas.RateExceeded as exc:
+        raise ThrottlingException(str(exc)) from None
+
+
 def sagemaker_list_processing_jobs(self: Any) -> Any:
     """Replaces moto/sagemaker/responses.py SageMakerResponse.list_processing_jobs (see the module docstring)."""
     from moto.core.responses import ActionResult
 
+    _throttle()
     request = ListRequest(self)
     jobs = list(self.sagemaker_backend.processing_jobs.values())
     page, token = request.page(
@@ -200,6 +218,7 @@ def sagemaker_list_training_jobs(self: Any) -> Any:
     """Replaces moto/sagemaker/responses.py SageMakerResponse.list_training_jobs (see the module docstring)."""
     from moto.core.responses import ActionResult
 
+    _throttle()
     request = ListRequest(self)
     jobs = list(self.sagemaker_backend.training_jobs.values())
     page, token = request.page(

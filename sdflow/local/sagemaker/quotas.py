@@ -15,12 +15,18 @@ aws/sagemaker-python-sdk#4939). The instances count until the job ends (Complete
 Stopped) or the endpoint is deleted; an endpoint being updated holds its old and its new fleet
 until the update ends (blue/green). SageMaker's control-plane APIs are also rate limited
 ("API throttling limits … are not adjustable", SageMaker AI endpoints and quotas): a Create*
-call over the rate gets ThrottlingException "Rate exceeded".
+call over the rate gets ThrottlingException "Rate exceeded". ListProcessingJobs and
+ListTrainingJobs have a bucket of their own: AWS publishes no per-API rate, and users report
+ListTrainingJobs at 2 requests a second, account-wide and not adjustable
+(aws-solutions/deepracer-on-aws#87; syne-tune/syne-tune#634 sleeps 2 s between pages for it). The
+burst of 10 is assumed (AWS documents none); a pipeline that lists jobs to find its own (every
+shard's retry, every cleanup) then fails locally as it would in an account with a long history.
 
 Local defaults are small on purpose, so that a pipeline that ignores quotas fails locally as it
 would on a new account: 4 instances of each type for processing jobs, 2 for training (on-demand
 and spot), 2 for endpoints. Create* calls: 50 a second, bursts of 100 (the demo never reaches
-it; tests set it low). Override with LocalCloud(quotas=…, create_rate=…), `sdflow local up
+it; tests set it low); List*: 2 a second, bursts of 10. Override with LocalCloud(quotas=…,
+sagemaker_create_rate=…, sagemaker_list_rate=…), `sdflow local up
 --quota NAME=N`, or SDFLOW_LOCAL_QUOTAS='{"processing job": 8, "ml.g5.xlarge for endpoint usage": 1}'.
 A key is either a use (the default for every instance type) or a full quota name."""
 
@@ -44,6 +50,8 @@ DEFAULT_INSTANCE_QUOTAS: dict[str, int] = {
 }
 DEFAULT_CREATE_RATE_PER_S = 50.0
 DEFAULT_CREATE_BURST = 100
+DEFAULT_LIST_RATE_PER_S = 2.0
+DEFAULT_LIST_BURST = 10
 QUOTAS_ENV = "SDFLOW_LOCAL_QUOTAS"
 
 
@@ -118,24 +126,66 @@ def overrides_from_flags(flags: Iterable[str]) -> dict[str, int]:
 
 
 @dataclass
-class SageMakerQuotas:
-    """Instances in use per quota, the limits, and the Create* token bucket. Thread-safe."""
+class TokenBucket:
+    """`rate_per_s` calls a second with bursts of `burst`, refilled on the local cloud's clock
+    (sdflow/local/clock.py). Thread-safe."""
 
-    overrides: dict[str, int] = field(default_factory=dict)
-    create_rate_per_s: float = DEFAULT_CREATE_RATE_PER_S
-    create_burst: int = DEFAULT_CREATE_BURST
-    # (kind, resource name, generation) -> [(quota name, instances)]
-    _held: dict[tuple[str, str, str], list[tuple[str, int]]] = field(default_factory=dict, repr=False)
-    # The Create* bucket refills on the local cloud's clock (sdflow/local/clock.py).
+    rate_per_s: float
+    burst: int
     clock: Clock = field(default=REAL_TIME, repr=False)
     _tokens: float | None = field(default=None, repr=False)
     _refilled_at: float | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
+        if self.rate_per_s <= 0 or self.burst < 1:
+            raise QuotaConfigError(
+                f"a rate needs calls per second > 0 and a burst >= 1, got {self.rate_per_s}, {self.burst}"
+            )
+
+    def take(self) -> None:
+        """One call's token, or RateExceeded."""
+        with self._lock:
+            now = self.clock.monotonic()
+            tokens = float(self.burst) if self._tokens is None else self._tokens
+            elapsed = 0.0 if self._refilled_at is None else now - self._refilled_at
+            tokens = min(float(self.burst), tokens + elapsed * self.rate_per_s)
+            self._refilled_at = now
+            if tokens < 1.0:
+                self._tokens = tokens
+                raise RateExceeded("Rate exceeded")
+            self._tokens = tokens - 1.0
+
+
+@dataclass
+class SageMakerQuotas:
+    """Instances in use per quota, the limits, and the Create* and List* token buckets. Thread-safe."""
+
+    overrides: dict[str, int] = field(default_factory=dict)
+    create_rate_per_s: float = DEFAULT_CREATE_RATE_PER_S
+    create_burst: int = DEFAULT_CREATE_BURST
+    list_rate_per_s: float = DEFAULT_LIST_RATE_PER_S
+    list_burst: int = DEFAULT_LIST_BURST
+    # (kind, resource name, generation) -> [(quota name, instances)]
+    _held: dict[tuple[str, str, str], list[tuple[str, int]]] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # ListProcessingJobs / ListTrainingJobs calls answered (each Throttled one included).
+    list_calls: int = field(default=0, repr=False)
+
+    def __post_init__(self) -> None:
         self.overrides = parse_overrides(self.overrides)
-        if self.create_rate_per_s <= 0 or self.create_burst < 1:
-            raise QuotaConfigError("create_rate must be (calls per second > 0, burst >= 1)")
+        self._create = TokenBucket(self.create_rate_per_s, self.create_burst)
+        self._list = TokenBucket(self.list_rate_per_s, self.list_burst)
+
+    @property
+    def clock(self) -> Clock:
+        return self._create.clock
+
+    @clock.setter
+    def clock(self, clock: Clock) -> None:
+        # Both buckets refill on the local cloud's clock (sdflow/local/clock.py).
+        self._create.clock = clock
+        self._list.clock = clock
 
     def limit(self, name: str) -> int:
         """The quota in force: its own override, else the default for its use."""
@@ -179,17 +229,14 @@ class SageMakerQuotas:
                 del self._held[key]
 
     def take_create_token(self) -> None:
-        """One Create* call from the token bucket, or RateExceeded."""
+        """One Create* call from its token bucket, or RateExceeded."""
+        self._create.take()
+
+    def take_list_token(self) -> None:
+        """One ListProcessingJobs / ListTrainingJobs call from its token bucket, or RateExceeded."""
         with self._lock:
-            now = self.clock.monotonic()
-            tokens = float(self.create_burst) if self._tokens is None else self._tokens
-            elapsed = 0.0 if self._refilled_at is None else now - self._refilled_at
-            tokens = min(float(self.create_burst), tokens + elapsed * self.create_rate_per_s)
-            self._refilled_at = now
-            if tokens < 1.0:
-                self._tokens = tokens
-                raise RateExceeded("Rate exceeded")
-            self._tokens = tokens - 1.0
+            self.list_calls += 1
+        self._list.take()
 
 
 def processing_needs(request: Mapping[str, Any]) -> dict[str, int]:

@@ -121,6 +121,29 @@ def test_create_calls_over_rate_throttled(runtime: runtime_module.Runtime) -> No
     assert _error(throttled) == ("ThrottlingException", 400, "Rate exceeded")
 
 
+def test_list_job_calls_over_their_own_rate_throttled_creates_unaffected(runtime: runtime_module.Runtime) -> None:
+    """ListProcessingJobs / ListTrainingJobs share a bucket of their own (AWS: ListTrainingJobs at
+    2 calls a second, account-wide, as users report it); Create* calls keep theirs."""
+    runtime.sagemaker_quotas = quotas.SageMakerQuotas(list_rate_per_s=0.01, list_burst=2)
+    sagemaker = client("sagemaker")
+    sagemaker.list_processing_jobs()
+    sagemaker.list_training_jobs()
+    with pytest.raises(ClientError) as throttled:
+        sagemaker.list_processing_jobs()
+    assert _error(throttled) == ("ThrottlingException", 400, "Rate exceeded")
+    sagemaker.create_processing_job(**_processing("still-created"))
+    assert runtime.sagemaker_quotas.list_calls >= 3
+
+
+def test_default_list_rate_is_two_a_second_with_a_burst_of_ten() -> None:
+    bucket = quotas.SageMakerQuotas()
+    for _ in range(10):
+        bucket.take_list_token()
+    with pytest.raises(quotas.RateExceeded):
+        bucket.take_list_token()
+    assert (bucket.list_rate_per_s, bucket.list_burst) == (2.0, 10)
+
+
 def test_token_bucket_refills_at_its_rate() -> None:
     bucket = quotas.SageMakerQuotas(create_rate_per_s=50.0, create_burst=1)
     bucket.take_create_token()

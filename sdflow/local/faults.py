@@ -6,6 +6,7 @@
         cloud.faults.kill_lambda_worker("JobEventsFunction")    # a busy worker dies -> Runtime.ExitError
         cloud.faults.crash_lambda_after("StartDownloadFunction", "sagemaker.CreateProcessingJob")
         cloud.faults.redeliver_sagemaker_event(job_name)        # the same event (same id) again
+        cloud.faults.seed_job_history(5000)                     # an account that ran jobs for years
         # A lost event: disable the rule with plain boto3 (events.disable_rule); the local
         # EventBridge delivers nothing through a DISABLED rule (services/events.py).
 
@@ -21,6 +22,9 @@ Each fault acts as the failure it stands for would on AWS:
 - crash_lambda_after: the function's next invocation that makes the named boto3 call exits right
   after the call succeeded (its side effect stays), answering Runtime.ExitError; `times` such
   crashes in all, across the function's workers; later invocations run normally.
+- seed_job_history: SageMaker keeps every job's record for ever, so an account's ListProcessingJobs
+  pages through every job it ever ran; `count` Completed download-job records of earlier runs are
+  added (records only: nothing runs, no event is sent).
 - redeliver_sagemaker_event: EventBridge delivers at least once; the same event (same id, time and
   detail) goes again to every rule of the default bus that matches it."""
 
@@ -161,6 +165,34 @@ class Faults:
         runtime = self._runtime()
         with runtime.faults_lock:
             runtime.api_errors[(service, op)] = [code, message, status, times]
+
+    def seed_job_history(self, count: int) -> list[str]:
+        """`count` Completed processing-job records of earlier runs (sdflow's names, other run
+        hashes), straight into the SageMaker backend: the history a long-used account holds."""
+        from moto.sagemaker.models import FakeProcessingJob, sagemaker_backends
+
+        if count < 1:
+            raise FaultError(f"count must be >= 1, got {count}")
+        self._runtime()
+        backend = sagemaker_backends[ACCOUNT_ID][REGION]
+        seeded = []
+        for i in range(count):
+            name = f"sdf-dl-history-{uuid.uuid4().hex[:12]}-{i % 10_000:05d}-r0-a0"
+            backend.processing_jobs[name] = FakeProcessingJob(
+                app_specification={"ImageUri": "history", "ContainerEntrypoint": ["download"]},
+                experiment_config={},
+                network_config={},
+                processing_inputs=[],
+                processing_job_name=name,
+                processing_output_config={},
+                account_id=ACCOUNT_ID,
+                region_name=REGION,
+                role_arn=f"arn:aws:iam::{ACCOUNT_ID}:role/history",
+                tags=[],
+                stopping_condition={"MaxRuntimeInSeconds": 3600},
+            )
+            seeded.append(name)
+        return seeded
 
     def drop_end_event(self, execution_arn: str) -> None:
         """Never deliver the execution's "Step Functions Execution Status Change" event of its end

@@ -33,6 +33,9 @@ class CloudSpec:
     async_retry_delays_s: tuple[float, ...] = (60.0, 120.0)
     time_scale: float = TIME_SCALE
     prewarm: bool = True
+    # The tests observe jobs by listing them several times a second (tests/e2e/runs.py); the
+    # pipeline lists none, which test_run_end_faults checks at AWS's rate (2 a second, burst 10).
+    sagemaker_list_rate: tuple[float, int] = (1000.0, 1000)
 
 
 @dataclass
@@ -82,6 +85,7 @@ def noop_cloud(workdir: Path, spec: CloudSpec) -> Iterator[NoOpCloud]:
         parameters=dict(spec.parameters),
         async_retry_delays_s=spec.async_retry_delays_s,
         quotas=dict(spec.quotas),
+        sagemaker_list_rate=spec.sagemaker_list_rate,
         time_scale=spec.time_scale,
     ) as cloud:
         upload_inputs(cloud, workdir, spec.dataset, spec.shards)

@@ -118,6 +118,27 @@ def wait_for_started_job(cloud: LocalCloud, kind: str, contains: str, timeout_s:
     return job
 
 
+def started_job_from_log(cloud: LocalCloud, prefix: str, contains: str, timeout_s: float = 60.0) -> str:
+    """The name of a job whose starter logged "job started", found from the starter's log alone:
+    a test that counts the pipeline's SageMaker List* calls must make none itself."""
+    function = STARTERS[prefix]
+
+    def started() -> str | None:
+        lines = (json.loads(line) for line in function_log_lines(cloud, function) if line.startswith("{"))
+        return next(
+            (
+                str(line["resource_name"])
+                for line in lines
+                if line.get("message") == "job started" and contains in str(line.get("resource_name", ""))
+            ),
+            None,
+        )
+
+    return str(
+        wait_for(started, timeout_s=timeout_s, what=f"{function}'s 'job started' for *{contains}*", interval_s=0.2)
+    )
+
+
 def leftovers_of(cloud: LocalCloud, sagemaker: NoOpSageMaker) -> list[str]:
     """Whatever still runs or bills: jobs InProgress or Stopping, endpoints changing, held no-op jobs."""
     left = [

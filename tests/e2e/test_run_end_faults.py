@@ -26,6 +26,7 @@ from tests.e2e.runs import (
     run_hash_of,
     settled,
     start_run,
+    started_job_from_log,
     token_table,
     wait_for_job,
     wait_for_started_job,
@@ -49,24 +50,33 @@ def _recovery_table() -> Iterator[None]:
 def test_redrive_inside_the_cleanup_retry_window_keeps_its_new_jobs(
     cloud: LocalCloud, sagemaker: NoOpSageMaker
 ) -> None:
-    """Part of the cleanup fails: notify publishes, raises, and Lambda retries it a minute or more
-    later. The user redrives in that minute, as the notification invites; the retried cleanup must
-    not stop the redrive's new training job (the run keeps its hash across redrives)."""
+    """Part of the cleanup fails (the training job's stop is throttled): notify publishes, raises,
+    and Lambda retries it a minute or more later. The user redrives in that minute, as the
+    notification invites; the redrive adopts the job still running, and the retried cleanup must not
+    stop it (the run keeps its hash and its claims across redrives)."""
     clock = cloud.clock
     sagemaker.seconds_by_kind["training"] = hold_for(20.0)
     arn = start_run(cloud, "redrive-window")
     run_hash = run_hash_of(cloud, arn)
     first = wait_for_started_job(cloud, "training", run_hash)
     # Five calls: botocore retries a throttled call itself, four times in its default (legacy) mode.
-    cloud.faults.fail_api_calls("sagemaker.ListProcessingJobs", "ThrottlingException", "Rate exceeded", times=5)
+    cloud.faults.fail_api_calls("sagemaker.StopTrainingJob", "ThrottlingException", "Rate exceeded", times=5)
     sfn = cloud.client("stepfunctions")
     with clock.busy():  # the clock at real speed: Lambda's retry comes a real minute later, not in 0.6 s
         sfn.stop_execution(executionArn=arn, error="UserStopped", cause="stopped to redrive")
         message = notification(cloud, "redrive-window")["message"]
-        assert "NOT cleaned up: could not list the run's download jobs and evaluation jobs" in message
-        assert f"1 training job ({first})" in message
+        assert f"NOT cleaned up: training job {first} is still running" in message
         sfn.redrive_execution(executionArn=arn)
-        second = wait_for_job(cloud, "training", f"{run_hash}-r1-")
+        # The redrive's Train model finds the job by its kept claim and adopts it (job_start).
+        wait_for(
+            lambda: any(
+                "earlier attempt's job adopted" in line and first in line
+                for line in function_log_lines(cloud, "StartTrainingFunction")
+            ),
+            timeout_s=30.0,
+            what="the redrive's starter adopting the running job",
+            interval_s=0.2,
+        )
     started = time.monotonic()
 
     def retried() -> bool:  # the first cleanup logged "run cleaned up"; the retry logs either line
@@ -75,13 +85,13 @@ def test_redrive_inside_the_cleanup_retry_window_keeps_its_new_jobs(
         return len(done) >= 2
 
     wait_for(retried, timeout_s=60.0, what="the notify retry's cleanup", interval_s=0.5)
-    described = cloud.client("sagemaker").describe_training_job(TrainingJobName=second)
-    assert described["TrainingJobStatus"] == "InProgress", "the retried cleanup left the redrive's job running"
+    described = cloud.client("sagemaker").describe_training_job(TrainingJobName=first)
+    assert described["TrainingJobStatus"] == "InProgress", "the retried cleanup stopped the redrive's job"
     assert ended(cloud, arn)["status"] == "SUCCEEDED"
     leftovers = settled(cloud, sagemaker)
     assert leftovers == []
     RECOVERY.record(
-        "a redrive inside the cleanup's retry window", "its training job kept, SUCCEEDED", started, leftovers
+        "a redrive inside the cleanup's retry window", "its (adopted) training job kept, SUCCEEDED", started, leftovers
     )
 
 
@@ -120,6 +130,44 @@ def test_run_end_event_lost_reconciler_notifies_and_cleans_up_within_its_period(
     )
     RECOVERY.record(
         "the run's end event lost", "reconciler handed notify the end: stopped, notified", started, leftovers
+    )
+
+
+def test_account_with_long_job_history_run_stopped_cleanup_lists_no_job_at_awss_rate(
+    cloud: LocalCloud, sagemaker: NoOpSageMaker
+) -> None:
+    """Issue 23 item 8: SageMaker keeps every job record, and its List* calls are throttled at about
+    2 a second. With 5,000 jobs of earlier runs in the account and List* at that rate, a run is
+    started, its downloads and training start, and it is stopped: the cleanup stops the training
+    job from the run's claims. Neither the starters nor the cleanup list a single job."""
+    cloud.faults.seed_job_history(5000)
+    quotas = cloud.sagemaker_quotas
+    quotas.set_list_rate(2.0, 10)
+    try:
+        sagemaker.seconds_by_kind["training"] = hold_for(60.0)
+        listed_before = quotas.list_calls
+        arn = start_run(cloud, "long-history")
+        job = started_job_from_log(cloud, "sdf-tr-", run_hash_of(cloud, arn))
+        started = time.monotonic()
+        cloud.client("stepfunctions").stop_execution(executionArn=arn, error="UserStopped", cause="long history")
+        message = notification(cloud, "long-history")["message"]
+        assert f"1 training job ({job})" in message
+        wait_for(
+            lambda: (
+                cloud.client("sagemaker").describe_training_job(TrainingJobName=job)["TrainingJobStatus"] == "Stopped"
+            ),
+            timeout_s=30.0,
+            what=f"{job} Stopped",
+            interval_s=0.2,
+        )
+        cloud.wait_idle(30.0)
+        assert quotas.list_calls == listed_before, "the pipeline listed SageMaker jobs"
+    finally:
+        quotas.set_list_rate(*CLOUD.sagemaker_list_rate)
+    leftovers = settled(cloud, sagemaker)
+    assert leftovers == []
+    RECOVERY.record(
+        "stopped, 5,000 jobs in the account's history", "stopped from the claims, 0 List calls", started, leftovers
     )
 
 

@@ -232,6 +232,12 @@ class SageMakerQuotas:
         """One Create* call from its token bucket, or RateExceeded."""
         self._create.take()
 
+    def set_list_rate(self, rate_per_s: float, burst: int) -> None:
+        """A new List* bucket (full), on the same clock: tests that observe jobs by listing them
+        many times a second lift the rate; a test of the pipeline's own calls sets AWS's back."""
+        bucket = TokenBucket(rate_per_s, burst, self._list.clock)
+        self.list_rate_per_s, self.list_burst, self._list = rate_per_s, burst, bucket
+
     def take_list_token(self) -> None:
         """One ListProcessingJobs / ListTrainingJobs call from its token bucket, or RateExceeded."""
         with self._lock:

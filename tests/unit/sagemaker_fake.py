@@ -1,7 +1,8 @@
 """A SageMaker client with the List / Stop / endpoint behaviours moto 5.2.5 lacks.
 
 moto has no StopTrainingJob and no UpdateEndpoint, keeps no endpoint statuses, and filters
-ListProcessingJobs after paging. The cleanup needs each as AWS documents it:
+ListProcessingJobs after paging. The cleanup needs each as AWS documents it (the List calls are
+kept so that a test can assert the cleanup makes none):
 - ListProcessingJobs / ListTrainingJobs: NameContains (substring), StatusEquals, MaxResults
   1..100, NextToken (API reference);
 - Stop*Job on a job not InProgress: ValidationException "The request was rejected because the

@@ -4,19 +4,16 @@ cleanup skips a run redriven before it ran, so the earlier redrive's job may sti
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 # The X-Ray SDK opens its UDP emitter's socket on first import (Tracer() triggers it); import it
 # here, at collection, before the unit fixtures block sockets.
 import aws_xray_sdk.core  # noqa: F401
 import pytest
-from moto.sagemaker.models import sagemaker_backends
 
-from sdflow_common import evaluation, names
+from sdflow_common import evaluation
 from sdflow_common.evaluation import EvaluationTask
 from sdflow_common.token_store import TokenStore
-from tests.constants import ACCOUNT, REGION
 from tests.helpers import load_function_module
 from tests.unit.helpers import (
     SAGEMAKER_ROLE_ARN,
@@ -25,45 +22,20 @@ from tests.unit.helpers import (
     FakeLambdaContext,
     load_event,
 )
-from tests.unit.job_requests import run_hash, sagemaker_client
+from tests.unit.job_requests import (
+    evaluation_name,
+    processing_job_names,
+    processing_status,
+    redrive_of,
+    sagemaker_client,
+    training_name,
+    training_status,
+)
 
 
 @pytest.fixture(autouse=True)
 def running_execution(events_execution: str) -> str:
     return events_execution
-
-
-def evaluation_name(event: dict[str, Any], redrive: int = 0, attempt: int = 0) -> str:
-    return names.evaluation_job_name(run_hash(event), event["config"]["run_id"], redrive, attempt)
-
-
-def training_name(event: dict[str, Any], redrive: int = 0, attempt: int = 0) -> str:
-    return names.training_job_name(run_hash(event), event["config"]["run_id"], redrive, attempt)
-
-
-def redrive_of(event: dict[str, Any], redrive: int, attempt: int = 0) -> dict[str, Any]:
-    """The same task in a later redrive: a new token, `$$.Execution.RedriveCount` up, RetryCount anew."""
-    return {
-        **copy.deepcopy(event),
-        "redrive_count": redrive,
-        "attempt": attempt,
-        "token": f"{event['token']}-redrive-{redrive}-{attempt}",
-    }
-
-
-def processing_status(name: str, status: str | None = None) -> str:
-    """moto completes jobs at once; a test that needs a running job says so."""
-    job = sagemaker_backends[ACCOUNT][REGION].processing_jobs[name]
-    if status is not None:
-        job.processing_job_status = status
-    return str(job.processing_job_status)
-
-
-def training_status(name: str, status: str | None = None) -> str:
-    job = sagemaker_backends[ACCOUNT][REGION].training_jobs[name]
-    if status is not None:
-        job.training_job_status = status
-    return str(job.training_job_status)
 
 
 def start_without_adopting(event: dict[str, Any], name: str, store: TokenStore) -> None:
@@ -81,11 +53,6 @@ def start_without_adopting(event: dict[str, Any], name: str, store: TokenStore) 
     sagemaker_client().create_processing_job(**request)
 
 
-def evaluation_jobs(world: AwsWorld) -> list[str]:
-    summaries = world.sagemaker.list_processing_jobs()["ProcessingJobSummaries"]
-    return sorted(job["ProcessingJobName"] for job in summaries if job["ProcessingJobName"].startswith("sdf-ev-"))
-
-
 def test_start_evaluation_redrive_with_earlier_job_running_adopts_it_without_a_second_job(
     mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext
 ) -> None:
@@ -99,7 +66,7 @@ def test_start_evaluation_redrive_with_earlier_job_running_adopts_it_without_a_s
     result = handler(redrive, context)
 
     assert result == {"resource_name": evaluation_name(first), "created": False, "adopted": True}
-    assert evaluation_jobs(mocked_aws) == [evaluation_name(first)], "exactly one evaluation job"
+    assert processing_job_names(mocked_aws, "sdf-ev-") == [evaluation_name(first)], "exactly one evaluation job"
     record = store.get(evaluation_name(first))
     assert record is not None
     assert record.task_token == redrive["token"], "the job's event must answer the redrive's task"
@@ -137,7 +104,7 @@ def test_start_evaluation_second_redrive_adopts_the_newest_running_job_and_stops
 
     assert result["resource_name"] == evaluation_name(first, redrive=1, attempt=2)
     assert processing_status(evaluation_name(first)) == "Stopped"
-    assert len(evaluation_jobs(mocked_aws)) == 2, "no third job"
+    assert len(processing_job_names(mocked_aws, "sdf-ev-")) == 2, "no third job"
 
 
 def test_start_evaluation_retry_within_a_redrive_finds_the_adopted_earlier_redrive_job(
@@ -154,7 +121,7 @@ def test_start_evaluation_retry_within_a_redrive_finds_the_adopted_earlier_redri
     result = handler(redrive_of(first, 1, attempt=1), context)
 
     assert result == {"resource_name": evaluation_name(first), "created": False, "adopted": True}
-    assert evaluation_jobs(mocked_aws) == [evaluation_name(first)]
+    assert processing_job_names(mocked_aws, "sdf-ev-") == [evaluation_name(first)]
 
 
 def test_start_evaluation_redrive_does_not_list_jobs(

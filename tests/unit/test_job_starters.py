@@ -13,7 +13,7 @@ from botocore.exceptions import ClientError, ReadTimeoutError
 from moto.sagemaker.models import sagemaker_backends
 from pydantic import ValidationError
 
-from sdflow_common import aws, names, sagemaker_jobs
+from sdflow_common import aws, sagemaker_jobs
 from sdflow_common.errors import (
     DownloadJobFailed,
     JobNameTaken,
@@ -35,7 +35,18 @@ from tests.unit.helpers import (
     FakeLambdaContext,
     load_event,
 )
-from tests.unit.job_requests import over_quota, run_hash, sagemaker_client, tags_of, throttle
+from tests.unit.job_requests import (
+    download_name,
+    over_quota,
+    processing_job_names,
+    processing_status,
+    retry_of,
+    run_hash,
+    sagemaker_client,
+    tags_of,
+    throttle,
+    training_name,
+)
 
 PIPELINE = EVENTS_PIPELINE
 RUN_NAME = EVENTS_RUN_NAME
@@ -44,27 +55,6 @@ RUN_NAME = EVENTS_RUN_NAME
 @pytest.fixture(autouse=True)
 def running_execution(events_execution: str) -> str:
     return events_execution
-
-
-def download_name(event: dict[str, Any], attempt: int = 0, redrive: int = 0) -> str:
-    return names.download_job_name(run_hash(event), event["run_id"], event["shard"]["shard_id"], redrive, attempt)
-
-
-def training_name(event: dict[str, Any], attempt: int = 0) -> str:
-    return names.training_job_name(run_hash(event), event["config"]["run_id"], 0, attempt)
-
-
-def set_processing_status(name: str, status: str) -> None:
-    """moto completes jobs at once; a test that needs a running job says so."""
-    sagemaker_backends[ACCOUNT][REGION].processing_jobs[name].processing_job_status = status
-
-
-def retry_of(event: dict[str, Any], attempt: int) -> dict[str, Any]:
-    return {**copy.deepcopy(event), "attempt": attempt, "token": f"{event['token']}-retry-{attempt}"}
-
-
-def download_job_names(world: AwsWorld) -> list[str]:
-    return sorted(job["ProcessingJobName"] for job in world.sagemaker.list_processing_jobs()["ProcessingJobSummaries"])
 
 
 # ---------------------------------------------------------------------------- download
@@ -78,7 +68,7 @@ def test_start_download_creates_named_job_and_claims_token(
     expected = download_name(event)
     assert run_hash(event) in expected
     assert result == {"resource_name": expected, "created": True}
-    assert download_job_names(mocked_aws) == [expected]
+    assert processing_job_names(mocked_aws) == [expected]
     job = mocked_aws.sagemaker.describe_processing_job(ProcessingJobName=expected)
     assert job["AppSpecification"]["ContainerEntrypoint"] == ["download"]
     # the container writes the shard to its output_uri itself (no ProcessingOutput)
@@ -114,7 +104,7 @@ def test_start_download_reinvoked_same_attempt_creates_one_job(
     second = handler(copy.deepcopy(event), context)
     assert second["created"] is False
     assert calls == []
-    assert len(download_job_names(mocked_aws)) == 1
+    assert len(processing_job_names(mocked_aws)) == 1
 
 
 def test_start_download_retry_after_failed_attempt_creates_distinct_job(
@@ -123,11 +113,11 @@ def test_start_download_retry_after_failed_attempt_creates_distinct_job(
     handler = load_function_module("start_download").lambda_handler
     first = load_event("start_download_task.json")
     name_0 = handler(first, context)["resource_name"]
-    set_processing_status(name_0, "Failed")
+    processing_status(name_0, "Failed")
     name_1 = handler(retry_of(first, 1), context)["resource_name"]
     assert name_0 != name_1
     assert name_1.endswith("-r0-a1")
-    assert download_job_names(mocked_aws) == sorted([name_0, name_1])
+    assert processing_job_names(mocked_aws) == sorted([name_0, name_1])
 
 
 def test_start_download_redrive_counts_of_parent_and_child_are_summed(
@@ -145,11 +135,11 @@ def test_start_download_starter_died_after_create_retry_adopts_the_running_job(
     first = load_event("start_download_task.json")
     # Attempt 0 created its job, then its Lambda died (Runtime.ExitError): the state retries.
     handler(first, context)
-    set_processing_status(download_name(first), "InProgress")
+    processing_status(download_name(first), "InProgress")
     retry = retry_of(first, 1)
     result = handler(retry, context)
     assert result == {"resource_name": download_name(first), "created": False, "adopted": True}
-    assert download_job_names(mocked_aws) == [download_name(first)], "exactly one job for the task"
+    assert processing_job_names(mocked_aws) == [download_name(first)], "exactly one job for the task"
     record = store.get(download_name(first))
     assert record is not None
     assert record.task_token == retry["token"], "the job's event must answer the live attempt"
@@ -162,14 +152,14 @@ def test_start_download_two_earlier_attempts_running_adopts_newest_stops_the_oth
     handler = load_function_module("start_download").lambda_handler
     first = load_event("start_download_task.json")
     handler(first, context)
-    set_processing_status(download_name(first), "InProgress")
+    processing_status(download_name(first), "InProgress")
     # A job of attempt 1 that some earlier bug left beside attempt 0's, claimed by nobody.
     mocked_aws.sagemaker.create_processing_job(**stray_request(first, attempt=1))
-    set_processing_status(download_name(first, attempt=1), "InProgress")
+    processing_status(download_name(first, attempt=1), "InProgress")
     result = handler(retry_of(first, 2), context)
     assert result["resource_name"] == download_name(first, attempt=1)
     assert sagemaker_backends[ACCOUNT][REGION].processing_jobs[download_name(first)].processing_job_status == "Stopped"
-    assert len(download_job_names(mocked_aws)) == 2, "no third job"
+    assert len(processing_job_names(mocked_aws)) == 2, "no third job"
 
 
 def test_start_download_retry_cannot_describe_earlier_attempt_raises_throttled_without_a_job(
@@ -179,7 +169,7 @@ def test_start_download_retry_cannot_describe_earlier_attempt_raises_throttled_w
     event = retry_of(load_event("start_download_task.json"), 1)
     with pytest.raises(SageMakerThrottled, match="DescribeProcessingJob"):
         load_function_module("start_download").lambda_handler(event, context)
-    assert download_job_names(mocked_aws) == [], "no second job while the first may still run"
+    assert processing_job_names(mocked_aws) == [], "no second job while the first may still run"
     assert store.get(download_name(event, attempt=1)) is None
 
 
@@ -193,7 +183,7 @@ def test_start_download_retry_finds_earlier_attempts_by_name_without_listing_job
     handler = load_function_module("start_download").lambda_handler
     first = load_event("start_download_task.json")
     handler(first, context)
-    set_processing_status(download_name(first), "InProgress")
+    processing_status(download_name(first), "InProgress")
     handler(retry_of(first, 1), context)  # adopts attempt 0's job: the claim moves to attempt 1
     calls: list[str] = []
     sagemaker_client().meta.events.register("before-call.sagemaker.*", lambda model, **_kw: calls.append(model.name))
@@ -203,7 +193,7 @@ def test_start_download_retry_finds_earlier_attempts_by_name_without_listing_job
 
     assert result == {"resource_name": download_name(first), "created": False, "adopted": True}
     assert sorted(calls) == ["DescribeProcessingJob", "DescribeProcessingJob"], "the claimed a0 and the previous a4"
-    assert download_job_names(mocked_aws) == [download_name(first)]
+    assert processing_job_names(mocked_aws) == [download_name(first)]
 
 
 def stray_request(event: dict[str, Any], attempt: int, run: str | None = None) -> dict[str, Any]:
@@ -289,10 +279,10 @@ def test_start_download_run_status_throttled_keeps_the_job_for_the_retry_to_adop
     event = load_event("start_download_task.json")
     with pytest.raises(SageMakerThrottled, match="the retry adopts the job"):
         handler(event, context)
-    set_processing_status(download_name(event), "InProgress")
+    processing_status(download_name(event), "InProgress")
     monkeypatch.setattr(sfn, "describe_execution", real)
     assert handler(retry_of(event, 1), context)["adopted"] is True
-    assert download_job_names(mocked_aws) == [download_name(event)]
+    assert processing_job_names(mocked_aws) == [download_name(event)]
 
 
 def test_start_download_run_status_unreadable_stops_the_job_and_fails_the_step(
@@ -338,7 +328,7 @@ def test_start_download_throttled_raises_and_releases_claim(
     with pytest.raises(SageMakerThrottled, match="Rate exceeded"):
         load_function_module("start_download").lambda_handler(event, context)
     assert store.get(download_name(event)) is None
-    assert download_job_names(mocked_aws) == []
+    assert processing_job_names(mocked_aws) == []
 
 
 def test_start_download_create_timed_out_keeps_claim_so_the_job_is_found(
@@ -360,10 +350,10 @@ def test_start_download_create_timed_out_keeps_claim_so_the_job_is_found(
     assert record is not None
     assert record.task_token == event["token"]
     monkeypatch.setattr(sagemaker_client(), "create_processing_job", original)
-    set_processing_status(download_name(event), "InProgress")
+    processing_status(download_name(event), "InProgress")
     result = load_function_module("start_download").lambda_handler(retry_of(event, 1), context)
     assert result == {"resource_name": download_name(event), "created": False, "adopted": True}
-    assert download_job_names(mocked_aws) == [download_name(event)]
+    assert processing_job_names(mocked_aws) == [download_name(event)]
 
 
 def test_start_download_refused_request_raises_download_job_failed(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aws_xray_sdk.core  # noqa: F401 - its global recorder opens a UDP socket at import: do it before sockets are disabled
@@ -27,6 +28,7 @@ from tests.unit.helpers import (
     FakeLambdaContext,
     create_table,
 )
+from tests.unit.pipeline_harness import Pipeline, pipeline_on_local_stepfunctions
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -135,3 +137,11 @@ def events_execution(mocked_aws: AwsWorld) -> str:
         roleArn=f"arn:aws:iam::{ACCOUNT}:role/sdflow-states",
     )["stateMachineArn"]
     return str(mocked_aws.sfn.start_execution(stateMachineArn=machine, name=EVENTS_RUN_NAME)["executionArn"])
+
+
+@pytest.fixture
+def pipeline(aws_env: None, tmp_path: Path) -> Iterator[Pipeline]:
+    """The pipeline definition on the local cloud's Step Functions, the functions played by doubles
+    (tests/unit/pipeline_harness.py)."""
+    with pipeline_on_local_stepfunctions(tmp_path) as harness:
+        yield harness

@@ -98,6 +98,8 @@ def parse(dockerfile: Path = DOCKERFILE) -> list[Step]:
     """The Dockerfile's instructions, each with the ARG and ENV values in effect there."""
     from dockerfile_parse import DockerfileParser
 
+    if dockerfile.name != "Dockerfile":  # DockerfileParser reads <path>/Dockerfile otherwise
+        raise ReplayError(f"{dockerfile}: the file to replay must be named Dockerfile")
     parser = DockerfileParser(path=str(dockerfile), env_replace=True, parent_env={"PATH": BASE_PATH})
     return [
         Step(item["instruction"], item["value"], item["startline"] + 1, dict(ctx.args), dict(ctx.envs))
@@ -285,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--keep", type=Path, default=None, help="scratch folder to use and keep (default: removed)")
     parser.add_argument(
-        "--dockerfile", type=Path, default=DOCKERFILE, help="a variant, replayed on training_image/ (default: its own)"
+        "--dockerfile", type=Path, default=DOCKERFILE, help="a variant named Dockerfile, replayed on training_image/"
     )
     parser.add_argument(INSIDE_FLAG, dest="inside", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

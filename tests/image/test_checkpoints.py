@@ -97,6 +97,19 @@ def test_save_writes_in_staging_outside_the_synced_folder(tmp_path: Path, proces
     assert not seen[0].exists(), "the staged folder is renamed, not copied"
 
 
+def test_save_clears_earlier_leftovers_in_staging_but_not_other_ranks_probes(
+    tmp_path: Path, process_group: None
+) -> None:
+    root = tmp_path / "checkpoints"
+    staging = checkpoints.staging_root(root)
+    _write_files(staging / checkpoints.checkpoint_name(9), 9)  # a save of another step, killed
+    probe = staging / ".rename-probe-of-another-rank"
+    probe.mkdir()
+    _save(root, 3)
+    assert not (staging / checkpoints.checkpoint_name(9)).exists()
+    assert probe.is_dir(), "another local rank's staging probe is left alone"
+
+
 @pytest.fixture
 def checkpoints_mount(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """tmp_path/checkpoints as a mount of its own, as /opt/ml/checkpoints may be under /opt/ml on

@@ -236,7 +236,10 @@ def save(
     staged = staging_root(root) / checkpoint_name(step)
     final = root / checkpoint_name(step)
     if local_rank == 0:
-        shutil.rmtree(staged.parent, ignore_errors=True)  # what a save killed half-way left (one save at a time)
+        # What a save killed half-way left (one save at a time); only checkpoint folders: the other
+        # local ranks may be probing the staging folder (staging_root) at this moment.
+        for leftover in staged.parent.glob(f"{CHECKPOINT_PREFIX}*") if staged.parent.is_dir() else []:
+            shutil.rmtree(leftover, ignore_errors=True)
         staged.mkdir(parents=True)
         root.mkdir(parents=True, exist_ok=True)
     _barrier()

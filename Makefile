@@ -77,7 +77,7 @@ test: setup $(CHROMIUM)  ## the whole suite: unit, e2e, browser and lint tests, 
 	$(BIN)/pytest -n 2 --dist loadscope --no-loadscope-reorder --durations=25
 	$(IMAGE_BIN)/pytest tests/image --durations=15
 
-# CI runs it after `make test` (.ci/run), not in it: about 7 minutes (a fresh download of the
+# CI runs it after `make test` (.ci/run), not in it: 3.5 to 7 minutes here (a fresh download of the
 # image's stack, PIP_NO_CACHE_DIR=1 as in the image), and `make test` takes ~19 of its 20.
 image-replay: $(STAMP)  ## replay training_image/Dockerfile's build steps without Docker (.ci/dockerfile_replay.py; minutes)
 	$(BIN)/python .ci/dockerfile_replay.py

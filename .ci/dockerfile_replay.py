@@ -300,10 +300,14 @@ def main(argv: list[str] | None = None) -> int:
     scratch = (args.keep or Path(tempfile.mkdtemp(prefix="dockerfile-replay-"))).resolve()
     scratch.mkdir(parents=True, exist_ok=True)
     try:
-        # -r: root in a user namespace of our own (no privileges needed); -m: mounts of our own.
+        # -m: mounts of our own (private: the host sees none of them). As root that is all it takes;
+        # otherwise -r makes us root in a user namespace of our own, which the kernel must allow.
+        namespace = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-rm"]
         command = [sys.executable, __file__, "--dockerfile", str(args.dockerfile.resolve()), INSIDE_FLAG, str(scratch)]
-        command = ["unshare", "-rm", *command]
-        return subprocess.run(command, check=False).returncode
+        code = subprocess.run([*namespace, *command], check=False).returncode
+        if code != 0:
+            print(f"dockerfile replay exited {code} (run as: {' '.join(namespace)} ...)", file=sys.stderr, flush=True)
+        return code
     finally:
         if args.keep is None:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -105,6 +105,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--steps", type=_positive_int, default=12, help="optimizer steps per run (>= 4)")
     parser.add_argument("--batch-size", type=_positive_int, default=4, help="samples per GPU per step")
+    # > 1 runs low_level_zero as ZeRO stage 1 with no_sync on the micro-batches before the last
+    # (sdflow_image/training/accumulation.py): its exact resume and throughput need a GPU to check.
+    parser.add_argument("--gradient-accumulation-steps", type=_positive_int, default=1, help="micro-batches per step")
     parser.add_argument("--plugins", type=_choices(PLUGINS), default=list(PLUGINS), help="comma-separated subset")
     parser.add_argument("--precisions", type=_choices(PRECISIONS), default=list(PRECISIONS), help="comma-separated")
     parser.add_argument("--nproc", type=_positive_int, default=None, help="processes (default: every GPU)")
@@ -291,6 +294,7 @@ def hyperparameters(args: argparse.Namespace, plugin: str, precision: str, base:
         "mixed_precision": precision,
         "resolution": str(resolution),
         "train_batch_size": str(args.batch_size),
+        "gradient_accumulation_steps": str(args.gradient_accumulation_steps),
         "max_train_steps": str(args.steps),
         "checkpointing_steps": str(args.steps // 2),
         "learning_rate": str(args.learning_rate),

@@ -97,6 +97,65 @@ def test_save_writes_in_staging_outside_the_synced_folder(tmp_path: Path, proces
     assert not seen[0].exists(), "the staged folder is renamed, not copied"
 
 
+def test_save_clears_earlier_leftovers_in_staging_but_not_other_ranks_probes(
+    tmp_path: Path, process_group: None
+) -> None:
+    root = tmp_path / "checkpoints"
+    staging = checkpoints.staging_root(root)
+    _write_files(staging / checkpoints.checkpoint_name(9), 9)  # a save of another step, killed
+    probe = staging / ".rename-probe-of-another-rank"
+    probe.mkdir()
+    _save(root, 3)
+    assert not (staging / checkpoints.checkpoint_name(9)).exists()
+    assert probe.is_dir(), "another local rank's staging probe is left alone"
+
+
+@pytest.fixture
+def checkpoints_mount(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """tmp_path/checkpoints as a mount of its own, as /opt/ml/checkpoints may be under /opt/ml on
+    the container's root file system: rename(2) in or out of it fails with EXDEV, and a copy across
+    it fails the test (a cross-device copy of a multi-GB checkpoint is what staging must avoid)."""
+    root = (tmp_path / "checkpoints").resolve()
+
+    def inside(path: Any) -> bool:
+        resolved = Path(path).resolve()
+        return resolved == root or root in resolved.parents
+
+    for name in ("rename", "replace"):
+        real = getattr(os, name)
+
+        def crossing(src: Any, dst: Any, *, _real: Any = real) -> None:
+            if inside(src) != inside(dst):
+                raise OSError(errno.EXDEV, "Invalid cross-device link")
+            _real(src, dst)
+
+        monkeypatch.setattr(os, name, crossing)
+
+    def no_copy(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError(f"copied across file systems: {args}")
+
+    monkeypatch.setattr(checkpoints.shutil, "copytree", no_copy)
+    return root
+
+
+def test_save_checkpoints_folder_on_its_own_mount_stages_inside_it_and_renames(
+    checkpoints_mount: Path, tmp_path: Path, process_group: None
+) -> None:
+    seen: list[Path] = []
+
+    def write(folder: Path) -> None:
+        seen.append(folder)
+        _write_files(folder, 3)
+
+    final = _save(checkpoints_mount, 3, write=write)
+    assert seen[0].parent == checkpoints_mount / checkpoints.STAGING_INSIDE
+    assert checkpoints.is_complete(final)
+    assert not seen[0].exists(), "the staged folder is renamed, not copied"
+    beside = tmp_path / ".checkpoints-staging"
+    assert not any(beside.rglob("*")), "nothing is written outside the checkpoints folder's mount"
+    assert [step for step, _ in checkpoints.list_checkpoints(checkpoints_mount)] == [3]
+
+
 def test_save_killed_mid_write_leaves_nothing_in_synced_folder_and_next_save_recovers(
     tmp_path: Path, process_group: None
 ) -> None:
@@ -190,6 +249,16 @@ def test_prune_s3_checkpoint_over_1000_objects_is_deleted_in_batches(s3: Any) ->
         _upload(s3, step)
     assert checkpoints.prune_s3(f"s3://{BUCKET}/{PREFIX.rstrip('/')}", 2) == [1]
     assert _steps_in_s3(s3) == [2, 3]
+
+
+def test_prune_s3_deletes_what_the_sync_uploaded_from_staging_inside(s3: Any) -> None:
+    for step in (1, 2):
+        _upload(s3, step)
+    staged_key = f"{PREFIX}{checkpoints.STAGING_INSIDE}/{checkpoints.checkpoint_name(2)}/unet/model.safetensors"
+    s3.put_object(Bucket=BUCKET, Key=staged_key, Body=b"half")
+    assert checkpoints.prune_s3(f"s3://{BUCKET}/{PREFIX}", 2) == []
+    assert s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{PREFIX}{checkpoints.STAGING_INSIDE}/")["KeyCount"] == 0
+    assert _steps_in_s3(s3) == [1, 2]
 
 
 def test_save_with_checkpoint_s3_uri_prunes_s3_too(tmp_path: Path, s3: Any, process_group: None) -> None:

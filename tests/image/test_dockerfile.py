@@ -193,9 +193,35 @@ def test_dockerfile_sagemaker_layout(instructions: list[Instruction]) -> None:
 
 def test_dockerfile_bakes_in_no_model_weights(instructions: list[Instruction]) -> None:
     build_steps = " ".join(values(instructions, "RUN") + values(instructions, "ADD"))
-    for forbidden in ("from_pretrained", "snapshot_download", "hf_hub_download", "huggingface-cli", "wget", "curl"):
+    for forbidden in ("from_pretrained", "snapshot_download", "hf_hub_download", "huggingface-cli", "wget"):
         assert forbidden not in build_steps, f"the build must not fetch weights ({forbidden})"
+    fetched = [
+        word
+        for run in values(instructions, "RUN")
+        for words in shell_commands(run)
+        if words[0] == "curl"
+        for word in words[1:]
+        if "://" in word
+    ]
+    assert [re.sub(r"\$\{\w+\}", "V", url) for url in fetched] == [
+        "https://efa-installer.amazonaws.com/aws-efa-installer-V.tar.gz"
+    ], "curl fetches the EFA installer and nothing else"
     assert not values(instructions, "ADD"), "ADD can fetch URLs; use COPY"
     ignored = (IMAGE_DIR / ".dockerignore").read_text().split()
     for pattern in ("**/*.safetensors", "**/*.ckpt", "**/*.bin", "**/__pycache__", "sdflow_image/tiny_model.py"):
         assert pattern in ignored, f".dockerignore must exclude {pattern}"
+
+
+def test_dockerfile_installs_efa_as_aws_dlc_recipe_and_points_nccl_at_it(instructions: list[Instruction]) -> None:
+    """The choice (Dockerfile, base note): the PyTorch base plus the EFA installer run as AWS's Deep
+    Learning Container recipe runs it, not the DLC itself (README, "The training image")."""
+    (efa,) = [r for r in values(instructions, "RUN") if "efa_installer.sh" in r]
+    (installer,) = [words for words in shell_commands(efa) if words[0] == "./efa_installer.sh"]
+    assert installer[1:] == ["-y", "--skip-kmod", "--skip-limit-conf", "--no-verify"], installer
+    assert "test -f /opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so" in efa, "the build fails without the NCCL plugin"
+    assert re.fullmatch(r"\d+\.\d+\.\d+", arg_defaults(instructions)["EFA_INSTALLER_VERSION"])
+    env = " ".join(values(instructions, "ENV"))
+    assert re.search(r"\bFI_PROVIDER=efa\b", env)
+    assert re.search(r"\bFI_EFA_FORK_SAFE=1\b", env), "DataLoader workers fork a rank that registered EFA memory"
+    assert re.search(r"\bLD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib:", env)
+    assert "FI_EFA_USE_DEVICE_RDMA" not in env, "forcing GPUDirect RDMA fails on EFA hosts without it"

@@ -15,7 +15,7 @@ import pytest
 import torch
 from train_fixtures import gloo_world_of_one
 
-from sdflow_image.training import model
+from sdflow_image.training import accumulation, model
 
 pytestmark = pytest.mark.image
 
@@ -102,7 +102,9 @@ def test_make_plugin_gemini_without_mixed_precision_raises_naming_it() -> None:
 
 
 @pytest.mark.parametrize(("mixed_precision", "precision"), [("no", "fp32"), ("bf16", "bf16"), ("fp16", "fp16")])
-def test_make_plugin_low_level_zero_is_stage2_with_precision_and_clipping(mixed_precision: str, precision: str) -> None:
+def test_make_plugin_low_level_zero_not_accumulating_is_stage2_with_precision(
+    mixed_precision: str, precision: str
+) -> None:
     plugin = model.make_plugin("low_level_zero", mixed_precision, max_grad_norm=0.25)
     assert plugin.stage == 2
     assert plugin.precision == precision
@@ -136,7 +138,7 @@ def test_torch_ddp_on_cpu_accumulates_and_steps(mixed_precision: str) -> None:
     boosted, optimizer, *_ = booster.boost(net, model.build_optimizer("torch_ddp", net.parameters(), **ADAM))
     autocast = model.autocast_dtype("torch_ddp", mixed_precision)
     for micro in range(2):
-        with model.no_sync(booster, boosted, optimizer, skip=micro == 0):
+        with accumulation.no_sync(booster, boosted, optimizer, skip=micro == 0):
             booster.backward(_loss(boosted, autocast) / 2, optimizer)
     optimizer.clip_grad_by_norm(1.0)
     optimizer.step()
@@ -153,10 +155,10 @@ def test_no_sync_torch_ddp_fp16_reaches_ddp_inside_amp_wrapper() -> None:
         booster.no_sync(boosted, optimizer)
     ddp = model.ddp_model(boosted).module
     assert isinstance(ddp, torch.nn.parallel.DistributedDataParallel)
-    with model.no_sync(booster, boosted, optimizer, skip=True):
+    with accumulation.no_sync(booster, boosted, optimizer, skip=True):
         assert ddp.require_backward_grad_sync is False
     assert ddp.require_backward_grad_sync is True
-    with model.no_sync(booster, boosted, optimizer, skip=False):
+    with accumulation.no_sync(booster, boosted, optimizer, skip=False):
         assert ddp.require_backward_grad_sync is True
 
 

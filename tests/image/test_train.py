@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from train_fixtures import index_in_channel, write_dataset_channel, write_job_config
+from train_fixtures import gloo_world_of_one, index_in_channel, write_dataset_channel, write_job_config
 
 from sdflow_image import train as train_module
 from sdflow_image.tiny_model import build_tiny_pipeline
@@ -547,3 +547,34 @@ def test_copy_report_puts_summary_and_images_in_output_data_dir_with_adherence_g
     assert {p.name: p.read_bytes() for p in data_dir.iterdir()} == {
         name: name.encode() for name in ("training_summary.json", "loss.png", "samples.png", "adherence.png")
     }, "the small outputs only, not the model"
+
+
+def test_outputs_save_stages_unet_inside_the_model_folder_and_removes_it(tmp_path: Path) -> None:
+    """/opt/ml/model is on the job's storage volume, /opt/ml beside it need not be (outputs.save)."""
+    import argparse
+    from types import SimpleNamespace
+
+    from sdflow_image.training import outputs
+
+    model_dir = tmp_path / "model"
+    written: list[Path] = []
+
+    def save_model(_model: Any, path: str, **_kwargs: Any) -> None:
+        written.append(Path(path))
+        Path(path).write_bytes(b"unet")
+
+    booster = SimpleNamespace(save_model=save_model)
+    trainer = SimpleNamespace(
+        rank=1,  # a rank that only writes its share and returns: no pipeline is built
+        device="cpu",
+        state=SimpleNamespace(losses=[], step=0),
+        boosted=SimpleNamespace(booster=booster, model=None),
+        ema=None,
+        release=lambda: None,
+    )
+    with gloo_world_of_one():
+        outputs.save(argparse.Namespace(output_dir=str(model_dir)), trainer, {})  # type: ignore[arg-type]
+    assert written[0].parent.parent == model_dir.resolve()
+    assert written[0].parent.name.startswith(".sdflow-unet-")
+    assert list(model_dir.iterdir()) == [], "the staging folder is gone before the model is written"
+    assert [p.name for p in tmp_path.iterdir()] == ["model"], "nothing staged beside the model folder"

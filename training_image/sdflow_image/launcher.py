@@ -136,9 +136,13 @@ def main(argv: list[str] | None = None) -> int:
         gpus = _gpu_count()
         topology = plan(contract.read_resource_config(), gpus, dict(os.environ))
         from sdflow_image import kernels, train
-        from sdflow_image.training import earlier_attempts
+        from sdflow_image.training import accumulation, earlier_attempts
 
         args = train.parse_args(argv)
+        world_size = topology["nnodes"] * topology["nproc_per_node"]
+        note = accumulation.communication_note(args.plugin, args.gradient_accumulation_steps, world_size)
+        if note:
+            print(note, flush=True)
         kernels.prepare(args.plugin, cuda=gpus > 0)
         earlier_attempts.adopt(args.checkpoint_s3_uri, args.checkpoints_dir)
     except Exception as exc:

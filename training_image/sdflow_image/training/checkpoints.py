@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ MARKER = "COMPLETE.json"
 TRAINER_STATE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.bin"
 S3_KEEP_AT_LEAST = 2
+STAGING_INSIDE = ".staging"  # inside the checkpoints folder, where no folder beside it shares its mount
 DELETE_OBJECTS_MAX_KEYS = 1000  # S3 DeleteObjects: "up to 1,000 keys" per request
 
 
@@ -57,9 +59,45 @@ def data_state_file(rank: int) -> str:
 
 
 def staging_root(checkpoints_dir: str | Path) -> Path:
-    """Beside the checkpoints folder, on the same volume (so the rename is one step), outside the sync."""
+    """Where checkpoints are staged: on the checkpoints folder's own mount, so that publishing is
+    one rename and the bytes land on the job's storage volume.
+
+    The SageMaker developer guide documents which paths are on the ML storage volume ("The default
+    paths for SageMaker training jobs are mounted to Amazon EBS volumes or NVMe SSD volumes of the
+    ML instance": /opt/ml/input/data/<channel>, /opt/ml/output/data, /opt/ml/model and
+    /opt/ml/checkpoints; "Managing storage paths for different types of instance local storage" and
+    "SageMaker AI environment variables and the default paths for training storage locations",
+    https://docs.aws.amazon.com/sagemaker/latest/dg/model-train-storage-tips-considerations.html).
+    /opt/ml itself is not among them: a folder beside /opt/ml/checkpoints may be on the container's
+    root file system, which a multi-GB checkpoint fills, and from which rename(2) fails with EXDEV
+    (as it does between two mounts even of one file system). So the folder beside is used only
+    when a probe folder made there renames into the checkpoints folder (then both are on one mount:
+    the volume when either is); otherwise checkpoints are staged inside the checkpoints folder, in
+    STAGING_INSIDE, which SageMaker's sync may upload (prune_s3 deletes it there)."""
     root = Path(checkpoints_dir).resolve()
-    return root.parent / f".{root.name}-staging"
+    beside = root.parent / f".{root.name}-staging"
+    if _renames_into(beside, root):
+        return beside
+    log.warning("staging checkpoints inside %s: %s is on another mount or not writable", root, beside)
+    return root / STAGING_INSIDE
+
+
+def _renames_into(source_parent: Path, destination: Path) -> bool:
+    """Whether a folder made in `source_parent` can be renamed into `destination`."""
+    try:
+        destination.mkdir(parents=True, exist_ok=True)
+        source_parent.mkdir(parents=True, exist_ok=True)
+        probe = Path(tempfile.mkdtemp(prefix=".rename-probe-", dir=source_parent))
+    except OSError:
+        return False
+    target = destination / probe.name
+    try:
+        os.rename(probe, target)
+    except OSError:
+        shutil.rmtree(probe, ignore_errors=True)
+        return False
+    os.rmdir(target)
+    return True
 
 
 def file_sizes(folder: Path) -> dict[str, int]:
@@ -152,6 +190,9 @@ def prune_s3(uri: str, keep: int, client: Any = None) -> list[int]:
         doomed = sorted(steps)[: -max(keep, S3_KEEP_AT_LEAST)] if len(steps) > max(keep, S3_KEEP_AT_LEAST) else []
         for step in doomed:
             _delete_prefix(s3, bucket, steps[step])
+        # What the sync uploaded from a staging folder inside the checkpoints folder (staging_root):
+        # published since, so never read; the next prune catches files uploaded after this one.
+        _delete_prefix(s3, bucket, f"{prefix}{STAGING_INSIDE}/")
     except (BotoCoreError, ClientError) as exc:
         log.warning("could not prune old checkpoints under %s: %s", uri, exc)
         return []
@@ -195,8 +236,10 @@ def save(
     staged = staging_root(root) / checkpoint_name(step)
     final = root / checkpoint_name(step)
     if local_rank == 0:
-        if staged.exists():
-            shutil.rmtree(staged)  # what a save killed half-way left
+        # What a save killed half-way left (one save at a time); only checkpoint folders: the other
+        # local ranks may be probing the staging folder (staging_root) at this moment.
+        for leftover in staged.parent.glob(f"{CHECKPOINT_PREFIX}*") if staged.parent.is_dir() else []:
+            shutil.rmtree(leftover, ignore_errors=True)
         staged.mkdir(parents=True)
         root.mkdir(parents=True, exist_ok=True)
     _barrier()

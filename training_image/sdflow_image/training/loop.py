@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sdflow_image.training import checkpoints, model, precision_state
+from sdflow_image.training import accumulation, checkpoints, model, precision_state
 from sdflow_image.training.checkpoints import CheckpointError
 from sdflow_image.training.encode_cache import EncodeCache
 
@@ -339,12 +339,12 @@ class Trainer:
 
         args, b = self.args, self.boosted
         total = torch.zeros((), device=self.device)
-        no_sync_ok = args.plugin == "torch_ddp" and self.world_size > 1
+        no_sync_ok = accumulation.skips_sync(args.plugin, args.gradient_accumulation_steps, self.world_size)
         for micro in range(args.gradient_accumulation_steps):
             encode = self.encode_cache.encode if self.encode_cache is not None else model.encode_batch
             latents, hidden = encode(next(batches), self.parts, self.device, generator, args.proportion_empty_prompts)
             last = micro == args.gradient_accumulation_steps - 1
-            with model.no_sync(b.booster, b.model, b.optimizer, skip=no_sync_ok and not last):
+            with accumulation.no_sync(b.booster, b.model, b.optimizer, skip=no_sync_ok and not last):
                 loss = model.compute_loss(
                     b.model,
                     self.parts.noise_scheduler,

@@ -12,7 +12,7 @@ on a machine without CUDA it raises "No usable kernel found for CPUAdamLoader".
 
 torch_ddp with fp16: the Booster wraps the DDP model in its AMP module (TorchAMPModule), and
 TorchDDPPlugin.no_sync asserts a TorchDDPModel ("Model is not boosted by TorchDDPPlugin."):
-`no_sync` below finds the DDP model inside the wrappers.
+`ddp_model` below finds the DDP model inside the wrappers (for training/accumulation.py's no_sync).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sdflow_image.kernels import ADAM_PLUGINS  # plugins that get Colossal-AI's HybridAdam
+from sdflow_image.training import accumulation
 
 
 @dataclass
@@ -115,7 +116,10 @@ def make_plugin(
     if plugin == "low_level_zero":
         from colossalai.booster.plugin import LowLevelZeroPlugin
 
-        return LowLevelZeroPlugin(stage=2, precision=precision, max_norm=max_grad_norm)
+        # Stage 1 when accumulating, so that no_sync can skip the micro-batches' reduction
+        # (stage 2 has none): training/accumulation.py.
+        stage = accumulation.low_level_zero_stage(gradient_accumulation_steps)
+        return LowLevelZeroPlugin(stage=stage, precision=precision, max_norm=max_grad_norm)
     if plugin == "gemini":
         from colossalai.booster.plugin import GeminiPlugin
 
@@ -168,17 +172,6 @@ def ddp_model(model: Any) -> Any:
             raise TypeError(f"{type(model).__name__} wraps no TorchDDPModel: boost it with TorchDDPPlugin first")
         inner = inner.module
     return inner
-
-
-def no_sync(booster: Any, model: Any, optimizer: Any, *, skip: bool) -> contextlib.AbstractContextManager[Any]:
-    """Gradient sync off for an accumulation micro-batch (`skip`) under torch_ddp; else nothing.
-
-    The ZeRO plugins accumulate without it: LowLevelZero stage 2 reduces into its partitioned
-    gradients on every backward (its no_sync is stage 1 only), Gemini with
-    enable_gradient_accumulation keeps the chunks' gradients between steps."""
-    if not skip:
-        return contextlib.nullcontext()
-    return booster.plugin.no_sync(ddp_model(model), optimizer)
 
 
 @dataclass

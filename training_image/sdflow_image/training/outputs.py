@@ -42,8 +42,12 @@ def save(args: argparse.Namespace, trainer: Trainer, summary: dict[str, Any]) ->
     """Collective: export the weights (sharded plugins gather onto rank 0), free the training
     state on every rank, then rank 0 writes the outputs."""
     rank0, device, losses, steps = trainer.rank == 0, trainer.device, list(trainer.state.losses), trainer.state.step
-    # Staged next to the model folder (the job's big volume, not the synced checkpoints folder).
-    staging = Path(args.output_dir).resolve().parent
+    # Staged inside the model folder: /opt/ml/model is on the job's storage volume (the SageMaker
+    # developer guide, "Managing storage paths for different types of instance local storage": the
+    # default paths, /opt/ml/model among them, are mounted on the instance's EBS or NVMe volume),
+    # where /opt/ml beside it may be the container's root file system. The folder is gone before
+    # the model is written there (the context ends first), so it never reaches model.tar.gz.
+    staging = Path(args.output_dir).resolve()
     staging.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".sdflow-unet-", dir=staging) as tmp:
         weights = Path(tmp) / "unet.safetensors"

@@ -14,7 +14,7 @@ import re
 import sys
 import unicodedata
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -24,6 +24,8 @@ S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])/(?P<ke
 ENDPOINT_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 INSTANCE_TYPE = r"^ml\.[a-z0-9]+(-[a-z0-9]+)*\.[a-z0-9]+$"
 RUN_NAME = r"^[a-zA-Z0-9\-_]{1,40}$"
+# A module name as peft matches it: a dotted path of Python identifiers and indices ("to_out.0").
+LORA_TARGET_MODULE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$"
 # A Standard execution's ARN: arn:<partition>:states:<region>:<account>:execution:<state machine>:<name>.
 # No "/" in the state machine part: Distributed Map children (<machine>/<label>) are not runs.
 EXECUTION_ARN = r"^arn:aws[a-z-]*:states:[a-z0-9-]+:[0-9]{12}:execution:[^:/\s]{1,80}:[^:/\s]{1,80}$"
@@ -33,6 +35,8 @@ PATTERN_HELP = {
     "(a SageMaker endpoint name), e.g. 'sdflow-cats'",
     INSTANCE_TYPE: "use a SageMaker instance type of the form ml.<family>.<size>, e.g. 'ml.g5.xlarge'",
     RUN_NAME: "use 1-40 letters, digits, '-' or '_', e.g. 'cats-v1'",
+    LORA_TARGET_MODULE: "use a module name as peft's target_modules takes it: a dotted path such as 'to_q' or "
+    "'to_out.0'",
     EXECUTION_ARN: "give the ARN of an earlier execution of this pipeline, as `aws stepfunctions "
     "list-executions` prints it: arn:aws:states:<region>:<account>:execution:<pipeline>:<name>",
 }
@@ -133,6 +137,81 @@ class DownloadOptions(_Strict):
     )
 
 
+# LoRA defaults: diffusers' LoRA training examples for each family use the same ones, `--rank`
+# default 4 and `LoraConfig(r=rank, lora_alpha=rank, lora_dropout` unset (0.0), `target_modules=
+# ["to_k", "to_q", "to_v", "to_out.0"])` on the denoiser: examples/text_to_image/train_text_to_image_lora.py
+# (SD 1.x/2.x), train_text_to_image_lora_sdxl.py (SDXL) and examples/dreambooth/
+# train_dreambooth_lora_sd3.py (SD 3, as of diffusers 0.29/0.30). Text-encoder LoRA, where those
+# examples offer it (`--train_text_encoder`: SDXL's script, SD's and SD 3's DreamBooth LoRA scripts;
+# never T5), targets ["q_proj", "k_proj", "v_proj", "out_proj"]. An empty target list in the
+# hyperparameters means "the family's default": the image knows each family's module names.
+LORA_DEFAULT_RANK = 4
+# Colossal-AI 0.5.0, colossalai/booster/plugin/*.py: support_lora() is True for TorchDDPPlugin and
+# LowLevelZeroPlugin (its second definition, the one Python keeps) and HybridParallelPlugin; False for
+# GeminiPlugin and TorchFSDPPlugin, whose enable_lora raises NotImplementedError.
+LORA_PLUGINS = ("torch_ddp", "low_level_zero")
+LORA_DEFAULT_PLUGIN = "low_level_zero"
+LORA_DEFAULT_DROPOUT = 0.0
+LORA_MAX_RANK = 1024
+LORA_MAX_TARGETS = 64
+
+
+class LoraOptions(_Strict):
+    """A LoRA adapter's shape (training.method lora); defaults as diffusers' LoRA examples."""
+
+    rank: int = Field(default=LORA_DEFAULT_RANK, ge=1, le=LORA_MAX_RANK, description="LoRA rank r (diffusers: 4).")
+    alpha: float | None = Field(
+        default=None,
+        gt=0,
+        le=4096,
+        description="LoRA alpha (the update is scaled by alpha / rank); default: the rank, as diffusers' examples.",
+    )
+    dropout: float = Field(
+        default=LORA_DEFAULT_DROPOUT, ge=0, lt=1, description="Dropout on the LoRA path (diffusers: 0)."
+    )
+    target_modules: list[Annotated[str, Field(min_length=1, max_length=200, pattern=LORA_TARGET_MODULE)]] | None = (
+        Field(
+            default=None,
+            max_length=LORA_MAX_TARGETS,
+            description="Module names to adapt; default: the family's (to_k, to_q, to_v, to_out.0 on the denoiser).",
+        )
+    )
+    text_encoder: bool = Field(
+        default=False, description="Also train LoRA on the CLIP text encoder(s) (q/k/v/out_proj); never T5."
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _targets_listed_once(cls, targets: list[str] | None) -> list[str] | None:
+        if targets is None:
+            return None
+        if not targets:
+            raise ValueError("is empty; list module names such as 'to_q', or leave it out for the family's default")
+        if len(set(targets)) != len(targets):
+            raise ValueError("lists a module twice; name each module once")
+        size = len(",".join(targets))
+        if size > HYPERPARAMETER_VALUE_LIMIT:
+            raise ValueError(
+                f"the module names take {size} characters as the lora_target_modules hyperparameter, and "
+                f"SageMaker allows {HYPERPARAMETER_VALUE_LIMIT}: list fewer modules"
+            )
+        return targets
+
+    @property
+    def effective_alpha(self) -> float:
+        return float(self.rank) if self.alpha is None else self.alpha
+
+    def hyperparameters(self) -> dict[str, str]:
+        """The contract's lora_* hyperparameters (strings; an empty target list: the family's default)."""
+        return {
+            "lora_rank": str(self.rank),
+            "lora_alpha": f"{self.effective_alpha:g}",
+            "lora_dropout": f"{self.dropout:g}",
+            "lora_target_modules": ",".join(self.target_modules or []),
+            "train_text_encoder_lora": str(self.text_encoder).lower(),
+        }
+
+
 class TrainingOptions(_Strict):
     instance_type: str = Field(default="ml.g5.12xlarge", pattern=INSTANCE_TYPE, description="Training instance type.")
     instance_count: int = Field(default=1, ge=1, le=64, description="Instances (nodes); > 1 trains distributed.")
@@ -147,7 +226,9 @@ class TrainingOptions(_Strict):
     keep_alive_seconds: int = Field(default=0, ge=0, le=3600, description="Warm pool after the job.")
     max_retry_attempts: int = Field(default=2, ge=1, le=30, description="SageMaker RetryStrategy.")
     plugin: Literal["torch_ddp", "low_level_zero", "gemini"] = Field(
-        default="gemini", description="Colossal-AI booster plugin (low_level_zero and gemini need GPUs)."
+        default="gemini",
+        description="Colossal-AI booster plugin (low_level_zero and gemini need GPUs); default gemini, and "
+        "low_level_zero for method lora (gemini cannot train LoRA).",
     )
     mixed_precision: Literal["no", "fp16", "bf16"] = Field(default="fp16", description="Training precision.")
     resolution: int = Field(default=256, ge=32, le=2048, description="Training image size in pixels.")
@@ -191,6 +272,14 @@ class TrainingOptions(_Strict):
         description="Also score prompt adherence (held-out scene prompts) of the base and the trained model at the "
         "end of the training job, as SageMaker metrics (the Evaluate model step always scores it).",
     )
+    method: Literal["full", "lora"] = Field(
+        default="full",
+        description="full: train every weight of the UNet (or SD 3's transformer); lora: train a LoRA adapter on "
+        "the frozen base model (model.tar.gz then holds only the adapter, megabytes).",
+    )
+    lora: LoraOptions | None = Field(
+        default=None, description="LoRA settings, only with method lora (defaults: diffusers' LoRA examples)."
+    )
 
     @field_validator("validation_prompts")
     @classmethod
@@ -202,6 +291,40 @@ class TrainingOptions(_Strict):
                 f"(a JSON list), and SageMaker allows {HYPERPARAMETER_VALUE_LIMIT}: use fewer or shorter prompts"
             )
         return prompts
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lora_plugin_default(cls, data: Any) -> Any:
+        # gemini, the default plugin, cannot train LoRA: a LoRA run that names no plugin gets low_level_zero.
+        if isinstance(data, dict) and data.get("method") == "lora" and "plugin" not in data:
+            return {**data, "plugin": LORA_DEFAULT_PLUGIN}
+        return data
+
+    @model_validator(mode="after")
+    def _method_fits_plugin(self) -> TrainingOptions:
+        if self.lora is not None and self.method != "lora":
+            raise ValueError(
+                "training.lora is set but training.method is 'full': set training.method to 'lora', or remove "
+                "training.lora"
+            )
+        if self.method == "lora" and self.plugin not in LORA_PLUGINS:
+            raise ValueError(
+                f"training.plugin '{self.plugin}' cannot train LoRA: Colossal-AI 0.5.0's {self.plugin} plugin has "
+                "support_lora() False (its enable_lora raises NotImplementedError); set training.plugin to "
+                "low_level_zero (ZeRO-2: shards the adapter's optimizer state) or torch_ddp, or train with "
+                "training.method 'full'"
+            )
+        if self.plugin == "gemini" and self.mixed_precision == "no":
+            raise ValueError(
+                "training.plugin 'gemini' trains in fp16 or bf16 only (Colossal-AI's GeminiPlugin has no fp32): set "
+                "training.mixed_precision to 'bf16' or 'fp16', or training.plugin to low_level_zero or torch_ddp"
+            )
+        return self
+
+    @property
+    def lora_options(self) -> LoraOptions:
+        """The LoRA settings in force: the document's, or the defaults."""
+        return self.lora if self.lora is not None else LoraOptions()
 
     @model_validator(mode="after")
     def _spot_needs_wait(self) -> TrainingOptions:
@@ -239,6 +362,8 @@ class TrainingOptions(_Strict):
             "snr_gamma": self.snr_gamma,
             "proportion_empty_prompts": self.proportion_empty_prompts,
             "eval_adherence": self.eval_adherence,
+            "training_method": self.method,
+            **self.lora_options.hyperparameters(),
         }
         return {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in values.items()}
 
@@ -365,6 +490,13 @@ class RunDocument(_Strict):
     run_name: str | None = Field(default=None, pattern=RUN_NAME, description="Readable name, part of the run id.")
     dataset: Dataset = Field(description="Where the LAION-style parquet files are (required).")
     base_model_uri: str = Field(description="S3 prefix of a diffusers-format Stable Diffusion model.")
+    base_model_family: Literal["auto", "sd", "sdxl", "sd3"] = Field(
+        default="auto",
+        description="The base model's family: sd (SD 1.x/2.x, StableDiffusionPipeline), sdxl "
+        "(StableDiffusionXLPipeline) or sd3 (StableDiffusion3Pipeline). auto: Validate run reads it from the "
+        "model's model_index.json (`_class_name`) and the run carries what it found; a family given here must "
+        "match it.",
+    )
     download: DownloadOptions = Field(
         default_factory=DownloadOptions, description="One SageMaker processing job (img2dataset) per parquet file."
     )
@@ -430,6 +562,9 @@ def _model_at(path: tuple[Any, ...]) -> type[BaseModel] | None:
     for part in path:
         field = model.model_fields.get(part) if isinstance(part, str) else None
         annotation = field.annotation if field is not None else None
+        # `X | None` (an optional block such as training.lora): the model is X.
+        models = [arg for arg in get_args(annotation) if isinstance(arg, type) and issubclass(arg, BaseModel)]
+        annotation = models[0] if len(models) == 1 else annotation
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return None
         model = annotation

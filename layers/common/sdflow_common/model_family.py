@@ -102,7 +102,7 @@ def check_memory(document: RunDocument, family: str) -> memory_estimate.Estimate
     label = memory_estimate.FAMILIES[family].label
     raise _problem(
         "training",
-        f"a {label} {training.method} run with plugin {training.plugin}, {training.mixed_precision}, batch "
+        f"this {label} {training.method} run with plugin {training.plugin}, {training.mixed_precision}, batch "
         f"{training.train_batch_size} at {training.resolution} px needs about {found.total_gib:.1f} GiB per GPU "
         f"({found.breakdown()}), and a GPU of {training.instance_type} ({gpu.name}) has {usable:.1f} GiB to give "
         f"after {memory_estimate.CUDA_RESERVE_GIB:.0f} GiB for CUDA; change one of: {advice} "

@@ -80,3 +80,28 @@ def test_validate_run_run_that_cannot_fit_its_gpu_is_refused_naming_changes(mock
 def test_validate_run_cpu_instance_type_skips_memory_check(mocked_aws: AwsWorld) -> None:
     training = {"instance_type": "ml.m5.xlarge", "plugin": "torch_ddp", "train_batch_size": 1024}
     assert validate(mocked_aws, "StableDiffusion3Pipeline", training=training)["run"]["base_model_family"] == "sd3"
+
+
+@pytest.mark.parametrize(
+    ("class_name", "training", "field"),
+    [
+        ("StableDiffusionXLPipeline", {"cache_latents": True}, "training.cache_latents"),
+        ("StableDiffusion3Pipeline", {"snr_gamma": 5.0}, "training.snr_gamma"),
+        ("StableDiffusion3Pipeline", {"noise_offset": 0.1}, "training.noise_offset"),
+        (
+            "StableDiffusion3Pipeline",
+            {"method": "lora", "lora": {"text_encoder": True}},
+            "training.lora.text_encoder",
+        ),
+    ],
+)
+def test_validate_run_setting_the_family_cannot_train_is_refused_naming_field(
+    mocked_aws: AwsWorld, class_name: str, training: dict[str, Any], field: str
+) -> None:
+    found = refusal(mocked_aws, class_name, training={"instance_type": "ml.m5.xlarge", **training})
+    assert "set training." in found[field]
+
+
+def test_validate_run_sd_family_keeps_cache_latents_and_snr(mocked_aws: AwsWorld) -> None:
+    training = {"instance_type": "ml.m5.xlarge", "cache_latents": True, "snr_gamma": 5.0}
+    assert validate(mocked_aws, "StableDiffusionPipeline", training=training)["run"]["training"]["cache_latents"]

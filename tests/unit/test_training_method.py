@@ -135,3 +135,7 @@ def test_training_request_of_unresolved_family_leaves_model_family_out() -> None
     hyperparameters = request(parse_run_document(document()))["HyperParameters"]
     assert "model_family" not in hyperparameters
     assert hyperparameters["base_model_uri"] == f"s3://{BUCKET}/models/sdxl/"
+
+
+def test_training_lora_with_ema_is_refused() -> None:
+    assert "set training.use_ema to false" in problems(document(method="lora", use_ema=True))["training"]

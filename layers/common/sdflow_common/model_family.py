@@ -66,6 +66,41 @@ def resolve_family(document: RunDocument, found: str) -> RunDocument:
     return document.model_copy(update={"base_model_family": found})
 
 
+def check_family_settings(document: RunDocument, family: str) -> None:
+    """Training settings only some families train with (the image refuses them too, at the job's start:
+    sdflow_image.train.check_family); refused here, before any job starts, naming the field."""
+    training = document.training
+    problems: list[dict[str, str]] = []
+    if training.cache_latents and family != "sd":
+        problems.append(
+            {
+                "field": "training.cache_latents",
+                "message": f"caches one text encoder's embeddings (SD 1.x/2.x); a {family} model has several: set "
+                "training.cache_latents to false",
+            }
+        )
+    if family == "sd3":
+        for name, value in (("snr_gamma", training.snr_gamma), ("noise_offset", training.noise_offset)):
+            if value:
+                problems.append(
+                    {
+                        "field": f"training.{name}",
+                        "message": f"weights the DDPM noise-prediction loss, and an SD 3 model trains on rectified "
+                        f"flow (diffusers' train_dreambooth_lora_sd3.py has no {name}): set training.{name} to 0",
+                    }
+                )
+        if training.method == "lora" and training.lora_options.text_encoder:
+            problems.append(
+                {
+                    "field": "training.lora.text_encoder",
+                    "message": "diffusers 0.29 saves and loads an SD 3 LoRA for the transformer only: set "
+                    "training.lora.text_encoder to false",
+                }
+            )
+    if problems:
+        raise invalid(problems)
+
+
 def setup_of(document: RunDocument, family: str, gpus_per_instance: int) -> memory_estimate.Setup:
     training = document.training
     lora = training.lora_options

@@ -142,8 +142,9 @@ class DownloadOptions(_Strict):
 # ["to_k", "to_q", "to_v", "to_out.0"])` on the denoiser: examples/text_to_image/train_text_to_image_lora.py
 # (SD 1.x/2.x), train_text_to_image_lora_sdxl.py (SDXL) and examples/dreambooth/
 # train_dreambooth_lora_sd3.py (SD 3, as of diffusers 0.29/0.30). Text-encoder LoRA, where those
-# examples offer it (`--train_text_encoder`: SDXL's script, SD's and SD 3's DreamBooth LoRA scripts;
-# never T5), targets ["q_proj", "k_proj", "v_proj", "out_proj"]. An empty target list in the
+# examples offer it (`--train_text_encoder`: SDXL's script and SD's DreamBooth LoRA script; not SD 3's
+# in diffusers 0.29, whose LoRA loader takes the transformer only), targets ["q_proj", "k_proj", "v_proj",
+# "out_proj"]. An empty target list in the
 # hyperparameters means "the family's default": the image knows each family's module names.
 LORA_DEFAULT_RANK = 4
 # Colossal-AI 0.5.0, colossalai/booster/plugin/*.py: support_lora() is True for TorchDDPPlugin and
@@ -177,7 +178,9 @@ class LoraOptions(_Strict):
         )
     )
     text_encoder: bool = Field(
-        default=False, description="Also train LoRA on the CLIP text encoder(s) (q/k/v/out_proj); never T5."
+        default=False,
+        description="Also train LoRA on the CLIP text encoder(s) (q/k/v/out_proj): SD 1.x/2.x and SDXL (diffusers "
+        "0.29 saves an SD 3 LoRA for the transformer only).",
     )
 
     @field_validator("target_modules")
@@ -313,6 +316,11 @@ class TrainingOptions(_Strict):
                 "support_lora() False (its enable_lora raises NotImplementedError); set training.plugin to "
                 "low_level_zero (ZeRO-2: shards the adapter's optimizer state) or torch_ddp, or train with "
                 "training.method 'full'"
+            )
+        if self.method == "lora" and self.use_ema:
+            raise ValueError(
+                "training.use_ema is for training.method 'full': diffusers' LoRA examples keep no EMA of an "
+                "adapter; set training.use_ema to false"
             )
         if self.plugin == "gemini" and self.mixed_precision == "no":
             raise ValueError(

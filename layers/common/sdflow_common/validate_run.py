@@ -275,6 +275,7 @@ def check_inputs(document: RunDocument, *, data_bucket: str, max_shards: int) ->
     Validate run again at the start of the execution (the data may change in between)."""
     check_locations(document, data_bucket)
     document = model_family.resolve_family(document, check_base_model(document.base_model_uri))
+    model_family.check_family_settings(document, document.base_model_family)
     model_family.check_memory(document, document.base_model_family)
     prompts_uri = document.evaluation.prompts_uri
     if prompts_uri is not None and not _exists(prompts_uri):

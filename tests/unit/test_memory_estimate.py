@@ -77,3 +77,10 @@ def test_gpu_of_cpu_instance_type_is_none() -> None:
     g5 = gpu_of("ml.g5.12xlarge")
     assert g5 is not None
     assert g5.count == 4
+
+
+def test_estimate_sd3_without_t5_holds_less_frozen() -> None:
+    with_t5 = Setup("sd3", "lora", "low_level_zero", "bf16", 1, 1024)
+    without = Setup("sd3", "lora", "low_level_zero", "bf16", 1, 1024, with_t5=False)
+    saved = estimate(with_t5).frozen_gib - estimate(without).frozen_gib
+    assert saved == pytest.approx(memory_estimate.SD3_T5 * 2 / memory_estimate.GIB)

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from sdflow_common import model_family
 from sdflow_common.errors import InvalidRunDocument
 from sdflow_common.validate_run import ValidateRunRequest, validate_run
 from tests.constants import ACCOUNT, REGION
@@ -105,3 +106,11 @@ def test_validate_run_setting_the_family_cannot_train_is_refused_naming_field(
 def test_validate_run_sd_family_keeps_cache_latents_and_snr(mocked_aws: AwsWorld) -> None:
     training = {"instance_type": "ml.m5.xlarge", "cache_latents": True, "snr_gamma": 5.0}
     assert validate(mocked_aws, "StableDiffusionPipeline", training=training)["run"]["training"]["cache_latents"]
+
+
+def test_family_of_index_sd3_saved_without_t5_is_told_apart() -> None:
+    index = {"_class_name": "StableDiffusion3Pipeline", "text_encoder_3": [None, None]}
+    found = model_family.family_of_index(json.dumps(index).encode(), "s3://b/m/model_index.json")
+    assert found == model_family.BaseModelIndex("sd3", with_t5=False)
+    index["text_encoder_3"] = ["transformers", "T5EncoderModel"]
+    assert model_family.family_of_index(json.dumps(index).encode(), "s3://b/m/model_index.json").with_t5

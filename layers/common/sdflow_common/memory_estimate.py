@@ -12,7 +12,8 @@ does not fit its instance type's GPUs, naming what to change. The estimate is pe
                            and gradients, fp32 master, m and v, all sharded across the N GPUs;
              fp32 ("no"): working weights are the masters (low_level_zero 4 + 12/N B/param).
     frozen   what does not train, in the training precision (fp32 with "no"): VAE and text
-             encoders; with LoRA also the whole denoiser (UNet / SD 3 transformer).
+             encoders (SD 3's T5, 4.8 B, only when model_index.json names one); with LoRA also
+             the whole denoiser (UNet / SD 3 transformer).
     EMA      an fp32 copy of the trained weights (use_ema).
     acts     activations: ACTIVATION_GIB_PER_SAMPLE x the denoiser's size relative to SD 1.5 x
              (resolution / 512)² x batch; x GRADIENT_CHECKPOINTING_SHARE with gradient checkpointing;
@@ -67,10 +68,11 @@ class Family:
 # transformer is 8.1 B: not told apart by model_index.json, so a 3.5 large run is underestimated).
 # LoRA per rank, counted from the attention layers' shapes: SD 1.5 16 transformer blocks (r·(14·C + 2·768)
 # each over C = 320/640/1280), SDXL 70 (cross-attention width 2048), SD 3 24 joint blocks of width 1536.
+SD3_T5 = 4762.3e6
 FAMILIES = {
     "sd": Family("SD 1.x/2.x", 859.5e6, 123.1e6 + 83.7e6, 199_296, 73_728),
     "sdxl": Family("SDXL", 2567.5e6, 123.1e6 + 694.7e6 + 83.7e6, 1_451_520, 401_408),
-    "sd3": Family("SD 3", 2028.3e6, 123.7e6 + 694.7e6 + 4762.3e6 + 83.8e6, 294_912, 401_408),
+    "sd3": Family("SD 3", 2028.3e6, 123.7e6 + 694.7e6 + SD3_T5 + 83.8e6, 294_912, 401_408),
 }
 SD15_DENOISER = FAMILIES["sd"].denoiser
 
@@ -126,6 +128,7 @@ class Setup:
     lora_rank: int = 4
     text_encoder_lora: bool = False
     gpus: int = 1  # every GPU of the job: the data-parallel group the sharding plugins shard across
+    with_t5: bool = True  # SD 3 saved without T5 (model_index.json "text_encoder_3": [null, null])
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,9 @@ def estimate(setup: Setup) -> Estimate:
     frozen_bytes = FULL_BYTES if setup.precision == "no" else HALF_BYTES
     trained = trained_parameters(setup)
     frozen = family.frozen + (family.denoiser if setup.method == "lora" else 0.0)
+    if setup.family == "sd3" and not setup.with_t5:
+        frozen -= SD3_T5
+
     activations = (
         ACTIVATION_GIB_PER_SAMPLE
         * (family.denoiser / SD15_DENOISER)

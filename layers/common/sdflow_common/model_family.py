@@ -12,6 +12,7 @@ Any other class (an inpainting or img2img pipeline, PixArt, Flux, …) is refuse
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from sdflow_common import memory_estimate
@@ -30,7 +31,17 @@ def _problem(field: str, message: str) -> InvalidRunDocument:
     return invalid([{"field": field, "message": message}])
 
 
-def family_of_index(body: bytes, index_uri: str) -> str:
+@dataclass(frozen=True)
+class BaseModelIndex:
+    """What Validate run learns from model_index.json."""
+
+    family: str
+    # SD 3 may be saved without its T5 encoder (`"text_encoder_3": [null, null]`): 4.8 B parameters the job
+    # then never loads (the image conditions on zeros in its place, as diffusers' SD 3 pipeline does).
+    with_t5: bool = True
+
+
+def family_of_index(body: bytes, index_uri: str) -> BaseModelIndex:
     """The family a model_index.json names; InvalidRunDocument (field base_model_uri) otherwise."""
     try:
         index: Any = json.loads(body)
@@ -51,7 +62,9 @@ def family_of_index(body: bytes, index_uri: str) -> str:
             f"{index_uri} names {shown}: sdflow fine-tunes {SUPPORTED}; give the folder of one of those "
             "(the text-to-image pipeline, not an inpainting or img2img one)",
         )
-    return family
+    t5 = index.get("text_encoder_3")
+    with_t5 = family == "sd3" and isinstance(t5, list) and bool(t5) and t5[0] is not None
+    return BaseModelIndex(family=family, with_t5=with_t5)
 
 
 def resolve_family(document: RunDocument, found: str) -> RunDocument:
@@ -101,7 +114,9 @@ def check_family_settings(document: RunDocument, family: str) -> None:
         raise invalid(problems)
 
 
-def setup_of(document: RunDocument, family: str, gpus_per_instance: int) -> memory_estimate.Setup:
+def setup_of(
+    document: RunDocument, family: str, gpus_per_instance: int, *, with_t5: bool = True
+) -> memory_estimate.Setup:
     training = document.training
     lora = training.lora_options
     return memory_estimate.Setup(
@@ -116,10 +131,11 @@ def setup_of(document: RunDocument, family: str, gpus_per_instance: int) -> memo
         lora_rank=lora.rank,
         text_encoder_lora=lora.text_encoder,
         gpus=gpus_per_instance * training.instance_count,
+        with_t5=with_t5,
     )
 
 
-def check_memory(document: RunDocument, family: str) -> memory_estimate.Estimate | None:
+def check_memory(document: RunDocument, family: str, *, with_t5: bool = True) -> memory_estimate.Estimate | None:
     """Refuse a run whose estimated peak GPU memory exceeds its instance type's GPUs (InvalidRunDocument
     naming what to change). None when the instance type has no GPU this table knows (the local cloud's
     CPU types, new types): nothing to check against."""
@@ -127,7 +143,7 @@ def check_memory(document: RunDocument, family: str) -> memory_estimate.Estimate
     gpu = memory_estimate.gpu_of(training.instance_type)
     if gpu is None:
         return None
-    setup = setup_of(document, family, gpu.count)
+    setup = setup_of(document, family, gpu.count, with_t5=with_t5)
     found = memory_estimate.estimate(setup)
     usable = memory_estimate.usable_gib(gpu)
     if found.total_gib <= usable:

@@ -200,7 +200,7 @@ def _exists(uri: str) -> bool:
     return True
 
 
-def check_base_model(base_model_uri: str) -> str:
+def check_base_model(base_model_uri: str) -> model_family.BaseModelIndex:
     """The model's family (model_family.FAMILY_OF_CLASS), from its model_index.json."""
     bucket, key = parse_s3_uri(base_model_uri)
     folder = key if not key or key.endswith("/") else f"{key}/"
@@ -274,9 +274,10 @@ def check_inputs(document: RunDocument, *, data_bucket: str, max_shards: int) ->
     existence and schema (dataset_files). Both doors run this: start_pipeline before StartExecution,
     Validate run again at the start of the execution (the data may change in between)."""
     check_locations(document, data_bucket)
-    document = model_family.resolve_family(document, check_base_model(document.base_model_uri))
-    model_family.check_family_settings(document, document.base_model_family)
-    model_family.check_memory(document, document.base_model_family)
+    index = check_base_model(document.base_model_uri)
+    document = model_family.resolve_family(document, index.family)
+    model_family.check_family_settings(document, index.family)
+    model_family.check_memory(document, index.family, with_t5=index.with_t5)
     prompts_uri = document.evaluation.prompts_uri
     if prompts_uri is not None and not _exists(prompts_uri):
         raise _not_found(

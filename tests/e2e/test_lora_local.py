@@ -1,7 +1,8 @@
 """SDXL and SD 3 LoRA runs end to end through the local cloud with the real image: tiny models of each
 family built in code, trained as LoRA (the archive holds the adapter), evaluated, registered with the
-base model as the package's `base_model` channel, deployed (the host puts the base where SageMaker
-would, /opt/ml/additional-model-data-sources/base_model) and invoked.
+base model as the package's `base_model` channel, deployed, then updated blue/green from the SDXL
+adapter to the SD 3 one (the host puts each base where SageMaker would,
+/opt/ml/additional-model-data-sources/base_model), and invoked.
 
 The tiny SDXL and SD 3 models and their training are the image's side of issue 21
 (`sdflow_image.tiny_families`); on a tree without it these tests skip, saying so."""
@@ -63,13 +64,16 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCloud]:
         yield local
 
 
+ENDPOINT = "sdflow-lora"
+
+
 def run_lora(cloud: LocalCloud, family: str) -> dict[str, Any]:
     document = manifest(cloud.bucket, SMALL)
     document["run_name"] = f"lora-{family}"
     document["base_model_uri"] = f"s3://{cloud.bucket}/models/tiny-{family}/"
     # Min-SNR and noise offset weight the DDPM loss: SD 3 trains on rectified flow (Validate run refuses them).
     document["training"] |= {"method": "lora", "lora": {"rank": 4}, "snr_gamma": 0.0, "noise_offset": 0.0}
-    document["endpoint"] |= {"name": f"sdflow-lora-{family}"}
+    document["endpoint"] |= {"name": ENDPOINT}
     path = cloud.workdir / f"lora-{family}.json"
     path.write_text(json.dumps(document))
     session = Session.for_cloud(cloud)
@@ -81,6 +85,12 @@ def run_lora(cloud: LocalCloud, family: str) -> dict[str, Any]:
     return dict(json.loads(described["output"]))
 
 
+@pytest.fixture(scope="module")
+def sdxl_run(cloud: LocalCloud) -> dict[str, Any]:
+    """An SDXL LoRA run that creates the endpoint."""
+    return run_lora(cloud, "sdxl")
+
+
 def archive_names(cloud: LocalCloud, uri: str) -> set[str]:
     bucket, _, key = uri.removeprefix("s3://").partition("/")
     body = cloud.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
@@ -88,29 +98,50 @@ def archive_names(cloud: LocalCloud, uri: str) -> set[str]:
         return {name.removeprefix("./") for name in tar.getnames()}
 
 
-@pytest.mark.parametrize("family", ["sdxl", "sd3"])
-def test_lora_run_trains_adapter_registers_base_deploys_and_serves(cloud: LocalCloud, family: str) -> None:
-    output = run_lora(cloud, family)
-    assert output["config"]["run"]["base_model_family"] == family
+def served_base_class(cloud: LocalCloud) -> str:
+    """The `_class_name` of the base model the endpoint's current deployment was given."""
+    config_name = cloud.client("sagemaker").describe_endpoint(EndpointName=ENDPOINT)["EndpointConfigName"]
+    # The endpoint host's folder of this deployment (sdflow/local/sagemaker/endpoints.py).
+    found = list(cloud.workdir.rglob(f"endpoints/{ENDPOINT}/{config_name}/opt_ml/additional-model-data-sources"))
+    assert found, f"the deployment {config_name} of {ENDPOINT} has no additional-model-data-sources folder"
+    return str(json.loads((found[0] / "base_model" / "model_index.json").read_text())["_class_name"])
 
+
+def assert_serves_png(cloud: LocalCloud) -> None:
+    body = json.dumps({"prompt": PROMPT, "num_inference_steps": 2})
+    response = cloud.client("sagemaker-runtime").invoke_endpoint(
+        EndpointName=ENDPOINT, ContentType="application/json", Accept="image/png", Body=body
+    )
+    assert response["Body"].read()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def assert_lora_run(cloud: LocalCloud, output: dict[str, Any], family: str) -> None:
+    assert output["config"]["run"]["base_model_family"] == family
     names = archive_names(cloud, output["training"]["model_data_url"])
     assert {"pytorch_lora_weights.safetensors", "sdflow_model.json"} <= names
     assert not any(name.startswith(("unet/", "transformer/")) for name in names)
-
-    sagemaker = cloud.client("sagemaker")
-    package = sagemaker.describe_model_package(ModelPackageName=output["registry"]["model"]["model_package_arn"])
+    package = cloud.client("sagemaker").describe_model_package(
+        ModelPackageName=output["registry"]["model"]["model_package_arn"]
+    )
     source = package["InferenceSpecification"]["Containers"][0]["AdditionalModelDataSources"][0]
     assert source["S3DataSource"]["S3Uri"] == f"s3://{cloud.bucket}/models/tiny-{family}/"
 
-    endpoint = f"sdflow-lora-{family}"
-    config_name = sagemaker.describe_endpoint(EndpointName=endpoint)["EndpointConfigName"]
-    # The endpoint host's folder of this deployment (sdflow/local/sagemaker/endpoints.py).
-    served = list(cloud.workdir.rglob(f"endpoints/{endpoint}/{config_name}/opt_ml/additional-model-data-sources"))
-    assert served, f"the deployment {config_name} of {endpoint} has no additional-model-data-sources folder"
-    assert (served[0] / "base_model" / "model_index.json").is_file()
 
-    body = json.dumps({"prompt": PROMPT, "num_inference_steps": 2})
-    response = cloud.client("sagemaker-runtime").invoke_endpoint(
-        EndpointName=endpoint, ContentType="application/json", Accept="image/png", Body=body
-    )
-    assert response["Body"].read()[:8] == b"\x89PNG\r\n\x1a\n"
+def test_lora_sdxl_run_trains_adapter_registers_base_deploys_and_serves(
+    cloud: LocalCloud, sdxl_run: dict[str, Any]
+) -> None:
+    assert_lora_run(cloud, sdxl_run, "sdxl")
+    assert served_base_class(cloud) == "StableDiffusionXLPipeline"
+    assert_serves_png(cloud)
+
+
+def test_lora_sd3_run_swaps_the_endpoint_blue_green_to_its_adapter_and_base(
+    cloud: LocalCloud, sdxl_run: dict[str, Any]
+) -> None:
+    sagemaker = cloud.client("sagemaker")
+    before = sagemaker.describe_endpoint(EndpointName=ENDPOINT)["EndpointConfigName"]
+    output = run_lora(cloud, "sd3")
+    assert_lora_run(cloud, output, "sd3")
+    assert sagemaker.describe_endpoint(EndpointName=ENDPOINT)["EndpointConfigName"] != before
+    assert served_base_class(cloud) == "StableDiffusion3Pipeline"
+    assert_serves_png(cloud)

@@ -36,6 +36,12 @@ def lambda_handler(event: ValidateRunRequest, context: LambdaContext) -> dict[st
         metrics.add_metric(name="TrainingReused", unit=MetricUnit.Count, value=int(resume["training_reused"]))
     logger.info(
         "run validated",
-        extra={"run_id": config["run_id"], "shard_count": config["shard_count"], "resume": resume},
+        extra={
+            "run_id": config["run_id"],
+            "shard_count": config["shard_count"],
+            "resume": resume,
+            "model_family": config["run"]["base_model_family"],
+            "training_method": config["run"]["training"]["method"],
+        },
     )
     return config

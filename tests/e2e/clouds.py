@@ -67,7 +67,9 @@ def upload_inputs(cloud: LocalCloud, workdir: Path, dataset: str, shards: int) -
     parquet = samples.write_parquet(workdir / "one.parquet", [row]).read_bytes()
     for i in range(shards):
         s3.put_object(Bucket=cloud.bucket, Key=f"datasets/{dataset}/part-{i:05d}.parquet", Body=parquet)
-    s3.put_object(Bucket=cloud.bucket, Key="models/tiny/model_index.json", Body=b"{}")
+    s3.put_object(
+        Bucket=cloud.bucket, Key="models/tiny/model_index.json", Body=b'{"_class_name": "StableDiffusionPipeline"}'
+    )
 
 
 @contextlib.contextmanager

@@ -76,7 +76,11 @@ def cloud(tmp_path_factory: pytest.TempPathFactory, sagemaker: RecordingSageMake
             workdir / "part-00000.parquet", [samples.SampleRow("http://127.0.0.1:9/a.jpg", "a")]
         )
         s3.put_object(Bucket=running.bucket, Key="datasets/tiny/part-00000.parquet", Body=parquet.read_bytes())
-        s3.put_object(Bucket=running.bucket, Key="models/tiny/model_index.json", Body=b"{}")
+        s3.put_object(
+            Bucket=running.bucket,
+            Key="models/tiny/model_index.json",
+            Body=b'{"_class_name": "StableDiffusionPipeline"}',
+        )
         yield running
 
 

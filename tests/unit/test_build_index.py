@@ -258,7 +258,7 @@ def test_build_index_thousand_failed_shards_error_message_stays_small(mocked_aws
 
 def test_handler_indexes_what_validate_run_listed(mocked_aws: AwsWorld) -> None:
     """validate_run's `$.config` is build_index's input, unchanged (the state machine's data flow)."""
-    mocked_aws.put_json("models/sd/model_index.json", {})
+    mocked_aws.put_json("models/sd/model_index.json", {"_class_name": "StableDiffusionPipeline"})
     for i in range(3):
         mocked_aws.s3.put_object(Bucket=DATA_BUCKET, Key=f"datasets/laion/part-{i}.parquet", Body=parquet_bytes())
     config = validate_run(

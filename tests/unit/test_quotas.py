@@ -161,7 +161,7 @@ def test_quotas_spot_training_is_checked_against_the_spot_quota(service_quotas: 
 
 
 def test_validate_run_without_quota_permission_returns_uncapped_config(mocked_aws: AwsWorld) -> None:
-    mocked_aws.put_json("models/tiny/model_index.json", {})
+    mocked_aws.put_json("models/tiny/model_index.json", {"_class_name": "StableDiffusionPipeline"})
     mocked_aws.s3.put_object(Bucket=DATA_BUCKET, Key="datasets/cats/a.parquet", Body=parquet_bytes())
     request = ValidateRunRequest(
         run={

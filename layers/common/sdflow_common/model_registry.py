@@ -42,6 +42,19 @@ RESPONSE_TYPES = ["application/json", "image/png"]
 METADATA_VALUE_LIMIT = 256
 # The training job's loss metric (sagemaker_jobs.LOSS_METRIC).
 LOSS_METRIC_NAME = "train:loss"
+# A LoRA model's archive holds only the adapter; the serving container finds the base model in the
+# AdditionalModelDataSources channel of this name. SageMaker places such a channel's files under
+# /opt/ml/additional-model-data-sources/<ChannelName>/ (SageMaker API Reference, CreateModel:
+# ContainerDefinition.AdditionalModelDataSources and AdditionalModelDataSource, "data sources that are
+# available to your model in addition to the one that you specify for ModelDataSource"; the path as the
+# AWS provider for Terraform documents ChannelName: "It will be stored in
+# /opt/ml/additional-model-data-sources/<channel_name>/"). CreateModelPackage's
+# ModelPackageContainerDefinition carries the same list, and a model created from the package
+# (CreateModel with ModelPackageName) serves the package's container with it.
+BASE_MODEL_CHANNEL = "base_model"
+BASE_MODEL_DIR = f"/opt/ml/additional-model-data-sources/{BASE_MODEL_CHANNEL}"
+# The serving container's environment variable naming that folder (the contract with the image).
+BASE_MODEL_DIR_ENV = "SDFLOW_BASE_MODEL_DIR"
 
 
 class _Payload(BaseModel):
@@ -109,10 +122,33 @@ def _clip(value: Any) -> str:
     return text if len(text) <= METADATA_VALUE_LIMIT else text[: METADATA_VALUE_LIMIT - 1] + "…"
 
 
+def _lora_summary(task: RegisterTask) -> str:
+    """The adapter's shape in CustomerMetadataValue's characters (no commas: letters, digits, spaces, `_.:/=+-@`)."""
+    lora = task.config.run.training.lora_options
+    targets = " ".join(lora.target_modules) if lora.target_modules else "default"
+    return (
+        f"rank={lora.rank} alpha={lora.effective_alpha:g} dropout={lora.dropout:g} "
+        f"text_encoder={str(lora.text_encoder).lower()} targets={targets}"
+    )
+
+
+def _model_metadata(task: RegisterTask) -> dict[str, Any]:
+    """What the model is: its family, how it was trained, on which base (a LoRA model needs that base)."""
+    run = task.config.run
+    values: dict[str, Any] = {
+        "sdflow:model_family": run.base_model_family,
+        "sdflow:training_method": run.training.method,
+        "sdflow:base_model_uri": sagemaker_jobs.tag_value(run.base_model_uri),
+    }
+    if run.training.method == "lora":
+        values["sdflow:lora"] = _lora_summary(task)
+    return values
+
+
 def _metadata(task: RegisterTask, scores: dict[str, Any]) -> dict[str, str]:
     """Metrics and lineage where the console's model registry shows them (CustomerMetadataProperties)."""
     options = task.config.run.evaluation
-    values: dict[str, Any] = {
+    values: dict[str, Any] = _model_metadata(task) | {
         "sdflow:run_id": task.config.run_id,
         "sdflow:execution": task.execution_arn,
         "sdflow:training_job": task.training.job_name,
@@ -130,6 +166,32 @@ def _metadata(task: RegisterTask, scores: dict[str, Any]) -> dict[str, str]:
     return {key: _clip(value) for key, value in values.items() if value != ""}
 
 
+def base_model_folder(base_model_uri: str) -> str:
+    """The base model's folder as an S3Prefix: "a valid key name prefix identified by S3Uri always ends
+    with a forward slash" (SageMaker API Reference, S3ModelDataSource.S3DataType)."""
+    return base_model_uri if base_model_uri.endswith("/") else f"{base_model_uri}/"
+
+
+def serving_container(task: RegisterTask, settings: Settings) -> dict[str, Any]:
+    """The package's container: the image and the trained artifact; for LoRA also the base model, as
+    an uncompressed S3 prefix in the `base_model` channel, and the variable naming where it lands."""
+    container: dict[str, Any] = {"Image": settings.training_image_uri, "ModelDataUrl": task.training.model_data_url}
+    run = task.config.run
+    if run.training.method == "lora":
+        container["AdditionalModelDataSources"] = [
+            {
+                "ChannelName": BASE_MODEL_CHANNEL,
+                "S3DataSource": {
+                    "S3Uri": base_model_folder(run.base_model_uri),
+                    "S3DataType": "S3Prefix",
+                    "CompressionType": "None",
+                },
+            }
+        ]
+        container["Environment"] = {BASE_MODEL_DIR_ENV: BASE_MODEL_DIR}
+    return container
+
+
 def model_package_request(
     task: RegisterTask, settings: Settings, group: str, status: str, scores: dict[str, Any]
 ) -> dict[str, Any]:
@@ -141,7 +203,7 @@ def model_package_request(
             f"{float(scores['prompt_adherence']):.2f}"
         ),
         "InferenceSpecification": {
-            "Containers": [{"Image": settings.training_image_uri, "ModelDataUrl": task.training.model_data_url}],
+            "Containers": [serving_container(task, settings)],
             "SupportedContentTypes": CONTENT_TYPES,
             "SupportedResponseMIMETypes": RESPONSE_TYPES,
             "SupportedRealtimeInferenceInstanceTypes": [endpoint.instance_type],

@@ -14,15 +14,23 @@ import re
 import sys
 import unicodedata
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from sdflow_common.errors import InvalidRunDocument
+from sdflow_common.training_options import HYPERPARAMETER_VALUE_LIMIT as HYPERPARAMETER_VALUE_LIMIT
+from sdflow_common.training_options import (
+    INSTANCE_TYPE,
+    LORA_TARGET_MODULE,
+    PROCESSING_MAX_RUNTIME_LIMIT,
+    TrainingOptions,
+)
+from sdflow_common.training_options import LoraOptions as LoraOptions
+from sdflow_common.training_options import StrictOptions as _Strict
 
 S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])/(?P<key>.*)$")
 ENDPOINT_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
-INSTANCE_TYPE = r"^ml\.[a-z0-9]+(-[a-z0-9]+)*\.[a-z0-9]+$"
 RUN_NAME = r"^[a-zA-Z0-9\-_]{1,40}$"
 # A Standard execution's ARN: arn:<partition>:states:<region>:<account>:execution:<state machine>:<name>.
 # No "/" in the state machine part: Distributed Map children (<machine>/<label>) are not runs.
@@ -33,6 +41,8 @@ PATTERN_HELP = {
     "(a SageMaker endpoint name), e.g. 'sdflow-cats'",
     INSTANCE_TYPE: "use a SageMaker instance type of the form ml.<family>.<size>, e.g. 'ml.g5.xlarge'",
     RUN_NAME: "use 1-40 letters, digits, '-' or '_', e.g. 'cats-v1'",
+    LORA_TARGET_MODULE: "use a module name as peft's target_modules takes it: a dotted path such as 'to_q' or "
+    "'to_out.0'",
     EXECUTION_ARN: "give the ARN of an earlier execution of this pipeline, as `aws stepfunctions "
     "list-executions` prints it: arn:aws:states:<region>:<account>:execution:<pipeline>:<name>",
 }
@@ -44,16 +54,11 @@ QUOTE_LIMIT = 80
 # Escaped when quoted: control and format characters, lone surrogates (JSON allows them, UTF-8
 # encoders refuse them), line and paragraph separators (they would break a report's lines).
 UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
-# SageMaker's maximum for a training job's MaxRuntimeInSeconds is 28 days; a processing job's is
-# 9 days (ProcessingMaxRuntimeInSeconds: 777,600, SageMaker's API model).
-MAX_RUNTIME_LIMIT = 28 * 24 * 3600
-PROCESSING_MAX_RUNTIME_LIMIT = 777_600
-# CreateTrainingJob refuses a hyperparameter value over 2,500 characters (HyperParameterValue).
-HYPERPARAMETER_VALUE_LIMIT = 2500
 # Step Functions state data is capped at 256 KB, and the run document travels twice in it (the
 # execution input and `$.config.run`), so a document must stay well under half of that. Large
 # datasets use `dataset.prefix`, which costs a few bytes whatever the number of shards.
 MAX_DOCUMENT_BYTES = 96 * 1024
+# HYPERPARAMETER_VALUE_LIMIT and LoraOptions are imported `X as X` above: re-exported, as they were defined here.
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
@@ -62,10 +67,6 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     if not match:
         raise ValueError(f"'{uri}' is not an S3 URI; write it as s3://<bucket>/<key>")
     return match["bucket"], match["key"]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
 class Dataset(_Strict):
@@ -131,116 +132,6 @@ class DownloadOptions(_Strict):
     tolerated_failure_percent: float = Field(
         default=10.0, ge=0, le=100, description="Share of shards that may fail before the run fails."
     )
-
-
-class TrainingOptions(_Strict):
-    instance_type: str = Field(default="ml.g5.12xlarge", pattern=INSTANCE_TYPE, description="Training instance type.")
-    instance_count: int = Field(default=1, ge=1, le=64, description="Instances (nodes); > 1 trains distributed.")
-    volume_size_gb: int = Field(default=200, ge=1, le=16384, description="EBS volume per instance.")
-    max_runtime_seconds: int = Field(
-        default=24 * 3600, ge=60, le=MAX_RUNTIME_LIMIT, description="Stopping condition of the training job."
-    )
-    use_spot: bool = Field(default=False, description="Managed spot training; needs max_wait_seconds.")
-    max_wait_seconds: int | None = Field(
-        default=None, ge=60, le=MAX_RUNTIME_LIMIT, description="Spot: runtime + waiting, ≥ max_runtime."
-    )
-    keep_alive_seconds: int = Field(default=0, ge=0, le=3600, description="Warm pool after the job.")
-    max_retry_attempts: int = Field(default=2, ge=1, le=30, description="SageMaker RetryStrategy.")
-    plugin: Literal["torch_ddp", "low_level_zero", "gemini"] = Field(
-        default="gemini", description="Colossal-AI booster plugin (low_level_zero and gemini need GPUs)."
-    )
-    mixed_precision: Literal["no", "fp16", "bf16"] = Field(default="fp16", description="Training precision.")
-    resolution: int = Field(default=256, ge=32, le=2048, description="Training image size in pixels.")
-    train_batch_size: int = Field(default=8, ge=1, le=1024, description="Samples per step per GPU.")
-    gradient_accumulation_steps: int = Field(default=1, ge=1, le=1024, description="Steps per optimizer update.")
-    gradient_checkpointing: bool = Field(default=True, description="Trade compute for UNet activation memory.")
-    cache_latents: bool = Field(
-        default=False,
-        description="Encode each image and caption once (VAE latents, text embeddings) and reuse them in later "
-        "epochs: about a third of a step's compute at 512² (host memory: ~180 kB per sample).",
-    )
-    learning_rate: float = Field(default=1e-5, gt=0, le=1, description="AdamW learning rate.")
-    max_train_steps: int = Field(default=1000, ge=1, le=10_000_000, description="Optimizer updates in total.")
-    checkpointing_steps: int = Field(default=500, ge=1, description="Checkpoint every N steps (spot resumes).")
-    use_ema: bool = Field(default=False, description="Keep an exponential moving average of the UNet.")
-    seed: int = Field(default=42, ge=0, description="Random seed.")
-    dataloader_num_workers: int = Field(default=4, ge=0, le=64, description="Data loader worker processes.")
-    interleave_shards: int = Field(
-        default=8,
-        ge=1,
-        le=64,
-        description="Shards each data reader keeps open and draws samples from at random (1: one after another); "
-        "the mix stays exact across a resume.",
-    )
-    validation_prompts: list[Annotated[str, Field(min_length=1, max_length=300)]] = Field(
-        default_factory=lambda: ["a photo of a cat"],
-        max_length=16,
-        description="Prompts rendered into samples.png after training.",
-    )
-    noise_offset: float = Field(
-        default=0.0, ge=0, le=1, description="Noise offset (0 disables); helps learn very dark or bright images."
-    )
-    snr_gamma: float = Field(
-        default=0.0, ge=0, le=100, description="Min-SNR loss weighting gamma, e.g. 5 (0 disables)."
-    )
-    proportion_empty_prompts: float = Field(
-        default=0.0, ge=0, le=1, description="Share of captions trained as the empty prompt (classifier-free guidance)."
-    )
-    eval_adherence: bool = Field(
-        default=False,
-        description="Also score prompt adherence (held-out scene prompts) of the base and the trained model at the "
-        "end of the training job, as SageMaker metrics (the Evaluate model step always scores it).",
-    )
-
-    @field_validator("validation_prompts")
-    @classmethod
-    def _prompts_fit_one_hyperparameter(cls, prompts: list[str]) -> list[str]:
-        size = len(json.dumps(list(prompts)))
-        if size > HYPERPARAMETER_VALUE_LIMIT:
-            raise ValueError(
-                f"the prompts take {size} characters as the training job's validation_prompts hyperparameter "
-                f"(a JSON list), and SageMaker allows {HYPERPARAMETER_VALUE_LIMIT}: use fewer or shorter prompts"
-            )
-        return prompts
-
-    @model_validator(mode="after")
-    def _spot_needs_wait(self) -> TrainingOptions:
-        if self.use_spot:
-            if self.max_wait_seconds is None:
-                raise ValueError("use_spot is true: set max_wait_seconds (≥ max_runtime_seconds)")
-            if self.max_wait_seconds < self.max_runtime_seconds:
-                raise ValueError("max_wait_seconds must be ≥ max_runtime_seconds")
-            if self.keep_alive_seconds:
-                # SageMaker refuses warm pools (KeepAlivePeriodInSeconds) for spot training jobs.
-                raise ValueError("keep_alive_seconds (warm pool) cannot be used with use_spot; set one of them")
-        elif self.max_wait_seconds is not None:
-            raise ValueError("max_wait_seconds is only for spot training; set use_spot: true or drop it")
-        return self
-
-    def hyperparameters(self) -> dict[str, str]:
-        """The training container's hyperparameters, as the strings SageMaker delivers."""
-        values: dict[str, Any] = {
-            "plugin": self.plugin,
-            "mixed_precision": self.mixed_precision,
-            "resolution": self.resolution,
-            "train_batch_size": self.train_batch_size,
-            "gradient_accumulation_steps": self.gradient_accumulation_steps,
-            "gradient_checkpointing": self.gradient_checkpointing,
-            "cache_latents": self.cache_latents,
-            "learning_rate": self.learning_rate,
-            "max_train_steps": self.max_train_steps,
-            "checkpointing_steps": self.checkpointing_steps,
-            "use_ema": self.use_ema,
-            "seed": self.seed,
-            "dataloader_num_workers": self.dataloader_num_workers,
-            "interleave_shards": self.interleave_shards,
-            "validation_prompts": json.dumps(list(self.validation_prompts)),
-            "noise_offset": self.noise_offset,
-            "snr_gamma": self.snr_gamma,
-            "proportion_empty_prompts": self.proportion_empty_prompts,
-            "eval_adherence": self.eval_adherence,
-        }
-        return {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in values.items()}
 
 
 class EndpointOptions(_Strict):
@@ -365,6 +256,13 @@ class RunDocument(_Strict):
     run_name: str | None = Field(default=None, pattern=RUN_NAME, description="Readable name, part of the run id.")
     dataset: Dataset = Field(description="Where the LAION-style parquet files are (required).")
     base_model_uri: str = Field(description="S3 prefix of a diffusers-format Stable Diffusion model.")
+    base_model_family: Literal["auto", "sd", "sdxl", "sd3"] = Field(
+        default="auto",
+        description="The base model's family: sd (SD 1.x/2.x, StableDiffusionPipeline), sdxl "
+        "(StableDiffusionXLPipeline) or sd3 (StableDiffusion3Pipeline). auto: Validate run reads it from the "
+        "model's model_index.json (`_class_name`) and the run carries what it found; a family given here must "
+        "match it.",
+    )
     download: DownloadOptions = Field(
         default_factory=DownloadOptions, description="One SageMaker processing job (img2dataset) per parquet file."
     )
@@ -430,6 +328,9 @@ def _model_at(path: tuple[Any, ...]) -> type[BaseModel] | None:
     for part in path:
         field = model.model_fields.get(part) if isinstance(part, str) else None
         annotation = field.annotation if field is not None else None
+        # `X | None` (an optional block such as training.lora): the model is X.
+        models = [arg for arg in get_args(annotation) if isinstance(arg, type) and issubclass(arg, BaseModel)]
+        annotation = models[0] if len(models) == 1 else annotation
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return None
         model = annotation

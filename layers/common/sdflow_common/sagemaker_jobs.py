@@ -325,6 +325,17 @@ def processing_job_request(
     }
 
 
+def family_hyperparameters(run: RunDocument) -> dict[str, str]:
+    """`model_family` and `base_model_uri` (the contract with the image, docs/contracts.md). Validate run
+    resolves `base_model_family` from the model's model_index.json before any job starts, so every job
+    of the pipeline names its family; a document that never went through it ("auto") leaves the family
+    to the image's own reading of the model."""
+    values = {"base_model_uri": run.base_model_uri}
+    if run.base_model_family != "auto":
+        values["model_family"] = run.base_model_family
+    return values
+
+
 def training_job_request(
     *,
     job_name: str,
@@ -369,6 +380,7 @@ def training_job_request(
         },
         "RoleArn": role_arn,
         "HyperParameters": options.hyperparameters()
+        | family_hyperparameters(run)
         | {
             "dataset_dir": dataset_manifest.runs_prefix_uri(bucket),
             "dataset_index": dataset_manifest.index_in_channel(dataset_prefix_uri, bucket),

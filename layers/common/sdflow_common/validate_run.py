@@ -16,7 +16,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
-from sdflow_common import aws, dataset_files, names, quotas
+from sdflow_common import aws, dataset_files, model_family, names, quotas
 from sdflow_common.errors import DatasetNotFound, InvalidRunDocument
 from sdflow_common.resume import ResumeInfo, add_cache_keys, apply_resume
 from sdflow_common.run_document import RunDocument, invalid, parse_run_document, parse_s3_uri
@@ -200,18 +200,25 @@ def _exists(uri: str) -> bool:
     return True
 
 
-def check_base_model(base_model_uri: str) -> None:
+def check_base_model(base_model_uri: str) -> model_family.BaseModelIndex:
+    """The model's family (model_family.FAMILY_OF_CLASS), from its model_index.json."""
     bucket, key = parse_s3_uri(base_model_uri)
     folder = key if not key or key.endswith("/") else f"{key}/"
     index_uri = f"s3://{bucket}/{folder}{MODEL_INDEX}"
-    if not _exists(index_uri):
+    try:
+        # A few hundred bytes; a larger object is no model_index.json (it would be refused anyway).
+        body = aws.client("s3").get_object(Bucket=bucket, Key=f"{folder}{MODEL_INDEX}", Range="bytes=0-65535")
+        return model_family.family_of_index(body["Body"].read(), index_uri)
+    except ClientError as exc:
+        if not dataset_files.missing_or_unreadable(exc):
+            raise
         raise _not_found(
             "base_model_uri",
             f"{index_uri} does not exist or is not readable; base_model_uri must be the "
             f"folder of a diffusers-format model (the folder holding {MODEL_INDEX}, unet/, vae/, "
             "text_encoder/, tokenizer/, scheduler/), e.g. saved with pipeline.save_pretrained() and "
             "copied with `aws s3 sync`",
-        )
+        ) from None
 
 
 def list_parquet(prefix_uri: str, max_shards: int) -> list[str]:
@@ -256,6 +263,8 @@ class CheckedInputs:
     parquet_uris: list[str]
     # Problems with a few parquet files that the run tolerates (download.tolerated_failure_percent).
     warnings: list[dict[str, str]]
+    # The document with base_model_family resolved from the model (model_family.resolve_family).
+    document: RunDocument
 
 
 def check_inputs(document: RunDocument, *, data_bucket: str, max_shards: int) -> CheckedInputs:
@@ -265,7 +274,10 @@ def check_inputs(document: RunDocument, *, data_bucket: str, max_shards: int) ->
     existence and schema (dataset_files). Both doors run this: start_pipeline before StartExecution,
     Validate run again at the start of the execution (the data may change in between)."""
     check_locations(document, data_bucket)
-    check_base_model(document.base_model_uri)
+    index = check_base_model(document.base_model_uri)
+    document = model_family.resolve_family(document, index.family)
+    model_family.check_family_settings(document, index.family)
+    model_family.check_memory(document, index.family, with_t5=index.with_t5)
     prompts_uri = document.evaluation.prompts_uri
     if prompts_uri is not None and not _exists(prompts_uri):
         raise _not_found(
@@ -277,7 +289,7 @@ def check_inputs(document: RunDocument, *, data_bucket: str, max_shards: int) ->
     source = "dataset.parquet_uris" if document.dataset.parquet_uris is not None else "dataset.prefix"
     tolerated = document.download.tolerated_failure_percent
     warnings = dataset_files.check_parquet_objects(parquet_uris, document.dataset, source, tolerated)
-    return CheckedInputs(parquet_uris=parquet_uris, warnings=warnings)
+    return CheckedInputs(parquet_uris=parquet_uris, warnings=warnings, document=document)
 
 
 def _same_start(stored: Any, current: str) -> bool:
@@ -335,6 +347,7 @@ def validate_run(request: ValidateRunRequest, *, data_bucket: str, max_shards: i
     document = parse_run_document(request.run, max_shards=max_shards)
     check_run_prefix(request, data_bucket)
     checked = check_inputs(document, data_bucket=data_bucket, max_shards=max_shards)
+    document = checked.document  # base_model_family as the model says: every later state reads it here
     parquet_uris = checked.parquet_uris
     shards = shard_items(parquet_uris, data_bucket, request.execution_name)
     add_cache_keys(shards, document)

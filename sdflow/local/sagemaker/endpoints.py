@@ -38,6 +38,13 @@ from sdflow.local.sagemaker.host import (
 
 LOG = logging.getLogger("sdflow.local.sagemaker")
 
+# Where SageMaker puts a model's AdditionalModelDataSources, below /opt/ml (one folder per ChannelName),
+# and the channel and variable of a LoRA model's base (sdflow_common.model_registry, which the local
+# cloud does not import: it serves any model, not only the pipeline's).
+ADDITIONAL_SOURCES_DIR = "additional-model-data-sources"
+BASE_MODEL_CHANNEL = "base_model"
+BASE_MODEL_DIR_ENV = "SDFLOW_BASE_MODEL_DIR"
+
 # InvokeEndpoint: "A customer's model containers must respond to requests within 60 seconds."
 # Past it SageMaker answers ModelError with OriginalStatusCode 0 and this message (as quoted in
 # aws/amazon-sagemaker-examples#799 and aws-samples/host-yolov8-on-sagemaker-endpoint#21).
@@ -189,13 +196,14 @@ class EndpointHosting(LocalSageMakerHalf):
                 archive.unlink()
         except (JobSetupError, tarfile.TarError) as exc:
             raise DeploymentFailed(f"model artifact of {model.get('ModelName')}: {exc}") from None
+        channels = self._download_additional_sources(container, opt_ml, model)
         port = free_port()
-        env = self._environment(
-            opt_ml,
-            container.get("Environment"),
-            {"SAGEMAKER_BIND_TO_PORT": str(port), "SDFLOW_SERVE_HOST": "127.0.0.1"},
-            model.get("ExecutionRoleArn"),
-        )
+        fixed = {"SAGEMAKER_BIND_TO_PORT": str(port), "SDFLOW_SERVE_HOST": "127.0.0.1"}
+        if BASE_MODEL_CHANNEL in channels:
+            # The container reads the base model where SageMaker puts the channel; here, in this deployment's
+            # own opt_ml folder (the /opt/ml path the package's Environment names does not exist on this host).
+            fixed[BASE_MODEL_DIR_ENV] = str(channels[BASE_MODEL_CHANNEL])
+        env = self._environment(opt_ml, container.get("Environment"), fixed, model.get("ExecutionRoleArn"))
         script = self._entrypoint("serve", "serve entrypoint")
         process = ContainerProcess(
             f"{name}/{config_name}", [self.python, str(script)], env, folder, folder / "serve.log"
@@ -209,6 +217,41 @@ class EndpointHosting(LocalSageMakerHalf):
         with self._lock:
             self._wall[config_name] = process.wall_s()
         return deployment
+
+    def _download_additional_sources(
+        self, container: dict[str, Any], opt_ml: Path, model: dict[str, Any]
+    ) -> dict[str, Path]:
+        """AdditionalModelDataSources, each to `opt_ml/additional-model-data-sources/<ChannelName>/`, where
+        SageMaker puts them in the container (/opt/ml/additional-model-data-sources/<channel>/; see
+        sdflow_common.model_registry BASE_MODEL_CHANNEL). An S3Prefix keeps the paths below the prefix; an
+        S3Object lands under its key's last part, or is unpacked when CompressionType is Gzip (S3ModelDataSource,
+        SageMaker API Reference). A source that cannot be read fails the deployment, as on SageMaker."""
+        channels: dict[str, Path] = {}
+        for index, source in enumerate(container.get("AdditionalModelDataSources") or [], start=1):
+            name = str(source.get("ChannelName", ""))
+            data = source.get("S3DataSource") or {}
+            field_name = f"AdditionalModelDataSources.{index}.S3DataSource.S3Uri"
+            target = opt_ml / ADDITIONAL_SOURCES_DIR / name
+            transfer = self._s3_for(model.get("ExecutionRoleArn"))
+            try:
+                if data.get("S3DataType") == "S3Prefix":
+                    transfer.download_prefix(str(data.get("S3Uri", "")), target, field_name)
+                else:
+                    self._download_object(transfer, data, target, field_name)
+            except (JobSetupError, tarfile.TarError) as exc:
+                raise DeploymentFailed(f"model {model.get('ModelName')}, channel {name}: {exc}") from None
+            channels[name] = target
+        return channels
+
+    @staticmethod
+    def _download_object(transfer: S3Transfer, data: dict[str, Any], target: Path, field_name: str) -> None:
+        uri = str(data.get("S3Uri", ""))
+        archive = target / uri.rstrip("/").rsplit("/", 1)[-1]
+        transfer.download_file(uri, archive, field_name)
+        if data.get("CompressionType") == "Gzip":
+            with tarfile.open(archive) as tar:
+                tar.extractall(target, filter="data")
+            archive.unlink()
 
     def _model_package_container(self, name: str, model: dict[str, Any], container: dict[str, Any]) -> dict[str, Any]:
         """A model may name a model package instead of an image and artifact (CreateModel's

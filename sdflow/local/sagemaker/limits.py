@@ -75,9 +75,30 @@ def _scalar(shape: Any, value: Any, path: str) -> list[str]:
     return []
 
 
+def _s3_model_data_source(value: dict[str, Any], path: str) -> list[str]:
+    """The rules S3ModelDataSource's documentation states beyond its shape (SageMaker API Reference,
+    S3ModelDataSource): "A valid key name prefix identified by S3Uri always ends with a forward slash (/)"
+    for S3DataType S3Prefix, and Gzip (a gzip-compressed TAR archive) only with S3Object."""
+    data_type, uri = value.get("S3DataType"), value.get("S3Uri")
+    found = []
+    if data_type == "S3Prefix" and isinstance(uri, str) and not uri.endswith("/"):
+        found.append(
+            f"Value '{_quoted(uri)}' at '{path}.s3Uri' failed to satisfy constraint: a key name prefix (S3DataType "
+            "S3Prefix) must end with a forward slash (/)"
+        )
+    if data_type == "S3Prefix" and value.get("CompressionType") == "Gzip":
+        found.append(
+            f"Value 'Gzip' at '{path}.compressionType' failed to satisfy constraint: Gzip names a gzip-compressed "
+            "TAR archive, an S3Object; use CompressionType None with S3DataType S3Prefix"
+        )
+    return found
+
+
 def problems(shape: Any, value: Any, path: str = "") -> list[str]:
     """Every maximum and pattern `value` breaks under `shape`, as AWS words them."""
     meta, found = shape.metadata, []
+    if shape.name == "S3ModelDataSource" and isinstance(value, dict):
+        found += _s3_model_data_source(value, path)
     if shape.type_name == "structure" and isinstance(value, dict):
         for name, member in shape.members.items():
             if name in value:

@@ -39,6 +39,7 @@ from typing import Any
 from sdflow.local.account import ACCOUNT_ID
 from sdflow.local.patching import Patch, replace, wrap
 from sdflow.local.runtime import current_clock, runtime_or_none
+from sdflow.local.sagemaker import limits
 
 DETAIL_TYPE = "SageMaker Model Package State Change"
 APPROVAL_STATUSES = ("Approved", "Rejected", "PendingManualApproval")
@@ -154,6 +155,9 @@ def sagemaker_create_model_package(inner: Any, self: Any) -> Any:
     from moto.core.responses import ActionResult
     from moto.sagemaker.exceptions import ValidationError
 
+    # The maximums and patterns of the service model (AdditionalModelDataSources' channel names and S3
+    # sources, CustomerMetadataProperties' characters …), as SageMaker checks them before creating anything.
+    limits.check("CreateModelPackage", json.loads(self.body or "{}"))
     group = self._get_param("ModelPackageGroupName")
     token = self._get_param("ClientToken")
     errors = _check_approval_status(self._get_param("ModelApprovalStatus"))

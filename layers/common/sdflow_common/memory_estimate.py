@@ -1,0 +1,246 @@
+"""Memory before money: the peak GPU memory a training run needs, estimated before any job starts.
+
+Validate run (and start_pipeline, through validate_run.check_inputs) refuses a run whose estimate
+does not fit its instance type's GPUs, naming what to change. The estimate is per GPU:
+
+    states   the trained weights, their gradients and Adam's two moments, per plugin x precision:
+             torch_ddp     20 B/param: fp32 weights, gradients, Adam m and v (16) and DDP's gradient
+                           buckets (4; torch's default gradient_as_bucket_view=False copies them);
+             low_level_zero (ZeRO stage 2, as the image builds it) 2 B/param of half-precision working
+                           weights on every GPU + 16 B/param (fp32 master, m, v, fp32 gradient) / N;
+             gemini        (static placement, nothing offloaded) 16 B/param / N: chunks of half weights
+                           and gradients, fp32 master, m and v, all sharded across the N GPUs;
+             fp32 ("no"): working weights are the masters (low_level_zero 4 + 12/N B/param).
+    frozen   what does not train, in the training precision (fp32 with "no"): VAE and text
+             encoders (SD 3's T5, 4.8 B, only when model_index.json names one); with LoRA also
+             the whole denoiser (UNet / SD 3 transformer).
+    EMA      an fp32 copy of the trained weights (use_ema).
+    acts     activations: ACTIVATION_GIB_PER_SAMPLE x the denoiser's size relative to SD 1.5 x
+             (resolution / 512)² x batch; x GRADIENT_CHECKPOINTING_SHARE with gradient checkpointing;
+             x 2 in fp32.
+
+N is every GPU of the job (GPUs per instance x training.instance_count): both sharding plugins shard
+across the whole data-parallel group. The fit test keeps CUDA_RESERVE_GIB of each GPU for the CUDA
+context and the caching allocator's fragmentation: the figures are `torch.cuda.max_memory_allocated`,
+which counts neither (as the GPU acceptance measures: training/loop.py `_peak_gpu_memory_gib`).
+
+Calibration (README "GPU acceptance", one H100, SD 1.5 at full size, 512 px, batch 4, bf16, no gradient
+checkpointing): low_level_zero with EMA measured 20.01 GiB, gemini without EMA 15.85 GiB. The one
+free constant, activations per sample, is fitted to those two rows (0.58 GiB), so they check the
+split between states and activations, not the model as a whole: the estimate gives 20.33 (+1.6 %)
+and 15.52 (-2.1 %). Nothing else here has been measured on a GPU: SDXL, SD 3, LoRA, torch_ddp,
+fp16, fp32 and gradient checkpointing are the rules above with stated assumptions, no more."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+GIB = 1024**3
+# Fitted to the GPU acceptance's two SD 1.5 rows (see the module docstring): half precision, 512², no
+# gradient checkpointing, one sample, SD 1.5's UNet.
+ACTIVATION_GIB_PER_SAMPLE = 0.58
+REFERENCE_RESOLUTION = 512
+# Assumed, not measured: the share of activation memory left with gradient checkpointing (diffusers'
+# models checkpoint each transformer / resnet block and keep only the block inputs).
+GRADIENT_CHECKPOINTING_SHARE = 0.35
+# Kept free on every GPU: the CUDA context (~0.5 GiB) and the caching allocator's fragmentation.
+CUDA_RESERVE_GIB = 1.0
+ADAM_AND_MASTER_BYTES = 16  # fp32 master (or gradient) 4 + Adam m 4 + v 4 + fp32 gradient 4
+HALF_BYTES, FULL_BYTES = 2, 4
+
+
+@dataclass(frozen=True)
+class Family:
+    """Parameter counts of a family's reference model (diffusers' configs of the released weights)."""
+
+    label: str
+    denoiser: float  # trained by a full run: the UNet, or SD 3's transformer
+    frozen: float  # VAE and text encoders
+    lora_per_rank: float  # LoRA parameters per unit of rank on the default targets (to_q/k/v/out.0)
+    text_lora_per_rank: float  # the same on the CLIP text encoder(s) (q/k/v/out_proj)
+
+
+# SD 1.5: UNet 859.5 M, CLIP ViT-L text encoder 123.1 M, VAE 83.7 M (SD 2.x: UNet 865.9 M and an
+# OpenCLIP ViT-H text encoder of 340.4 M, 0.4 GiB more frozen in half precision). SDXL base 1.0: UNet
+# 2,567.5 M, CLIP ViT-L 123.1 M + OpenCLIP ViT-bigG 694.7 M, VAE 83.7 M. SD 3 medium: transformer
+# 2,028.3 M, CLIP-L 123.7 M + CLIP-G 694.7 M + T5-XXL encoder 4,762.3 M, VAE 83.8 M (SD 3.5 large's
+# transformer is 8.1 B: not told apart by model_index.json, so a 3.5 large run is underestimated).
+# LoRA per rank, counted from the attention layers' shapes: SD 1.5 16 transformer blocks (r·(14·C + 2·768)
+# each over C = 320/640/1280), SDXL 70 (cross-attention width 2048), SD 3 24 joint blocks of width 1536.
+SD3_T5 = 4762.3e6
+FAMILIES = {
+    "sd": Family("SD 1.x/2.x", 859.5e6, 123.1e6 + 83.7e6, 199_296, 73_728),
+    "sdxl": Family("SDXL", 2567.5e6, 123.1e6 + 694.7e6 + 83.7e6, 1_451_520, 401_408),
+    "sd3": Family("SD 3", 2028.3e6, 123.7e6 + 694.7e6 + SD3_T5 + 83.8e6, 294_912, 401_408),
+}
+SD15_DENOISER = FAMILIES["sd"].denoiser
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    gib: float  # memory per GPU, as nvidia-smi reports it (MiB / 1024)
+    count: int  # GPUs per instance
+
+
+def _sizes(gpu_name: str, gib: float, counts: dict[str, int]) -> dict[str, Gpu]:
+    return {size: Gpu(gpu_name, gib, count) for size, count in counts.items()}
+
+
+_ONE = {"xlarge": 1, "2xlarge": 1, "4xlarge": 1, "8xlarge": 1, "16xlarge": 1}
+_G_FAMILY = _ONE | {"12xlarge": 4, "24xlarge": 4, "48xlarge": 8}
+# SageMaker's GPU instance types for training (Amazon SageMaker pricing and the EC2 accelerated-computing
+# instance pages: GPU model, GPUs per instance, memory per GPU).
+_TABLE = {
+    "g4dn": _sizes("NVIDIA T4 16 GB", 15.0, _ONE | {"12xlarge": 4}),
+    "g5": _sizes("NVIDIA A10G 24 GB", 22.49, _G_FAMILY),
+    "g6": _sizes("NVIDIA L4 24 GB", 22.49, _G_FAMILY),
+    "g6e": _sizes("NVIDIA L40S 48 GB", 44.99, _G_FAMILY),
+    "p3": _sizes("NVIDIA V100 16 GB", 16.0, {"2xlarge": 1, "8xlarge": 4, "16xlarge": 8}),
+    "p3dn": _sizes("NVIDIA V100 32 GB", 32.0, {"24xlarge": 8}),
+    "p4d": _sizes("NVIDIA A100 40 GB", 40.0, {"24xlarge": 8}),
+    "p4de": _sizes("NVIDIA A100 80 GB", 80.0, {"24xlarge": 8}),
+    "p5": _sizes("NVIDIA H100 80 GB", 79.65, {"48xlarge": 8}),
+    "p5e": _sizes("NVIDIA H200 141 GB", 140.4, {"48xlarge": 8}),
+    "p5en": _sizes("NVIDIA H200 141 GB", 140.4, {"48xlarge": 8}),
+}
+GPU_INSTANCES = {f"ml.{family}.{size}": gpu for family, sizes in _TABLE.items() for size, gpu in sizes.items()}
+
+
+def gpu_of(instance_type: str) -> Gpu | None:
+    """The instance type's GPUs, or None for a type without GPUs (or one this table does not know)."""
+    return GPU_INSTANCES.get(instance_type)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the estimate depends on (a run document's training block plus the base model's family)."""
+
+    family: str
+    method: str  # full | lora
+    plugin: str  # torch_ddp | low_level_zero | gemini
+    precision: str  # no | fp16 | bf16
+    batch: int
+    resolution: int
+    gradient_checkpointing: bool = False
+    use_ema: bool = False
+    lora_rank: int = 4
+    text_encoder_lora: bool = False
+    gpus: int = 1  # every GPU of the job: the data-parallel group the sharding plugins shard across
+    with_t5: bool = True  # SD 3 saved without T5 (model_index.json "text_encoder_3": [null, null])
+
+
+@dataclass(frozen=True)
+class Estimate:
+    states_gib: float
+    frozen_gib: float
+    ema_gib: float
+    activations_gib: float
+
+    @property
+    def total_gib(self) -> float:
+        return self.states_gib + self.frozen_gib + self.ema_gib + self.activations_gib
+
+    def breakdown(self) -> str:
+        return (
+            f"weights, gradients and optimizer {self.states_gib:.1f}, frozen parts {self.frozen_gib:.1f}, "
+            f"EMA {self.ema_gib:.1f}, activations {self.activations_gib:.1f}"
+        )
+
+
+def state_bytes_per_param(plugin: str, precision: str, gpus: int) -> float:
+    """Bytes per trained parameter on one GPU: weights, gradients, Adam (see the module docstring)."""
+    if plugin == "torch_ddp":
+        return 20.0
+    if plugin == "gemini":
+        return ADAM_AND_MASTER_BYTES / gpus
+    if precision == "no":  # low_level_zero in fp32: the working weights are the masters
+        return FULL_BYTES + 12 / gpus
+    return HALF_BYTES + ADAM_AND_MASTER_BYTES / gpus
+
+
+def trained_parameters(setup: Setup) -> float:
+    family = FAMILIES[setup.family]
+    if setup.method == "full":
+        return family.denoiser
+    text = family.text_lora_per_rank if setup.text_encoder_lora else 0.0
+    return (family.lora_per_rank + text) * setup.lora_rank
+
+
+def estimate(setup: Setup) -> Estimate:
+    """Peak GPU memory per GPU, in GiB, split into its parts."""
+    family = FAMILIES[setup.family]
+    frozen_bytes = FULL_BYTES if setup.precision == "no" else HALF_BYTES
+    trained = trained_parameters(setup)
+    frozen = family.frozen + (family.denoiser if setup.method == "lora" else 0.0)
+    if setup.family == "sd3" and not setup.with_t5:
+        frozen -= SD3_T5
+
+    activations = (
+        ACTIVATION_GIB_PER_SAMPLE
+        * (family.denoiser / SD15_DENOISER)
+        * (setup.resolution / REFERENCE_RESOLUTION) ** 2
+        * setup.batch
+        * (GRADIENT_CHECKPOINTING_SHARE if setup.gradient_checkpointing else 1.0)
+        * (2.0 if setup.precision == "no" else 1.0)
+    )
+    return Estimate(
+        states_gib=trained * state_bytes_per_param(setup.plugin, setup.precision, setup.gpus) / GIB,
+        frozen_gib=frozen * frozen_bytes / GIB,
+        ema_gib=trained * FULL_BYTES / GIB if setup.use_ema else 0.0,
+        activations_gib=activations,
+    )
+
+
+def usable_gib(gpu: Gpu) -> float:
+    return gpu.gib - CUDA_RESERVE_GIB
+
+
+def fits(setup: Setup, gpu: Gpu) -> bool:
+    return estimate(setup).total_gib <= usable_gib(gpu)
+
+
+def largest_fitting_batch(setup: Setup, gpu: Gpu) -> int:
+    """The largest batch below the setup's that fits (0: not even one sample)."""
+    batch = setup.batch - 1
+    while batch > 0 and not fits(_with(setup, batch=batch), gpu):
+        batch -= 1
+    return batch
+
+
+def _with(setup: Setup, **changes: Any) -> Setup:
+    return replace(setup, **changes)
+
+
+def bigger_instance(setup: Setup, current: Gpu, instance_count: int) -> str | None:
+    """The instance type with the least GPU memory above the current one's that fits (same count)."""
+    candidates = sorted(
+        (gpu.gib, gpu.count, name)
+        for name, gpu in GPU_INSTANCES.items()
+        if gpu.gib > current.gib and fits(_with(setup, gpus=gpu.count * instance_count), gpu)
+    )
+    return candidates[0][2] if candidates else None
+
+
+def remedies(setup: Setup, gpu: Gpu, instance_count: int) -> list[str]:
+    """What would make the run fit, each change alone, as run-document fields."""
+    found: list[str] = []
+    batch = largest_fitting_batch(setup, gpu)
+    if batch > 0:
+        found.append(
+            f"training.train_batch_size {batch} (raise training.gradient_accumulation_steps to keep the samples "
+            "per update)"
+        )
+    if not setup.gradient_checkpointing and fits(_with(setup, gradient_checkpointing=True), gpu):
+        found.append("training.gradient_checkpointing true")
+    if setup.use_ema and fits(_with(setup, use_ema=False), gpu):
+        found.append("training.use_ema false")
+    if setup.method == "full" and setup.plugin != "gemini" and fits(_with(setup, plugin="gemini"), gpu):
+        found.append(f"training.plugin gemini (shards weights and optimizer state across the {setup.gpus} GPU(s))")
+    if setup.method == "full" and fits(_with(setup, method="lora", plugin="low_level_zero", use_ema=False), gpu):
+        found.append("training.method lora (with plugin low_level_zero)")
+    larger = bigger_instance(setup, gpu, instance_count)
+    if larger is not None:
+        found.append(f"training.instance_type {larger} ({GPU_INSTANCES[larger].name})")
+    return found

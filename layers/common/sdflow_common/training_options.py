@@ -1,0 +1,265 @@
+"""The run document's `training` block (the SageMaker training job) and its `lora` block, with the
+constants and the strict base model every block of the run document shares (sdflow_common.run_document
+assembles the document from them)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+INSTANCE_TYPE = r"^ml\.[a-z0-9]+(-[a-z0-9]+)*\.[a-z0-9]+$"
+# A module name as peft matches it: a dotted path of Python identifiers and indices ("to_out.0").
+LORA_TARGET_MODULE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$"
+# SageMaker's maximum for a training job's MaxRuntimeInSeconds is 28 days; a processing job's is
+# 9 days (ProcessingMaxRuntimeInSeconds: 777,600, SageMaker's API model).
+MAX_RUNTIME_LIMIT = 28 * 24 * 3600
+PROCESSING_MAX_RUNTIME_LIMIT = 777_600
+# CreateTrainingJob refuses a hyperparameter value over 2,500 characters (HyperParameterValue).
+HYPERPARAMETER_VALUE_LIMIT = 2500
+
+
+class StrictOptions(BaseModel):
+    """Every block of the run document: unknown fields refused, values frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+# LoRA defaults: diffusers' LoRA training examples for each family use the same ones, `--rank`
+# default 4 and `LoraConfig(r=rank, lora_alpha=rank, lora_dropout` unset (0.0), `target_modules=
+# ["to_k", "to_q", "to_v", "to_out.0"])` on the denoiser: examples/text_to_image/train_text_to_image_lora.py
+# (SD 1.x/2.x), train_text_to_image_lora_sdxl.py (SDXL) and examples/dreambooth/
+# train_dreambooth_lora_sd3.py (SD 3, as of diffusers 0.29/0.30). Text-encoder LoRA, where those
+# examples offer it (`--train_text_encoder`: SDXL's script and SD's DreamBooth LoRA script; not SD 3's
+# in diffusers 0.29, whose LoRA loader takes the transformer only), targets ["q_proj", "k_proj", "v_proj",
+# "out_proj"]. An empty target list in the
+# hyperparameters means "the family's default": the image knows each family's module names.
+LORA_DEFAULT_RANK = 4
+# Colossal-AI 0.5.0, colossalai/booster/plugin/*.py: support_lora() is True for TorchDDPPlugin and
+# LowLevelZeroPlugin (its second definition, the one Python keeps) and HybridParallelPlugin; False for
+# GeminiPlugin and TorchFSDPPlugin, whose enable_lora raises NotImplementedError.
+LORA_PLUGINS = ("torch_ddp", "low_level_zero")
+LORA_DEFAULT_PLUGIN = "low_level_zero"
+LORA_DEFAULT_DROPOUT = 0.0
+LORA_MAX_RANK = 1024
+LORA_MAX_TARGETS = 64
+
+
+class LoraOptions(StrictOptions):
+    """A LoRA adapter's shape (training.method lora); defaults as diffusers' LoRA examples."""
+
+    rank: int = Field(default=LORA_DEFAULT_RANK, ge=1, le=LORA_MAX_RANK, description="LoRA rank r (diffusers: 4).")
+    alpha: float | None = Field(
+        default=None,
+        gt=0,
+        le=4096,
+        description="LoRA alpha (the update is scaled by alpha / rank); default: the rank, as diffusers' examples.",
+    )
+    dropout: float = Field(
+        default=LORA_DEFAULT_DROPOUT, ge=0, lt=1, description="Dropout on the LoRA path (diffusers: 0)."
+    )
+    target_modules: list[Annotated[str, Field(min_length=1, max_length=200, pattern=LORA_TARGET_MODULE)]] | None = (
+        Field(
+            default=None,
+            max_length=LORA_MAX_TARGETS,
+            description="Module names to adapt; default: the family's (to_k, to_q, to_v, to_out.0 on the denoiser).",
+        )
+    )
+    text_encoder: bool = Field(
+        default=False,
+        description="Also train LoRA on the CLIP text encoder(s) (q/k/v/out_proj): SD 1.x/2.x and SDXL (diffusers "
+        "0.29 saves an SD 3 LoRA for the transformer only).",
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _targets_listed_once(cls, targets: list[str] | None) -> list[str] | None:
+        if targets is None:
+            return None
+        if not targets:
+            raise ValueError("is empty; list module names such as 'to_q', or leave it out for the family's default")
+        if len(set(targets)) != len(targets):
+            raise ValueError("lists a module twice; name each module once")
+        size = len(",".join(targets))
+        if size > HYPERPARAMETER_VALUE_LIMIT:
+            raise ValueError(
+                f"the module names take {size} characters as the lora_target_modules hyperparameter, and "
+                f"SageMaker allows {HYPERPARAMETER_VALUE_LIMIT}: list fewer modules"
+            )
+        return targets
+
+    @property
+    def effective_alpha(self) -> float:
+        return float(self.rank) if self.alpha is None else self.alpha
+
+    def hyperparameters(self) -> dict[str, str]:
+        """The contract's lora_* hyperparameters (strings; an empty target list: the family's default)."""
+        return {
+            "lora_rank": str(self.rank),
+            "lora_alpha": f"{self.effective_alpha:g}",
+            "lora_dropout": f"{self.dropout:g}",
+            "lora_target_modules": ",".join(self.target_modules or []),
+            "train_text_encoder_lora": str(self.text_encoder).lower(),
+        }
+
+
+class TrainingOptions(StrictOptions):
+    instance_type: str = Field(default="ml.g5.12xlarge", pattern=INSTANCE_TYPE, description="Training instance type.")
+    instance_count: int = Field(default=1, ge=1, le=64, description="Instances (nodes); > 1 trains distributed.")
+    volume_size_gb: int = Field(default=200, ge=1, le=16384, description="EBS volume per instance.")
+    max_runtime_seconds: int = Field(
+        default=24 * 3600, ge=60, le=MAX_RUNTIME_LIMIT, description="Stopping condition of the training job."
+    )
+    use_spot: bool = Field(default=False, description="Managed spot training; needs max_wait_seconds.")
+    max_wait_seconds: int | None = Field(
+        default=None, ge=60, le=MAX_RUNTIME_LIMIT, description="Spot: runtime + waiting, ≥ max_runtime."
+    )
+    keep_alive_seconds: int = Field(default=0, ge=0, le=3600, description="Warm pool after the job.")
+    max_retry_attempts: int = Field(default=2, ge=1, le=30, description="SageMaker RetryStrategy.")
+    plugin: Literal["torch_ddp", "low_level_zero", "gemini"] = Field(
+        default="gemini",
+        description="Colossal-AI booster plugin (low_level_zero and gemini need GPUs); default gemini, and "
+        "low_level_zero for method lora (gemini cannot train LoRA).",
+    )
+    mixed_precision: Literal["no", "fp16", "bf16"] = Field(default="fp16", description="Training precision.")
+    resolution: int = Field(default=256, ge=32, le=2048, description="Training image size in pixels.")
+    train_batch_size: int = Field(default=8, ge=1, le=1024, description="Samples per step per GPU.")
+    gradient_accumulation_steps: int = Field(default=1, ge=1, le=1024, description="Steps per optimizer update.")
+    gradient_checkpointing: bool = Field(default=True, description="Trade compute for UNet activation memory.")
+    cache_latents: bool = Field(
+        default=False,
+        description="Encode each image and caption once (VAE latents, text embeddings) and reuse them in later "
+        "epochs: about a third of a step's compute at 512² (host memory: ~180 kB per sample).",
+    )
+    learning_rate: float = Field(default=1e-5, gt=0, le=1, description="AdamW learning rate.")
+    max_train_steps: int = Field(default=1000, ge=1, le=10_000_000, description="Optimizer updates in total.")
+    checkpointing_steps: int = Field(default=500, ge=1, description="Checkpoint every N steps (spot resumes).")
+    use_ema: bool = Field(default=False, description="Keep an exponential moving average of the UNet.")
+    seed: int = Field(default=42, ge=0, description="Random seed.")
+    dataloader_num_workers: int = Field(default=4, ge=0, le=64, description="Data loader worker processes.")
+    interleave_shards: int = Field(
+        default=8,
+        ge=1,
+        le=64,
+        description="Shards each data reader keeps open and draws samples from at random (1: one after another); "
+        "the mix stays exact across a resume.",
+    )
+    validation_prompts: list[Annotated[str, Field(min_length=1, max_length=300)]] = Field(
+        default_factory=lambda: ["a photo of a cat"],
+        max_length=16,
+        description="Prompts rendered into samples.png after training.",
+    )
+    noise_offset: float = Field(
+        default=0.0, ge=0, le=1, description="Noise offset (0 disables); helps learn very dark or bright images."
+    )
+    snr_gamma: float = Field(
+        default=0.0, ge=0, le=100, description="Min-SNR loss weighting gamma, e.g. 5 (0 disables)."
+    )
+    proportion_empty_prompts: float = Field(
+        default=0.0, ge=0, le=1, description="Share of captions trained as the empty prompt (classifier-free guidance)."
+    )
+    eval_adherence: bool = Field(
+        default=False,
+        description="Also score prompt adherence (held-out scene prompts) of the base and the trained model at the "
+        "end of the training job, as SageMaker metrics (the Evaluate model step always scores it).",
+    )
+    method: Literal["full", "lora"] = Field(
+        default="full",
+        description="full: train every weight of the UNet (or SD 3's transformer); lora: train a LoRA adapter on "
+        "the frozen base model (model.tar.gz then holds only the adapter, megabytes).",
+    )
+    lora: LoraOptions | None = Field(
+        default=None, description="LoRA settings, only with method lora (defaults: diffusers' LoRA examples)."
+    )
+
+    @field_validator("validation_prompts")
+    @classmethod
+    def _prompts_fit_one_hyperparameter(cls, prompts: list[str]) -> list[str]:
+        size = len(json.dumps(list(prompts)))
+        if size > HYPERPARAMETER_VALUE_LIMIT:
+            raise ValueError(
+                f"the prompts take {size} characters as the training job's validation_prompts hyperparameter "
+                f"(a JSON list), and SageMaker allows {HYPERPARAMETER_VALUE_LIMIT}: use fewer or shorter prompts"
+            )
+        return prompts
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lora_plugin_default(cls, data: Any) -> Any:
+        # gemini, the default plugin, cannot train LoRA: a LoRA run that names no plugin gets low_level_zero.
+        if isinstance(data, dict) and data.get("method") == "lora" and "plugin" not in data:
+            return {**data, "plugin": LORA_DEFAULT_PLUGIN}
+        return data
+
+    @model_validator(mode="after")
+    def _method_fits_plugin(self) -> TrainingOptions:
+        if self.lora is not None and self.method != "lora":
+            raise ValueError(
+                "training.lora is set but training.method is 'full': set training.method to 'lora', or remove "
+                "training.lora"
+            )
+        if self.method == "lora" and self.plugin not in LORA_PLUGINS:
+            raise ValueError(
+                f"training.plugin '{self.plugin}' cannot train LoRA: Colossal-AI 0.5.0's {self.plugin} plugin has "
+                "support_lora() False (its enable_lora raises NotImplementedError); set training.plugin to "
+                "low_level_zero (ZeRO-2: shards the adapter's optimizer state) or torch_ddp, or train with "
+                "training.method 'full'"
+            )
+        if self.method == "lora" and self.use_ema:
+            raise ValueError(
+                "training.use_ema is for training.method 'full': diffusers' LoRA examples keep no EMA of an "
+                "adapter; set training.use_ema to false"
+            )
+        if self.plugin == "gemini" and self.mixed_precision == "no":
+            raise ValueError(
+                "training.plugin 'gemini' trains in fp16 or bf16 only (Colossal-AI's GeminiPlugin has no fp32): set "
+                "training.mixed_precision to 'bf16' or 'fp16', or training.plugin to low_level_zero or torch_ddp"
+            )
+        return self
+
+    @property
+    def lora_options(self) -> LoraOptions:
+        """The LoRA settings in force: the document's, or the defaults."""
+        return self.lora if self.lora is not None else LoraOptions()
+
+    @model_validator(mode="after")
+    def _spot_needs_wait(self) -> TrainingOptions:
+        if self.use_spot:
+            if self.max_wait_seconds is None:
+                raise ValueError("use_spot is true: set max_wait_seconds (≥ max_runtime_seconds)")
+            if self.max_wait_seconds < self.max_runtime_seconds:
+                raise ValueError("max_wait_seconds must be ≥ max_runtime_seconds")
+            if self.keep_alive_seconds:
+                # SageMaker refuses warm pools (KeepAlivePeriodInSeconds) for spot training jobs.
+                raise ValueError("keep_alive_seconds (warm pool) cannot be used with use_spot; set one of them")
+        elif self.max_wait_seconds is not None:
+            raise ValueError("max_wait_seconds is only for spot training; set use_spot: true or drop it")
+        return self
+
+    def hyperparameters(self) -> dict[str, str]:
+        """The training container's hyperparameters, as the strings SageMaker delivers."""
+        values: dict[str, Any] = {
+            "plugin": self.plugin,
+            "mixed_precision": self.mixed_precision,
+            "resolution": self.resolution,
+            "train_batch_size": self.train_batch_size,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+            "gradient_checkpointing": self.gradient_checkpointing,
+            "cache_latents": self.cache_latents,
+            "learning_rate": self.learning_rate,
+            "max_train_steps": self.max_train_steps,
+            "checkpointing_steps": self.checkpointing_steps,
+            "use_ema": self.use_ema,
+            "seed": self.seed,
+            "dataloader_num_workers": self.dataloader_num_workers,
+            "interleave_shards": self.interleave_shards,
+            "validation_prompts": json.dumps(list(self.validation_prompts)),
+            "noise_offset": self.noise_offset,
+            "snr_gamma": self.snr_gamma,
+            "proportion_empty_prompts": self.proportion_empty_prompts,
+            "eval_adherence": self.eval_adherence,
+            "training_method": self.method,
+            **self.lora_options.hyperparameters(),
+        }
+        return {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in values.items()}

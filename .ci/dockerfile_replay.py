@@ -9,7 +9,9 @@ the way `docker build` would, step by step, and fails where the build would fail
   .dockerignore excludes, read with fnmatch: `**/` matches at any depth);
 - all of it inside a private mount namespace (`unshare`, no privileges needed) where /opt is an
   overlay whose writes go to a scratch folder: /opt/venv and /opt/ml/code are the Dockerfile's own
-  paths, and the host's /opt is read, never written.
+  paths, and the host's /opt is read, never written. Where the kernel or a container refuses
+  namespaces, CI (root, CI=true, a machine used once) replays on the host's own /opt instead: the
+  paths it would write must not exist before, and are removed after.
 
 What stands in for the base image (FROM ${BASE_IMAGE}, pytorch/pytorch:2.5.1-cuda12.4-cudnn9-devel):
 - its Python: a Python prefix at /opt/conda (where that image keeps its Python) made from the
@@ -253,15 +255,17 @@ def replay(
     return timings
 
 
-def inside(keep: Path, dockerfile: Path = DOCKERFILE) -> int:
-    """In the private mount namespace: /opt as an overlay, the stand-in base, then the steps."""
-    upper, work = keep / "opt-upper", keep / "opt-work"
-    upper.mkdir(parents=True)
-    work.mkdir()
-    subprocess.run(
-        ["mount", "-t", "overlay", "overlay", "-o", f"lowerdir=/opt,upperdir={upper},workdir={work}", "/opt"],
-        check=True,
-    )
+def inside(keep: Path, dockerfile: Path = DOCKERFILE, *, overlay: bool = True) -> int:
+    """In the private mount namespace: /opt as an overlay, the stand-in base, then the steps.
+    Without `overlay` (CI without namespaces: see the module docstring) on the host's /opt."""
+    if overlay:
+        upper, work = keep / "opt-upper", keep / "opt-work"
+        upper.mkdir(parents=True)
+        work.mkdir()
+        subprocess.run(
+            ["mount", "-t", "overlay", "overlay", "-o", f"lowerdir=/opt,upperdir={upper},workdir={work}", "/opt"],
+            check=True,
+        )
     if BASE_PREFIX.exists():
         raise ReplayError(f"{BASE_PREFIX} exists on this host: the stand-in base would mix with it")
     missing = [tool for tool in REQUIRED_HOST_TOOLS if shutil.which(tool) is None]
@@ -281,6 +285,41 @@ def inside(keep: Path, dockerfile: Path = DOCKERFILE) -> int:
     print(f"replayed {sum(1 for t in timings if 'not replayed' not in t[1])} steps in {total:.0f} s; "
           f"not replayed: {len(NOT_REPLAYED)} RUN lines (NOT_REPLAYED)", flush=True)  # fmt: skip
     return 0
+
+
+def namespaces_allowed(namespace: list[str]) -> bool:
+    """Whether `unshare` may make the namespace here, and mount in it."""
+    probe = subprocess.run([*namespace, "sh", "-c", "mount -t tmpfs none /mnt"], capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+def on_host(scratch: Path, dockerfile: Path) -> int:
+    """The replay on the host's /opt (CI without namespaces): what it writes there is removed after."""
+    if os.geteuid() != 0 or os.environ.get("CI", "").lower() not in {"1", "true"}:
+        print(
+            "dockerfile replay FAILED: this machine refuses mount namespaces (unshare), and replaying on the "
+            "host's /opt is done only as root in CI (CI=true): run it where `unshare -rm` works",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
+    before = set(Path("/opt").iterdir()) if Path("/opt").exists() else set()
+    targets = [BASE_PREFIX, Path("/opt/venv"), Path("/opt/ml/code")]
+    present = [str(path) for path in targets if path.exists()]
+    if present:
+        print(
+            f"dockerfile replay FAILED: {present} exist on this host; the replay would mix with them", file=sys.stderr
+        )
+        return 1
+    print("--- no mount namespace here: replaying on the host's /opt (CI), removed afterwards", flush=True)
+    try:
+        return inside(scratch, dockerfile, overlay=False)
+    except (ReplayError, subprocess.CalledProcessError) as exc:
+        print(f"dockerfile replay FAILED: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        for path in [*targets, *(set(Path("/opt").iterdir()) - before)]:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -303,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         # -m: mounts of our own (private: the host sees none of them). As root that is all it takes;
         # otherwise -r makes us root in a user namespace of our own, which the kernel must allow.
         namespace = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-rm"]
+        if not namespaces_allowed(namespace):
+            return on_host(scratch, args.dockerfile.resolve())
         command = [sys.executable, __file__, "--dockerfile", str(args.dockerfile.resolve()), INSIDE_FLAG, str(scratch)]
         code = subprocess.run([*namespace, *command], check=False).returncode
         if code != 0:

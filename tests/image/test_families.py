@@ -13,7 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from family_fixtures import FAMILY_METHODS, STEPS, FamilyRun, hyperparameters, losses_of, model_info, run_family
+from family_fixtures import (
+    FAMILY_METHODS,
+    STEPS,
+    FamilyRun,
+    hyperparameters,
+    losses_of,
+    model_info,
+    run_family,
+    train_in_process,
+)
 from safetensors.torch import load_file
 from train_fixtures import write_job_config
 
@@ -21,6 +30,7 @@ from sdflow_image import evaluate, families, serve_model, train
 from sdflow_image.data import original_size
 from sdflow_image.families.base import lora_plugin_refusal
 from sdflow_image.training import lora
+from sdflow_image.training.checkpoints import CheckpointError
 from tests.helpers import free_port
 
 pytestmark = pytest.mark.image
@@ -65,6 +75,16 @@ def test_train_family_method_checkpoint_holds_only_trainable_state(family_run: F
     assert all(".lora_A." in key or ".lora_B." in key for key in adapter), sorted(adapter)[:4]
     encoders = {"adapter_text_encoder.safetensors", "adapter_text_encoder_2.safetensors"}
     assert (encoders <= names) == family_run.text_encoder
+
+
+def test_train_resumed_with_other_method_raises_naming_both(
+    family_base: Any, family_dataset: Path, tmp_path: Path
+) -> None:
+    hp = hyperparameters("sd", "full", family_base("sd"), family_dataset, tmp_path)
+    train_in_process({**hp, "max_train_steps": "2", "checkpointing_steps": "1"})
+    lora_hp = {**hyperparameters("sd", "lora", family_base("sd"), family_dataset, tmp_path), "max_train_steps": "3"}
+    with pytest.raises(CheckpointError, match="training_method=full run, this one is lora"):
+        train_in_process(lora_hp)
 
 
 def test_train_family_method_writes_model_info_of_the_contract(family_run: FamilyRun) -> None:
@@ -324,11 +344,12 @@ def test_sd3_without_t5_conditions_on_zeros_in_its_place(tmp_path: Path) -> None
 
 
 @pytest.mark.slow
-def test_train_two_hosts_sdxl_lora_rank0_writes_adapter_alone(
+def test_train_two_hosts_sdxl_lora_with_text_encoders_rank0_writes_adapter_alone(
     tmp_path: Path, family_base: Any, family_dataset: Path
 ) -> None:
     hosts = ["algo-1", "algo-2"]
-    hp = hyperparameters("sdxl", "lora", family_base("sdxl"), family_dataset, tmp_path)
+    # Text-encoder adapters too: their gradients are averaged over the hosts by the loop, not DDP.
+    hp = hyperparameters("sdxl", "lora", family_base("sdxl"), family_dataset, tmp_path, text_encoder=True)
     hp = {k: v for k, v in hp.items() if k not in ("pretrained_model_name_or_path", "dataset_dir", "output_dir",
                                                    "checkpoints_dir")}  # fmt: skip
     hp["max_train_steps"] = "3"
@@ -366,4 +387,5 @@ def test_train_two_hosts_sdxl_lora_rank0_writes_adapter_alone(
     assert not (model / "unet").exists()
     checkpoint = opt_mls[0] / "checkpoints" / "checkpoint-00000002"
     assert (checkpoint / lora.ADAPTER_FILE).is_file()
+    assert (checkpoint / "adapter_text_encoder_2.safetensors").is_file()
     assert not (opt_mls[1] / "model" / lora.LORA_WEIGHTS).exists(), "only rank 0 writes the model"

@@ -138,6 +138,7 @@ class Family:
     # back) or peft's (lora_A/B: 0.29's SD3 loader reads only those, as its example saves them).
     lora_diffusers_keys = True
     pipeline_kwargs: dict[str, Any] = {}
+    vae_fp32 = False  # whether the frozen VAE encodes in fp32 whatever the training precision
 
     def load_parts(self, base: str) -> Parts:
         raise NotImplementedError

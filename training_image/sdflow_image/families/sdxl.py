@@ -18,6 +18,9 @@ from sdflow_image.families.base import Encoded, Family, Parts, grad_if_training
 class StableDiffusionXL(Family):
     name = "sdxl"
     pipeline_class_name = "StableDiffusionXLPipeline"
+    # SDXL's VAE overflows in fp16 (its config says force_upcast); the example keeps it in fp32
+    # unless given a fixed fp16 VAE.
+    vae_fp32 = True
 
     def load_parts(self, base: str) -> Parts:
         from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel

@@ -163,6 +163,7 @@ class Trainer:
             mixed_precision=args.mixed_precision,
             gradient_checkpointing=args.gradient_checkpointing,
             device=device,
+            vae_fp32=self.family.vae_fp32,
         )
         self.text_adapters = lora.TextEncoderAdapters({})
         if self.lora:
@@ -242,6 +243,13 @@ class Trainer:
 
     def _load(self, path: Path) -> None:
         b = self.boosted
+        method = "lora" if self.lora else "full"
+        saved = checkpoints.read_json(path / checkpoints.TRAINER_STATE).get("training_method", "full")
+        if saved != method:
+            raise CheckpointError(
+                f"{path.name} was saved by a training_method={saved} run, this one is {method}: resume with "
+                f"training_method={saved}, or start afresh"
+            )
         if self.lora:
             lora.load_trainable(self.parts.denoiser, path / lora.ADAPTER_FILE)
             self.text_adapters.load(path)

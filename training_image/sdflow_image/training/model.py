@@ -47,7 +47,9 @@ def precision_dtype(mixed_precision: str) -> Any:
     return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(mixed_precision, torch.float32)
 
 
-def prepare_parts(parts: Parts, *, mixed_precision: str, gradient_checkpointing: bool, device: Any) -> None:
+def prepare_parts(
+    parts: Parts, *, mixed_precision: str, gradient_checkpointing: bool, device: Any, vae_fp32: bool = False
+) -> None:
     """Freeze the VAE and the text encoders on `device`; the denoiser trains (the Booster moves it)."""
     import torch
 
@@ -57,7 +59,7 @@ def prepare_parts(parts: Parts, *, mixed_precision: str, gradient_checkpointing:
     for frozen in (parts.vae, *parts.text_encoders):
         frozen.requires_grad_(False)
         frozen.eval()
-        frozen.to(device, dtype=dtype)
+        frozen.to(device, dtype=torch.float32 if vae_fp32 and frozen is parts.vae else dtype)
     if gradient_checkpointing:
         parts.denoiser.enable_gradient_checkpointing()
     parts.denoiser.train()

@@ -321,6 +321,28 @@ def test_original_size_reads_img2dataset_json_else_the_image() -> None:
     assert original_size({}, image) == (40, 48)
 
 
+def test_sdxl_batches_carry_each_sample_size_and_crop_into_time_ids(family_base: Any, family_dataset: Path) -> None:
+    import torch
+
+    from sdflow_image import data
+
+    fam = families.get("sdxl")
+    parts = fam.load_parts(str(family_base("sdxl")))
+    args = _args(family_base("sdxl"), dataset_dir=str(family_dataset), resolution="32", train_batch_size="2",
+                 dataloader_num_workers="0", center_crop="false")  # fmt: skip
+    loader = data.make_dataloader(args, parts.tokenizer, rank=0, world_size=1, tokenize=fam.caption_ids(parts))
+    batch = next(iter(loader))
+    assert {"input_ids", "input_ids_2", "original_size", "crop_top_left"} <= set(batch)
+    # The shards' images are 32..40 px a side (no img2dataset json sizes): resized to 32 on the
+    # short side, cropped at random on the long one.
+    assert ((batch["original_size"] >= 32) & (batch["original_size"] <= 40)).all()
+    encoded = fam.encode_batch(batch, parts, torch.device("cpu"), torch.Generator().manual_seed(0), 0.0)
+    expected = torch.cat([batch["original_size"], batch["crop_top_left"], torch.tensor([[32, 32]] * 2)], dim=1)
+    assert torch.equal(encoded.extra["time_ids"], expected.float())
+    assert encoded.hidden.shape == (2, 16, 64)
+    assert encoded.extra["text_embeds"].shape == (2, 32)
+
+
 def test_sd3_without_t5_conditions_on_zeros_in_its_place(tmp_path: Path) -> None:
     import torch
 

@@ -172,10 +172,7 @@ class Trainer:
         self.ema: Any = model.make_ema(denoiser, args.ema_decay, device) if args.use_ema and self.rank == 0 else None
         self.boosted = model.boost(args, denoiser, self.text_adapters.parameters())
         if self.rank == 0:
-            trainable = sum(p.numel() for p in denoiser.parameters() if p.requires_grad)
-            total = sum(p.numel() for p in denoiser.parameters())
-            print(f"model: family={self.family.name} method={'lora' if self.lora else 'full'} "
-                  f"trainable parameters {trainable:,} of {total:,}", flush=True)  # fmt: skip
+            print(f"model: family={self.family.name} {lora.describe(denoiser, self.lora)}", flush=True)
         self.encode_cache = EncodeCache(int(args.cache_latents_max_gb * 1e9)) if args.cache_latents else None
         self.state = TrainState()
         self.data_state: dict[str, Any] | None = None
@@ -243,13 +240,7 @@ class Trainer:
 
     def _load(self, path: Path) -> None:
         b = self.boosted
-        method = "lora" if self.lora else "full"
-        saved = checkpoints.read_json(path / checkpoints.TRAINER_STATE).get("training_method", "full")
-        if saved != method:
-            raise CheckpointError(
-                f"{path.name} was saved by a training_method={saved} run, this one is {method}: resume with "
-                f"training_method={saved}, or start afresh"
-            )
+        lora.check_method(path, checkpoints.read_json(path / checkpoints.TRAINER_STATE), self.lora)
         if self.lora:
             lora.load_trainable(self.parts.denoiser, path / lora.ADAPTER_FILE)
             self.text_adapters.load(path)

@@ -36,6 +36,25 @@ TEXT_ENCODERS = ("text_encoder", "text_encoder_2")  # the CLIP encoders that can
 LORA_WEIGHTS = "pytorch_lora_weights.safetensors"  # diffusers' name (save_lora_weights)
 
 
+def describe(denoiser: Any, lora: bool) -> str:
+    """The method and how many of the denoiser's parameters train, for the log."""
+    trainable = sum(p.numel() for p in denoiser.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in denoiser.parameters())
+    return f"method={'lora' if lora else 'full'} trainable parameters {trainable:,} of {total:,}"
+
+
+def check_method(path: Path, trainer_state: dict[str, Any], lora: bool) -> None:
+    """A checkpoint holds what its run trained: an adapter's cannot resume a full run, nor back."""
+    from sdflow_image.training.checkpoints import CheckpointError
+
+    method, saved = ("lora" if lora else "full"), trainer_state.get("training_method", "full")
+    if saved != method:
+        raise CheckpointError(
+            f"{path.name} was saved by a training_method={saved} run, this one is {method}: resume with "
+            f"training_method={saved}, or start afresh"
+        )
+
+
 def target_modules(args: argparse.Namespace, family: Family) -> list[str]:
     return list(args.lora_target_modules) or list(family.lora_targets)
 

@@ -343,6 +343,15 @@ def test_sdxl_batches_carry_each_sample_size_and_crop_into_time_ids(family_base:
     assert encoded.extra["text_embeds"].shape == (2, 32)
 
 
+def test_tiny_model_cli_family_builds_that_pipeline(tmp_path: Path) -> None:
+    from sdflow_image import tiny_model
+
+    assert tiny_model.main([str(tmp_path / "sd3"), "--family", "sd3"]) == 0
+    index = json.loads((tmp_path / "sd3" / "model_index.json").read_text())
+    assert index["_class_name"] == "StableDiffusion3Pipeline"
+    assert index["tokenizer_3"] == ["transformers", "T5TokenizerFast"]
+
+
 def test_sd3_without_t5_conditions_on_zeros_in_its_place(tmp_path: Path) -> None:
     import torch
 

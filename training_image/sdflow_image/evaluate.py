@@ -10,6 +10,8 @@ flags as ContainerArguments), so the pipeline can gate deployment on the score:
 What it promises:
 - the prompts and both model folders are checked before anything is loaded or rendered, and a
   bad one fails in seconds with a message naming the flag and the fix;
+- --model_dir may hold a LoRA run's adapter (sdflow_model.json says `"method": "lora"`): it is
+  scored loaded on --base_model_dir, so the comparison is base against base + adapter;
 - --model_dir may hold the training job's `model.tar.gz` as SageMaker downloads it: it is
   extracted (tarfile's "data" filter: no links or paths out of the folder) under --work_dir;
 - the evaluation itself is the training job's end-of-training one (adherence.compare), so the two

@@ -290,6 +290,7 @@ def test_check_plugin_lora_on_plugin_without_lora_raises_with_the_reason(plugin:
         ("sd3", {"snr_gamma": "5"}, "rectified flow"),
         ("sd3", {"training_method": "lora", "train_text_encoder_lora": "true"}, "transformer only"),
         ("sdxl", {"cache_latents": "true", "random_flip": "false", "center_crop": "true"}, "cache_latents=false"),
+        ("sd", {"sd3_t5": "false"}, "sd3_t5=false is for model_family=sd3"),
     ],
 )
 def test_check_family_setting_the_family_cannot_train_raises_naming_it(
@@ -350,6 +351,17 @@ def test_tiny_model_cli_family_builds_that_pipeline(tmp_path: Path) -> None:
     index = json.loads((tmp_path / "sd3" / "model_index.json").read_text())
     assert index["_class_name"] == "StableDiffusion3Pipeline"
     assert index["tokenizer_3"] == ["transformers", "T5TokenizerFast"]
+
+
+def test_train_sd3_lora_without_t5_is_served_without_it(family_base: Any, family_dataset: Path, tmp_path: Path) -> None:
+    hp = {**hyperparameters("sd3", "lora", family_base("sd3"), family_dataset, tmp_path), "sd3_t5": "false"}
+    train_in_process({**hp, "max_train_steps": "2"})
+    out = Path(hp["output_dir"])
+    assert model_info(out)["left_out"] == ["text_encoder_3", "tokenizer_3"]
+    settings = serve_model.ServeSettings(model_dir=out, base_model_dir=family_base("sd3"), device="cpu")
+    pipe = serve_model.load_pipeline(settings)
+    assert pipe.text_encoder_3 is None  # the base has T5; the adapter was trained without it
+    assert pipe(PROMPT, num_inference_steps=2, height=32, width=32).images[0].size == (32, 32)
 
 
 def test_sd3_without_t5_conditions_on_zeros_in_its_place(tmp_path: Path) -> None:

@@ -79,6 +79,7 @@ class ModelInfo:
     dtype: str
     family: str | None = None  # None: an older model's file; the family is the pipeline's
     method: str = "full"
+    left_out: tuple[str, ...] = ()  # components trained without (SD3's T5): loaded without too
 
 
 def read_model_info(model_dir: Path) -> ModelInfo | None:
@@ -106,7 +107,10 @@ def read_model_info(model_dir: Path) -> ModelInfo | None:
     family = raw.get("family")
     if family is not None and family not in ("sd", "sdxl", "sd3"):
         raise ModelInfoError(f"{path}: family must be sd, sdxl or sd3, got {family!r}")
-    return ModelInfo(resolution=resolution, dtype=dtype, family=family, method=method)
+    left_out = raw.get("left_out", [])
+    if not isinstance(left_out, list) or not set(left_out) <= {"text_encoder_3", "tokenizer_3"}:
+        raise ModelInfoError(f"{path}: left_out may name text_encoder_3 and tokenizer_3 only, got {left_out!r}")
+    return ModelInfo(resolution=resolution, dtype=dtype, family=family, method=method, left_out=tuple(left_out))
 
 
 BF16_MIN_CAPABILITY = (8, 0)  # Ampere: the first GPUs with bf16 tensor cores (T4 and V100 have none)
@@ -193,6 +197,7 @@ def load_pipeline(settings: ServeSettings) -> Any:
         local_files_only=True,
         torch_dtype=dtype,  # diffusers 0.29 names it torch_dtype (`dtype` came in later releases)
         **family.pipeline_kwargs,  # SD: no safety checker
+        **dict.fromkeys(info.left_out if info is not None else ()),
     )
     if info is not None and info.method == "lora":
         attach_adapter(pipe, settings.model_dir, info, dtype)

@@ -122,6 +122,13 @@ FLAGS: list[flags.Flag] = [
         "comma-separated module names to adapt; empty: the family's default (attention projections)",
     ),
     Flag("train_text_encoder_lora", flags.boolean, False, "adapt the CLIP text encoders too (sd, sdxl)"),
+    Flag(
+        "sd3_t5",
+        flags.boolean,
+        True,
+        "model_family=sd3: encode prompts with T5 too; false leaves it out of training, samples and serving "
+        "(zeros in its place, as the SD3 pipeline without T5), to save its memory",
+    ),
     Flag("mixed_precision", flags.choice(MIXED_PRECISIONS), "no", "no | fp16 (CUDA) | bf16"),
     Flag("resolution", flags.positive_int, 512, "training image size in pixels (square; multiple of 8)"),
     Flag("train_batch_size", flags.positive_int, 4, "batch size per process"),
@@ -273,6 +280,8 @@ def check_family(args: argparse.Namespace) -> None:
             "snr_gamma and noise_offset weight the DDPM noise-prediction loss; model_family=sd3 trains on "
             "rectified flow: set both to 0"
         )
+    if family != "sd3" and not args.sd3_t5:
+        raise HyperparameterError(f"sd3_t5=false is for model_family=sd3; this base model is {family}")
     if family == "sd3" and args.train_text_encoder_lora:
         raise HyperparameterError(
             "train_text_encoder_lora=true: diffusers 0.29 saves and loads an SD3 LoRA for the transformer only; "

@@ -140,8 +140,13 @@ class Family:
     pipeline_kwargs: dict[str, Any] = {}
     vae_fp32 = False  # whether the frozen VAE encodes in fp32 whatever the training precision
 
-    def load_parts(self, base: str) -> Parts:
+    def load_parts(self, base: str, left_out: tuple[str, ...] = ()) -> Parts:
+        """The parts from a diffusers folder, without the optional components in `left_out`."""
         raise NotImplementedError
+
+    def left_out(self, args: Any) -> tuple[str, ...]:
+        """The pipeline components a run leaves out (SD3: T5 with sd3_t5=false); none by default."""
+        return ()
 
     def pipeline_class(self) -> Any:
         """The diffusers pipeline class (typed Any: diffusers ships no type information)."""

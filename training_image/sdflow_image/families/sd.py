@@ -16,7 +16,7 @@ class StableDiffusion(Family):
     # one (SD 1.5's model_index lists it) would black out one side's images only.
     pipeline_kwargs = {"safety_checker": None, "feature_extractor": None, "requires_safety_checker": False}
 
-    def load_parts(self, base: str) -> Parts:
+    def load_parts(self, base: str, left_out: tuple[str, ...] = ()) -> Parts:
         from sdflow_image.training import model
 
         return model.load_parts(base)

@@ -28,7 +28,12 @@ class StableDiffusion3(Family):
     text_encoder_lora = False  # diffusers 0.29's SD3LoraLoaderMixin saves and loads the transformer's only
     lora_diffusers_keys = False
 
-    def load_parts(self, base: str) -> Parts:
+    def left_out(self, args: Any) -> tuple[str, ...]:
+        # T5-XXL is 4.7B of SD3 Medium's ~7B parameters: without it training and serving fit in
+        # far less memory, at some cost to long prompts (the SD3 paper, section 5.3.2).
+        return () if getattr(args, "sd3_t5", True) else ("text_encoder_3", "tokenizer_3")
+
+    def load_parts(self, base: str, left_out: tuple[str, ...] = ()) -> Parts:
         from pathlib import Path
 
         from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
@@ -37,7 +42,7 @@ class StableDiffusion3(Family):
         def sub(name: str) -> dict[str, Any]:
             return {"subfolder": name, "local_files_only": True}
 
-        with_t5 = (Path(base) / "text_encoder_3").is_dir()
+        with_t5 = (Path(base) / "text_encoder_3").is_dir() and "text_encoder_3" not in left_out
         return Parts(
             tokenizer=CLIPTokenizer.from_pretrained(base, **sub("tokenizer")),
             text_encoder=CLIPTextModelWithProjection.from_pretrained(base, **sub("text_encoder")),

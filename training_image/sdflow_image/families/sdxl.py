@@ -22,7 +22,7 @@ class StableDiffusionXL(Family):
     # unless given a fixed fp16 VAE.
     vae_fp32 = True
 
-    def load_parts(self, base: str) -> Parts:
+    def load_parts(self, base: str, left_out: tuple[str, ...] = ()) -> Parts:
         from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
         from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 

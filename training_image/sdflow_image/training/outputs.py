@@ -82,7 +82,7 @@ def save_lora(args: argparse.Namespace, trainer: Trainer) -> Any:
         return None
     out = Path(args.output_dir)
     lora.save_adapter(family, layers, out)
-    pipe = load_base(family, args.pretrained_model_name_or_path)
+    pipe = load_base(family, args.pretrained_model_name_or_path, **dict.fromkeys(family.left_out(args)))
     lora.load_adapter(pipe, out)
     return pipe
 
@@ -144,7 +144,7 @@ def build_pipeline(
     # No safety checker (family.pipeline_kwargs), as the server and the adherence comparison load
     # models: a base that has one (SD 1.5's model_index lists it) would black out this side's
     # samples only, and it would travel with the trained model for nothing.
-    pipe = load_base(family, base, **{family.denoiser_name: unet})
+    pipe = load_base(family, base, **{family.denoiser_name: unet}, **dict.fromkeys(family.left_out(args)))
     return pipe.to(dtype=model.precision_dtype(args.mixed_precision))
 
 
@@ -157,13 +157,16 @@ def model_info(args: argparse.Namespace, steps: int) -> dict[str, Any]:
         "method": method,
         "base_model_uri": getattr(args, "base_model_uri", "") or "",
     }
-    if method == "lora":
-        from sdflow_image import families
+    from sdflow_image import families
 
+    family = families.get(info["family"])
+    if family.left_out(args):  # what the model was trained without, so that serving leaves it out too
+        info["left_out"] = list(family.left_out(args))
+    if method == "lora":
         info["lora"] = {
             "rank": args.lora_rank,
             "alpha": args.lora_alpha,
-            "target_modules": lora.target_modules(args, families.get(info["family"])),
+            "target_modules": lora.target_modules(args, family),
             "text_encoder": bool(args.train_text_encoder_lora),
         }
     return {

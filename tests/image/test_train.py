@@ -230,6 +230,10 @@ def test_train_single_process_writes_loadable_pipeline_and_summary(resumed_run: 
     assert list(model_dir.glob("unet/*.safetensors")), "the UNet must be saved as safetensors"
     info = json.loads((model_dir / "sdflow_model.json").read_text())
     assert info == {
+        "format": 1,  # the contract with the orchestration (issue 21): family, method, base model URI
+        "family": "sd",
+        "method": "full",
+        "base_model_uri": "",
         "resolution": 64,
         "dtype": "float32",
         "steps": summary["steps"],

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -207,13 +207,17 @@ class Comparison:
         )
 
 
-def load_pipeline(model_dir: str | Path, device: Any) -> Any:
+def load_pipeline(model_dir: str | Path, device: Any, base_model_dir: str | Path | None = None) -> Any:
     """The model loaded as the serving container loads it (nothing from a hub, no safety checker,
-    no progress bars), in float32 on `device` so that scores do not depend on the precision."""
+    no progress bars; a LoRA adapter on `base_model_dir`), in float32 on `device` so that scores
+    do not depend on the precision."""
     from sdflow_image.serve_model import ServeSettings
     from sdflow_image.serve_model import load_pipeline as load_served
 
-    return load_served(ServeSettings(model_dir=Path(model_dir), device=str(device), dtype="float32"))
+    settings = ServeSettings(model_dir=Path(model_dir), device=str(device), dtype="float32")
+    if base_model_dir is not None:
+        settings = replace(settings, base_model_dir=Path(base_model_dir))
+    return load_served(settings)
 
 
 def _render_with(load: Callable[[], Any], prompts: Sequence[str], **options: Any) -> list[Image.Image]:

@@ -210,6 +210,14 @@ def resize_center_crop(
     image: Image.Image, resolution: int, center_crop: bool = True, rng: random.Random | None = None
 ) -> Image.Image:
     """Shorter side to `resolution`, then a centered (or random) square crop."""
+    return resize_crop(image, resolution, center_crop, rng)[0]
+
+
+def resize_crop(
+    image: Image.Image, resolution: int, center_crop: bool = True, rng: random.Random | None = None
+) -> tuple[Image.Image, tuple[int, int]]:
+    """`resize_center_crop`, and the crop's (top, left) corner in the resized image (SDXL's
+    `crop_top_left` conditioning, as train_text_to_image_sdxl.py measures it)."""
     image = image.convert("RGB")
     width, height = image.size
     scale = resolution / min(width, height)
@@ -222,7 +230,22 @@ def resize_center_crop(
     else:
         rng = rng or random.Random()
         left, top = rng.randint(0, width - resolution), rng.randint(0, height - resolution)
-    return image.crop((left, top, left + resolution, top + resolution))
+    return image.crop((left, top, left + resolution, top + resolution)), (top, left)
+
+
+def original_size(files: dict[str, bytes], image: Image.Image) -> tuple[int, int]:
+    """(height, width) of the image as it was on the web: img2dataset's `original_height` and
+    `original_width` in the sample's json (it resizes before it stores), else the stored image's."""
+    raw = files.get("json")
+    if raw is not None:
+        try:
+            meta = json.loads(raw)
+            height, width = int(meta["original_height"]), int(meta["original_width"])
+            if height > 0 and width > 0:
+                return height, width
+        except (ValueError, KeyError, TypeError):
+            pass  # a sample without them (a hand-made shard, an older img2dataset): the image's own
+    return image.height, image.width
 
 
 def image_to_tensor(image: Image.Image) -> torch.Tensor:
@@ -274,7 +297,7 @@ class ShardStream(IterableDataset):
         self,
         source: Source,
         shards: list[str],
-        tokenize: Callable[[str], torch.Tensor],
+        tokenize: Callable[[str], Any],
         config: StreamConfig,
         cursors: dict[int, Cursor],
         first_reader: int = 0,
@@ -290,7 +313,8 @@ class ShardStream(IterableDataset):
             return None  # img2dataset writes no such samples, but a hand-made tar might
         try:
             image: Image.Image = Image.open(io.BytesIO(image_bytes))
-            image = resize_center_crop(image, self.config.resolution, self.config.center_crop, rng)
+            size = original_size(sample.files, image)
+            image, corner = resize_crop(image, self.config.resolution, self.config.center_crop, rng)
         except (OSError, ValueError, Image.DecompressionBombError) as exc:
             # A web image that will not decode: skipped (and logged), as webdataset's warn_and_continue does.
             log.warning("sample %s: image does not decode (%s); skipped", sample.key, exc)
@@ -298,7 +322,13 @@ class ShardStream(IterableDataset):
         if self.config.random_flip and rng.random() < 0.5:
             image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         text = caption.decode("utf-8", errors="replace")
-        return {"pixel_values": image_to_tensor(image), "input_ids": self.tokenize(text)}
+        ids = self.tokenize(text)
+        return {
+            "pixel_values": image_to_tensor(image),
+            **(ids if isinstance(ids, dict) else {"input_ids": ids}),  # one tokenizer, or a family's several
+            "original_size": torch.tensor(size),
+            "crop_top_left": torch.tensor(corner),
+        }
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
@@ -338,8 +368,7 @@ class ShardStream(IterableDataset):
             if len(items) == self.config.batch_size:
                 position = {"reader": reader, "cursor": asdict(walk.cursor)}
                 yield {
-                    "pixel_values": torch.stack([i["pixel_values"] for i in items]),
-                    "input_ids": torch.stack([i["input_ids"] for i in items]),
+                    **{key: torch.stack([i[key] for i in items]) for key in items[0]},
                     POSITION_KEY: json.dumps(position),
                     KEYS_KEY: json.dumps(keys),
                 }
@@ -359,7 +388,8 @@ def ignore_stop_signals(_worker_id: int) -> None:
 
 
 class ShardLoader:
-    """Iterable of batches ({"pixel_values", "input_ids"}) with `state_dict()`: the position after the last
+    """Iterable of batches ({"pixel_values", "input_ids"[, "input_ids_2", ...], "original_size",
+    "crop_top_left"}) with `state_dict()`: the position after the last
     batch handed out. Iterating again (a new `iter()`) continues from that position."""
 
     def __init__(self, stream: ShardStream, index: DatasetIndex, identity: dict[str, Any]) -> None:
@@ -427,9 +457,17 @@ def _check_state(state: dict[str, Any], identity: dict[str, Any]) -> tuple[dict[
 
 
 def make_dataloader(
-    args: Any, tokenizer: Any, *, rank: int, world_size: int, state: dict[str, Any] | None = None
+    args: Any,
+    tokenizer: Any,
+    *,
+    rank: int,
+    world_size: int,
+    state: dict[str, Any] | None = None,
+    tokenize: Callable[[str], dict[str, torch.Tensor]] | None = None,
 ) -> ShardLoader:
     """This rank's endless batches over the shards index.json lists, resumed at `state` when given.
+    Captions go through `tokenize` (a family's several tokenizers: sdflow_image.families) when
+    given, else `tokenizer`.
 
     Reads from `args`: dataset_dir, dataset_index, resolution, train_batch_size, dataloader_num_workers,
     interleave_shards, seed, center_crop, random_flip."""
@@ -456,5 +494,5 @@ def make_dataloader(
     }
     cursors, first = _check_state(state, identity) if state is not None else ({}, 0)
     source = source_for(args.dataset_dir)
-    stream = ShardStream(source, index.shards, CaptionTokenizer(tokenizer), config, cursors, first)
+    stream = ShardStream(source, index.shards, tokenize or CaptionTokenizer(tokenizer), config, cursors, first)
     return ShardLoader(stream, index, identity)

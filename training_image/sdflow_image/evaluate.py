@@ -10,6 +10,8 @@ flags as ContainerArguments), so the pipeline can gate deployment on the score:
 What it promises:
 - the prompts and both model folders are checked before anything is loaded or rendered, and a
   bad one fails in seconds with a message naming the flag and the fix;
+- --model_dir may hold a LoRA run's adapter (sdflow_model.json says `"method": "lora"`): it is
+  scored loaded on --base_model_dir, so the comparison is base against base + adapter;
 - --model_dir may hold the training job's `model.tar.gz` as SageMaker downloads it: it is
   extracted (tarfile's "data" filter: no links or paths out of the folder) under --work_dir;
 - the evaluation itself is the training job's end-of-training one (adherence.compare), so the two
@@ -36,6 +38,7 @@ from sdflow_image.serve_request import SIZE_MULTIPLE
 LOG = logging.getLogger("sdflow.evaluate")
 
 EVALUATION_FILE = "evaluation.json"
+LORA_WEIGHTS = "pytorch_lora_weights.safetensors"  # training.lora.LORA_WEIGHTS, without torch
 MAX_PROMPTS = 256
 MODEL_FIX = "mount the training job's model artifact (model.tar.gz) or its extracted files there"
 BASE_FIX = "mount the base diffusers model the training job started from there"
@@ -156,10 +159,28 @@ def check_pipeline_dir(path: Path, flag: str, fix: str) -> Path:
     return path
 
 
+def is_adapter(path: Path) -> bool:
+    """`path` holds a LoRA run's output: an adapter that loads on the base model."""
+    try:
+        info = serve_model.read_model_info(path)
+    except serve_model.ModelInfoError as exc:
+        raise EvaluationError(f"--model_dir: {exc}") from None
+    return info is not None and info.method == "lora"
+
+
+def check_model_dir(path: Path, flag: str, fix: str) -> Path:
+    """A whole pipeline, or a LoRA adapter with its file (the base is checked on its own)."""
+    if is_adapter(path):
+        if not (path / LORA_WEIGHTS).is_file():
+            raise EvaluationError(f"{flag} {path} is a LoRA model without its {LORA_WEIGHTS}; {fix}")
+        return path
+    return check_pipeline_dir(path, flag, fix)
+
+
 def model_folder(path: Path, work: Path) -> Path:
     """The trained model's folder: --model_dir itself, or its model.tar.gz extracted into `work`."""
-    if path.is_dir() and (path / "model_index.json").is_file():
-        return check_pipeline_dir(path, "--model_dir", MODEL_FIX)
+    if path.is_dir() and ((path / "model_index.json").is_file() or is_adapter(path)):
+        return check_model_dir(path, "--model_dir", MODEL_FIX)
     if path.is_file():
         archive = path
     elif path.is_dir():
@@ -178,7 +199,7 @@ def model_folder(path: Path, work: Path) -> Path:
     # An archive made of a folder (tar czf model.tar.gz model/) holds the pipeline one level down.
     entries = [p for p in work.iterdir() if not p.name.startswith(".")]
     root = entries[0] if len(entries) == 1 and entries[0].is_dir() else work
-    return check_pipeline_dir(root, "--model_dir", f"{archive.name} must hold the trained model's files")
+    return check_model_dir(root, "--model_dir", f"{archive.name} must hold the trained model's files")
 
 
 def trained_resolution(model_dir: Path) -> int:
@@ -198,10 +219,13 @@ def trained_resolution(model_dir: Path) -> int:
         return serve_model.FALLBACK_IMAGE_SIZE
 
 
-def _loader(path: Path, flag: str, fix: str, device: str) -> Callable[[], Any]:
+def _loader(path: Path, flag: str, fix: str, device: str, base: Path | None = None) -> Callable[[], Any]:
     def load() -> Any:
         try:
-            return adherence.load_pipeline(path, device)
+            # The base only for an adapter: a whole pipeline loads as it always did.
+            return (
+                adherence.load_pipeline(path, device) if base is None else adherence.load_pipeline(path, device, base)
+            )
         except Exception as exc:  # diffusers raises OSError, ValueError, KeyError... for a bad file
             raise EvaluationError(
                 f"{flag} {path}: the pipeline does not load ({type(exc).__name__}: {exc}); {fix}"
@@ -250,7 +274,10 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         LOG.info("scoring %d prompts on %s with %s", len(prompts), device, json.dumps(settings))
         args.output_dir.mkdir(parents=True, exist_ok=True)
         result = adherence.compare(
-            _loader(model_dir, "--model_dir", MODEL_FIX, device),
+            # A LoRA adapter is evaluated on the base it was trained on: base vs base + adapter.
+            _loader(
+                model_dir, "--model_dir", MODEL_FIX, device, args.base_model_dir if is_adapter(model_dir) else None
+            ),
             _loader(args.base_model_dir, "--base_model_dir", BASE_FIX, device),
             prompts,
             out_dir=args.output_dir,

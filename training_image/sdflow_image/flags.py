@@ -94,6 +94,14 @@ def text(value: str) -> str:
     return value
 
 
+def name_list(text: str) -> list[str]:
+    """Comma-separated names (module names, ...); empty text is the empty list."""
+    names = [name.strip() for name in str(text).split(",")]
+    if any(not name for name in names) and str(text).strip():
+        raise ValueError("has an empty name between commas (e.g. to_q,to_k,to_v)")
+    return [name for name in names if name]
+
+
 # --- declaring and parsing ------------------------------------------------------------------------
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from sdflow_image import contract, flags
 from sdflow_image.serve_app import create_app
-from sdflow_image.serve_model import INVOCATION_LIMIT_S, ServeSettings, load_pipeline
+from sdflow_image.serve_model import DEFAULT_BASE_MODEL_DIR, INVOCATION_LIMIT_S, ServeSettings, load_pipeline
 from sdflow_image.serve_request import SIZE_MULTIPLE, SizeLimits
 from sdflow_image.serve_worker import ModelServer
 
@@ -39,6 +39,13 @@ FLAGS: list[flags.Flag] = [
     flags.Flag("host", flags.text, "0.0.0.0", "address to bind", env="SDFLOW_SERVE_HOST"),
     flags.Flag("port", flags.number(int, 1, maximum=65535), 8080, "port to bind", env="SAGEMAKER_BIND_TO_PORT"),
     flags.Flag("model_dir", flags.text, None, "diffusers pipeline folder (default $SDFLOW_OPT_ML/model)"),
+    flags.Flag(
+        "base_model_dir",
+        flags.text,
+        DEFAULT_BASE_MODEL_DIR,
+        "a LoRA model's base pipeline (SageMaker's AdditionalModelDataSources channel 'base_model')",
+        env="SDFLOW_BASE_MODEL_DIR",
+    ),
     flags.Flag(
         "max_queue",
         flags.non_negative_int,
@@ -93,6 +100,7 @@ def parse_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | N
 def settings_from_args(args: argparse.Namespace) -> ServeSettings:
     return ServeSettings(
         model_dir=Path(args.model_dir) if args.model_dir else contract.model_dir(),
+        base_model_dir=Path(args.base_model_dir),
         host=args.host,
         port=args.port,
         max_queue=args.max_queue,

@@ -4,6 +4,11 @@
 trained at (the default serving size: a Stable Diffusion model asked for another size draws
 worse) and the dtype its weights were saved in (used on a GPU; a CPU computes in float32).
 
+A LoRA model (`"method": "lora"` there) is an adapter only: the base pipeline is loaded from
+`base_model_dir` (env SDFLOW_BASE_MODEL_DIR; on SageMaker the model's AdditionalModelDataSources
+channel "base_model"), the adapter on it, fused where that is exact (`load_pipeline`). The
+family (SD, SDXL, SD3) comes from the pipeline's model_index.json.
+
 A generation's time is estimated from a timing taken once at load: denoising steps dominate,
 and each costs about the same at a given size, so a request costs
 `images * (width * height / size**2) * (overhead + steps * step)`, scaled linearly in pixels.
@@ -25,6 +30,8 @@ from sdflow_image import contract
 from sdflow_image.serve_request import SIZE_MULTIPLE, SizeLimits
 
 MODEL_INFO_FILE = "sdflow_model.json"
+# Where SageMaker puts a model's AdditionalModelDataSources channel named "base_model".
+DEFAULT_BASE_MODEL_DIR = "/opt/ml/additional-model-data-sources/base_model"
 DTYPES = ("float16", "bfloat16", "float32")
 FALLBACK_IMAGE_SIZE = 512  # when neither training nor the pipeline says what size it was trained at
 # InvokeEndpoint: "A customer's model containers must respond to requests within 60 seconds."
@@ -49,6 +56,9 @@ class ModelInfoError(ServeError):
 @dataclass(frozen=True)
 class ServeSettings:
     model_dir: Path = field(default_factory=contract.model_dir)
+    base_model_dir: Path = field(
+        default_factory=lambda: Path(os.environ.get("SDFLOW_BASE_MODEL_DIR") or DEFAULT_BASE_MODEL_DIR)
+    )
     host: str = "0.0.0.0"
     port: int = 8080
     max_queue: int = 1000  # a guard on memory: load is shed by time first (serve_admission)
@@ -67,6 +77,9 @@ class ModelInfo:
 
     resolution: int
     dtype: str
+    family: str | None = None  # None: an older model's file; the family is the pipeline's
+    method: str = "full"
+    left_out: tuple[str, ...] = ()  # components trained without (SD3's T5): loaded without too
 
 
 def read_model_info(model_dir: Path) -> ModelInfo | None:
@@ -88,7 +101,16 @@ def read_model_info(model_dir: Path) -> ModelInfo | None:
     dtype = raw.get("dtype", "float32")
     if dtype not in DTYPES:
         raise ModelInfoError(f"{path}: dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    return ModelInfo(resolution=resolution, dtype=dtype)
+    method = raw.get("method", "full")
+    if method not in ("full", "lora"):
+        raise ModelInfoError(f"{path}: method must be full or lora, got {method!r}")
+    family = raw.get("family")
+    if family is not None and family not in ("sd", "sdxl", "sd3"):
+        raise ModelInfoError(f"{path}: family must be sd, sdxl or sd3, got {family!r}")
+    left_out = raw.get("left_out", [])
+    if not isinstance(left_out, list) or not set(left_out) <= {"text_encoder_3", "tokenizer_3"}:
+        raise ModelInfoError(f"{path}: left_out may name text_encoder_3 and tokenizer_3 only, got {left_out!r}")
+    return ModelInfo(resolution=resolution, dtype=dtype, family=family, method=method, left_out=tuple(left_out))
 
 
 BF16_MIN_CAPABILITY = (8, 0)  # Ampere: the first GPUs with bf16 tensor cores (T4 and V100 have none)
@@ -132,42 +154,87 @@ def serving_devices(settings: ServeSettings, gpus: int | None = None) -> list[st
     return [f"cuda:{index}" for index in range(gpus)]
 
 
-def load_pipeline(settings: ServeSettings) -> Any:
-    """Load the diffusers pipeline from the model folder; nothing is fetched from a hub."""
+def pipeline_dir(settings: ServeSettings, info: ModelInfo | None) -> Path:
+    """The folder the pipeline loads from: the model's, or for a LoRA adapter its base model's."""
     model_dir = settings.model_dir
-    if not (model_dir / "model_index.json").is_file():
+    lora = info is not None and info.method == "lora"
+    folder = settings.base_model_dir if lora else model_dir
+    if not (folder / "model_index.json").is_file():
+        if lora:
+            raise ModelNotFoundError(
+                f"{model_dir} holds a LoRA adapter, and its base model is not in {folder} (model_index.json "
+                "missing): give the model its base as the AdditionalModelDataSources channel 'base_model', "
+                "or set SDFLOW_BASE_MODEL_DIR"
+            )
         raise ModelNotFoundError(
             f"no diffusers pipeline in {model_dir} (model_index.json missing); "
             "the training job writes one to $SDFLOW_OPT_ML/model"
         )
+    return folder
+
+
+def load_pipeline(settings: ServeSettings) -> Any:
+    """Load the diffusers pipeline from the model folder (a LoRA: the base and the adapter);
+    nothing is fetched from a hub."""
+    from sdflow_image import families
+
+    info = read_model_info(settings.model_dir)
+    folder = pipeline_dir(settings, info)
+    try:
+        family = families.get(families.detect_family(folder))
+    except families.FamilyError as exc:
+        raise ModelNotFoundError(str(exc)) from None
+    if info is not None and info.family not in (None, family.name):
+        raise ModelInfoError(f"{settings.model_dir} was trained as {info.family}, but {folder} is a {family.name}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from diffusers import StableDiffusionPipeline
     from diffusers.utils import logging as diffusers_logging
 
     # Progress bars are noise in a server's log (CloudWatch keeps every redraw).
     diffusers_logging.disable_progress_bar()
-    device, dtype = torch_placement(settings, read_model_info(model_dir))
-    pipe = StableDiffusionPipeline.from_pretrained(
-        str(model_dir),
+    device, dtype = torch_placement(settings, info)
+    pipe = family.pipeline_class().from_pretrained(
+        str(folder),
         local_files_only=True,
-        safety_checker=None,
-        requires_safety_checker=False,
         torch_dtype=dtype,  # diffusers 0.29 names it torch_dtype (`dtype` came in later releases)
+        **family.pipeline_kwargs,  # SD: no safety checker
+        **dict.fromkeys(info.left_out if info is not None else ()),
     )
+    if info is not None and info.method == "lora":
+        attach_adapter(pipe, settings.model_dir, info, dtype)
     pipe = pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
     # Decode the images of a request one at a time: four 1024² images in one VAE batch ran a
     # 24 GB A10G out of memory, and the latents are small next to the decoder's activations.
-    pipe.enable_vae_slicing()
+    # On the VAE itself: 0.29's SD3 pipeline has no enable_vae_slicing (it only forwards to this).
+    pipe.vae.enable_slicing()
     return pipe
 
 
+def attach_adapter(pipe: Any, model_dir: Path, info: ModelInfo, dtype: Any) -> None:
+    """Load the LoRA adapter onto the base pipeline, and fuse it when that is exact.
+
+    Fusing (W += scale * B @ A) saves the adapter's extra matmuls on every step, but it rounds
+    the sum to the weights' dtype: a bf16 base fused with a delta trained against fp32 weights
+    loses the small updates the adapter learned (they are below bf16's resolution at W's scale),
+    and the adapter would then serve another model than the one evaluated. So it is fused only
+    when the serving dtype is the one it was trained against (sdflow_model.json's dtype); else
+    the adapter runs beside the weights, computing B @ A @ x unrounded into W."""
+    import torch
+
+    from sdflow_image.training import lora
+
+    lora.load_adapter(pipe, model_dir)
+    if getattr(torch, info.dtype) == dtype:
+        lora.fuse(pipe)
+
+
 def default_size(info: ModelInfo | None, pipe: Any) -> int:
-    """The trained size: sdflow_model.json's, else the UNet's latent size times the VAE's scale."""
+    """The trained size: sdflow_model.json's, else the denoiser's latent size times the VAE's scale."""
     if info is not None:
         return info.resolution
     try:
-        return int(pipe.unet.config.sample_size) * int(pipe.vae_scale_factor)
+        denoiser = getattr(pipe, "unet", None) or pipe.transformer
+        return int(denoiser.config.sample_size) * int(pipe.vae_scale_factor)
     except (AttributeError, TypeError, ValueError):
         return FALLBACK_IMAGE_SIZE
 

@@ -20,7 +20,8 @@ demo's fine-tuning can visibly learn in minutes on a CPU, the base model gets th
   cross-attention alone at every level, which also costs twice the time per step on a CPU).
 The UNet stays random: the untrained model follows prompts no better than chance.
 
-CLI: `python -m sdflow_image.tiny_model OUT_DIR [--seed N] [--vae_steps N]`.
+CLI: `python -m sdflow_image.tiny_model OUT_DIR [--seed N] [--vae_steps N] [--family sd|sdxl|sd3]`
+(SDXL and SD3: sdflow_image.tiny_families).
 """
 
 from __future__ import annotations
@@ -272,10 +273,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--vae_steps", type=int, default=0, help="fit the VAE to scene images for N steps first (default 0: random)"
     )
+    parser.add_argument("--family", choices=("sd", "sdxl", "sd3"), default="sd", help="model family (default sd)")
     args = parser.parse_args(argv)
     if args.vae_steps < 0:
         parser.error(f"--vae_steps must be >= 0, got {args.vae_steps}")
-    path = build_tiny_pipeline(args.out_dir, seed=args.seed, vae_steps=args.vae_steps)
+    from sdflow_image.tiny_families import build_tiny
+
+    path = build_tiny(args.family, args.out_dir, seed=args.seed, vae_steps=args.vae_steps)
     print(path)
     return 0
 

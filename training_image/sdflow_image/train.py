@@ -1,7 +1,11 @@
-"""Stable Diffusion text-to-image fine-tuning, in the shape of diffusers'
-examples/text_to_image/train_text_to_image.py, distributed with one Colossal-AI Booster.
+"""Text-to-image fine-tuning of SD 1.x/2.x, SDXL and SD3, in the shape of diffusers' examples
+(text_to_image/train_text_to_image*.py, dreambooth/train_dreambooth*_sd3.py), distributed with one
+Colossal-AI Booster.
 
-The UNet is trained on the noise-prediction loss; the VAE and the text encoder are frozen.
+The model family comes from the base model's model_index.json (sdflow_image.families); its
+denoiser (UNet or SD3 transformer) trains, whole (`training_method=full`) or as a LoRA adapter
+(`lora`, torch_ddp only: families.base.lora_plugin_refusal says why); the VAE and the text
+encoders are frozen.
 The plugin (torch_ddp | low_level_zero | gemini) is a hyperparameter; on CPU only torch_ddp
 runs (see `check_inputs` for where Colossal-AI 0.5.0 stops on CPU). The shards stream from
 `dataset_dir` as the dataset index lists them (sdflow_image.data). The work itself is in
@@ -31,6 +35,7 @@ from typing import Any
 from sdflow_image import contract, flags, scenes
 from sdflow_image.data_source import FLAGS as DATA_FLAGS
 from sdflow_image.data_source import DatasetIndexError, load_index
+from sdflow_image.families.base import FAMILIES, METHODS, FamilyError, lora_plugin_refusal, resolve_family
 from sdflow_image.training.checkpoints import CheckpointError, list_checkpoints
 from sdflow_image.training.loop import TrainingStopped
 
@@ -59,7 +64,7 @@ DEFAULT_VALIDATION_PROMPTS = [
     "a photograph of an astronaut riding a horse",
     "a red square on a blue background",
 ]
-BASE_MODEL_PARTS = ("model_index.json", "unet", "vae", "text_encoder", "tokenizer", "scheduler")
+BASE_MODEL_PARTS = ("model_index.json", "unet", "vae", "text_encoder", "tokenizer", "scheduler")  # SD's
 
 HyperparameterError = flags.FlagError  # a flag or hyperparameter is wrong; the message names it
 
@@ -94,6 +99,36 @@ FLAGS: list[flags.Flag] = [
         "the job's CheckpointConfig.S3Uri: old checkpoints are pruned there too (SageMaker's sync only adds)",
     ),
     Flag("plugin", flags.choice(PLUGINS), "torch_ddp", "Colossal-AI Booster plugin (low_level_zero, gemini need CUDA)"),
+    Flag(
+        "model_family",
+        flags.choice(FAMILIES),
+        None,
+        "sd | sdxl | sd3; default: the base model's (model_index.json), which must agree when this is set",
+    ),
+    Flag("base_model_uri", flags.text, "", "the base model's S3 URI, recorded in sdflow_model.json (a LoRA's base)"),
+    Flag("training_method", flags.choice(METHODS), "full", "full (every denoiser weight) | lora (an adapter only)"),
+    Flag("lora_rank", flags.positive_int, 4, "LoRA rank r (diffusers' LoRA examples: 4)"),
+    Flag(
+        "lora_alpha",
+        flags.positive_float,
+        None,
+        "LoRA alpha (scale alpha / r); default: the rank, as diffusers' examples",
+    ),
+    Flag("lora_dropout", flags.number(float, 0, maximum=1), 0.0, "dropout on the LoRA branch (0..1)"),
+    Flag(
+        "lora_target_modules",
+        flags.name_list,
+        [],
+        "comma-separated module names to adapt; empty: the family's default (attention projections)",
+    ),
+    Flag("train_text_encoder_lora", flags.boolean, False, "adapt the CLIP text encoders too (sd, sdxl)"),
+    Flag(
+        "sd3_t5",
+        flags.boolean,
+        True,
+        "model_family=sd3: encode prompts with T5 too; false leaves it out of training, samples and serving "
+        "(zeros in its place, as the SD3 pipeline without T5), to save its memory",
+    ),
     Flag("mixed_precision", flags.choice(MIXED_PRECISIONS), "no", "no | fp16 (CUDA) | bf16"),
     Flag("resolution", flags.positive_int, 512, "training image size in pixels (square; multiple of 8)"),
     Flag("train_batch_size", flags.positive_int, 4, "batch size per process"),
@@ -161,6 +196,7 @@ def parse_args(
     for name in ("adam_beta1", "adam_beta2", "ema_decay"):
         if getattr(args, name) >= 1:
             raise HyperparameterError(f"{name}={getattr(args, name)} must be < 1")
+    check_method(args)
     args.pretrained_model_name_or_path = args.pretrained_model_name_or_path or str(contract.channel_dir("base_model"))
     args.dataset_dir = args.dataset_dir or str(contract.channel_dir("dataset"))
     args.output_dir = args.output_dir or str(contract.model_dir())
@@ -183,16 +219,80 @@ CPU_STOPS = {
 }
 
 
-def check_inputs(args: argparse.Namespace, cuda: bool) -> None:
-    """The checks that need no torch: before the slow imports and the process group."""
+def check_method(args: argparse.Namespace) -> None:
+    """The settings of `training_method` that contradict each other, whatever the family."""
+    if args.lora_alpha is None:
+        args.lora_alpha = float(args.lora_rank)
+    if args.training_method != "lora":
+        if args.train_text_encoder_lora:
+            raise HyperparameterError("train_text_encoder_lora=true needs training_method=lora")
+        return
+    if args.use_ema:
+        raise HyperparameterError(
+            "use_ema=true is for training_method=full: diffusers' LoRA examples keep no EMA of an adapter; "
+            "set use_ema=false"
+        )
+
+
+def check_base_model(args: argparse.Namespace) -> str:
+    """The base model folder is a pipeline of a supported family (and of `model_family` when set);
+    every component its model_index.json names is there. Returns the family."""
     base = Path(args.pretrained_model_name_or_path)
     if not base.is_dir():
         raise ChannelError(f"base model {base} does not exist: the training job needs a 'base_model' channel")
-    missing = [p for p in BASE_MODEL_PARTS if not (base / p).exists()]
+    if not (base / "model_index.json").is_file():
+        missing = [p for p in BASE_MODEL_PARTS if not (base / p).exists()]
+        raise ChannelError(f"base model {base} is not a diffusers pipeline folder: missing {', '.join(missing)}")
+    try:
+        family = resolve_family(args.model_family, base)
+    except FamilyError as exc:
+        raise (HyperparameterError if args.model_family else ChannelError)(str(exc)) from None
+    index = json.loads((base / "model_index.json").read_text(encoding="utf-8"))
+    # Entries are [library, class], or [null, null] for a part left out (safety checker, SD3's T5).
+    missing = [
+        name
+        for name, spec in index.items()
+        if not name.startswith("_") and isinstance(spec, list) and spec and spec[0] and not (base / name).exists()
+    ]
     if missing:
         raise ChannelError(
-            f"base model {base} is not a diffusers StableDiffusionPipeline folder: missing {', '.join(missing)}"
+            f"base model {base} is not a complete diffusers {index.get('_class_name')} folder: "
+            f"missing {', '.join(sorted(missing))}"
         )
+    return family
+
+
+def check_family(args: argparse.Namespace) -> None:
+    """Settings that only some families train with."""
+    family = args.model_family
+    if args.cache_latents and family != "sd":
+        raise HyperparameterError(
+            f"cache_latents=true caches one text encoder's embeddings (model_family=sd); {family} has several: "
+            "set cache_latents=false"
+        )
+    if args.cache_latents and args.train_text_encoder_lora:
+        raise HyperparameterError(
+            "cache_latents=true keeps each caption's embedding, which train_text_encoder_lora=true changes at "
+            "every step: set one of them to false"
+        )
+    if family == "sd3" and (args.snr_gamma or args.noise_offset):
+        raise HyperparameterError(
+            "snr_gamma and noise_offset weight the DDPM noise-prediction loss; model_family=sd3 trains on "
+            "rectified flow: set both to 0"
+        )
+    if family != "sd3" and not args.sd3_t5:
+        raise HyperparameterError(f"sd3_t5=false is for model_family=sd3; this base model is {family}")
+    if family == "sd3" and args.train_text_encoder_lora:
+        raise HyperparameterError(
+            "train_text_encoder_lora=true: diffusers 0.29 saves and loads an SD3 LoRA for the transformer only; "
+            "set it to false"
+        )
+
+
+def check_inputs(args: argparse.Namespace, cuda: bool) -> None:
+    """The checks that need no torch: before the slow imports and the process group."""
+    args.model_family = check_base_model(args)
+    check_family(args)
     try:
         load_index(args.dataset_dir, args.dataset_index)
     except DatasetIndexError as exc:
@@ -206,6 +306,8 @@ def check_inputs(args: argparse.Namespace, cuda: bool) -> None:
 
 
 def check_plugin(args: argparse.Namespace, cuda: bool) -> None:
+    if args.training_method == "lora" and (reason := lora_plugin_refusal(args.plugin)):
+        raise PluginError(f"plugin={args.plugin} cannot train training_method=lora: {reason}")
     if args.plugin in CPU_STOPS and not cuda:
         raise PluginError(
             f"plugin={args.plugin} needs CUDA GPUs: on CPU {CPU_STOPS[args.plugin]}; on CPU use plugin=torch_ddp"

@@ -1,6 +1,8 @@
 """Stable Diffusion fine-tuning, split the way diffusers' and Colossal-AI's examples read.
 
-- `model`: the pipeline's parts, the optimizer and the Booster each plugin needs, boosting.
+- `model`: the pipeline's parts, the optimizer and the Booster each plugin needs, boosting
+  (what differs by model family is in sdflow_image.families).
+- `lora`: LoRA adapters on the denoiser: added, checkpointed, written in diffusers' format.
 - `loop`: the process group, the training steps, SIGTERM, resuming.
 - `checkpoints`: complete-only checkpoints (staged, then renamed), pruned locally and in S3.
 - `outputs`: the fine-tuned pipeline, its metadata, the loss curve and the samples.

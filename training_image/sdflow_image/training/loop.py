@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sdflow_image.training import accumulation, checkpoints, model, precision_state
+from sdflow_image import families
+from sdflow_image.families.base import Encoded, detect_family
+from sdflow_image.training import accumulation, checkpoints, lora, model, precision_state
 from sdflow_image.training.checkpoints import CheckpointError
 from sdflow_image.training.encode_cache import EncodeCache
 
@@ -143,7 +145,8 @@ def barrier() -> None:
 
 
 class Trainer:
-    """The boosted UNet and everything that trains it, for one rank."""
+    """The boosted denoiser (UNet or transformer, whole or its LoRA adapter) and everything that
+    trains it, for one rank. What differs by model family goes through `self.family`."""
 
     def __init__(self, args: argparse.Namespace, device: Any) -> None:
         import torch.distributed as dist
@@ -151,17 +154,25 @@ class Trainer:
         self.args, self.device = args, device
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.parts = model.load_parts(args.pretrained_model_name_or_path)
+        base = args.pretrained_model_name_or_path
+        self.family = families.get(getattr(args, "model_family", None) or detect_family(base))
+        self.lora = getattr(args, "training_method", "full") == "lora"
+        self.parts = self.family.load_parts(base, self.family.left_out(args))
         model.prepare_parts(
             self.parts,
             mixed_precision=args.mixed_precision,
             gradient_checkpointing=args.gradient_checkpointing,
             device=device,
+            vae_fp32=self.family.vae_fp32,
         )
-        self.ema: Any = (
-            model.make_ema(self.parts.unet, args.ema_decay, device) if args.use_ema and self.rank == 0 else None
-        )
-        self.boosted = model.boost(args, self.parts.unet)
+        self.text_adapters = lora.TextEncoderAdapters({})
+        if self.lora:
+            self.text_adapters = lora.TextEncoderAdapters(lora.add_adapters(self.parts, args, self.family))
+        denoiser = self.parts.denoiser
+        self.ema: Any = model.make_ema(denoiser, args.ema_decay, device) if args.use_ema and self.rank == 0 else None
+        self.boosted = model.boost(args, denoiser, self.text_adapters.parameters())
+        if self.rank == 0:
+            print(f"model: family={self.family.name} {lora.describe(denoiser, self.lora)}", flush=True)
         self.encode_cache = EncodeCache(int(args.cache_latents_max_gb * 1e9)) if args.cache_latents else None
         self.state = TrainState()
         self.data_state: dict[str, Any] | None = None
@@ -196,7 +207,12 @@ class Trainer:
         import torch
 
         b = self.boosted
-        b.booster.save_model(b.model, str(folder / "unet"), shard=True, use_safetensors=True)
+        if self.lora:  # the adapter alone: the frozen base is the base model, on every host already
+            if self.rank == 0:
+                lora.save_trainable(self.parts.denoiser, folder / lora.ADAPTER_FILE)
+                self.text_adapters.save(folder)
+        else:
+            b.booster.save_model(b.model, str(folder / self.family.denoiser_name), shard=True, use_safetensors=True)
         if self.args.plugin == "torch_ddp":
             # Replicated state gains nothing from sharding, and colossalai 0.5.0's sharded
             # optimizer load calls an accelerator synchronize that the CPU accelerator lacks.
@@ -218,12 +234,18 @@ class Trainer:
             "losses": self.state.losses,
             "plugin": self.args.plugin,
             "world_size": self.world_size,
+            "training_method": "lora" if self.lora else "full",
         }
         (folder / checkpoints.TRAINER_STATE).write_text(json.dumps(trainer_state))
 
     def _load(self, path: Path) -> None:
         b = self.boosted
-        b.booster.load_model(b.model, str(path / "unet"))
+        lora.check_method(path, checkpoints.read_json(path / checkpoints.TRAINER_STATE), self.lora)
+        if self.lora:
+            lora.load_trainable(self.parts.denoiser, path / lora.ADAPTER_FILE)
+            self.text_adapters.load(path)
+        else:
+            b.booster.load_model(b.model, str(path / self.family.denoiser_name))
         optimizer_file = path / checkpoints.OPTIMIZER_FILE
         b.booster.load_optimizer(b.optimizer, str(optimizer_file if optimizer_file.is_file() else path / "optimizer"))
         b.booster.load_lr_scheduler(b.lr_scheduler, str(path / "lr_scheduler.pt"))
@@ -245,6 +267,7 @@ class Trainer:
             self._load(path)
         for tensor in list(b.model.parameters()) + list(b.model.buffers()):
             dist.broadcast(tensor.data, src=0)
+        self.text_adapters.broadcast()
         # On the CPU: pickled CUDA tensors unpickle onto the device they left, cuda:0 of every
         # host; load_state_dict moves the state to each rank's parameters itself.
         scaler = precision_state.loss_scaler(b.optimizer)
@@ -314,7 +337,7 @@ class Trainer:
     def _resume_ema(self, ema_file: Path) -> None:
         if not ema_file.is_file():
             log.warning("checkpoint %s has no EMA state; EMA restarts from the resumed weights", ema_file.parent)
-        model.restore_ema(self.ema, ema_file, self.parts.unet.parameters(), self.device)
+        model.restore_ema(self.ema, ema_file, self.parts.denoiser.parameters(), self.device)
 
     # --- steps ---------------------------------------------------------------------------
 
@@ -322,7 +345,12 @@ class Trainer:
         from sdflow_image import data
 
         self.loader = data.make_dataloader(
-            self.args, self.parts.tokenizer, rank=self.rank, world_size=self.world_size, state=self.data_state
+            self.args,
+            self.parts.tokenizer,
+            rank=self.rank,
+            world_size=self.world_size,
+            state=self.data_state,
+            tokenize=self.family.caption_ids(self.parts),
         )
         if self.rank == 0:
             index = self.loader.index
@@ -341,30 +369,42 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         no_sync_ok = accumulation.skips_sync(args.plugin, args.gradient_accumulation_steps, self.world_size)
         for micro in range(args.gradient_accumulation_steps):
-            encode = self.encode_cache.encode if self.encode_cache is not None else model.encode_batch
-            latents, hidden = encode(next(batches), self.parts, self.device, generator, args.proportion_empty_prompts)
+            batch = next(batches)
+            if micro == 0:
+                # Dropout (lora_dropout) draws from torch's global generator: seeded per step as
+                # well, after the step's first batch, since a run's first batch starts the
+                # DataLoader, which draws its base seed from that generator.
+                torch.manual_seed(step_seed(args.seed, self.rank, self.state.step))
+            encoded = self._encode(batch, generator)
             last = micro == args.gradient_accumulation_steps - 1
             with accumulation.no_sync(b.booster, b.model, b.optimizer, skip=no_sync_ok and not last):
-                loss = model.compute_loss(
+                loss = self.family.compute_loss(
                     b.model,
-                    self.parts.noise_scheduler,
-                    latents,
-                    hidden,
+                    self.parts,
+                    encoded,
                     generator,
-                    args.noise_offset,
-                    b.autocast_dtype,
+                    noise_offset=args.noise_offset,
+                    autocast=b.autocast_dtype,
                     snr_gamma=args.snr_gamma,
                 )
                 b.booster.backward(loss / args.gradient_accumulation_steps, b.optimizer)
             total += loss.detach() / args.gradient_accumulation_steps
+        self.text_adapters.sync_gradients(self.world_size)
         if model.loop_clips_gradients(args.plugin, args.max_grad_norm):
             b.optimizer.clip_grad_by_norm(args.max_grad_norm)
         b.optimizer.step()
         b.lr_scheduler.step()
         b.optimizer.zero_grad()
         if self.ema is not None:
-            self.ema.step(self.parts.unet.parameters())
+            self.ema.step(self.parts.denoiser.parameters())
         return total
+
+    def _encode(self, batch: dict[str, Any], generator: Any) -> Encoded:
+        """The batch through the frozen parts: from the latent cache (SD only) or the family."""
+        share = self.args.proportion_empty_prompts
+        if self.encode_cache is not None:
+            return Encoded(*self.encode_cache.encode(batch, self.parts, self.device, generator, share))
+        return self.family.encode_batch(batch, self.parts, self.device, generator, share)
 
     def _reduce(self, total: Any, stop: StopFlag) -> tuple[float, bool]:
         """One collective per step: the mean loss over ranks and whether any rank was asked to stop."""

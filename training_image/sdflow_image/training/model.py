@@ -24,19 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sdflow_image.families.base import Parts, grad_if_training  # the pipeline's parts as training uses them
 from sdflow_image.kernels import ADAM_PLUGINS  # plugins that get Colossal-AI's HybridAdam
 from sdflow_image.training import accumulation
-
-
-@dataclass
-class Parts:
-    """A Stable Diffusion pipeline's parts as training uses them."""
-
-    tokenizer: Any
-    text_encoder: Any
-    vae: Any
-    unet: Any
-    noise_scheduler: Any
 
 
 def load_parts(base: str) -> Parts:
@@ -58,20 +48,22 @@ def precision_dtype(mixed_precision: str) -> Any:
     return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(mixed_precision, torch.float32)
 
 
-def prepare_parts(parts: Parts, *, mixed_precision: str, gradient_checkpointing: bool, device: Any) -> None:
-    """Freeze the VAE and text encoder on `device`; the UNet trains (the Booster moves it)."""
+def prepare_parts(
+    parts: Parts, *, mixed_precision: str, gradient_checkpointing: bool, device: Any, vae_fp32: bool = False
+) -> None:
+    """Freeze the VAE and the text encoders on `device`; the denoiser trains (the Booster moves it)."""
     import torch
 
     # Frozen parts run in the training precision on GPU (as diffusers' example does); on CPU
     # they stay fp32, which is what CPU kernels are fast at.
     dtype = precision_dtype(mixed_precision) if device.type == "cuda" else torch.float32
-    for frozen in (parts.vae, parts.text_encoder):
+    for frozen in (parts.vae, *parts.text_encoders):
         frozen.requires_grad_(False)
         frozen.eval()
-        frozen.to(device, dtype=dtype)
+        frozen.to(device, dtype=torch.float32 if vae_fp32 and frozen is parts.vae else dtype)
     if gradient_checkpointing:
-        parts.unet.enable_gradient_checkpointing()
-    parts.unet.train()
+        parts.denoiser.enable_gradient_checkpointing()
+    parts.denoiser.train()
 
 
 def optimizer_class(plugin: str) -> type:
@@ -183,13 +175,15 @@ class Boosted:
     autocast_dtype: Any
 
 
-def boost(args: argparse.Namespace, unet: Any) -> Boosted:
-    """Optimizer, schedule and Booster for `args.plugin`, and the boosted UNet."""
+def boost(args: argparse.Namespace, unet: Any, extra_params: Iterable[Any] = ()) -> Boosted:
+    """Optimizer, schedule and Booster for `args.plugin`, and the boosted denoiser. Only the
+    parameters that train go to the optimizer: with LoRA, the adapter's (its state is then
+    megabytes, and a checkpoint holds nothing else), and `extra_params` (text-encoder adapters)."""
     from diffusers.optimization import get_scheduler
 
     optimizer = build_optimizer(
         args.plugin,
-        unet.parameters(),
+        [p for p in unet.parameters() if p.requires_grad] + list(extra_params),
         lr=args.learning_rate,
         betas=(args.adam_beta1, args.adam_beta2),
         weight_decay=args.adam_weight_decay,
@@ -213,13 +207,12 @@ def boost(args: argparse.Namespace, unet: Any) -> Boosted:
 
 def make_ema(unet: Any, decay: float, device: Any) -> Any:
     """diffusers' EMAModel, with its `step` mended for transformers >= 4.46 (`EMAStep`)."""
-    from diffusers import UNet2DConditionModel
     from diffusers.training_utils import EMAModel
 
     class EMA(EMAStep, EMAModel):
         pass
 
-    ema = EMA(unet.parameters(), decay=decay, model_cls=UNet2DConditionModel, model_config=unet.config)
+    ema = EMA(unet.parameters(), decay=decay, model_cls=type(unet), model_config=unet.config)
     ema.to(device)
     return ema
 
@@ -296,6 +289,7 @@ def encode_batch(
     with torch.no_grad():
         pixels = batch["pixel_values"].to(device, dtype=vae.dtype, non_blocking=True)
         latents = vae.encode(pixels).latent_dist.sample(generator=generator) * vae.config.scaling_factor
+    with grad_if_training(parts.text_encoder):
         hidden = parts.text_encoder(input_ids, return_dict=False)[0]
     return latents, hidden
 
@@ -309,8 +303,10 @@ def compute_loss(
     noise_offset: float = 0.0,
     autocast: Any = None,
     snr_gamma: float = 0.0,
+    added_cond_kwargs: dict[str, Any] | None = None,
 ) -> Any:
-    """The epsilon (or v) prediction MSE of diffusers' text-to-image example; with `snr_gamma`,
+    """The epsilon (or v) prediction MSE of diffusers' text-to-image example (SDXL's passes the
+    pooled embeddings and time ids as `added_cond_kwargs`, as train_text_to_image_sdxl.py); with `snr_gamma`,
     weighted by min(SNR, gamma) / SNR per sample (Min-SNR, Hang et al. 2023, as the example's
     --snr_gamma does): the nearly noise-free timesteps stop dominating the gradient, which
     speeds up learning of what the prompt decides at high noise (layout and colour)."""
@@ -336,7 +332,10 @@ def compute_loss(
     dtype = next(model.parameters()).dtype
     ctx = torch.autocast(device.type, dtype=autocast) if autocast else contextlib.nullcontext()
     with ctx:
-        pred = model(noisy.to(dtype), timesteps, encoder_hidden_states.to(dtype), return_dict=False)[0]
+        extra = {}
+        if added_cond_kwargs is not None:
+            extra["added_cond_kwargs"] = {key: value.to(dtype) for key, value in added_cond_kwargs.items()}
+        pred = model(noisy.to(dtype), timesteps, encoder_hidden_states.to(dtype), return_dict=False, **extra)[0]
     if not snr_gamma:
         return F.mse_loss(pred.float(), target.float(), reduction="mean")
     from diffusers.training_utils import compute_snr

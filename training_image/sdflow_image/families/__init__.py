@@ -1,0 +1,26 @@
+"""The model families a run can fine-tune, behind one interface (`base.Family`).
+
+- `base`: the family a base model belongs to (from its model_index.json, no torch), the
+  rules that need no torch (which plugins can train LoRA), and the interface itself.
+- `sd`, `sdxl`, `sd3`: Stable Diffusion 1.x/2.x, SDXL and Stable Diffusion 3, each written
+  after diffusers 0.29's training examples for that model.
+
+`get(name)` imports a family's module only when it is asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from sdflow_image.families.base import FAMILIES, Family, FamilyError, detect_family, lora_plugin_refusal
+
+__all__ = ["FAMILIES", "Family", "FamilyError", "detect_family", "get", "lora_plugin_refusal"]
+
+
+def get(name: str) -> Family:
+    """The family object for `name` (sd | sdxl | sd3)."""
+    if name not in FAMILIES:
+        raise FamilyError(f"model_family={name!r} is not one of {', '.join(FAMILIES)}")
+    module = importlib.import_module(f"sdflow_image.families.{name}")
+    family: Family = module.FAMILY
+    return family

@@ -4,8 +4,7 @@ base model as the package's `base_model` channel, deployed, then updated blue/gr
 adapter to the SD 3 one (the host puts each base where SageMaker would,
 /opt/ml/additional-model-data-sources/base_model), and invoked.
 
-The tiny SDXL and SD 3 models and their training are the image's side of issue 21
-(`sdflow_image.tiny_families`); on a tree without it these tests skip, saying so."""
+The tiny SDXL and SD 3 models are built in code by `sdflow_image.tiny_families`."""
 
 from __future__ import annotations
 
@@ -21,20 +20,13 @@ import pytest
 from sdflow import samples
 from sdflow.demo import DemoOptions, _upload_tree, manifest, prepare_inputs, wait_for_notification
 from sdflow.local.cloud import LocalCloud
-from sdflow.local.sagemaker.job_env import TRAINING_IMAGE_DIR, image_environment, image_python
+from sdflow.local.sagemaker.job_env import image_environment, image_python
 from sdflow.runs import start_run
 from sdflow.session import Session
 from sdflow.watch import watch
 from tests.constants import TIME_SCALE
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not (TRAINING_IMAGE_DIR / "sdflow_image" / "tiny_families.py").is_file(),
-        reason="the image's side of issue 21 (tiny SDXL and SD 3 models, LoRA training) is not in this tree",
-    ),
-]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SMALL = DemoOptions(
     shards=1,

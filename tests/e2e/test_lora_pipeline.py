@@ -62,7 +62,7 @@ def test_lora_run_trains_registers_base_with_adapter_and_deploys(cloud: LocalClo
     assert hyperparameters["model_family"] == family
     assert hyperparameters["training_method"] == "lora"
     assert hyperparameters["lora_rank"] == str(rank)
-    assert hyperparameters["plugin"] == "low_level_zero"
+    assert hyperparameters["plugin"] == "torch_ddp"
     assert hyperparameters["base_model_uri"] == f"s3://{cloud.bucket}/models/{family}/"
 
     package = sagemaker.describe_model_package(ModelPackageName=output["registry"]["model"]["model_package_arn"])

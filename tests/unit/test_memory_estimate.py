@@ -58,7 +58,7 @@ def test_estimate_sdxl_full_unsharded_does_not_fit_24gb_and_lora_does() -> None:
     a10g = gpu_of("ml.g5.xlarge")
     assert a10g is not None
     full = Setup("sdxl", "full", "low_level_zero", "bf16", 1, 1024, gradient_checkpointing=True)
-    lora = Setup("sdxl", "lora", "low_level_zero", "bf16", 1, 1024, gradient_checkpointing=True)
+    lora = Setup("sdxl", "lora", "torch_ddp", "bf16", 1, 1024, gradient_checkpointing=True)
     assert not memory_estimate.fits(full, a10g)
     assert memory_estimate.fits(lora, a10g)
 
@@ -80,7 +80,7 @@ def test_gpu_of_cpu_instance_type_is_none() -> None:
 
 
 def test_estimate_sd3_without_t5_holds_less_frozen() -> None:
-    with_t5 = Setup("sd3", "lora", "low_level_zero", "bf16", 1, 1024)
-    without = Setup("sd3", "lora", "low_level_zero", "bf16", 1, 1024, with_t5=False)
+    with_t5 = Setup("sd3", "lora", "torch_ddp", "bf16", 1, 1024)
+    without = Setup("sd3", "lora", "torch_ddp", "bf16", 1, 1024, with_t5=False)
     saved = estimate(with_t5).frozen_gib - estimate(without).frozen_gib
     assert saved == pytest.approx(memory_estimate.SD3_T5 * 2 / memory_estimate.GIB)

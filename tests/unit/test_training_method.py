@@ -52,9 +52,9 @@ def test_training_method_default_is_full_with_lora_defaults_in_hyperparameters()
     assert hyperparameters["lora_rank"] == "4"
 
 
-def test_training_lora_without_block_takes_diffusers_defaults_and_low_level_zero() -> None:
+def test_training_lora_without_block_takes_diffusers_defaults_and_torch_ddp() -> None:
     options = parse_run_document(document(method="lora")).training
-    assert options.plugin == "low_level_zero"
+    assert options.plugin == "torch_ddp"
     assert (
         options.hyperparameters().items()
         >= {
@@ -78,12 +78,28 @@ def test_training_lora_block_is_emitted_as_strings() -> None:
     assert hyperparameters["train_text_encoder_lora"] == "true"
 
 
-def test_training_lora_with_gemini_is_refused_naming_the_plugins_that_can() -> None:
+def test_training_lora_with_gemini_is_refused_naming_the_plugin_that_can() -> None:
     found = problems(document(method="lora", plugin="gemini"))
     message = found["training"]
     assert "support_lora() False" in message
-    assert "low_level_zero" in message
-    assert "torch_ddp" in message
+    assert "set training.plugin to torch_ddp" in message
+
+
+def test_training_lora_with_low_level_zero_is_refused_with_the_reason() -> None:
+    message = problems(document(method="lora", plugin="low_level_zero"))["training"]
+    assert "Booster.enable_lora" in message
+    assert "set training.plugin to torch_ddp" in message
+
+
+@pytest.mark.parametrize("plugin", ["torch_ddp", "low_level_zero", "gemini"])
+def test_lora_plugin_rule_validate_run_and_image_agree(plugin: str) -> None:
+    """Validate run refuses what the training job would refuse at its start, and nothing more: the
+    layer cannot import the image, so the two tables are held equal here."""
+    from sdflow_common import training_options
+    from sdflow_image.families import base
+
+    assert (plugin in training_options.LORA_PLUGINS) == (base.lora_plugin_refusal(plugin) is None)
+    assert (plugin in training_options.LORA_REFUSALS) == (plugin in base.LORA_REFUSALS)
 
 
 def test_training_lora_block_with_full_method_is_refused() -> None:

@@ -238,8 +238,8 @@ def remedies(setup: Setup, gpu: Gpu, instance_count: int) -> list[str]:
         found.append("training.use_ema false")
     if setup.method == "full" and setup.plugin != "gemini" and fits(_with(setup, plugin="gemini"), gpu):
         found.append(f"training.plugin gemini (shards weights and optimizer state across the {setup.gpus} GPU(s))")
-    if setup.method == "full" and fits(_with(setup, method="lora", plugin="low_level_zero", use_ema=False), gpu):
-        found.append("training.method lora (with plugin low_level_zero)")
+    if setup.method == "full" and fits(_with(setup, method="lora", plugin="torch_ddp", use_ema=False), gpu):
+        found.append("training.method lora (with plugin torch_ddp)")
     larger = bigger_instance(setup, gpu, instance_count)
     if larger is not None:
         found.append(f"training.instance_type {larger} ({GPU_INSTANCES[larger].name})")

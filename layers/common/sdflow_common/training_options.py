@@ -36,11 +36,21 @@ class StrictOptions(BaseModel):
 # "out_proj"]. An empty target list in the
 # hyperparameters means "the family's default": the image knows each family's module names.
 LORA_DEFAULT_RANK = 4
-# Colossal-AI 0.5.0, colossalai/booster/plugin/*.py: support_lora() is True for TorchDDPPlugin and
-# LowLevelZeroPlugin (its second definition, the one Python keeps) and HybridParallelPlugin; False for
-# GeminiPlugin and TorchFSDPPlugin, whose enable_lora raises NotImplementedError.
-LORA_PLUGINS = ("torch_ddp", "low_level_zero")
-LORA_DEFAULT_PLUGIN = "low_level_zero"
+# Which plugin trains LoRA: the image's rule (training_image/sdflow_image/families/base.py
+# LORA_REFUSALS; tests/unit/test_training_method.py checks the two agree). Colossal-AI 0.5.0's
+# GeminiPlugin has support_lora() False (its enable_lora raises NotImplementedError). LowLevelZero
+# says True, but takes LoRA only as the PeftModel that Booster.enable_lora wraps, which renames every
+# weight away from the diffusers LoRA format the image writes, and ZeRO's sharded optimizer state
+# saves nothing on an adapter of a few MB. So torch_ddp only.
+LORA_PLUGINS = ("torch_ddp",)
+LORA_DEFAULT_PLUGIN = "torch_ddp"
+LORA_REFUSALS = {
+    "gemini": "Colossal-AI 0.5.0's GeminiPlugin has support_lora() False (its enable_lora raises NotImplementedError)",
+    "low_level_zero": (
+        "Colossal-AI 0.5.0's LowLevelZero takes LoRA only as the PeftModel Booster.enable_lora makes, whose weight "
+        "names are not the diffusers LoRA format the model is served in, and ZeRO saves nothing on a few-MB adapter"
+    ),
+}
 LORA_DEFAULT_DROPOUT = 0.0
 LORA_MAX_RANK = 1024
 LORA_MAX_TARGETS = 64
@@ -120,7 +130,7 @@ class TrainingOptions(StrictOptions):
     plugin: Literal["torch_ddp", "low_level_zero", "gemini"] = Field(
         default="gemini",
         description="Colossal-AI booster plugin (low_level_zero and gemini need GPUs); default gemini, and "
-        "low_level_zero for method lora (gemini cannot train LoRA).",
+        "torch_ddp for method lora (the only plugin that trains LoRA here).",
     )
     mixed_precision: Literal["no", "fp16", "bf16"] = Field(default="fp16", description="Training precision.")
     resolution: int = Field(default=256, ge=32, le=2048, description="Training image size in pixels.")
@@ -187,7 +197,7 @@ class TrainingOptions(StrictOptions):
     @model_validator(mode="before")
     @classmethod
     def _lora_plugin_default(cls, data: Any) -> Any:
-        # gemini, the default plugin, cannot train LoRA: a LoRA run that names no plugin gets low_level_zero.
+        # gemini, the default plugin, cannot train LoRA: a LoRA run that names no plugin gets torch_ddp.
         if isinstance(data, dict) and data.get("method") == "lora" and "plugin" not in data:
             return {**data, "plugin": LORA_DEFAULT_PLUGIN}
         return data
@@ -201,10 +211,8 @@ class TrainingOptions(StrictOptions):
             )
         if self.method == "lora" and self.plugin not in LORA_PLUGINS:
             raise ValueError(
-                f"training.plugin '{self.plugin}' cannot train LoRA: Colossal-AI 0.5.0's {self.plugin} plugin has "
-                "support_lora() False (its enable_lora raises NotImplementedError); set training.plugin to "
-                "low_level_zero (ZeRO-2: shards the adapter's optimizer state) or torch_ddp, or train with "
-                "training.method 'full'"
+                f"training.plugin '{self.plugin}' cannot train LoRA: {LORA_REFUSALS[self.plugin]}; set "
+                "training.plugin to torch_ddp (or leave it out), or train with training.method 'full'"
             )
         if self.method == "lora" and self.use_ema:
             raise ValueError(

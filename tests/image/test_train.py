@@ -575,6 +575,8 @@ def test_outputs_save_stages_unet_inside_the_model_folder_and_removes_it(tmp_pat
         boosted=SimpleNamespace(booster=booster, model=None),
         ema=None,
         release=lambda: None,
+        family=None,
+        lora=None,
     )
     with gloo_world_of_one():
         outputs.save(argparse.Namespace(output_dir=str(model_dir)), trainer, {})  # type: ignore[arg-type]

@@ -134,3 +134,28 @@ def test_gpu_acceptance_tiny_two_processes_stop_with_dataloader_workers_and_resu
     assert (row["loss_diff"], row["weight_diff"]) == (0.0, 0.0)
     assert row["samples_per_s_per_gpu"] > 0
     assert not list((tmp_path / "work").glob("*/*/checkpoints"))  # bulky outputs go once compared
+
+
+def test_gpu_acceptance_tiny_sd3_lora_row_trains_without_t5_and_saves_the_adapter_it_compares(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    """The new rows' harness path, in process (the three torchrun launches of the test above take
+    minutes per row on CPU): the family's base as the row builds it, the row's hyperparameters,
+    and the file its weight check compares. SD 3 LoRA is the row that differs most: no T5
+    (sd3_t5=false), an adapter instead of a denoiser, torch_ddp alone."""
+    from family_fixtures import train_in_process
+
+    args = bench.parse_args(["--tiny", "--family", "sd3", "--method", "lora", "--precisions", "bf16"])
+    assert (args.plugins, bench.uses_ema("sd3", "lora", "torch_ddp")) == (["torch_ddp"], False)
+    base, resolution = bench.build_base(tmp_path / "base", "sd3", True)
+    assert not (base / "text_encoder_3").exists()
+    shards = bench.write_shards(tmp_path / "dataset", resolution, shards=2, per_shard=4)
+    hp = bench.hyperparameters(args, "torch_ddp", "bf16", base, str(shards), resolution)
+    out = tmp_path / "model"
+    train_in_process({**hp, "max_train_steps": "2", "checkpointing_steps": "1", "dataloader_num_workers": "0",
+                      "output_dir": str(out), "checkpoints_dir": str(tmp_path / "checkpoints")})  # fmt: skip
+    adapter = out / bench.saved_weights("sd3", "lora")
+    assert adapter.is_file()
+    assert not (out / "transformer").exists()
+    assert json.loads((out / "sdflow_model.json").read_text())["left_out"] == ["text_encoder_3", "tokenizer_3"]
+    assert bench.weight_difference(adapter, adapter) == 0.0

@@ -117,6 +117,15 @@ def _clip(cls: Any, config: dict[str, Any], tokenizer: Any) -> Any:
     return cls(CLIPTextConfig(**config, **ids))
 
 
+def _on_cpu(cls: Any, **config: Any) -> Any:
+    """A scheduler built on the CPU: its tables go through numpy, which a meta tensor cannot (the
+    tests build the components under torch.device("meta") to count parameters without 14 GB)."""
+    import torch
+
+    with torch.device("cpu"):
+        return cls(**config)
+
+
 def build_sdxl_components(seed: int = 0) -> dict[str, Any]:
     import torch
     from diffusers import AutoencoderKL, EulerDiscreteScheduler, UNet2DConditionModel
@@ -131,10 +140,15 @@ def build_sdxl_components(seed: int = 0) -> dict[str, Any]:
         "text_encoder_2": _clip(CLIPTextModelWithProjection, CLIP_G_CONFIG, tokenizer),
         "tokenizer": tokenizer,
         "tokenizer_2": _tokenizer(),
-        # scheduler/scheduler_config.json
-        "scheduler": EulerDiscreteScheduler(num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012,
-                                            beta_schedule="scaled_linear", steps_offset=1,
-                                            timestep_spacing="leading"),  # fmt: skip
+        "scheduler": _on_cpu(  # scheduler/scheduler_config.json
+            EulerDiscreteScheduler,
+            num_train_timesteps=1000,
+            beta_start=0.00085,
+            beta_end=0.012,
+            beta_schedule="scaled_linear",
+            steps_offset=1,
+            timestep_spacing="leading",
+        ),
     }
 
 
@@ -154,7 +168,7 @@ def build_sd3_components(seed: int = 0) -> dict[str, Any]:
         "tokenizer_2": _tokenizer(),
         "text_encoder_3": None,  # T5-XXL left out: see the module's docstring
         "tokenizer_3": None,
-        "scheduler": FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0),
+        "scheduler": _on_cpu(FlowMatchEulerDiscreteScheduler, num_train_timesteps=1000, shift=3.0),
     }
 
 

@@ -160,7 +160,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def default_plugins(family: str, method: str) -> list[str]:
     """LoRA trains on torch_ddp only (families/base.py); a full SDXL run is the one the issue
-    asks to run sharded (diffusers' SDXL README: it needs sharding on 24 GB); the rest, every plugin."""
+    asks to run sharded (issue 21: a full SDXL fine-tune needs sharding on 24 GB); the rest, every plugin."""
     if method == "lora":
         return ["torch_ddp"]
     if family == "sdxl":

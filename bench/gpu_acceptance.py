@@ -1,19 +1,22 @@
-"""GPU acceptance: the training job itself, at SD 1.5's full size, for every plugin x precision.
+"""GPU acceptance: the training job itself, at full size, for every plugin x precision asked.
 
 For each plugin (torch_ddp, low_level_zero, gemini) and mixed precision (fp16, bf16) it runs the
 training entrypoint as a SageMaker host with every GPU runs it: torchrun through
-`sdflow_image.elastic_run`, one process per GPU, `sdflow_image.train` in each, on a Stable
-Diffusion 1.5-sized pipeline with random weights (`sdflow_image.random_sd15`: VAE, CLIP text
-encoder and UNet, nothing downloaded) and 512 px webdataset shards streamed by the real loader,
-from a local S3 (moto's server) unless `--data folder`. Three runs per combination:
+`sdflow_image.elastic_run`, one process per GPU, `sdflow_image.train` in each, on a pipeline of
+the family asked (`--family`) with random weights, nothing downloaded: SD 1.5's size
+(`sdflow_image.random_sd15`), SDXL base 1.0's or SD 3 medium's without T5
+(`sdflow_image.random_families`), trained in full or as a LoRA adapter (`--method`); webdataset
+shards at the family's resolution are streamed by the real loader, from a local S3 (moto's
+server) unless `--data folder`. Three runs per row:
 
-1. **uninterrupted**: `--steps` optimizer steps with a checkpoint halfway, EMA on where the
-   plugin allows it (not gemini), DataLoader workers on;
+1. **uninterrupted**: `--steps` optimizer steps with a checkpoint halfway, EMA on for SD 1.5 full
+   rows where the plugin allows it (not gemini; `uses_ema` says why not elsewhere), DataLoader
+   workers on;
 2. **stopped**: the same job, SIGTERM to the launcher mid-run (as StopTrainingJob and a spot
    interruption send it): it must save a complete checkpoint and exit 143;
 3. **resumed**: the same job again, in fresh processes: it must resume at that checkpoint and
-   end with the same per-step losses and the same saved weights as run 1 (relative tolerances
-   `--loss-tolerance`, `--weight-tolerance`).
+   end with the same per-step losses and the same saved weights as run 1 (the denoiser, or the
+   LoRA adapter; relative tolerances `--loss-tolerance`, `--weight-tolerance`).
 
 Printed per row: samples/s per GPU (median step), peak GPU memory (max over ranks), seconds to
 save a checkpoint, seconds from SIGTERM to exit, and the differences of the resumed run; before
@@ -21,6 +24,9 @@ the rows, the seconds Colossal-AI's kernels take to load (the first time: to bui
 
     python bench/gpu_acceptance.py --json gpu-acceptance.json     # every GPU of this machine
     python bench/gpu_acceptance.py --plugins gemini --precisions bf16
+    python bench/gpu_acceptance.py --family sdxl --method full --precisions bf16     # low_level_zero, gemini
+    python bench/gpu_acceptance.py --family sdxl --method lora --plugins torch_ddp --precisions bf16
+    python bench/gpu_acceptance.py --family sd3 --method lora --plugins torch_ddp --precisions bf16
     python bench/gpu_acceptance.py --tiny --nproc 2 --plugins torch_ddp --precisions bf16   # CPU: the harness
 
 Exit status: 0 every row held; 1 one did not (its row says why); 2 bad arguments, or no CUDA
@@ -39,8 +45,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,15 +52,18 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 IMAGE_DIR = REPO / "training_image"
 sys.path.insert(0, str(IMAGE_DIR))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # acceptance_inputs, also when loaded by path
+
+from acceptance_inputs import build_base, free_port, in_folder, local_s3, write_shards  # noqa: E402
 
 from sdflow_image import flags, launcher  # noqa: E402  (no torch: the CPU exit path stays light)
-from sdflow_image.training import checkpoints  # noqa: E402
+from sdflow_image.families.base import FAMILIES, METHODS, lora_plugin_refusal  # noqa: E402
+from sdflow_image.training import checkpoints, lora  # noqa: E402
 
 PLUGINS = ("torch_ddp", "low_level_zero", "gemini")
 PRECISIONS = ("fp16", "bf16")
 EXIT_NO_CUDA = 2
 EXIT_STOPPED = 128 + signal.SIGTERM
-BUCKET = "sdflow-acceptance"
 PROMPT = "a red square on a blue background"
 
 
@@ -78,6 +85,8 @@ class Row:
     final_loss: float = math.nan
     error: str | None = None
     checks: list[str] = field(default_factory=list)
+    family: str = "sd"
+    method: str = "full"
 
     @property
     def ok(self) -> bool:
@@ -101,14 +110,29 @@ def _choices(allowed: tuple[str, ...]) -> Any:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="bench/gpu_acceptance.py",
-        description="The training job at SD 1.5's size: every plugin x precision, stop, resume, throughput.",
+        description="The training job at full size (random weights): plugin x precision, stop, resume, throughput.",
     )
     parser.add_argument("--steps", type=_positive_int, default=12, help="optimizer steps per run (>= 4)")
     parser.add_argument("--batch-size", type=_positive_int, default=4, help="samples per GPU per step")
     # > 1 runs low_level_zero as ZeRO stage 1 with no_sync on the micro-batches before the last
     # (sdflow_image/training/accumulation.py): its exact resume and throughput need a GPU to check.
     parser.add_argument("--gradient-accumulation-steps", type=_positive_int, default=1, help="micro-batches per step")
-    parser.add_argument("--plugins", type=_choices(PLUGINS), default=list(PLUGINS), help="comma-separated subset")
+    parser.add_argument(
+        "--family",
+        choices=FAMILIES,
+        default="sd",
+        help="sd: SD 1.5's size; sdxl: SDXL base 1.0's; sd3: SD 3 medium's without T5 (random weights)",
+    )
+    parser.add_argument(
+        "--method", choices=METHODS, default="full", help="train every denoiser weight or a LoRA adapter"
+    )
+    parser.add_argument(
+        "--plugins",
+        type=_choices(PLUGINS),
+        default=None,
+        help="comma-separated subset (default: every plugin the family x method is meant for)",
+    )
+    parser.add_argument("--resolution", type=_positive_int, default=None, help="pixels (default: the family's own)")
     parser.add_argument("--precisions", type=_choices(PRECISIONS), default=list(PRECISIONS), help="comma-separated")
     parser.add_argument("--nproc", type=_positive_int, default=None, help="processes (default: every GPU)")
     parser.add_argument("--data", choices=("s3", "folder"), default="s3", help="shards on a local S3 or in a folder")
@@ -126,7 +150,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.steps < 4:
         parser.error("argument --steps: at least 4 (a checkpoint halfway, a stop after it)")
+    args.plugins = args.plugins or default_plugins(args.family, args.method)
+    if args.method == "lora":
+        for plugin in args.plugins:
+            if reason := lora_plugin_refusal(plugin):
+                parser.error(f"argument --plugins: {plugin} cannot train --method lora: {reason}")
     return args
+
+
+def default_plugins(family: str, method: str) -> list[str]:
+    """LoRA trains on torch_ddp only (families/base.py); a full SDXL run is the one the issue
+    asks to run sharded (issue 21: a full SDXL fine-tune needs sharding on 24 GB); the rest, every plugin."""
+    if method == "lora":
+        return ["torch_ddp"]
+    if family == "sdxl":
+        return ["low_level_zero", "gemini"]
+    return list(PLUGINS)
 
 
 def cuda_missing_reason() -> str | None:
@@ -139,84 +178,6 @@ def cuda_missing_reason() -> str | None:
             "run it on a GPU host, see the README's 'GPU acceptance' (--tiny checks the harness on a CPU)"
         )
     return None
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-# --- inputs -------------------------------------------------------------------------------
-
-
-def write_shards(root: Path, size: int, shards: int = 4, per_shard: int = 16, seed: int = 0) -> Path:
-    """`root/shards/<id>/00000.tar` of scene images and captions, and `root/index.json`, as
-    img2dataset and build_index lay them out; images up to a quarter larger than `size`."""
-    import io
-    import random
-    import tarfile
-
-    from sdflow_image import scenes
-
-    rnd, every, entries = random.Random(seed), scenes.all_scenes(), []
-    for shard in range(shards):
-        folder = root / "shards" / f"{shard:05d}"
-        folder.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(folder / "00000.tar", "w") as tar:
-            for i in range(per_shard):
-                scene = rnd.choice(every)
-                image = scenes.draw(scene, size + rnd.randrange(size // 4 + 1), size, rnd)
-                jpeg = io.BytesIO()
-                image.save(jpeg, "JPEG", quality=90)
-                key = f"{shard:05d}{i:04d}"
-                for name, data in (
-                    (f"{key}.jpg", jpeg.getvalue()),
-                    (f"{key}.txt", scene.caption.encode()),
-                    (f"{key}.json", json.dumps({"key": key, "caption": scene.caption, "status": "success"}).encode()),
-                ):
-                    info = tarfile.TarInfo(name)
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
-        entries.append(
-            {"shard_id": f"{shard:05d}", "tar_files": [f"shards/{shard:05d}/00000.tar"], "samples": per_shard}
-        )
-    index = {"version": 1, "run_id": "acceptance", "total_samples": shards * per_shard, "shards": entries,
-             "failed_shards": [], "image_size": size}  # fmt: skip
-    (root / "index.json").write_text(json.dumps(index))
-    return root
-
-
-@contextmanager
-def local_s3(folder: Path) -> Iterator[tuple[str, dict[str, str]]]:
-    """moto's S3 server on 127.0.0.1 holding `folder` under s3://BUCKET/runs/; yields the
-    dataset_dir and the environment the training processes need to reach it."""
-    import logging
-
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # not a line per GET
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    env = {
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "AWS_ACCESS_KEY_ID": "acceptance",
-        "AWS_SECRET_ACCESS_KEY": "acceptance",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
-    try:
-        s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
-                          aws_access_key_id="acceptance", aws_secret_access_key="acceptance")  # fmt: skip
-        s3.create_bucket(Bucket=BUCKET)
-        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-            s3.upload_file(str(path), BUCKET, f"runs/{path.relative_to(folder).as_posix()}")
-        yield f"s3://{BUCKET}/runs/", env
-    finally:
-        server.stop()
 
 
 # --- runs ---------------------------------------------------------------------------------
@@ -259,7 +220,7 @@ def launch(opt_ml: Path, nproc: int, env: dict[str, str], timeout_s: int, stop_a
     topology = launcher.plan(
         {"hosts": ["algo-1"], "current_host": "algo-1"},
         nproc,
-        {"SDFLOW_MASTER_ADDR": "127.0.0.1", "SDFLOW_MASTER_PORT": str(_free_port())},
+        {"SDFLOW_MASTER_ADDR": "127.0.0.1", "SDFLOW_MASTER_PORT": str(free_port())},
     )
     command = launcher.torchrun_command(topology, [])
     child_env = {**launcher.child_environment(topology), **env, "SDFLOW_OPT_ML": str(opt_ml)}
@@ -286,9 +247,11 @@ def launch(opt_ml: Path, nproc: int, env: dict[str, str], timeout_s: int, stop_a
 
 def hyperparameters(args: argparse.Namespace, plugin: str, precision: str, base: Path, data_dir: str,
                     resolution: int) -> dict[str, str]:  # fmt: skip
-    """As the pipeline passes them (strings); EMA wherever the plugin allows it."""
-    return {
+    """As the pipeline passes them (strings); EMA where `uses_ema` says."""
+    hp = {
         "pretrained_model_name_or_path": str(base),
+        "model_family": args.family,
+        "training_method": args.method,
         "dataset_dir": data_dir,
         "plugin": plugin,
         "mixed_precision": precision,
@@ -299,12 +262,24 @@ def hyperparameters(args: argparse.Namespace, plugin: str, precision: str, base:
         "checkpointing_steps": str(args.steps // 2),
         "learning_rate": str(args.learning_rate),
         "lr_scheduler": "linear",  # a schedule that moves: a resumed run on the wrong step shows
-        "use_ema": str(plugin != "gemini").lower(),
+        "use_ema": str(uses_ema(args.family, args.method, plugin)).lower(),
         "ema_decay": "0.9",
         "dataloader_num_workers": "2",
         "validation_prompts": json.dumps([PROMPT]),
         "validation_inference_steps": "2",
     }
+    if args.family == "sd3":
+        hp["sd3_t5"] = "false"  # the random SD 3 has no T5 (random_families): a run that leaves it out
+    return hp
+
+
+def uses_ema(family: str, method: str, plugin: str) -> bool:
+    """EMA on SD 1.5-sized full rows where the plugin allows it (not gemini). LoRA keeps none
+    (train.py refuses it, as diffusers' LoRA examples keep none). Off for SDXL and SD 3 full: by
+    estimate (not measured) their checkpoint with an fp32 EMA copy is ~40 GB (UNet 10.3 GB, Adam
+    20.5 GB, EMA 10.3 GB), beside a ~14 GB base, two saved models and a 64 GB disk on the lent GPU
+    machine."""
+    return method == "full" and plugin != "gemini" and family == "sd"
 
 
 def prepare(opt_ml: Path, hp: dict[str, str]) -> Path:
@@ -316,12 +291,12 @@ def prepare(opt_ml: Path, hp: dict[str, str]) -> Path:
 
 
 def weight_difference(a: Path, b: Path) -> float:
-    """Relative L2 difference of two saved UNets (every safetensors file of each folder)."""
+    """Relative L2 difference of two saved models: safetensors files, or every one in two folders."""
     from safetensors.torch import load_file
 
     def load(folder: Path) -> dict[str, Any]:
         tensors: dict[str, Any] = {}
-        for file in sorted(folder.glob("*.safetensors")):
+        for file in [folder] if folder.is_file() else sorted(folder.glob("*.safetensors")):
             tensors.update(load_file(str(file)))
         return tensors
 
@@ -383,13 +358,21 @@ def compare(row: Row, args: argparse.Namespace, full: Run, pieced: dict[int, flo
         row.checks.append(f"steps logged: uninterrupted {steps}, stopped + resumed {sorted(pieced)}")
         return
     row.loss_diff = max(abs(pieced[s] - full.losses[s]) / max(abs(full.losses[s]), 1e-12) for s in steps)
-    row.weight_diff = weight_difference(work / "uninterrupted" / "model" / "unet", work / "stopped" / "model" / "unet")
+    saved = saved_weights(row.family, row.method)
+    row.weight_diff = weight_difference(work / "uninterrupted" / "model" / saved, work / "stopped" / "model" / saved)
     if not row.loss_diff <= args.loss_tolerance:
         worst = max(steps, key=lambda s: abs(pieced[s] - full.losses[s]))
         row.checks.append(f"step losses differ by {row.loss_diff:.2e} (step {worst}: {full.losses[worst]:.6f} "
                           f"uninterrupted, {pieced[worst]:.6f} stopped+resumed)")  # fmt: skip
     if not row.weight_diff <= args.weight_tolerance:
-        row.checks.append(f"saved UNet differs by {row.weight_diff:.2e} (relative L2) from the uninterrupted run's")
+        row.checks.append(f"saved {saved} differs by {row.weight_diff:.2e} (relative L2) from the uninterrupted run's")
+
+
+def saved_weights(family: str, method: str) -> str:
+    """What a row compares, relative to the saved model: the adapter file (LoRA) or the denoiser's folder."""
+    if method == "lora":
+        return lora.LORA_WEIGHTS
+    return "transformer" if family == "sd3" else "unet"
 
 
 # --- the whole acceptance -----------------------------------------------------------------
@@ -426,6 +409,7 @@ def environment_line(nproc: int, cuda: bool) -> str:
 
 
 COLUMNS = (  # (title, width)
+    ("family", -7), ("method", -7),
     ("plugin", -15), ("precision", -10), ("GPUs", 5), ("batch", 6), ("steps", 6), ("EMA", 5), ("samples/s/GPU", 14),
     ("peak GiB", 9), ("ckpt s", 8), ("stop s", 8), ("stop@", 6), ("loss diff", 10), ("weight diff", 12),
 )  # fmt: skip
@@ -433,7 +417,8 @@ COLUMNS = (  # (title, width)
 
 def _cells(r: Row) -> list[str]:
     stopped = "-" if r.stopped_at is None else str(r.stopped_at)
-    return [r.plugin, r.precision, str(r.gpus), str(r.batch_per_gpu), str(r.steps), "on" if r.ema else "off",
+    return [r.family, r.method,
+            r.plugin, r.precision, str(r.gpus), str(r.batch_per_gpu), str(r.steps), "on" if r.ema else "off",
             f"{r.samples_per_s_per_gpu:.2f}", f"{r.peak_gpu_gib:.2f}", f"{r.checkpoint_s:.1f}", f"{r.stop_s:.1f}",
             stopped, f"{r.loss_diff:.1e}", f"{r.weight_diff:.1e}"]  # fmt: skip
 
@@ -468,7 +453,8 @@ def main(argv: list[str] | None = None) -> int:
     kernels: list[tuple[float, str | None]] = []  # built beside the inputs: both take minutes
     probe = threading.Thread(target=lambda: kernels.append(kernel_load_seconds() if cuda else (math.nan, "no CUDA")))
     probe.start()
-    base, resolution = build_base(work / "base", args.tiny)
+    base, resolution = build_base(work / "base", args.family, args.tiny)
+    resolution = args.resolution or resolution
     shards = write_shards(work / "dataset", resolution)
     print(f"inputs: base model and shards in {time.perf_counter() - started:.0f} s under {work}", flush=True)
     probe.join()
@@ -476,16 +462,18 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"Colossal-AI Adam kernels: {kernel_s:.1f} s{'' if kernel_error is None else ', ' + kernel_error}", flush=True
     )
-    with local_s3(shards) if args.data == "s3" else _folder(shards) as (data_dir, env):
+    with local_s3(shards) if args.data == "s3" else in_folder(shards) as (data_dir, env):
         for precision in args.precisions:  # every plugin in one precision first: the likelier to fit a budget
             for plugin in args.plugins:
-                row = Row(plugin, precision, nproc, args.batch_size, args.steps, plugin != "gemini")
+                ema = uses_ema(args.family, args.method, plugin)
+                row = Row(plugin, precision, nproc, args.batch_size, args.steps, ema, family=args.family,
+                          method=args.method)  # fmt: skip
                 hp = hyperparameters(args, plugin, precision, base, data_dir, resolution)
                 if args.budget_s and time.perf_counter() - started > args.budget_s:
                     row.error = f"not run: --budget-s {args.budget_s} spent"
                 else:
                     try:
-                        run_row(row, args, work / f"{plugin}-{precision}", hp, env)
+                        run_row(row, args, work / f"{args.family}-{args.method}-{plugin}-{precision}", hp, env)
                     except Exception as exc:  # a row's own failure: report it, go on with the others
                         row.error = f"{type(exc).__name__}: {exc}"
                 rows.append(row)
@@ -497,21 +485,6 @@ def main(argv: list[str] | None = None) -> int:
                                                      "rows": [asdict(r) for r in rows]}, indent=2))  # fmt: skip
     print(report(rows, kernel_s, kernel_error), flush=True)
     return 0 if rows and all(r.ok for r in rows) and (kernel_error is None or not cuda) else 1
-
-
-def build_base(folder: Path, tiny: bool) -> tuple[Path, int]:
-    if tiny:
-        from sdflow_image import tiny_model
-
-        return tiny_model.build_tiny_pipeline(folder), tiny_model.IMAGE_SIZE
-    from sdflow_image import random_sd15
-
-    return random_sd15.build_pipeline(folder), random_sd15.RESOLUTION
-
-
-@contextmanager
-def _folder(shards: Path) -> Iterator[tuple[str, dict[str, str]]]:
-    yield str(shards), {}
 
 
 if __name__ == "__main__":

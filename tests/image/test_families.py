@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,24 +15,20 @@ from family_fixtures import (
     STEPS,
     FamilyRun,
     hyperparameters,
-    losses_of,
     model_info,
     run_family,
     train_in_process,
 )
 from safetensors.torch import load_file
-from train_fixtures import write_job_config
 
 from sdflow_image import evaluate, families, serve_model, train
 from sdflow_image.data import original_size
 from sdflow_image.families.base import lora_plugin_refusal
 from sdflow_image.training import lora
 from sdflow_image.training.checkpoints import CheckpointError
-from tests.helpers import free_port
 
 pytestmark = pytest.mark.image
 
-REPO = Path(__file__).resolve().parents[2]
 PROMPT = "a red square on a blue background"
 
 
@@ -381,54 +374,3 @@ def test_sd3_without_t5_conditions_on_zeros_in_its_place(tmp_path: Path) -> None
     encoded = fam.encode_batch(batch, parts, torch.device("cpu"), torch.Generator().manual_seed(0), 0.0)
     assert encoded.hidden.shape == (1, 32, 64)  # CLIP's 16 tokens, then 16 zero rows for T5
     assert torch.count_nonzero(encoded.hidden[:, 16:]) == 0
-
-
-# --- two hosts ---------------------------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_train_two_hosts_sdxl_lora_with_text_encoders_rank0_writes_adapter_alone(
-    tmp_path: Path, family_base: Any, family_dataset: Path
-) -> None:
-    hosts = ["algo-1", "algo-2"]
-    # Text-encoder adapters too: their gradients are averaged over the hosts by the loop, not DDP.
-    hp = hyperparameters("sdxl", "lora", family_base("sdxl"), family_dataset, tmp_path, text_encoder=True)
-    hp = {k: v for k, v in hp.items() if k not in ("pretrained_model_name_or_path", "dataset_dir", "output_dir",
-                                                   "checkpoints_dir")}  # fmt: skip
-    hp["max_train_steps"] = "3"
-    opt_mls = [
-        write_job_config(
-            tmp_path / host,
-            hp,
-            dataset_dir=family_dataset,
-            base_model_dir=family_base("sdxl"),
-            hosts=hosts,
-            current_host=host,
-        )
-        for host in hosts
-    ]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "SDFLOW_MASTER_ADDR": "127.0.0.1",
-           "SDFLOW_MASTER_PORT": str(free_port())}  # fmt: skip
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(REPO / "training_image" / "bin" / "train")],
-            env={**env, "SDFLOW_OPT_ML": str(opt_ml)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for opt_ml in opt_mls
-    ]
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
-    for proc, out in zip(procs, outputs, strict=True):
-        assert proc.returncode == 0, out[-4000:]
-    assert sorted(losses_of(outputs[0])) == [1, 2, 3]
-    model = opt_mls[0] / "model"
-    summary = json.loads((model / "training_summary.json").read_text())
-    assert (summary["world_size"], summary["training_method"]) == (2, "lora")
-    assert (model / lora.LORA_WEIGHTS).is_file()
-    assert not (model / "unet").exists()
-    checkpoint = opt_mls[0] / "checkpoints" / "checkpoint-00000002"
-    assert (checkpoint / lora.ADAPTER_FILE).is_file()
-    assert (checkpoint / "adapter_text_encoder_2.safetensors").is_file()
-    assert not (opt_mls[1] / "model" / lora.LORA_WEIGHTS).exists(), "only rank 0 writes the model"

@@ -56,6 +56,9 @@ def test_gpu_acceptance_without_cuda_exits_2_with_one_line_saying_so() -> None:
         (["--plugins", "gemini,zero3"], "--plugins"),
         (["--precisions", "fp8"], "--precisions"),
         (["--data", "nfs"], "--data"),
+        (["--family", "sd2"], "--family"),
+        (["--method", "dora"], "--method"),
+        (["--method", "lora", "--plugins", "low_level_zero"], "--plugins"),
     ],
 )
 def test_parse_args_bad_flag_exits_2_naming_it(
@@ -73,6 +76,8 @@ def test_parse_args_defaults_cover_every_plugin_and_precision(bench: ModuleType)
     assert args.precisions == ["fp16", "bf16"]
     assert (args.steps, args.batch_size, args.data) == (12, 4, "s3")
     assert bench.parse_args(["--plugins", "gemini, torch_ddp,gemini"]).plugins == ["gemini", "torch_ddp"]
+    assert bench.parse_args(["--family", "sdxl"]).plugins == ["low_level_zero", "gemini"]  # SDXL full: sharded
+    assert bench.parse_args(["--family", "sd3", "--method", "lora"]).plugins == ["torch_ddp"]
 
 
 def test_random_sd15_components_have_sd15_parameter_counts() -> None:
@@ -111,7 +116,7 @@ def test_report_failed_row_shows_why_and_the_kernel_time(bench: ModuleType) -> N
     text = bench.report([good, bad], 95.2, None)
     lines = text.splitlines()
     assert lines[0] == "Colossal-AI Adam kernels load: 95.2 s"
-    assert lines[3].split()[:6] == ["low_level_zero", "bf16", "1", "4", "6", "on"]
+    assert lines[3].split()[:8] == ["sd", "full", "low_level_zero", "bf16", "1", "4", "6", "on"]
     assert lines[3].endswith("ok")
     assert lines[4].endswith("FAILED: saved UNet differs by 1.68e-03")
     assert "FAILED: nvcc not found" in bench.report([good], float("nan"), "nvcc not found")
@@ -134,3 +139,42 @@ def test_gpu_acceptance_tiny_two_processes_stop_with_dataloader_workers_and_resu
     assert (row["loss_diff"], row["weight_diff"]) == (0.0, 0.0)
     assert row["samples_per_s_per_gpu"] > 0
     assert not list((tmp_path / "work").glob("*/*/checkpoints"))  # bulky outputs go once compared
+
+
+def test_gpu_acceptance_tiny_sd3_lora_row_trains_without_t5_and_saves_the_adapter_it_compares(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    """The new rows' harness path, in process (the three torchrun launches of the test above take
+    minutes per row on CPU): the family's base as the row builds it, the row's hyperparameters,
+    and the file its weight check compares. SD 3 LoRA is the row that differs most: no T5
+    (sd3_t5=false), an adapter instead of a denoiser, torch_ddp alone."""
+    from family_fixtures import train_in_process
+
+    args = bench.parse_args(["--tiny", "--family", "sd3", "--method", "lora", "--precisions", "bf16"])
+    assert (args.plugins, bench.uses_ema("sd3", "lora", "torch_ddp")) == (["torch_ddp"], False)
+    base, resolution = bench.build_base(tmp_path / "base", "sd3", True)
+    assert not (base / "text_encoder_3").exists()
+    shards = bench.write_shards(tmp_path / "dataset", resolution, shards=2, per_shard=4)
+    hp = bench.hyperparameters(args, "torch_ddp", "bf16", base, str(shards), resolution)
+    out = tmp_path / "model"
+    train_in_process({**hp, "max_train_steps": "2", "checkpointing_steps": "1", "dataloader_num_workers": "0",
+                      "output_dir": str(out), "checkpoints_dir": str(tmp_path / "checkpoints")})  # fmt: skip
+    adapter = out / bench.saved_weights("sd3", "lora")
+    assert adapter.is_file()
+    assert not (out / "transformer").exists()
+    assert json.loads((out / "sdflow_model.json").read_text())["left_out"] == ["text_encoder_3", "tokenizer_3"]
+    assert bench.weight_difference(adapter, adapter) == 0.0
+
+
+@pytest.mark.parametrize("family", ["sdxl", "sd3"])
+def test_random_families_components_have_published_parameter_counts(family: str) -> None:
+    import torch
+
+    from sdflow_image import random_families
+
+    builders = {"sdxl": random_families.build_sdxl_components, "sd3": random_families.build_sd3_components}
+    with torch.device("meta"):  # shapes only: no 11-14 GB of random weights on the CPU
+        components = builders[family]()
+    random_families.check_parameters(family, components)  # raises naming any that differ
+    denoiser = components["unet" if family == "sdxl" else "transformer"]
+    assert random_families.count(denoiser) == {"sdxl": 2_567_463_684, "sd3": 2_028_328_000}[family]

@@ -76,7 +76,7 @@ browser: $(CHROMIUM)  ## Debian's headless Chromium for the console's browser te
 # (tests/constants.py TIME_SCALE), so the state machine's real Retry intervals cost moments.
 test: setup $(CHROMIUM)  ## the whole suite: unit, e2e, browser and lint tests, then the image tests in the job environment (what CI runs)
 	$(BIN)/pytest -n 2 --dist loadscope --no-loadscope-reorder --durations=25
-	$(IMAGE_BIN)/pytest tests/image --durations=15
+	$(IMAGE_BIN)/pytest tests/image -n 2 --dist loadscope --no-loadscope-reorder --durations=15
 
 # CI runs it after `make test` (.ci/run), not in it: 3.5 to 7 minutes here (a fresh download of the
 # image's stack, PIP_NO_CACHE_DIR=1 as in the image), and `make test` takes ~19 of its 20.

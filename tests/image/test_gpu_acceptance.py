@@ -122,6 +122,7 @@ def test_report_failed_row_shows_why_and_the_kernel_time(bench: ModuleType) -> N
     assert "FAILED: nvcc not found" in bench.report([good], float("nan"), "nvcc not found")
 
 
+@pytest.mark.longest
 def test_gpu_acceptance_tiny_two_processes_stop_with_dataloader_workers_and_resume_exactly(tmp_path: Path) -> None:
     """The harness end to end on CPU: torchrun over two gloo processes, each with DataLoader workers,
     shards on a local S3; SIGTERM to the launcher mid-run must leave a complete checkpoint and exit

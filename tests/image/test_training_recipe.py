@@ -55,6 +55,7 @@ def test_text_encoder_captions_differing_in_one_colour_give_distinct_features() 
     assert float((hidden[0, 2] - hidden[1, 2]).norm()) > 0.5 * float(hidden[0, 2].norm())
 
 
+@pytest.mark.longest
 def test_fit_vae_steps_reconstruct_scenes_better_than_random() -> None:
     images = _scene_batch(32)
     random_vae = tiny_model.build_tiny_components(0)["vae"]

@@ -24,7 +24,7 @@ def task_event(method: str, **lora: Any) -> dict[str, Any]:
     run = event["config"]["run"]
     run["base_model_uri"] = BASE
     run["base_model_family"] = "sdxl"
-    run["training"] = {**run.get("training", {}), "method": method, "plugin": "low_level_zero"}
+    run["training"] = {**run.get("training", {}), "method": method, "plugin": "torch_ddp"}
     if lora:
         run["training"]["lora"] = lora
     return event

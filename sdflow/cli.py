@@ -9,6 +9,7 @@
     sdflow invoke ENDPOINT PROMPT -o out.png
     sdflow console [--port N]        the run console in the browser (http://127.0.0.1:8566/)
     sdflow demo                      everything above, on generated data and a tiny model
+    sdflow demo --lora               the same, training a LoRA adapter (make demo-lora)
 
 `local up` and `demo` start the console beside the local cloud and print its URL.
 Every command but `local up` and `demo` talks to AWS APIs only, so with --endpoint-url

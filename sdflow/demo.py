@@ -51,7 +51,7 @@ class DemoOptions:
 # attention projections (the family's default targets) leaves its random ResNet blocks as they are, so
 # the adapter covers every convolution and projection too (rank 16: 1.3 MB beside the UNet's 4 MB).
 # Measured on the demo's scenes (README, `make demo-lora`): a learning rate of 1e-2 diverged at step ~570
-# (adherence 0.12, the base's 0.10); 3e-3, the full demo's, reached 0.20 and 0.34 in two runs of the
+# (adherence 0.12, the base's 0.10); 3e-3, the full demo's, reached 0.20, 0.34 and 0.31 in three runs of the
 # demo's 800 steps, so its quality gate is 0.15 (the full demo's 0.6 is out of this adapter's reach).
 LORA_TARGETS = (
     "to_q", "to_k", "to_v", "to_out.0", "proj_in", "proj_out", "ff.net.0.proj", "ff.net.2",

@@ -19,7 +19,7 @@ CHROMIUM := /usr/bin/chromium
 GXX := /usr/bin/g++
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help setup browser console notebook check test test-unit test-image test-fast image-replay demo lint format bench schema clean
+.PHONY: help setup browser console notebook check test test-unit test-image test-fast image-replay demo demo-lora lint format bench schema clean
 
 help:  ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -107,6 +107,10 @@ demo:  ## the whole pipeline on this machine (local runtime), ending with a gene
 	# Only the two venvs the demo runs in (the lint tools' venvs are for `make test`/`make lint`).
 	$(MAKE) --no-print-directory -j2 $(STAMP) $(IMAGE_STAMP)
 	$(BIN)/sdflow demo
+
+demo-lora:  ## `make demo` with a LoRA adapter on the same scenes: its size beside the full model's, its adherence
+	$(MAKE) --no-print-directory -j2 $(STAMP) $(IMAGE_STAMP)
+	$(BIN)/sdflow demo --lora
 
 lint: setup  ## ruff, mypy, cfn-lint
 	$(BIN)/ruff check .

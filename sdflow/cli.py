@@ -9,6 +9,7 @@
     sdflow invoke ENDPOINT PROMPT -o out.png
     sdflow console [--port N]        the run console in the browser (http://127.0.0.1:8566/)
     sdflow demo                      everything above, on generated data and a tiny model
+    sdflow demo --lora               the same, training a LoRA adapter (make demo-lora)
 
 `local up` and `demo` start the console beside the local cloud and print its URL.
 Every command but `local up` and `demo` talks to AWS APIs only, so with --endpoint-url
@@ -151,13 +152,16 @@ def cmd_invoke(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from sdflow.demo import run_demo
+    from sdflow.demo import lora_demo_options, run_demo
 
     try:
         with stop_on_signals():
+            options = lora_demo_options() if args.lora else None
+            output = args.output or Path("sdflow-demo-lora.png" if args.lora else "sdflow-demo.png")
             return run_demo(
-                args.workdir, output=args.output, keep_running=args.keep_running, console_port=args.console_port
-            )
+                args.workdir, output=output, keep_running=args.keep_running, options=options,
+                console_port=args.console_port,
+            )  # fmt: skip
     finally:
         remove_state(args.workdir)
 
@@ -236,7 +240,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     inv.set_defaults(func=cmd_invoke)
 
     demo = commands.add_parser("demo", help="the whole pipeline on generated data and a tiny model")
-    demo.add_argument("-o", "--output", type=Path, default=Path("sdflow-demo.png"), help="image the endpoint makes")
+    demo.add_argument(
+        "-o", "--output", type=Path, default=None,
+        help="image the endpoint makes (default sdflow-demo.png; with --lora sdflow-demo-lora.png)",
+    )  # fmt: skip
+    demo.add_argument(
+        "--lora", action="store_true", help="train a LoRA adapter on the same scenes instead (make demo-lora)"
+    )
     demo.add_argument("--keep-running", action="store_true", help="keep the local cloud up after the run")
     add_console_flags(demo, default=0)
     demo.set_defaults(func=cmd_demo)

@@ -10,15 +10,28 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import tarfile
 from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
+from PIL import Image
 
 from sdflow import samples
-from sdflow.demo import DemoOptions, _upload_tree, manifest, prepare_inputs, wait_for_notification
+from sdflow.demo import (
+    DemoOptions,
+    _upload_tree,
+    lora_demo_options,
+    manifest,
+    prepare_inputs,
+    run_pipeline,
+    show_results,
+    wait_for_notification,
+)
 from sdflow.local.cloud import LocalCloud
 from sdflow.local.sagemaker.job_env import image_environment, image_python
 from sdflow.runs import start_run
@@ -137,3 +150,30 @@ def test_lora_sd3_run_swaps_the_endpoint_blue_green_to_its_adapter_and_base(
     assert sagemaker.describe_endpoint(EndpointName=ENDPOINT)["EndpointConfigName"] != before
     assert served_base_class(cloud) == "StableDiffusion3Pipeline"
     assert_serves_png(cloud)
+
+
+def test_lora_demo_small_run_reports_adapter_size_beside_full_model_and_adherence(
+    cloud: LocalCloud, tmp_path: Path
+) -> None:
+    """`make demo-lora`'s path (manifest, run, summary, endpoint image) on this module's cloud and the
+    demo's tiny SD at test size: 4 steps, so the scores are not under test here, only that they and the
+    sizes are reported (the adherence the LoRA reaches is `make demo-lora`'s: README)."""
+    demo = lora_demo_options()
+    options = replace(SMALL, lora=demo.lora, learning_rate=demo.learning_rate)
+    result = run_pipeline(cloud, tmp_path, options, out=io.StringIO())
+    assert result["progress"].status == "SUCCEEDED"
+    out = io.StringIO()
+    # prepare_inputs built the demo's base model in the fixture's folder.
+    show_results(result, tmp_path, cloud.workdir / "tiny-sd", tmp_path / "lora.png", options, out=out)
+    text = out.getvalue()
+
+    adapter = re.search(r"^LoRA adapter: ([0-9.]+) (kB|MB) \(pytorch_lora_weights\.safetensors", text, re.M)
+    full = re.search(r"^full model: +([0-9.]+) (kB|MB) \(the base model folder .*tiny-sd", text, re.M)
+    assert adapter, text
+    assert full, text
+    in_bytes = {"kB": 1e3, "MB": 1e6}
+    assert float(adapter[1]) * in_bytes[adapter[2]] < float(full[1]) * in_bytes[full[2]]
+    assert re.search(r"^LoRA prompt adherence: base [0-9.]+ → LoRA [0-9.]+ ", text, re.M), text
+    assert f"LoRA image: {(tmp_path / 'lora.png').resolve()}" in text
+    with Image.open(tmp_path / "lora.png") as image:
+        assert image.format == "PNG"

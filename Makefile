@@ -79,7 +79,7 @@ test: setup $(CHROMIUM)  ## the whole suite: unit, e2e, browser and lint tests, 
 	$(IMAGE_BIN)/pytest tests/image -n 2 --dist loadscope --no-loadscope-reorder --durations=15
 
 # CI runs it after `make test` (.ci/run), not in it: 3.5 to 7 minutes here (a fresh download of the
-# image's stack, PIP_NO_CACHE_DIR=1 as in the image), and `make test` takes ~19 of its 20.
+# image's stack, PIP_NO_CACHE_DIR=1 as in the image).
 # The image's apt line installs g++; the replay does not run apt lines (they would change the host's
 # system), so the host's own g++ stands in for it: installed here as that line would.
 $(GXX):

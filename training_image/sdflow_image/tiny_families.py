@@ -49,23 +49,6 @@ def _clip_config(tokenizer: Any) -> Any:
     )
 
 
-def _vae(**extra: Any) -> Any:
-    from diffusers import AutoencoderKL
-
-    return AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * 3,
-        up_block_types=("UpDecoderBlock2D",) * 3,
-        block_out_channels=(16, 32, 32),
-        layers_per_block=1,
-        latent_channels=4,
-        norm_num_groups=8,
-        sample_size=tiny_model.IMAGE_SIZE,
-        **extra,
-    )
-
-
 def build_tiny_sdxl_components(seed: int = 0) -> dict[str, Any]:
     import torch
     from diffusers import EulerDiscreteScheduler, UNet2DConditionModel
@@ -102,7 +85,7 @@ def build_tiny_sdxl_components(seed: int = 0) -> dict[str, Any]:
     )
     return {
         "unet": unet,
-        "vae": _vae(),
+        "vae": tiny_model.tiny_vae(),
         "text_encoder": CLIPTextModel(_clip_config(tokenizer)),
         "text_encoder_2": CLIPTextModelWithProjection(_clip_config(tokenizer)),
         "tokenizer": tokenizer,
@@ -154,7 +137,7 @@ def build_tiny_sd3_components(seed: int = 0, with_t5: bool = True) -> dict[str, 
     components: dict[str, Any] = {
         "transformer": transformer,
         # SD3's VAE shifts its latents before scaling; a non-zero shift keeps that path honest.
-        "vae": _vae(shift_factor=0.0609, scaling_factor=1.5035),
+        "vae": tiny_model.tiny_vae(shift_factor=0.0609, scaling_factor=1.5035),
         "text_encoder": CLIPTextModelWithProjection(_clip_config(tokenizer)),
         "text_encoder_2": CLIPTextModelWithProjection(_clip_config(tokenizer)),
         "tokenizer": tokenizer,

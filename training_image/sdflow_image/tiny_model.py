@@ -118,10 +118,28 @@ def write_clip_bpe(
     return vocab_path, merges_path, len(vocab_ids)
 
 
+def tiny_vae(**extra: Any) -> Any:
+    """The tiny models' VAE (every family's: SD 3 passes its own shift and scaling factors)."""
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 3,
+        up_block_types=("UpDecoderBlock2D",) * 3,
+        block_out_channels=(16, 32, 32),
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=8,
+        sample_size=IMAGE_SIZE,
+        **extra,
+    )
+
+
 def build_tiny_components(seed: int = 0) -> dict[str, Any]:
     """The pipeline's components, randomly initialised from `seed` (deterministic)."""
     import torch
-    from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
+    from diffusers import DDPMScheduler, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
     torch.manual_seed(seed)
@@ -146,17 +164,7 @@ def build_tiny_components(seed: int = 0) -> dict[str, Any]:
         addition_embed_type="text",
         addition_embed_type_num_heads=4,
     )
-    vae = AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * 3,
-        up_block_types=("UpDecoderBlock2D",) * 3,
-        block_out_channels=(16, 32, 32),
-        layers_per_block=1,
-        latent_channels=4,
-        norm_num_groups=8,
-        sample_size=IMAGE_SIZE,
-    )
+    vae = tiny_vae()
     text_encoder = CLIPTextModel(
         CLIPTextConfig(
             vocab_size=vocab_size,

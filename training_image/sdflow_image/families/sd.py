@@ -40,12 +40,20 @@ class StableDiffusion(Family):
         autocast: Any = None,
         snr_gamma: float = 0.0,
     ) -> Any:
-        from sdflow_image.training import model as sd_model
+        return unet_loss(model, parts, encoded, generator, noise_offset, autocast, snr_gamma)
 
-        return sd_model.compute_loss(
-            model, parts.noise_scheduler, encoded.latents, encoded.hidden, generator, noise_offset, autocast,
-            snr_gamma=snr_gamma,
-        )  # fmt: skip
+
+def unet_loss(
+    model: Any, parts: Parts, encoded: Encoded, generator: Any, noise_offset: float, autocast: Any, snr_gamma: float
+) -> Any:
+    """The UNet families' loss (training.model.compute_loss); SDXL's pooled embeddings and time ids
+    ride in `encoded.extra` as its `added_cond_kwargs` (empty for SD: none)."""
+    from sdflow_image.training import model as sd_model
+
+    return sd_model.compute_loss(
+        model, parts.noise_scheduler, encoded.latents, encoded.hidden, generator, noise_offset, autocast,
+        snr_gamma=snr_gamma, added_cond_kwargs=encoded.extra or None,
+    )  # fmt: skip
 
 
 FAMILY = StableDiffusion()

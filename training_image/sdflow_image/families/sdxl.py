@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from sdflow_image.families.base import Encoded, Family, Parts, grad_if_training
+from sdflow_image.families.sd import unet_loss
 
 
 class StableDiffusionXL(Family):
@@ -80,12 +81,7 @@ class StableDiffusionXL(Family):
         autocast: Any = None,
         snr_gamma: float = 0.0,
     ) -> Any:
-        from sdflow_image.training import model as sd_model
-
-        return sd_model.compute_loss(
-            model, parts.noise_scheduler, encoded.latents, encoded.hidden, generator, noise_offset, autocast,
-            snr_gamma=snr_gamma, added_cond_kwargs=encoded.extra,
-        )  # fmt: skip
+        return unet_loss(model, parts, encoded, generator, noise_offset, autocast, snr_gamma)
 
 
 FAMILY = StableDiffusionXL()

@@ -183,8 +183,3 @@ def function_log_lines(cloud: LocalCloud, function: str) -> list[str]:
     group = next(g["logGroupName"] for g in groups if function in g["logGroupName"])
     pages = logs.get_paginator("filter_log_events").paginate(logGroupName=group)
     return [e["message"] for page in pages for e in page["events"]]
-
-
-def token_table(cloud: LocalCloud) -> str:
-    tables = cloud.client("dynamodb").list_tables()["TableNames"]
-    return next(name for name in tables if "TokenTable" in name)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sdflow_image import contract
+from sdflow_image.families.base import FAMILIES
 from sdflow_image.serve_request import SIZE_MULTIPLE, SizeLimits
 
 MODEL_INFO_FILE = "sdflow_model.json"
@@ -105,8 +106,8 @@ def read_model_info(model_dir: Path) -> ModelInfo | None:
     if method not in ("full", "lora"):
         raise ModelInfoError(f"{path}: method must be full or lora, got {method!r}")
     family = raw.get("family")
-    if family is not None and family not in ("sd", "sdxl", "sd3"):
-        raise ModelInfoError(f"{path}: family must be sd, sdxl or sd3, got {family!r}")
+    if family is not None and family not in FAMILIES:
+        raise ModelInfoError(f"{path}: family must be one of {', '.join(FAMILIES)}, got {family!r}")
     left_out = raw.get("left_out", [])
     if not isinstance(left_out, list) or not set(left_out) <= {"text_encoder_3", "tokenizer_3"}:
         raise ModelInfoError(f"{path}: left_out may name text_encoder_3 and tokenizer_3 only, got {left_out!r}")
@@ -262,6 +263,8 @@ def calibrate(pipe: Any, size: int) -> StepTiming:
     a timed one whose step-end callbacks give the per-step time; the slowest step is kept."""
     import torch
 
+    from sdflow_image import families
+
     marks: list[float] = []
 
     def mark(pipeline: Any, step: int, timestep: Any, tensors: dict[str, Any]) -> dict[str, Any]:
@@ -270,9 +273,8 @@ def calibrate(pipe: Any, size: int) -> StepTiming:
 
     def run(steps: int) -> None:
         result = pipe(
-            prompt="calibration",
+            **families.call_kwargs(pipe, "calibration", None, CALIBRATION_GUIDANCE),
             num_inference_steps=steps,
-            guidance_scale=CALIBRATION_GUIDANCE,
             width=size,
             height=size,
             num_images_per_prompt=1,

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import importlib
 
+from typing import Any
+
 from sdflow_image.families.base import (
     FAMILIES,
+    PIPELINE_FAMILIES,
     NEW_STACK_FAMILIES,
     Family,
     FamilyError,
@@ -23,7 +26,9 @@ from sdflow_image.families.base import (
     lora_plugin_refusal,
 )
 
-__all__ = ["FAMILIES", "NEW_STACK_FAMILIES", "Family", "FamilyError", "detect_family", "get", "lora_plugin_refusal"]
+__all__ = [
+    "FAMILIES", "NEW_STACK_FAMILIES", "Family", "FamilyError", "detect_family", "get", "lora_plugin_refusal", "call_kwargs",
+]  # fmt: skip
 
 
 def get(name: str) -> Family:
@@ -33,3 +38,11 @@ def get(name: str) -> Family:
     module = importlib.import_module(f"sdflow_image.families.{name}")
     family: Family = module.FAMILY
     return family
+
+
+def call_kwargs(pipe: Any, prompt: Any, negative_prompt: Any, guidance_scale: float) -> dict[str, Any]:
+    """The prompt and guidance arguments of a call to `pipe`, as its family's pipeline names them
+    (`Family.call_kwargs`); a pipeline of no family here (a test's stand-in) takes SD's."""
+    name = PIPELINE_FAMILIES.get(type(pipe).__name__)
+    family = get(name) if name is not None else Family()
+    return family.call_kwargs(pipe, prompt, negative_prompt, guidance_scale)

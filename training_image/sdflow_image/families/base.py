@@ -174,6 +174,12 @@ class Family:
 
         return getattr(diffusers, self.pipeline_class_name)
 
+    def call_kwargs(self, pipe: Any, prompt: Any, negative_prompt: Any, guidance_scale: float) -> dict[str, Any]:
+        """The pipeline call's prompt, negative prompt and classifier-free guidance arguments for a
+        request's (by name: FLUX.2 [klein]'s first positional argument is an image). SD's are
+        the request's own; the families whose pipelines name them otherwise say so."""
+        return {"prompt": prompt, "negative_prompt": negative_prompt, "guidance_scale": guidance_scale}
+
     def denoiser_class(self) -> Any:
         import diffusers
 

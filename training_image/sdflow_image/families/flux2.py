@@ -91,6 +91,16 @@ class Flux2Klein(Family):
     def caption_ids(self, parts: Parts) -> Callable[[str], dict[str, Any]]:
         return Flux2Captions(parts.tokenizer, MAX_SEQUENCE_LENGTH)
 
+    def call_kwargs(self, pipe: Any, prompt: Any, negative_prompt: Any, guidance_scale: float) -> dict[str, Any]:
+        # Flux2KleinPipeline takes no negative prompt, only its embeddings (it guides against the
+        # empty prompt's by default); it guides at all only where the model is not distilled.
+        kwargs: dict[str, Any] = {"prompt": prompt, "guidance_scale": guidance_scale}
+        if negative_prompt and guidance_scale > 1 and not pipe.config.is_distilled:
+            batch = len(prompt) if isinstance(prompt, list) else 1
+            embeds, _ = pipe.encode_prompt([negative_prompt] * batch, device=pipe._execution_device)
+            kwargs["negative_prompt_embeds"] = embeds
+        return kwargs
+
     def encode_batch(
         self, batch: dict[str, Any], parts: Parts, device: Any, generator: Any, proportion_empty_prompts: float
     ) -> Encoded:

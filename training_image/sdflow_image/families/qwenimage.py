@@ -100,6 +100,16 @@ class QwenImage(Family):
     def caption_ids(self, parts: Parts) -> Callable[[str], dict[str, Any]]:
         return QwenCaptions(parts.tokenizer, MAX_SEQUENCE_LENGTH + TEMPLATE_START)
 
+    def call_kwargs(self, pipe: Any, prompt: Any, negative_prompt: Any, guidance_scale: float) -> dict[str, Any]:
+        # QwenImagePipeline's classifier-free guidance is `true_cfg_scale` with a negative prompt (its
+        # `guidance_scale` is for guidance-distilled transformers, which Qwen-Image's is not); a
+        # blank one enables it where the request gave none, as the pipeline's docstring advises.
+        kwargs: dict[str, Any] = {"prompt": prompt, "true_cfg_scale": guidance_scale}
+        if guidance_scale > 1:
+            negative = negative_prompt or " "
+            kwargs["negative_prompt"] = [negative] * len(prompt) if isinstance(prompt, list) else negative
+        return kwargs
+
     def encode_batch(
         self, batch: dict[str, Any], parts: Parts, device: Any, generator: Any, proportion_empty_prompts: float
     ) -> Encoded:

@@ -116,7 +116,10 @@ class Flux2Klein(Family):
             mean = vae.bn.running_mean.view(1, -1, 1, 1).to(latents)
             std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps).to(latents)
             latents = (latents - mean) / std
-            out = parts.text_encoder(
+            # The decoder stack alone (`.model`): the pipeline runs the whole causal LM, whose logits
+            # (151,936 per token) it never reads; the hidden states are the same.
+            encoder = getattr(parts.text_encoder, "model", parts.text_encoder)
+            out = encoder(
                 input_ids=rows["input_ids"],
                 attention_mask=rows["attention_mask"],
                 output_hidden_states=True,

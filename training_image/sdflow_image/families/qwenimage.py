@@ -125,9 +125,10 @@ class QwenImage(Family):
             mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents)
             std = torch.tensor(vae.config.latents_std).view(shape).to(latents)
             latents = (latents - mean) / std
-            out = parts.text_encoder(
-                input_ids=rows["input_ids"], attention_mask=rows["attention_mask"], output_hidden_states=True
-            )
+            # The language model alone (`.model`): the pipeline's call also computes logits over the
+            # 152,064-token vocabulary, which it never reads; the hidden states are the same.
+            encoder = getattr(parts.text_encoder, "model", parts.text_encoder)
+            out = encoder(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"], output_hidden_states=True)
         hidden, mask = prompt_embeds(out.hidden_states[-1], rows["attention_mask"])
         return Encoded(latents, hidden, {"mask": mask})
 

@@ -123,7 +123,7 @@ def test_family_tiny_model_trained_few_steps_loss_falls(family: str, tiny_base: 
 @pytest.mark.parametrize("family", NEW)
 def test_family_noise_offset_raises_naming_flow_matching(family: str, tiny_base: Callable[[str], Path]) -> None:
     fam = families.get(family)
-    with pytest.raises(ValueError, match="(flow|rectified flow)"):
+    with pytest.raises(ValueError, match=r"(flow|rectified flow)"):
         fam.compute_loss(None, None, None, None, noise_offset=0.1)  # type: ignore[arg-type]
 
 

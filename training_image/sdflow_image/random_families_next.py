@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sdflow_image import random_families, random_sd15, tiny_families
+from sdflow_image.families.base import second_stack
 
 # --- SD 3.5 (transformer/config.json; VAE and text encoders are SD 3's) -----------------------------
 _SD35_COMMON: dict[str, Any] = {
@@ -143,15 +144,15 @@ def _flow_scheduler(**config: Any) -> Any:
 
 
 def _flux2(transformer_config: dict[str, Any], text_config: dict[str, Any]) -> dict[str, Any]:
-    from diffusers import AutoencoderKLFlux2, Flux2Transformer2DModel
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    new_diffusers = second_stack("diffusers")
+    new_transformers = second_stack("transformers")
 
     from sdflow_image.tiny_families_next import build_qwen_tokenizer
 
     return {
-        "transformer": Flux2Transformer2DModel(**transformer_config),
-        "vae": AutoencoderKLFlux2(),
-        "text_encoder": Qwen3ForCausalLM(Qwen3Config(**text_config)),
+        "transformer": new_diffusers.Flux2Transformer2DModel(**transformer_config),
+        "vae": new_diffusers.AutoencoderKLFlux2(),
+        "text_encoder": new_transformers.Qwen3ForCausalLM(new_transformers.Qwen3Config(**text_config)),
         "tokenizer": build_qwen_tokenizer(),
         # FLUX.2's scheduler_config.json: dynamic shifting, the pipeline passing `mu` per size.
         "scheduler": _flow_scheduler(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True),
@@ -166,15 +167,17 @@ QWENIMAGE_SCHEDULER: dict[str, Any] = {
 
 
 def _qwenimage() -> dict[str, Any]:
-    from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    new_diffusers = second_stack("diffusers")
+    new_transformers = second_stack("transformers")
 
     from sdflow_image.tiny_families_next import build_qwen_tokenizer
 
     return {
-        "transformer": QwenImageTransformer2DModel(**QWENIMAGE_TRANSFORMER),
-        "vae": AutoencoderKLQwenImage(),
-        "text_encoder": Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**QWEN25_VL_7B)),
+        "transformer": new_diffusers.QwenImageTransformer2DModel(**QWENIMAGE_TRANSFORMER),
+        "vae": new_diffusers.AutoencoderKLQwenImage(),
+        "text_encoder": new_transformers.Qwen2_5_VLForConditionalGeneration(
+            new_transformers.Qwen2_5_VLConfig(**QWEN25_VL_7B)
+        ),
         "tokenizer": build_qwen_tokenizer(),
         "scheduler": _flow_scheduler(**QWENIMAGE_SCHEDULER),
     }

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sdflow_image import tiny_families, tiny_model
+from sdflow_image.families.base import second_stack
 
 QWEN_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 # Qwen3's chat template, reduced to what a one-turn prompt uses (no tools, no earlier thinking).
@@ -41,7 +42,8 @@ QWEN_VAE_SCALE = 4  # both tiny VAEs downsample 32 px images to 8 latents, as ti
 def build_qwen_tokenizer() -> Any:
     """A Qwen2Tokenizer over the captions and templates (see the module docstring)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import Qwen2Tokenizer
+
+    new_transformers = second_stack("transformers")
 
     from sdflow_image.families.qwenimage import PROMPT_TEMPLATE, TEMPLATE_START
 
@@ -53,7 +55,7 @@ def build_qwen_tokenizer() -> Any:
     )
     bpe.train_from_iterator(corpus, trainer)
     model = json.loads(bpe.to_str())["model"]
-    tokenizer = Qwen2Tokenizer(vocab=model["vocab"], merges=[tuple(pair) for pair in model["merges"]])
+    tokenizer = new_transformers.Qwen2Tokenizer(vocab=model["vocab"], merges=[tuple(pair) for pair in model["merges"]])
     tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN_SPECIAL[1:])})
     tokenizer.chat_template = CHAT_TEMPLATE
     system_turn = tokenizer(PROMPT_TEMPLATE.format(""))["input_ids"][: TEMPLATE_START + 1]
@@ -98,13 +100,14 @@ def _flow_scheduler() -> Any:
 
 def build_flux2_components(seed: int = 0) -> dict[str, Any]:
     import torch
-    from diffusers import AutoencoderKLFlux2, Flux2Transformer2DModel
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    new_diffusers = second_stack("diffusers")
+    new_transformers = second_stack("transformers")
 
     torch.manual_seed(seed)
     tokenizer = build_qwen_tokenizer()
     latent_channels = 4
-    vae = AutoencoderKLFlux2(
+    vae = new_diffusers.AutoencoderKLFlux2(
         sample_size=tiny_model.IMAGE_SIZE,
         down_block_types=("DownEncoderBlock2D",) * 3,
         up_block_types=("UpDecoderBlock2D",) * 3,
@@ -118,8 +121,8 @@ def build_flux2_components(seed: int = 0) -> dict[str, Any]:
     with torch.no_grad():  # batch-norm statistics other than (0, 1), so that normalising shows
         vae.bn.running_mean.normal_(0.0, 0.5)
         vae.bn.running_var.uniform_(0.5, 2.0)
-    text_encoder = Qwen3ForCausalLM(
-        Qwen3Config(
+    text_encoder = new_transformers.Qwen3ForCausalLM(
+        new_transformers.Qwen3Config(
             vocab_size=len(tokenizer),
             hidden_size=QWEN_TEXT_WIDTH,
             intermediate_size=QWEN_TEXT_WIDTH,
@@ -131,7 +134,7 @@ def build_flux2_components(seed: int = 0) -> dict[str, Any]:
             pad_token_id=tokenizer.pad_token_id,
         )
     )
-    transformer = Flux2Transformer2DModel(
+    transformer = new_diffusers.Flux2Transformer2DModel(
         patch_size=1,
         in_channels=4 * latent_channels,  # the latents patchified 2x2
         num_layers=1,
@@ -154,14 +157,15 @@ def build_flux2_components(seed: int = 0) -> dict[str, Any]:
 
 def build_qwenimage_components(seed: int = 0) -> dict[str, Any]:
     import torch
-    from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    new_diffusers = second_stack("diffusers")
+    new_transformers = second_stack("transformers")
 
     torch.manual_seed(seed)
     tokenizer = build_qwen_tokenizer()
     z_dim = 4
     generator = torch.Generator().manual_seed(seed)
-    vae = AutoencoderKLQwenImage(
+    vae = new_diffusers.AutoencoderKLQwenImage(
         base_dim=z_dim * 6,
         z_dim=z_dim,
         dim_mult=[1, 2, 4],
@@ -171,8 +175,8 @@ def build_qwenimage_components(seed: int = 0) -> dict[str, Any]:
         latents_mean=[round(float(v), 4) for v in torch.randn(z_dim, generator=generator) * 0.5],
         latents_std=[round(float(v), 4) for v in torch.rand(z_dim, generator=generator) + 0.5],
     )
-    text_encoder = Qwen2_5_VLForConditionalGeneration(
-        Qwen2_5_VLConfig(
+    text_encoder = new_transformers.Qwen2_5_VLForConditionalGeneration(
+        new_transformers.Qwen2_5_VLConfig(
             text_config={
                 "hidden_size": QWEN_TEXT_WIDTH,
                 "intermediate_size": QWEN_TEXT_WIDTH,
@@ -189,7 +193,7 @@ def build_qwenimage_components(seed: int = 0) -> dict[str, Any]:
             vocab_size=len(tokenizer),
         )
     ).eval()  # fmt: skip
-    transformer = QwenImageTransformer2DModel(
+    transformer = new_diffusers.QwenImageTransformer2DModel(
         patch_size=2,
         in_channels=4 * z_dim,
         out_channels=z_dim,

@@ -13,13 +13,12 @@
 from __future__ import annotations
 
 import importlib
-
 from typing import Any
 
 from sdflow_image.families.base import (
     FAMILIES,
-    PIPELINE_FAMILIES,
     NEW_STACK_FAMILIES,
+    PIPELINE_FAMILIES,
     Family,
     FamilyError,
     detect_family,
@@ -27,7 +26,14 @@ from sdflow_image.families.base import (
 )
 
 __all__ = [
-    "FAMILIES", "NEW_STACK_FAMILIES", "Family", "FamilyError", "detect_family", "get", "lora_plugin_refusal", "call_kwargs",
+    "FAMILIES",
+    "NEW_STACK_FAMILIES",
+    "Family",
+    "FamilyError",
+    "call_kwargs",
+    "detect_family",
+    "get",
+    "lora_plugin_refusal",
 ]  # fmt: skip
 
 

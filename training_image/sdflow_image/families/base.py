@@ -48,6 +48,15 @@ LORA_REFUSALS = {
 }
 
 
+def second_stack(module: str) -> Any:
+    """`module` (diffusers, transformers) typed Any, for the classes only the second stack has
+    (diffusers 0.42.1, transformers 5): the image's type check runs against the first stack's
+    packages, where they do not exist (and where 4.51's tokenizers take other arguments)."""
+    import importlib
+
+    return importlib.import_module(module)
+
+
 class FamilyError(ValueError):
     """The base model is not of a supported family, or not of the family the run asked for."""
 

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sdflow_image.families import flow
-from sdflow_image.families.base import Encoded, Family, Parts
+from sdflow_image.families.base import Encoded, Family, Parts, second_stack
 
 MAX_SEQUENCE_LENGTH = 512  # Flux2KleinPipeline's max_sequence_length default
 TEXT_ENCODER_OUT_LAYERS = (9, 18, 27)  # Flux2KleinPipeline.encode_prompt's text_encoder_out_layers
@@ -54,9 +54,7 @@ class Flux2Captions:
         text = self.tokenizer.apply_chat_template(
             [{"role": "user", "content": caption}], tokenize=False, add_generation_prompt=True, enable_thinking=False
         )
-        out = self.tokenizer(
-            text, return_tensors="pt", padding="max_length", truncation=True, max_length=self.length
-        )
+        out = self.tokenizer(text, return_tensors="pt", padding="max_length", truncation=True, max_length=self.length)
         return {key: out[key][0] for key in CAPTION_KEYS}
 
 
@@ -73,18 +71,22 @@ class Flux2Klein(Family):
     lora_diffusers_keys = False  # the script saves get_peft_model_state_dict's names
 
     def load_parts(self, base: str, left_out: tuple[str, ...] = ()) -> Parts:
-        from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2Transformer2DModel
-        from transformers import AutoTokenizer, Qwen3ForCausalLM
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        new_diffusers = second_stack("diffusers")
+        from transformers import AutoTokenizer
+
+        new_transformers = second_stack("transformers")
 
         def sub(name: str) -> dict[str, Any]:
             return {"subfolder": name, "local_files_only": True}
 
         return Parts(
             tokenizer=AutoTokenizer.from_pretrained(base, **sub("tokenizer")),
-            text_encoder=Qwen3ForCausalLM.from_pretrained(base, **sub("text_encoder")),
-            vae=AutoencoderKLFlux2.from_pretrained(base, **sub("vae")),
+            text_encoder=new_transformers.Qwen3ForCausalLM.from_pretrained(base, **sub("text_encoder")),
+            vae=new_diffusers.AutoencoderKLFlux2.from_pretrained(base, **sub("vae")),
             unet=None,
-            transformer=Flux2Transformer2DModel.from_pretrained(base, **sub("transformer")),
+            transformer=new_diffusers.Flux2Transformer2DModel.from_pretrained(base, **sub("transformer")),
             noise_scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(base, **sub("scheduler")),
         )
 
@@ -105,14 +107,15 @@ class Flux2Klein(Family):
         self, batch: dict[str, Any], parts: Parts, device: Any, generator: Any, proportion_empty_prompts: float
     ) -> Encoded:
         import torch
-        from diffusers import Flux2KleinPipeline
+
+        new_diffusers = second_stack("diffusers")
 
         empty = self.caption_ids(parts)("")
         rows = flow.drop_captions(batch, empty, device, generator, proportion_empty_prompts)
         vae = parts.vae
         with torch.no_grad():
             pixels = batch["pixel_values"].to(device, dtype=vae.dtype, non_blocking=True)
-            latents = Flux2KleinPipeline._patchify_latents(vae.encode(pixels).latent_dist.mode())
+            latents = new_diffusers.Flux2KleinPipeline._patchify_latents(vae.encode(pixels).latent_dist.mode())
             mean = vae.bn.running_mean.view(1, -1, 1, 1).to(latents)
             std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps).to(latents)
             latents = (latents - mean) / std
@@ -128,7 +131,7 @@ class Flux2Klein(Family):
             hidden = torch.stack([out.hidden_states[k] for k in TEXT_ENCODER_OUT_LAYERS], dim=1)
         batch_size, layers, length, width = hidden.shape
         hidden = hidden.permute(0, 2, 1, 3).reshape(batch_size, length, layers * width)
-        text_ids = Flux2KleinPipeline._prepare_text_ids(hidden).to(device)
+        text_ids = new_diffusers.Flux2KleinPipeline._prepare_text_ids(hidden).to(device)
         return Encoded(latents, hidden, {"text_ids": text_ids})
 
     def compute_loss(
@@ -143,7 +146,8 @@ class Flux2Klein(Family):
         snr_gamma: float = 0.0,
     ) -> Any:
         import torch
-        from diffusers import Flux2KleinPipeline
+
+        new_diffusers = second_stack("diffusers")
 
         if noise_offset or snr_gamma:
             raise ValueError("noise_offset and snr_gamma belong to the DDPM loss; FLUX.2 trains on flow matching")
@@ -152,8 +156,8 @@ class Flux2Klein(Family):
         noise = torch.randn(latents.shape, generator=generator, device=device, dtype=latents.dtype)
         timesteps, sigmas = flow.sample_sigmas(parts.noise_scheduler, batch, device, generator)
         noisy = flow.noisy(latents, noise, sigmas)
-        packed = Flux2KleinPipeline._pack_latents(noisy)
-        latent_ids = Flux2KleinPipeline._prepare_latent_ids(latents).to(device)
+        packed = new_diffusers.Flux2KleinPipeline._pack_latents(noisy)
+        latent_ids = new_diffusers.Flux2KleinPipeline._prepare_latent_ids(latents).to(device)
         config = getattr(model, "config", None) or parts.transformer.config
         guidance = torch.full((batch,), GUIDANCE_SCALE, device=device) if config.guidance_embeds else None
         dtype = next(model.parameters()).dtype
@@ -168,7 +172,7 @@ class Flux2Klein(Family):
                 img_ids=latent_ids,
                 return_dict=False,
             )[0]
-        pred = Flux2KleinPipeline._unpack_latents_with_ids(pred[:, : packed.shape[1]], latent_ids)
+        pred = new_diffusers.Flux2KleinPipeline._unpack_latents_with_ids(pred[:, : packed.shape[1]], latent_ids)
         return flow.mse(pred, noise - latents)
 
 

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sdflow_image.families import flow
-from sdflow_image.families.base import Encoded, Family, Parts
+from sdflow_image.families.base import Encoded, Family, Parts, second_stack
 
 # QwenImagePipeline.prompt_template_encode and prompt_template_encode_start_idx (diffusers 0.42.1).
 PROMPT_TEMPLATE = (
@@ -82,18 +82,24 @@ class QwenImage(Family):
     lora_diffusers_keys = False  # the script saves get_peft_model_state_dict's names
 
     def load_parts(self, base: str, left_out: tuple[str, ...] = ()) -> Parts:
-        from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
-        from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        new_diffusers = second_stack("diffusers")
+        from transformers import AutoTokenizer
+
+        new_transformers = second_stack("transformers")
 
         def sub(name: str) -> dict[str, Any]:
             return {"subfolder": name, "local_files_only": True}
 
         return Parts(
             tokenizer=AutoTokenizer.from_pretrained(base, **sub("tokenizer")),
-            text_encoder=Qwen2_5_VLForConditionalGeneration.from_pretrained(base, **sub("text_encoder")),
-            vae=AutoencoderKLQwenImage.from_pretrained(base, **sub("vae")),
+            text_encoder=new_transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(
+                base, **sub("text_encoder")
+            ),
+            vae=new_diffusers.AutoencoderKLQwenImage.from_pretrained(base, **sub("vae")),
             unet=None,
-            transformer=QwenImageTransformer2DModel.from_pretrained(base, **sub("transformer")),
+            transformer=new_diffusers.QwenImageTransformer2DModel.from_pretrained(base, **sub("transformer")),
             noise_scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(base, **sub("scheduler")),
         )
 
@@ -144,7 +150,8 @@ class QwenImage(Family):
         snr_gamma: float = 0.0,
     ) -> Any:
         import torch
-        from diffusers import QwenImagePipeline
+
+        new_diffusers = second_stack("diffusers")
 
         if noise_offset or snr_gamma:
             raise ValueError("noise_offset and snr_gamma belong to the DDPM loss; Qwen-Image trains on flow matching")
@@ -155,7 +162,9 @@ class QwenImage(Family):
         timesteps, sigmas = flow.sample_sigmas(parts.noise_scheduler, batch, device, generator)
         noisy = flow.noisy(latents, noise, sigmas)
         # (B, z, 1, h, w) → (B, 1, z, h, w): one frame, packed into (B, h/2 * w/2, 4z) tokens.
-        packed = QwenImagePipeline._pack_latents(noisy.permute(0, 2, 1, 3, 4), batch, channels, height, width)
+        packed = new_diffusers.QwenImagePipeline._pack_latents(
+            noisy.permute(0, 2, 1, 3, 4), batch, channels, height, width
+        )
         img_shapes = [[(1, height // 2, width // 2)]] * batch
         dtype = next(model.parameters()).dtype
         ctx = torch.autocast(device.type, dtype=autocast) if autocast else contextlib.nullcontext()
@@ -169,7 +178,7 @@ class QwenImage(Family):
                 return_dict=False,
             )[0]
         # _unpack_latents takes the pixel size and the VAE's factor; 1 makes the latent size read as one.
-        pred = QwenImagePipeline._unpack_latents(pred, height, width, 1)
+        pred = new_diffusers.QwenImagePipeline._unpack_latents(pred, height, width, 1)
         return flow.mse(pred, noise - latents)
 
 

@@ -258,3 +258,22 @@ def test_call_kwargs_guided_request_with_negative_prompt_guides_against_it(
                     output_type="pt", generator=torch.Generator().manual_seed(0))  # fmt: skip
     assert out.images.shape == (2, 3, 32, 32)
     assert not torch.allclose(out.images, unguided.images)
+
+
+def test_evaluate_family_adapter_scores_trained_against_base(adapter: dict[str, Any], tmp_path: Path) -> None:
+    from sdflow_image import evaluate
+
+    args = evaluate.parse_args(
+        [
+            "--model_dir", str(adapter["out"]),
+            "--base_model_dir", str(adapter["base"]),
+            "--output_dir", str(tmp_path / "evaluation"),
+            "--work_dir", str(tmp_path / "work"),
+            "--prompts", json.dumps(PROMPTS[:1]),
+            "--num_inference_steps", "2",
+        ]
+    )  # fmt: skip
+    document = evaluate.evaluate(args)
+    assert 0 <= document["prompt_adherence"] <= 1
+    assert 0 <= document["base_prompt_adherence"] <= 1
+    assert (tmp_path / "evaluation" / "adherence.png").is_file()

@@ -106,19 +106,33 @@ class Flux2Klein(Family):
     def encode_batch(
         self, batch: dict[str, Any], parts: Parts, device: Any, generator: Any, proportion_empty_prompts: float
     ) -> Encoded:
+        empty = self.caption_ids(parts)("")
+        rows = flow.drop_captions(batch, empty, device, generator, proportion_empty_prompts)
+        pixels = batch["pixel_values"].to(device, dtype=parts.vae.dtype, non_blocking=True)
+        latents = self.encode_images(pixels, parts, generator)
+        hidden, extra = self.encode_prompts(rows, parts)
+        return Encoded(latents, hidden, extra)
+
+    def encode_images(self, pixels: Any, parts: Parts, generator: Any) -> Any:
+        """Pixels in [-1, 1] → the transformer's latents (patchified, normalised); deterministic (the
+        posterior's mode), so an encoding can be kept and reused."""
         import torch
 
         new_diffusers = second_stack("diffusers")
-
-        empty = self.caption_ids(parts)("")
-        rows = flow.drop_captions(batch, empty, device, generator, proportion_empty_prompts)
         vae = parts.vae
         with torch.no_grad():
-            pixels = batch["pixel_values"].to(device, dtype=vae.dtype, non_blocking=True)
             latents = new_diffusers.Flux2KleinPipeline._patchify_latents(vae.encode(pixels).latent_dist.mode())
             mean = vae.bn.running_mean.view(1, -1, 1, 1).to(latents)
             std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps).to(latents)
-            latents = (latents - mean) / std
+            return (latents - mean) / std
+
+    def encode_prompts(self, rows: dict[str, Any], parts: Parts) -> tuple[Any, dict[str, Any]]:
+        """Token ids and masks (`Flux2Captions`'s) → (prompt embeddings, {"text_ids"}), each row on
+        its own (no row reads another), so an encoding can be kept per caption and reused."""
+        import torch
+
+        new_diffusers = second_stack("diffusers")
+        with torch.no_grad():
             # The decoder stack alone (`.model`): the pipeline runs the whole causal LM, whose logits
             # (151,936 per token) it never reads; the hidden states are the same.
             encoder = getattr(parts.text_encoder, "model", parts.text_encoder)
@@ -131,8 +145,7 @@ class Flux2Klein(Family):
             hidden = torch.stack([out.hidden_states[k] for k in TEXT_ENCODER_OUT_LAYERS], dim=1)
         batch_size, layers, length, width = hidden.shape
         hidden = hidden.permute(0, 2, 1, 3).reshape(batch_size, length, layers * width)
-        text_ids = new_diffusers.Flux2KleinPipeline._prepare_text_ids(hidden).to(device)
-        return Encoded(latents, hidden, {"text_ids": text_ids})
+        return hidden, {"text_ids": new_diffusers.Flux2KleinPipeline._prepare_text_ids(hidden).to(hidden.device)}
 
     def compute_loss(
         self,

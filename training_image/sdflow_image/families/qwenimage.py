@@ -119,24 +119,38 @@ class QwenImage(Family):
     def encode_batch(
         self, batch: dict[str, Any], parts: Parts, device: Any, generator: Any, proportion_empty_prompts: float
     ) -> Encoded:
-        import torch
-
         empty = self.caption_ids(parts)("")
         rows = flow.drop_captions(batch, empty, device, generator, proportion_empty_prompts)
+        pixels = batch["pixel_values"].to(device, dtype=parts.vae.dtype, non_blocking=True)
+        latents = self.encode_images(pixels, parts, generator)
+        hidden, extra = self.encode_prompts(rows, parts)
+        return Encoded(latents, hidden, extra)
+
+    def encode_images(self, pixels: Any, parts: Parts, generator: Any) -> Any:
+        """Pixels in [-1, 1] → normalised latents (B, z, 1, h, w), drawn from the posterior with
+        `generator` as the script does."""
+        import torch
+
         vae = parts.vae
         with torch.no_grad():
-            pixels = batch["pixel_values"].to(device, dtype=vae.dtype, non_blocking=True).unsqueeze(2)
-            latents = vae.encode(pixels).latent_dist.sample(generator=generator)
+            latents = vae.encode(pixels.unsqueeze(2)).latent_dist.sample(generator=generator)
             shape = (1, vae.config.z_dim, 1, 1, 1)
             mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents)
             std = torch.tensor(vae.config.latents_std).view(shape).to(latents)
-            latents = (latents - mean) / std
+            return (latents - mean) / std
+
+    def encode_prompts(self, rows: dict[str, Any], parts: Parts) -> tuple[Any, dict[str, Any]]:
+        """Token ids and masks (`QwenCaptions`'s) → (prompt embeddings, {"mask"}), padded to the
+        batch's longest caption; each row is encoded on its own, so it can be kept and re-padded."""
+        import torch
+
+        with torch.no_grad():
             # The language model alone (`.model`): the pipeline's call also computes logits over the
             # 152,064-token vocabulary, which it never reads; the hidden states are the same.
             encoder = getattr(parts.text_encoder, "model", parts.text_encoder)
             out = encoder(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"], output_hidden_states=True)
         hidden, mask = prompt_embeds(out.hidden_states[-1], rows["attention_mask"])
-        return Encoded(latents, hidden, {"mask": mask})
+        return hidden, {"mask": mask}
 
     def compute_loss(
         self,

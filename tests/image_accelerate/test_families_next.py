@@ -240,6 +240,10 @@ def test_serve_family_base_and_adapter_load_and_draw_images(adapter: dict[str, A
     assert [image.size for image in images] == [(32, 32)] * 2
     timing = serve_model.calibrate(base, 32)
     assert timing.step_s > 0
+    # No sdflow_model.json: the size the pipeline draws by default (FLUX.2's and Qwen-Image's
+    # transformers have no sample_size).
+    expected = getattr(base.transformer.config, "sample_size", None) or base.default_sample_size
+    assert serve_model.default_size(None, base) == expected * base.vae_scale_factor
 
 
 @pytest.mark.parametrize("family", ["flux2", "qwenimage"])

@@ -230,12 +230,14 @@ def attach_adapter(pipe: Any, model_dir: Path, info: ModelInfo, dtype: Any) -> N
 
 
 def default_size(info: ModelInfo | None, pipe: Any) -> int:
-    """The trained size: sdflow_model.json's, else the denoiser's latent size times the VAE's scale."""
+    """The trained size: sdflow_model.json's, else the denoiser's latent size times the VAE's scale
+    (FLUX.2 and Qwen-Image transformers have none: their pipeline's default_sample_size)."""
     if info is not None:
         return info.resolution
     try:
         denoiser = getattr(pipe, "unet", None) or pipe.transformer
-        return int(denoiser.config.sample_size) * int(pipe.vae_scale_factor)
+        sample_size = getattr(denoiser.config, "sample_size", None) or pipe.default_sample_size
+        return int(sample_size) * int(pipe.vae_scale_factor)
     except (AttributeError, TypeError, ValueError):
         return FALLBACK_IMAGE_SIZE
 

@@ -196,6 +196,9 @@ def build_tiny(family: str, out_dir: str | Path, seed: int = 0, vae_steps: int =
     if family in ("sd35", "flux2", "qwenimage"):  # the second stack's (tiny_families_next)
         from sdflow_image.tiny_families_next import build_tiny_next
 
+        if not transformers_5():
+            raise ValueError(f"family={family} needs the second stack (diffusers 0.42.1): run it with .venv-accelerate")
+
         return build_tiny_next(family, out_dir, seed=seed)
     from diffusers import StableDiffusion3Pipeline, StableDiffusionXLPipeline
 

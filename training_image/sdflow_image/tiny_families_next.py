@@ -64,6 +64,13 @@ def build_qwen_tokenizer() -> Any:
     return tokenizer
 
 
+def _special_ids(tokenizer: Any) -> dict[str, int]:
+    """The Qwen encoders' special token ids in the tiny vocabulary (their configs' defaults are
+    Qwen's own ids, outside it)."""
+    end, im_end = tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
+    return {"bos_token_id": end, "eos_token_id": im_end, "pad_token_id": tokenizer.pad_token_id}
+
+
 def build_sd35_components(seed: int = 0) -> dict[str, Any]:
     """SD 3's tiny components with an SD 3.5 transformer: qk_norm, and Medium's dual attention in
     its first block."""
@@ -131,7 +138,7 @@ def build_flux2_components(seed: int = 0) -> dict[str, Any]:
             num_key_value_heads=2,
             head_dim=8,
             max_position_embeddings=1024,
-            pad_token_id=tokenizer.pad_token_id,
+            **_special_ids(tokenizer),
         )
     )
     transformer = new_diffusers.Flux2Transformer2DModel(
@@ -186,11 +193,12 @@ def build_qwenimage_components(seed: int = 0) -> dict[str, Any]:
                 "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"},
                 "rope_theta": 1000000.0,
                 "vocab_size": len(tokenizer),
-                "pad_token_id": tokenizer.pad_token_id,
+                **_special_ids(tokenizer),
             },
             vision_config={"depth": 2, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2,
                            "out_hidden_size": QWEN_TEXT_WIDTH},
             vocab_size=len(tokenizer),
+            **_special_ids(tokenizer),
         )
     ).eval()  # fmt: skip
     transformer = new_diffusers.QwenImageTransformer2DModel(

@@ -207,9 +207,10 @@ class DrawingPipeline:
     def set_progress_bar_config(self, **_: Any) -> None:
         pass
 
-    def __call__(self, prompts: list[str], *, height: int, width: int, **_: Any) -> Any:
+    def __call__(self, *, prompt: list[str], height: int, width: int, **_: Any) -> Any:
+        # By name, as adherence.render passes it (families.call_kwargs: FLUX.2 klein's first is an image).
         rnd = random.Random(0)
-        images = [scenes.draw(scenes.parse_prompt(p), width, height, rnd) for p in prompts]
+        images = [scenes.draw(scenes.parse_prompt(p), width, height, rnd) for p in prompt]
         return type("Output", (), {"images": images})()
 
 

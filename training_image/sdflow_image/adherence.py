@@ -154,17 +154,18 @@ def render(
     the same image whatever the batch), with the pipeline's own scheduler."""
     import torch
 
+    from sdflow_image import families
+
     images: list[Image.Image] = []
     for start in range(0, len(prompts), batch_size):
         chunk = list(prompts[start : start + batch_size])
         generators = [torch.Generator(device="cpu").manual_seed(seed + start + i) for i in range(len(chunk))]
         with torch.no_grad():
             out = pipe(
-                chunk,
+                **families.call_kwargs(pipe, chunk, None, guidance_scale),
                 height=resolution,
                 width=resolution,
                 num_inference_steps=num_inference_steps,
-                guidance_scale=guidance_scale,
                 generator=generators,
                 output_type="pil",
             )

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sdflow_image import contract
+from sdflow_image.families.base import FAMILIES
 from sdflow_image.serve_request import SIZE_MULTIPLE, SizeLimits
 
 MODEL_INFO_FILE = "sdflow_model.json"
@@ -105,8 +106,8 @@ def read_model_info(model_dir: Path) -> ModelInfo | None:
     if method not in ("full", "lora"):
         raise ModelInfoError(f"{path}: method must be full or lora, got {method!r}")
     family = raw.get("family")
-    if family is not None and family not in ("sd", "sdxl", "sd3"):
-        raise ModelInfoError(f"{path}: family must be sd, sdxl or sd3, got {family!r}")
+    if family is not None and family not in FAMILIES:
+        raise ModelInfoError(f"{path}: family must be one of {', '.join(FAMILIES)}, got {family!r}")
     left_out = raw.get("left_out", [])
     if not isinstance(left_out, list) or not set(left_out) <= {"text_encoder_3", "tokenizer_3"}:
         raise ModelInfoError(f"{path}: left_out may name text_encoder_3 and tokenizer_3 only, got {left_out!r}")
@@ -229,12 +230,14 @@ def attach_adapter(pipe: Any, model_dir: Path, info: ModelInfo, dtype: Any) -> N
 
 
 def default_size(info: ModelInfo | None, pipe: Any) -> int:
-    """The trained size: sdflow_model.json's, else the denoiser's latent size times the VAE's scale."""
+    """The trained size: sdflow_model.json's, else the denoiser's latent size times the VAE's scale
+    (FLUX.2 and Qwen-Image transformers have none: their pipeline's default_sample_size)."""
     if info is not None:
         return info.resolution
     try:
         denoiser = getattr(pipe, "unet", None) or pipe.transformer
-        return int(denoiser.config.sample_size) * int(pipe.vae_scale_factor)
+        sample_size = getattr(denoiser.config, "sample_size", None) or pipe.default_sample_size
+        return int(sample_size) * int(pipe.vae_scale_factor)
     except (AttributeError, TypeError, ValueError):
         return FALLBACK_IMAGE_SIZE
 
@@ -262,6 +265,8 @@ def calibrate(pipe: Any, size: int) -> StepTiming:
     a timed one whose step-end callbacks give the per-step time; the slowest step is kept."""
     import torch
 
+    from sdflow_image import families
+
     marks: list[float] = []
 
     def mark(pipeline: Any, step: int, timestep: Any, tensors: dict[str, Any]) -> dict[str, Any]:
@@ -270,9 +275,8 @@ def calibrate(pipe: Any, size: int) -> StepTiming:
 
     def run(steps: int) -> None:
         result = pipe(
-            prompt="calibration",
+            **families.call_kwargs(pipe, "calibration", None, CALIBRATION_GUIDANCE),
             num_inference_steps=steps,
-            guidance_scale=CALIBRATION_GUIDANCE,
             width=size,
             height=size,
             num_images_per_prompt=1,

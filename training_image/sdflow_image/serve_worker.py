@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from sdflow_image import families
 from sdflow_image.serve_admission import Admission, RefusedError, Ticket
 from sdflow_image.serve_model import (
     ServeError,
@@ -235,11 +236,10 @@ class ModelServer:
         # cancelled request's thread still be running when the next one starts.
         with self._pipe_locks[index]:
             try:
-                result = self._pipes[index](
-                    prompt=request.prompt,
-                    negative_prompt=request.negative_prompt,
+                pipe = self._pipes[index]
+                result = pipe(
+                    **families.call_kwargs(pipe, request.prompt, request.negative_prompt, request.guidance_scale),
                     num_inference_steps=request.num_inference_steps,
-                    guidance_scale=request.guidance_scale,
                     width=job.width,
                     height=job.height,
                     num_images_per_prompt=request.num_images,

@@ -11,6 +11,7 @@ the code paths of each family, not image quality.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -22,14 +23,27 @@ TEXT_WIDTH = 32  # hidden size of each tiny CLIP text encoder (and its projectio
 T5_WIDTH = 64  # = SD3's joint_attention_dim: the CLIP pair (2 x 32) padded to T5's width
 
 
+def transformers_5() -> bool:
+    """Whether this is the second stack's transformers (5.x), whose tokenizers are built from a
+    vocabulary in memory (4.51's read files) and whose T5 tokenizer is always a Unigram model."""
+    import transformers
+
+    return int(transformers.__version__.split(".")[0]) >= 5
+
+
 def _clip_tokenizer() -> Any:
     from transformers import CLIPTokenizer
 
+    length = tiny_model.TOKENIZER_MAX_LENGTH
     with tempfile.TemporaryDirectory(prefix="sdflow-tiny-bpe-") as tok_dir:
         vocab_file, merges_file, _ = tiny_model.write_clip_bpe(tok_dir)
-        return CLIPTokenizer(
-            vocab_file=str(vocab_file), merges_file=str(merges_file), model_max_length=tiny_model.TOKENIZER_MAX_LENGTH
-        )
+        if transformers_5():  # 5.x ignores vocab_file/merges_file: the same BPE, passed in memory
+            vocab = json.loads(vocab_file.read_text(encoding="utf-8"))
+            lines = merges_file.read_text(encoding="utf-8").splitlines()[1:]
+            merges = [tuple(line.split()) for line in lines if line]
+            in_memory: Any = CLIPTokenizer  # 4.51's signature (the type check's) names files
+            return in_memory(vocab=vocab, merges=merges, model_max_length=length)
+        return CLIPTokenizer(vocab_file=str(vocab_file), merges_file=str(merges_file), model_max_length=length)
 
 
 def _clip_config(tokenizer: Any) -> Any:
@@ -100,6 +114,13 @@ def t5_tokenizer() -> Any:
     from transformers import T5TokenizerFast
 
     words = sorted({w for caption in tiny_model.CAPTIONS for w in caption.lower().split()})
+    if transformers_5():
+        # 5.x loads tokenizer_3 into T5's Unigram model, whatever model the file holds: the same
+        # words as Unigram pieces (Metaspace's "▁" prefix), the same size.
+        from transformers import T5Tokenizer
+
+        pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), *((f"\u2581{w}", -1.0) for w in words)]
+        return T5Tokenizer(vocab=pieces, extra_ids=0, model_max_length=tiny_model.TOKENIZER_MAX_LENGTH)
     vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(words)}}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -167,10 +188,18 @@ def build_tiny_sd3_components(seed: int = 0, with_t5: bool = True) -> dict[str, 
 
 
 def build_tiny(family: str, out_dir: str | Path, seed: int = 0, vae_steps: int = 0, with_t5: bool = True) -> Path:
-    """The tiny pipeline of `family` (sd | sdxl | sd3) saved to `out_dir`."""
+    """The tiny pipeline of `family` (sd | sdxl | sd3; sd35 | flux2 | qwenimage on the second stack)
+    saved to `out_dir`."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if family == "sd":
         return tiny_model.build_tiny_pipeline(out_dir, seed=seed, vae_steps=vae_steps)
+    if family in ("sd35", "flux2", "qwenimage"):  # the second stack's (tiny_families_next)
+        from sdflow_image.tiny_families_next import build_tiny_next
+
+        if not transformers_5():
+            raise ValueError(f"family={family} needs the second stack (diffusers 0.42.1): run it with .venv-accelerate")
+
+        return build_tiny_next(family, out_dir, seed=seed)
     from diffusers import StableDiffusion3Pipeline, StableDiffusionXLPipeline
 
     pipe: Any

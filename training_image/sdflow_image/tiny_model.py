@@ -281,7 +281,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--vae_steps", type=int, default=0, help="fit the VAE to scene images for N steps first (default 0: random)"
     )
-    parser.add_argument("--family", choices=("sd", "sdxl", "sd3"), default="sd", help="model family (default sd)")
+    parser.add_argument(
+        "--family",
+        choices=("sd", "sdxl", "sd3", "sd35", "flux2", "qwenimage"),
+        default="sd",
+        help="model family (default sd; sd35, flux2 and qwenimage on the second stack)",
+    )
     args = parser.parse_args(argv)
     if args.vae_steps < 0:
         parser.error(f"--vae_steps must be >= 0, got {args.vae_steps}")

@@ -6,8 +6,10 @@ encoded, what the denoiser is and which loss trains it (`PIPELINE_FAMILIES`).
 
 `Family` is the one interface training, sampling, evaluation and serving go through; each
 family module (`sd`, `sdxl`, `sd3`) fills it in after the diffusers 0.29 example that trains
-that model. Everything imports torch and diffusers lazily, inside the methods: `train.py`'s early
-checks call `detect_family` and `lora_plugin_refusal` before torch loads.
+that model; `sd35`, `flux2` and `qwenimage` after diffusers 0.42.1's, and run only on the second
+stack (`NEW_STACK_FAMILIES`: diffusers 0.29 has none of their classes). Everything imports torch and
+diffusers lazily, inside the methods: `train.py`'s early checks call `detect_family` and
+`lora_plugin_refusal` before torch loads, on either stack.
 """
 
 from __future__ import annotations
@@ -18,12 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-FAMILIES = ("sd", "sdxl", "sd3")
+FAMILIES = ("sd", "sdxl", "sd3", "sd35", "flux2", "qwenimage")
+# The families only the second stack (torch 2.15, diffusers 0.42.1) can load and train.
+NEW_STACK_FAMILIES = ("sd35", "flux2", "qwenimage")
 METHODS = ("full", "lora")
 PIPELINE_FAMILIES = {
     "StableDiffusionPipeline": "sd",
     "StableDiffusionXLPipeline": "sdxl",
-    "StableDiffusion3Pipeline": "sd3",
+    "StableDiffusion3Pipeline": "sd3",  # or sd35: `detect_family` reads the transformer's config
+    "Flux2KleinPipeline": "flux2",
+    "QwenImagePipeline": "qwenimage",
 }
 
 # Which Colossal-AI 0.5.0 plugin can train a LoRA adapter here, and why the others cannot (read
@@ -42,6 +48,15 @@ LORA_REFUSALS = {
 }
 
 
+def second_stack(module: str) -> Any:
+    """`module` (diffusers, transformers) typed Any, for the classes only the second stack has
+    (diffusers 0.42.1, transformers 5): the image's type check runs against the first stack's
+    packages, where they do not exist (and where 4.51's tokenizers take other arguments)."""
+    import importlib
+
+    return importlib.import_module(module)
+
+
 class FamilyError(ValueError):
     """The base model is not of a supported family, or not of the family the run asked for."""
 
@@ -57,7 +72,21 @@ def detect_family(base_dir: str | Path) -> str:
     if family is None:
         supported = ", ".join(f"{cls} ({fam})" for cls, fam in PIPELINE_FAMILIES.items())
         raise FamilyError(f"base model {base_dir} is a {class_name}; the families supported are {supported}")
+    if family == "sd3" and is_sd35(base_dir):
+        return "sd35"
     return family
+
+
+def is_sd35(base_dir: str | Path) -> bool:
+    """Whether a StableDiffusion3Pipeline is SD 3.5: its transformer normalises queries and keys
+    (`qk_norm: "rms_norm"` in SD 3.5 Large, Large Turbo and Medium; SD 3 Medium has none), which
+    diffusers 0.29's SD3Transformer2DModel cannot build. A missing or unreadable config reads as SD 3:
+    loading it will then say what is wrong."""
+    config = Path(base_dir) / "transformer" / "config.json"
+    try:
+        return bool(json.loads(config.read_text(encoding="utf-8")).get("qk_norm"))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def resolve_family(requested: str | None, base_dir: str | Path) -> str:
@@ -153,6 +182,12 @@ class Family:
         import diffusers
 
         return getattr(diffusers, self.pipeline_class_name)
+
+    def call_kwargs(self, pipe: Any, prompt: Any, negative_prompt: Any, guidance_scale: float) -> dict[str, Any]:
+        """The pipeline call's prompt, negative prompt and classifier-free guidance arguments for a
+        request's (by name: FLUX.2 [klein]'s first positional argument is an image). SD's are
+        the request's own; the families whose pipelines name them otherwise say so."""
+        return {"prompt": prompt, "negative_prompt": negative_prompt, "guidance_scale": guidance_scale}
 
     def denoiser_class(self) -> Any:
         import diffusers

@@ -87,6 +87,19 @@ class StableDiffusion3(Family):
         clip = F.pad(clip, (0, t5.shape[-1] - clip.shape[-1]))
         return Encoded(latents, torch.cat([clip, t5.to(clip.dtype)], dim=-2), {"pooled": torch.cat(pooled, dim=-1)})
 
+    def sample_timesteps(self, scheduler: Any, batch: int, device: Any, generator: Any) -> tuple[Any, Any]:
+        """(timesteps, sigmas): a uniform index into the training schedule (0.29's script). The
+        schedule's timesteps and sigmas are aligned arrays: the script's get_sigmas looks each
+        timestep up again to find the same index."""
+        import torch
+
+        indices = torch.randint(0, scheduler.config.num_train_timesteps, (batch,), generator=generator, device=device)
+        return scheduler.timesteps.to(device)[indices], scheduler.sigmas.to(device)[indices]
+
+    def loss_weighting(self, sigmas: Any) -> Any:
+        """0.29's default `weighting_scheme=sigma_sqrt`: sigma ** -2."""
+        return sigmas**-2.0
+
     def compute_loss(
         self,
         model: Any,
@@ -106,11 +119,8 @@ class StableDiffusion3(Family):
         device, batch = latents.device, latents.shape[0]
         scheduler = parts.noise_scheduler
         noise = torch.randn(latents.shape, generator=generator, device=device, dtype=latents.dtype)
-        indices = torch.randint(0, scheduler.config.num_train_timesteps, (batch,), generator=generator, device=device)
-        # The training schedule's timesteps and sigmas are aligned arrays: the script's get_sigmas
-        # looks each timestep up again to find the same index.
-        timesteps = scheduler.timesteps.to(device)[indices]
-        sigmas = scheduler.sigmas.to(device=device, dtype=latents.dtype)[indices].reshape(batch, 1, 1, 1)
+        timesteps, sigmas = self.sample_timesteps(scheduler, batch, device, generator)
+        sigmas = sigmas.to(latents.dtype).reshape(batch, 1, 1, 1)
         noisy = sigmas * noise + (1.0 - sigmas) * latents
         dtype = next(model.parameters()).dtype
         ctx = torch.autocast(device.type, dtype=autocast) if autocast else contextlib.nullcontext()
@@ -123,7 +133,7 @@ class StableDiffusion3(Family):
                 return_dict=False,
             )[0]
         pred = pred.float() * (-sigmas) + noisy.float()
-        weighting = (sigmas**-2.0).float()
+        weighting = self.loss_weighting(sigmas.float())
         per_sample = (weighting * (pred - latents.float()) ** 2).reshape(batch, -1).mean(dim=1)
         return per_sample.mean()
 

@@ -202,11 +202,13 @@ def _separate_words(text_encoder: Any) -> None:
     """Large token and position embeddings and near-identity layers (see the module docstring)."""
     import torch
 
-    embeddings = text_encoder.text_model.embeddings
+    # transformers 5 (the accelerate stack) dropped CLIPTextModel's `text_model` wrapper.
+    text_model = getattr(text_encoder, "text_model", text_encoder)
+    embeddings = text_model.embeddings
     with torch.no_grad():
         embeddings.token_embedding.weight.normal_(0.0, TOKEN_EMBEDDING_STD)
         embeddings.position_embedding.weight.normal_(0.0, POSITION_EMBEDDING_STD)
-        for layer in text_encoder.text_model.encoder.layers:
+        for layer in text_model.encoder.layers:
             for branch_out in (layer.self_attn.out_proj, layer.mlp.fc2):
                 branch_out.weight.mul_(TEXT_LAYER_SCALE)
                 branch_out.bias.mul_(TEXT_LAYER_SCALE)

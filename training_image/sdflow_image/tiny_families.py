@@ -23,13 +23,9 @@ T5_WIDTH = 64  # = SD3's joint_attention_dim: the CLIP pair (2 x 32) padded to T
 
 
 def _clip_tokenizer() -> Any:
-    from transformers import CLIPTokenizer
-
     with tempfile.TemporaryDirectory(prefix="sdflow-tiny-bpe-") as tok_dir:
-        vocab_file, merges_file, _ = tiny_model.write_clip_bpe(tok_dir)
-        return CLIPTokenizer(
-            vocab_file=str(vocab_file), merges_file=str(merges_file), model_max_length=tiny_model.TOKENIZER_MAX_LENGTH
-        )
+        tiny_model.write_clip_bpe(tok_dir)
+        return tiny_model.clip_tokenizer(tok_dir)
 
 
 def _clip_config(tokenizer: Any) -> Any:

@@ -215,4 +215,3 @@ class AccelerateBackend(Backend):
 
 def _contiguous(state: dict[str, Any]) -> dict[str, Any]:
     return {name: tensor.detach().cpu().contiguous() for name, tensor in state.items()}
-

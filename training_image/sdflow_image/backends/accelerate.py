@@ -97,17 +97,21 @@ class AccelerateBackend(Backend):
         self.model, self.optimizer = self.accelerator.prepare(denoiser, optimizer)
 
     def _shard(self, denoiser: Any) -> None:
-        import torch
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        import importlib
 
+        import torch
+
+        # Imported by name: the first stack's torch 2.5.1 (whose mypy checks this package too)
+        # keeps fully_shard in torch.distributed._composable.fsdp; this backend runs on 2.15 only.
+        fsdp: Any = importlib.import_module("torch.distributed.fsdp")
         policy = (
-            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            fsdp.MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
             if self.args.mixed_precision == "bf16"
-            else MixedPrecisionPolicy()
+            else fsdp.MixedPrecisionPolicy()
         )
         for unit in shard_units(denoiser):
-            fully_shard(unit, mp_policy=policy)
-        fully_shard(denoiser, mp_policy=policy)
+            fsdp.fully_shard(unit, mp_policy=policy)
+        fsdp.fully_shard(denoiser, mp_policy=policy)
 
     def backward(self, loss: Any) -> None:
         if self.fsdp:
@@ -175,7 +179,7 @@ class AccelerateBackend(Backend):
             from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
             model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
-            state = {"model": model_state, "optimizer": optimizer_state}
+            state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}
             dcp.load(state, checkpoint_id=str(folder / DCP_FOLDER))
             set_state_dict(
                 self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]

@@ -70,8 +70,14 @@ def communication_note(plugin: str, gradient_accumulation_steps: int, world_size
     k = gradient_accumulation_steps
     if world_size <= 1 or k <= 1:
         return None
-    if plugin == "torch_ddp":
+    if plugin in ("torch_ddp", "ddp"):
         return f"gradient accumulation: {k} micro-batches a step, gradients all-reduced once a step (DDP no_sync)"
+    if plugin == "fsdp2":
+        return (
+            f"gradient accumulation: {k} micro-batches a step, gradients reduce-scattered once a step (FSDP2 "
+            "set_requires_gradient_sync(False) before the last micro-batch); each rank holds the unsharded "
+            "gradients meanwhile, and every micro-batch still all-gathers the parameters"
+        )
     if plugin == LOW_LEVEL_ZERO_PLUGIN:
         return (
             f"gradient accumulation: {k} micro-batches a step, low_level_zero runs ZeRO stage 1 so that the "

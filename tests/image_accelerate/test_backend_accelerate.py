@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -119,22 +120,37 @@ def _summary(opt_ml: Path) -> dict[str, Any]:
     return json.loads((opt_ml / "model" / "training_summary.json").read_text())
 
 
+def _resumed_copy(tmp: Path, done: Path, hp: dict[str, str], base: Path, dataset: Path, nproc: int) -> dict[int, float]:
+    """A new attempt of a finished job, given the checkpoints it left (SageMaker's restart
+    downloads them): it resumes from the newest and trains to the end; returns its step losses."""
+    again = _job(tmp, f"{done.name}-again", hp, base, dataset)
+    shutil.copytree(done / "checkpoints", again / "checkpoints")
+    code, out = _run(again, nproc)
+    assert code == 0, out[-4000:]
+    assert "resumed from checkpoint" in out
+    return _losses(out)
+
+
 # --- one process: accelerate's DDP plugin (no wrapper at world size 1), full fine-tune of SD ---
 
 
-def test_train_accelerate_ddp_sd_full_one_process_trains_and_exports_pipeline_diffusers_loads(
+def test_train_accelerate_ddp_sd_full_ema_one_process_resumes_exactly_and_exports_pipeline_diffusers_loads(
     tmp_path: Path, bases: Callable[[str], Path], dataset: Path
 ) -> None:
     import torch
     from diffusers import StableDiffusionPipeline
 
     base = bases("sd")
-    opt_ml = _job(tmp_path, "sd", {**HP, "plugin": "ddp", "max_train_steps": "2"}, base, dataset)
+    hp = {**HP, "plugin": "ddp", "max_train_steps": "3", "checkpointing_steps": "2", "use_ema": "true"}
+    opt_ml = _job(tmp_path, "sd", hp, base, dataset)
     code, out = _run(opt_ml, 1)
     assert code == 0, out[-4000:]
-    assert sorted(_losses(out)) == [1, 2]
+    losses = _losses(out)
+    assert sorted(losses) == [1, 2, 3]
     summary = _summary(opt_ml)
     assert (summary["backend"], summary["plugin"], summary["world_size"]) == ("accelerate", "ddp", 1)
+    # The step-2 checkpoint (weights, optimizer, schedule, EMA) resumed: step 3 as the run trained it.
+    assert _resumed_copy(tmp_path, opt_ml, hp, base, dataset, 1) == pytest.approx({3: losses[3]}, rel=1e-5)
     pipe = StableDiffusionPipeline.from_pretrained(opt_ml / "model", local_files_only=True)
     trained = pipe.unet.state_dict()
     start = StableDiffusionPipeline.from_pretrained(base, local_files_only=True).unet.state_dict()
@@ -204,15 +220,18 @@ def test_train_fsdp2_exported_transformer_is_whole_and_loads_with_sd3_pipeline(f
 # --- two processes, accelerate's DDP: LoRA --------------------------------------------------
 
 
-def test_train_ddp_lora_two_processes_writes_adapter_the_pipeline_loads(
+def test_train_ddp_lora_two_processes_resumes_exactly_and_writes_adapter_the_pipeline_loads(
     tmp_path: Path, bases: Callable[[str], Path], dataset: Path
 ) -> None:
     from diffusers import StableDiffusion3Pipeline
 
-    hp = {**SD3_HP, "training_method": "lora", "lora_rank": "4", "max_train_steps": "2"}
+    hp = {**SD3_HP, "training_method": "lora", "lora_rank": "4", "max_train_steps": "3", "checkpointing_steps": "2"}
     opt_ml = _job(tmp_path, "lora", hp, bases("sd3"), dataset)
     code, out = _run(opt_ml, 2)
     assert code == 0, out[-4000:]
+    # Rank 0 alone writes the replicated state (adapter, optimizer, schedule); both ranks resume it.
+    resumed = _resumed_copy(tmp_path, opt_ml, hp, bases("sd3"), dataset, 2)
+    assert resumed == pytest.approx({3: _losses(out)[3]}, rel=1e-5)
     summary = _summary(opt_ml)
     assert (summary["backend"], summary["plugin"], summary["world_size"]) == ("accelerate", "ddp", 2)
     model = opt_ml / "model"

@@ -93,7 +93,15 @@ class AccelerateBackend(Backend):
                     param.data = param.data.to(torch.bfloat16)
         optimizer = torch.optim.AdamW(trainable(denoiser, extra_params), **adam_kwargs(args))
         self.lr_scheduler = schedule(args, optimizer)
-        self.accelerator = Accelerator(mixed_precision=args.mixed_precision)
+        # cpu=True on a CPU: without it accelerate 1.15 sees torchrun's LOCAL_RANK, finds no GPU,
+        # and settles on DistributedType.NO, so `prepare` wraps nothing and each rank trains alone.
+        self.accelerator = Accelerator(mixed_precision=args.mixed_precision, cpu=device.type == "cpu")
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if self.accelerator.num_processes != world_size:
+            raise RuntimeError(
+                f"accelerate sees {self.accelerator.num_processes} process(es) of a world of {world_size} "
+                f"({self.accelerator.distributed_type}): it would not average the gradients"
+            )
         self.model, self.optimizer = self.accelerator.prepare(denoiser, optimizer)
 
     def _shard(self, denoiser: Any) -> None:

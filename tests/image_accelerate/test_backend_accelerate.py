@@ -163,7 +163,8 @@ def test_train_accelerate_ddp_sd_full_ema_one_process_resumes_exactly_and_export
 @pytest.fixture(scope="module")
 def fsdp2_runs(tmp_path_factory: pytest.TempPathFactory, bases: Callable[[str], Path], dataset: Path) -> dict:
     tmp, base = tmp_path_factory.mktemp("fsdp2"), bases("sd3")
-    hp = {**SD3_HP, "plugin": "fsdp2", "mixed_precision": "bf16", "gradient_accumulation_steps": "2"}
+    hp = {**SD3_HP, "plugin": "fsdp2", "mixed_precision": "bf16", "gradient_accumulation_steps": "2",
+          "gradient_checkpointing": "true"}  # fmt: skip
     whole = _job(tmp, "whole", hp, base, dataset)
     whole_code, whole_out = _run(whole, 2)
     stopped = _job(tmp, "stopped", hp, base, dataset)

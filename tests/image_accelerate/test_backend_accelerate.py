@@ -260,8 +260,8 @@ def test_rules_default_backend_and_plugin_by_family_and_method() -> None:
     ("family", "backend", "plugin", "method", "precision", "says"),
     [
         ("flux2", "colossalai", "torch_ddp", "full", "bf16", "diffusers 0.29.0"),
-        ("sd3", "accelerate", "gemini", "full", "bf16", "plugin=gemini is a colossalai plugin"),
-        ("sd", "colossalai", "fsdp2", "full", "no", "plugin=fsdp2 is a accelerate plugin"),
+        ("sd3", "accelerate", "gemini", "full", "bf16", "plugin=gemini belongs to backend=colossalai"),
+        ("sd", "colossalai", "fsdp2", "full", "no", "plugin=fsdp2 belongs to backend=accelerate"),
         ("sd35", "accelerate", "fsdp2", "lora", "bf16", "sharding saves nothing"),
         ("sd35", "accelerate", "ddp", "full", "fp16", "mixed_precision=fp16"),
     ],

@@ -81,7 +81,7 @@ def refusal(family: str | None, backend: str, plugin: str, method: str, mixed_pr
     if plugin not in PLUGINS_OF_BACKEND[backend]:
         other = next(b for b, plugins in PLUGINS_OF_BACKEND.items() if plugin in plugins)
         return (
-            f"plugin={plugin} is a {other} plugin and backend={backend} has "
+            f"plugin={plugin} belongs to backend={other}, and backend={backend} has "
             f"{' | '.join(PLUGINS_OF_BACKEND[backend])}: set plugin={default_plugin(backend, method)} or "
             f"backend={other}"
         )

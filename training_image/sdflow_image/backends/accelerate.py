@@ -75,8 +75,9 @@ class AccelerateBackend(Backend):
         import torch
 
         args = self.args
-        denoiser.to(device)
         if self.fsdp:
+            # No .to(device) first: fully_shard moves each rank's shard (not the whole model) to
+            # its mesh's device, the GPU of the rank (the CPU in the tests).
             self._shard(denoiser)
             self.model = denoiser
             self.optimizer = torch.optim.AdamW(trainable(denoiser, extra_params), **adam_kwargs(args))
@@ -84,6 +85,7 @@ class AccelerateBackend(Backend):
             return
         from accelerate import Accelerator
 
+        denoiser.to(device)
         lora = getattr(args, "training_method", "full") == "lora"
         if lora and args.mixed_precision == "bf16" and device.type == "cuda":
             # The examples keep the frozen base in the training precision and the adapter in

@@ -60,7 +60,7 @@ IMAGE_DIR = REPO / "training_image"
 sys.path.insert(0, str(IMAGE_DIR))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # acceptance_inputs, also when loaded by path
 
-from acceptance_inputs import build_base, free_port, in_folder, local_s3, write_shards  # noqa: E402
+from acceptance_inputs import build_base, free_port, in_folder, local_s3, weight_difference, write_shards  # noqa: E402
 
 from sdflow_image import flags, launcher  # noqa: E402  (no torch: the CPU exit path stays light)
 from sdflow_image.backends import rules  # noqa: E402
@@ -308,27 +308,6 @@ def prepare(opt_ml: Path, hp: dict[str, str]) -> Path:
     (config / "hyperparameters.json").write_text(json.dumps(hp))
     (config / "resourceconfig.json").write_text(json.dumps({"current_host": "algo-1", "hosts": ["algo-1"]}))
     return opt_ml
-
-
-def weight_difference(a: Path, b: Path) -> float:
-    """Relative L2 difference of two saved models: safetensors files, or every one in two folders."""
-    from safetensors.torch import load_file
-
-    def load(folder: Path) -> dict[str, Any]:
-        tensors: dict[str, Any] = {}
-        for file in [folder] if folder.is_file() else sorted(folder.glob("*.safetensors")):
-            tensors.update(load_file(str(file)))
-        return tensors
-
-    left, right = load(a), load(b)
-    if left.keys() != right.keys() or not left:
-        raise ValueError(f"{a} and {b} hold different tensors")
-    diff = norm = 0.0
-    for key, tensor in left.items():
-        x, y = tensor.double(), right[key].double()
-        diff += float((x - y).pow(2).sum())
-        norm += float(x.pow(2).sum())
-    return math.sqrt(diff / norm) if norm else math.sqrt(diff)
 
 
 def run_row(row: Row, args: argparse.Namespace, work: Path, hp: dict[str, str], env: dict[str, str]) -> None:

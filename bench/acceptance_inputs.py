@@ -1,13 +1,15 @@
 """The GPU acceptance's inputs (bench/gpu_acceptance.py): a base model of the family asked for,
 random at full size or tiny, and webdataset shards, in a folder or on a local S3 (moto's server).
-Apart from gpu_acceptance.py to keep each module short."""
+Apart from gpu_acceptance.py to keep each module short; `weight_difference` compares two saved models."""
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 BUCKET = "sdflow-acceptance"
 
@@ -109,3 +111,27 @@ def build_base(folder: Path, family: str, tiny: bool) -> tuple[Path, int]:
     from sdflow_image import random_families
 
     return random_families.build_pipeline(family, folder), random_families.RESOLUTION
+
+
+# --- comparing saved models -----------------------------------------------------------------
+
+
+def weight_difference(a: Path, b: Path) -> float:
+    """Relative L2 difference of two saved models: safetensors files, or every one in two folders."""
+    from safetensors.torch import load_file
+
+    def load(folder: Path) -> dict[str, Any]:
+        tensors: dict[str, Any] = {}
+        for file in [folder] if folder.is_file() else sorted(folder.glob("*.safetensors")):
+            tensors.update(load_file(str(file)))
+        return tensors
+
+    left, right = load(a), load(b)
+    if left.keys() != right.keys() or not left:
+        raise ValueError(f"{a} and {b} hold different tensors")
+    diff = norm = 0.0
+    for key, tensor in left.items():
+        x, y = tensor.double(), right[key].double()
+        diff += float((x - y).pow(2).sum())
+        norm += float(x.pow(2).sum())
+    return math.sqrt(diff / norm) if norm else math.sqrt(diff)

@@ -28,6 +28,12 @@ the rows, the seconds Colossal-AI's kernels take to load (the first time: to bui
     python bench/gpu_acceptance.py --family sdxl --method lora --plugins torch_ddp --precisions bf16
     python bench/gpu_acceptance.py --family sd3 --method lora --plugins torch_ddp --precisions bf16
     python bench/gpu_acceptance.py --tiny --nproc 2 --plugins torch_ddp --precisions bf16   # CPU: the harness
+    .venv-accelerate/bin/python bench/gpu_acceptance.py --backend accelerate --family sd3 --method full  # fsdp2
+    .venv-accelerate/bin/python bench/gpu_acceptance.py --backend accelerate --family sd3 --method lora  # ddp
+
+`--backend accelerate` runs the second stack's rows (its own venv: no Colossal-AI there, so no
+kernels to load): plugins ddp and fsdp2, bf16; SD 3 medium's size stands in for the new families
+until their random full-size builders land.
 
 Exit status: 0 every row held; 1 one did not (its row says why); 2 bad arguments, or no CUDA
 device without `--tiny` (one line says so).
@@ -54,13 +60,14 @@ IMAGE_DIR = REPO / "training_image"
 sys.path.insert(0, str(IMAGE_DIR))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # acceptance_inputs, also when loaded by path
 
-from acceptance_inputs import build_base, free_port, in_folder, local_s3, write_shards  # noqa: E402
+from acceptance_inputs import build_base, free_port, in_folder, local_s3, weight_difference, write_shards  # noqa: E402
 
 from sdflow_image import flags, launcher  # noqa: E402  (no torch: the CPU exit path stays light)
-from sdflow_image.families.base import FAMILIES, METHODS, lora_plugin_refusal  # noqa: E402
+from sdflow_image.backends import rules  # noqa: E402
+from sdflow_image.families.base import FAMILIES, METHODS  # noqa: E402
 from sdflow_image.training import checkpoints, lora  # noqa: E402
 
-PLUGINS = ("torch_ddp", "low_level_zero", "gemini")
+PLUGINS = rules.PLUGINS  # colossalai's torch_ddp, low_level_zero, gemini; accelerate's ddp, fsdp2
 PRECISIONS = ("fp16", "bf16")
 EXIT_NO_CUDA = 2
 EXIT_STOPPED = 128 + signal.SIGTERM
@@ -87,6 +94,7 @@ class Row:
     checks: list[str] = field(default_factory=list)
     family: str = "sd"
     method: str = "full"
+    backend: str = "colossalai"
 
     @property
     def ok(self) -> bool:
@@ -127,13 +135,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--method", choices=METHODS, default="full", help="train every denoiser weight or a LoRA adapter"
     )
     parser.add_argument(
+        "--backend",
+        choices=rules.BACKENDS,
+        default="colossalai",
+        help="colossalai (run in .venv-image) or accelerate (run in .venv-accelerate): the stack of this Python",
+    )
+    parser.add_argument(
         "--plugins",
         type=_choices(PLUGINS),
         default=None,
-        help="comma-separated subset (default: every plugin the family x method is meant for)",
+        help="comma-separated subset (default: every plugin the family x method x backend is meant for)",
     )
     parser.add_argument("--resolution", type=_positive_int, default=None, help="pixels (default: the family's own)")
-    parser.add_argument("--precisions", type=_choices(PRECISIONS), default=list(PRECISIONS), help="comma-separated")
+    parser.add_argument("--precisions", type=_choices(PRECISIONS), default=None,
+                        help="comma-separated (default: fp16,bf16; bf16 under accelerate)")  # fmt: skip
     parser.add_argument("--nproc", type=_positive_int, default=None, help="processes (default: every GPU)")
     parser.add_argument("--data", choices=("s3", "folder"), default="s3", help="shards on a local S3 or in a folder")
     parser.add_argument(
@@ -150,22 +165,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.steps < 4:
         parser.error("argument --steps: at least 4 (a checkpoint halfway, a stop after it)")
-    args.plugins = args.plugins or default_plugins(args.family, args.method)
-    if args.method == "lora":
-        for plugin in args.plugins:
-            if reason := lora_plugin_refusal(plugin):
-                parser.error(f"argument --plugins: {plugin} cannot train --method lora: {reason}")
+    args.plugins = args.plugins or default_plugins(args.family, args.method, args.backend)
+    args.precisions = args.precisions or list(rules.MIXED_PRECISIONS_OF_BACKEND[args.backend][1:])
+    for plugin in args.plugins:  # the image's own rules (train.py refuses the same)
+        for precision in args.precisions:
+            if reason := rules.refusal(args.family, args.backend, plugin, args.method, precision):
+                parser.error(f"argument --plugins/--precisions: {reason}")
     return args
 
 
-def default_plugins(family: str, method: str) -> list[str]:
-    """LoRA trains on torch_ddp only (families/base.py); a full SDXL run is the one the issue
-    asks to run sharded (issue 21: a full SDXL fine-tune needs sharding on 24 GB); the rest, every plugin."""
+def default_plugins(family: str, method: str, backend: str = "colossalai") -> list[str]:
+    """accelerate: its plugin for the method (fsdp2 full, ddp LoRA). colossalai: LoRA trains on
+    torch_ddp only (backends/rules.py); a full SDXL run is the one the issue asks to run sharded
+    (issue 21: a full SDXL fine-tune needs sharding on 24 GB); the rest, every plugin."""
+    if backend != "colossalai":
+        return [rules.default_plugin(backend, method)]
     if method == "lora":
         return ["torch_ddp"]
     if family == "sdxl":
         return ["low_level_zero", "gemini"]
-    return list(PLUGINS)
+    return list(rules.PLUGINS_OF_BACKEND["colossalai"])
 
 
 def cuda_missing_reason() -> str | None:
@@ -251,6 +270,7 @@ def hyperparameters(args: argparse.Namespace, plugin: str, precision: str, base:
     hp = {
         "pretrained_model_name_or_path": str(base),
         "model_family": args.family,
+        "backend": args.backend,
         "training_method": args.method,
         "dataset_dir": data_dir,
         "plugin": plugin,
@@ -279,7 +299,7 @@ def uses_ema(family: str, method: str, plugin: str) -> bool:
     estimate (not measured) their checkpoint with an fp32 EMA copy is ~40 GB (UNet 10.3 GB, Adam
     20.5 GB, EMA 10.3 GB), beside a ~14 GB base, two saved models and a 64 GB disk on the lent GPU
     machine."""
-    return method == "full" and plugin != "gemini" and family == "sd"
+    return method == "full" and plugin not in ("gemini", "fsdp2") and family == "sd"
 
 
 def prepare(opt_ml: Path, hp: dict[str, str]) -> Path:
@@ -288,27 +308,6 @@ def prepare(opt_ml: Path, hp: dict[str, str]) -> Path:
     (config / "hyperparameters.json").write_text(json.dumps(hp))
     (config / "resourceconfig.json").write_text(json.dumps({"current_host": "algo-1", "hosts": ["algo-1"]}))
     return opt_ml
-
-
-def weight_difference(a: Path, b: Path) -> float:
-    """Relative L2 difference of two saved models: safetensors files, or every one in two folders."""
-    from safetensors.torch import load_file
-
-    def load(folder: Path) -> dict[str, Any]:
-        tensors: dict[str, Any] = {}
-        for file in [folder] if folder.is_file() else sorted(folder.glob("*.safetensors")):
-            tensors.update(load_file(str(file)))
-        return tensors
-
-    left, right = load(a), load(b)
-    if left.keys() != right.keys() or not left:
-        raise ValueError(f"{a} and {b} hold different tensors")
-    diff = norm = 0.0
-    for key, tensor in left.items():
-        x, y = tensor.double(), right[key].double()
-        diff += float((x - y).pow(2).sum())
-        norm += float(x.pow(2).sum())
-    return math.sqrt(diff / norm) if norm else math.sqrt(diff)
 
 
 def run_row(row: Row, args: argparse.Namespace, work: Path, hp: dict[str, str], env: dict[str, str]) -> None:
@@ -396,14 +395,16 @@ def kernel_load_seconds() -> tuple[float, str | None]:
     return float(done.stdout.strip().splitlines()[-1]), None
 
 
-def environment_line(nproc: int, cuda: bool) -> str:
-    import colossalai
+def environment_line(nproc: int, cuda: bool, backend: str = "colossalai") -> str:
+    import importlib
+
     import diffusers
     import torch
 
     device = f"{nproc} x {torch.cuda.get_device_name()}" if cuda else f"{nproc} CPU processes"
+    stack = importlib.import_module(backend)  # colossalai or accelerate: the backend's own library
     return (
-        f"torch {torch.__version__} (CUDA {torch.version.cuda}), colossalai {colossalai.__version__}, "
+        f"backend {backend}: torch {torch.__version__} (CUDA {torch.version.cuda}), {backend} {stack.__version__}, "
         f"diffusers {diffusers.__version__}; {device}"
     )
 
@@ -430,6 +431,8 @@ def _line(cells: list[str], status: str) -> str:
 
 def report(rows: list[Row], kernel_s: float, kernel_error: str | None) -> str:
     kernels = f"{kernel_s:.1f} s" if kernel_error is None else f"FAILED: {kernel_error}"
+    if rows and rows[0].backend != "colossalai":
+        kernels = f"not used (backend={rows[0].backend})"
     header = _line([title for title, _ in COLUMNS], "status")
     lines = [f"Colossal-AI Adam kernels load: {kernels}", header, "-" * len(header)]
     for r in rows:
@@ -447,11 +450,13 @@ def main(argv: list[str] | None = None) -> int:
         print(reason, file=sys.stderr)
         return EXIT_NO_CUDA
     nproc = args.nproc or (torch.cuda.device_count() if cuda else 1)
-    print(environment_line(nproc, cuda), flush=True)
+    print(environment_line(nproc, cuda, args.backend), flush=True)
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="sdflow-acceptance-"))
     started = time.perf_counter()
     kernels: list[tuple[float, str | None]] = []  # built beside the inputs: both take minutes
-    probe = threading.Thread(target=lambda: kernels.append(kernel_load_seconds() if cuda else (math.nan, "no CUDA")))
+    colossalai = args.backend == "colossalai"  # the other backend's optimizer is torch's AdamW: no kernels
+    skipped = (math.nan, "no CUDA" if colossalai else None)
+    probe = threading.Thread(target=lambda: kernels.append(kernel_load_seconds() if cuda and colossalai else skipped))
     probe.start()
     base, resolution = build_base(work / "base", args.family, args.tiny)
     resolution = args.resolution or resolution
@@ -459,15 +464,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"inputs: base model and shards in {time.perf_counter() - started:.0f} s under {work}", flush=True)
     probe.join()
     (kernel_s, kernel_error), rows = kernels[0], []
-    print(
-        f"Colossal-AI Adam kernels: {kernel_s:.1f} s{'' if kernel_error is None else ', ' + kernel_error}", flush=True
-    )
+    if colossalai:
+        print(f"Colossal-AI Adam kernels: {kernel_s:.1f} s{'' if kernel_error is None else ', ' + kernel_error}",
+              flush=True)  # fmt: skip
     with local_s3(shards) if args.data == "s3" else in_folder(shards) as (data_dir, env):
         for precision in args.precisions:  # every plugin in one precision first: the likelier to fit a budget
             for plugin in args.plugins:
                 ema = uses_ema(args.family, args.method, plugin)
                 row = Row(plugin, precision, nproc, args.batch_size, args.steps, ema, family=args.family,
-                          method=args.method)  # fmt: skip
+                          method=args.method, backend=args.backend)  # fmt: skip
                 hp = hyperparameters(args, plugin, precision, base, data_dir, resolution)
                 if args.budget_s and time.perf_counter() - started > args.budget_s:
                     row.error = f"not run: --budget-s {args.budget_s} spent"

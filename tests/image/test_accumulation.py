@@ -18,7 +18,8 @@ import torch
 from train_fixtures import gloo_world_of_one
 
 from sdflow_image import launcher
-from sdflow_image.training import accumulation, model
+from sdflow_image.backends import colossalai as booster_backend
+from sdflow_image.training import accumulation
 
 pytestmark = pytest.mark.image
 
@@ -59,7 +60,9 @@ def test_colossalai_no_sync_support_stage1_only_and_never_gemini() -> None:
 
 @pytest.mark.parametrize("mixed_precision", ["no", "bf16", "fp16"])
 def test_make_plugin_low_level_zero_accumulating_is_stage1_with_no_sync(mixed_precision: str) -> None:
-    plugin = model.make_plugin("low_level_zero", mixed_precision, max_grad_norm=0.25, gradient_accumulation_steps=4)
+    plugin = booster_backend.make_plugin(
+        "low_level_zero", mixed_precision, max_grad_norm=0.25, gradient_accumulation_steps=4
+    )
     assert plugin.stage == 1
     assert plugin.zero_optim_kwargs["partition_grad"] is False
     assert plugin.support_no_sync()
@@ -84,7 +87,7 @@ def test_skips_sync_plugin_steps_world_matches_what_the_plugin_supports(
 
 
 def test_no_sync_low_level_zero_stage1_turns_off_the_optimizers_reduction() -> None:
-    booster = model.make_booster("low_level_zero", "bf16", max_grad_norm=1.0, gradient_accumulation_steps=2)
+    booster = booster_backend.make_booster("low_level_zero", "bf16", max_grad_norm=1.0, gradient_accumulation_steps=2)
     optimizer = _bare_zero_optimizer(partition_grads=False)
     with accumulation.no_sync(booster, object(), optimizer, skip=True):
         assert optimizer.require_grad_sync is False
@@ -94,7 +97,7 @@ def test_no_sync_low_level_zero_stage1_turns_off_the_optimizers_reduction() -> N
 
 
 def test_no_sync_low_level_zero_stage1_backward_accumulates_without_reducing() -> None:
-    booster = model.make_booster("low_level_zero", "no", max_grad_norm=1.0, gradient_accumulation_steps=2)
+    booster = booster_backend.make_booster("low_level_zero", "no", max_grad_norm=1.0, gradient_accumulation_steps=2)
     optimizer = _bare_zero_optimizer(partition_grads=False)
     reduced: list[bool] = []
     optimizer._reduce_grad = reduced.append  # the collective: skipped under no_sync

@@ -15,7 +15,8 @@ import pytest
 import torch
 from train_fixtures import gloo_world_of_one
 
-from sdflow_image.training import accumulation, model
+from sdflow_image.backends import colossalai as booster_backend
+from sdflow_image.training import accumulation
 
 pytestmark = pytest.mark.image
 
@@ -45,12 +46,12 @@ def _loss(boosted_model: Any, autocast: Any = None) -> torch.Tensor:
 def test_optimizer_class_gemini_is_one_gemini_optimizer_accepts() -> None:
     from colossalai.zero.gemini.gemini_optimizer import _AVAIL_OPTIM_LIST
 
-    assert model.optimizer_class("gemini") in _AVAIL_OPTIM_LIST
+    assert booster_backend.optimizer_class("gemini") in _AVAIL_OPTIM_LIST
     assert torch.optim.AdamW not in _AVAIL_OPTIM_LIST  # what the default plugin was given before
 
 
 def test_build_optimizer_torch_ddp_is_torch_adamw_with_the_hyperparameters() -> None:
-    optimizer = model.build_optimizer("torch_ddp", _tiny().parameters(), **ADAM)
+    optimizer = booster_backend.build_optimizer("torch_ddp", _tiny().parameters(), **ADAM)
     assert type(optimizer) is torch.optim.AdamW
     group = optimizer.param_groups[0]
     assert (group["lr"], group["betas"], group["weight_decay"], group["eps"]) == (3e-4, (0.8, 0.95), 0.05, 1e-7)
@@ -70,7 +71,7 @@ def test_build_optimizer_zero_plugin_passes_hyperparameters_to_hybrid_adam(
 
     monkeypatch.setattr(colossal_optim, "HybridAdam", RecordingHybridAdam)
     net = _tiny()
-    built = model.build_optimizer(plugin, net.parameters(), **ADAM)
+    built = booster_backend.build_optimizer(plugin, net.parameters(), **ADAM)
     assert isinstance(built, RecordingHybridAdam)
     params, kwargs = calls[0]
     assert params == list(net.parameters())
@@ -79,33 +80,33 @@ def test_build_optimizer_zero_plugin_passes_hyperparameters_to_hybrid_adam(
 
 def test_build_optimizer_gemini_on_cpu_stops_at_cpu_adam_kernel() -> None:
     with pytest.raises(AssertionError, match="No usable kernel found for CPUAdamLoader"):
-        model.build_optimizer("gemini", _tiny().parameters(), **ADAM)
+        booster_backend.build_optimizer("gemini", _tiny().parameters(), **ADAM)
 
 
 # --- plugins and their arguments ----------------------------------------------------------------
 
 
 def test_make_plugin_gemini_passes_precision_clipping_and_accumulation() -> None:
-    plugin = model.make_plugin("gemini", "bf16", max_grad_norm=0.5, gradient_accumulation_steps=4)
+    plugin = booster_backend.make_plugin("gemini", "bf16", max_grad_norm=0.5, gradient_accumulation_steps=4)
     assert plugin.gemini_config["mixed_precision"] is torch.bfloat16
     assert plugin.gemini_config["placement_policy"] == "static"
     assert plugin.gemini_config["enable_gradient_accumulation"] is True
     assert plugin.optim_kwargs["max_norm"] == 0.5
-    single = model.make_plugin("gemini", "fp16", max_grad_norm=1.0, gradient_accumulation_steps=1)
+    single = booster_backend.make_plugin("gemini", "fp16", max_grad_norm=1.0, gradient_accumulation_steps=1)
     assert single.gemini_config["mixed_precision"] is torch.float16
     assert single.gemini_config["enable_gradient_accumulation"] is False
 
 
 def test_make_plugin_gemini_without_mixed_precision_raises_naming_it() -> None:
     with pytest.raises(ValueError, match="plugin=gemini trains in fp16 or bf16"):
-        model.make_plugin("gemini", "no", max_grad_norm=1.0)
+        booster_backend.make_plugin("gemini", "no", max_grad_norm=1.0)
 
 
 @pytest.mark.parametrize(("mixed_precision", "precision"), [("no", "fp32"), ("bf16", "bf16"), ("fp16", "fp16")])
 def test_make_plugin_low_level_zero_not_accumulating_is_stage2_with_precision(
     mixed_precision: str, precision: str
 ) -> None:
-    plugin = model.make_plugin("low_level_zero", mixed_precision, max_grad_norm=0.25)
+    plugin = booster_backend.make_plugin("low_level_zero", mixed_precision, max_grad_norm=0.25)
     assert plugin.stage == 2
     assert plugin.precision == precision
     assert plugin.zero_optim_kwargs["clip_grad_norm"] == 0.25
@@ -119,12 +120,12 @@ def test_make_plugin_low_level_zero_not_accumulating_is_stage2_with_precision(
 def test_make_booster_torch_ddp_fp16_is_boosters_amp_and_bf16_the_loops_autocast(
     mixed_precision: str, booster_precision: str | None, autocast: Any
 ) -> None:
-    booster = model.make_booster("torch_ddp", mixed_precision, max_grad_norm=1.0)
+    booster = booster_backend.make_booster("torch_ddp", mixed_precision, max_grad_norm=1.0)
     assert type(booster.plugin).__name__ == "TorchDDPPlugin"
     assert (type(booster.mixed_precision).__name__ if booster.mixed_precision else None) == booster_precision
-    assert model.autocast_dtype("torch_ddp", mixed_precision) == autocast
-    assert model.loop_clips_gradients("torch_ddp", 1.0)
-    assert not model.loop_clips_gradients("gemini", 1.0)
+    assert booster_backend.autocast_dtype("torch_ddp", mixed_precision) == autocast
+    assert booster_backend.loop_clips_gradients("torch_ddp", 1.0)
+    assert not booster_backend.loop_clips_gradients("gemini", 1.0)
 
 
 # --- torch_ddp: trains on CPU ----------------------------------------------------------------------
@@ -134,9 +135,9 @@ def test_make_booster_torch_ddp_fp16_is_boosters_amp_and_bf16_the_loops_autocast
 def test_torch_ddp_on_cpu_accumulates_and_steps(mixed_precision: str) -> None:
     net = _tiny()
     before = [p.detach().clone() for p in net.parameters()]
-    booster = model.make_booster("torch_ddp", mixed_precision, max_grad_norm=1.0)
-    boosted, optimizer, *_ = booster.boost(net, model.build_optimizer("torch_ddp", net.parameters(), **ADAM))
-    autocast = model.autocast_dtype("torch_ddp", mixed_precision)
+    booster = booster_backend.make_booster("torch_ddp", mixed_precision, max_grad_norm=1.0)
+    boosted, optimizer, *_ = booster.boost(net, booster_backend.build_optimizer("torch_ddp", net.parameters(), **ADAM))
+    autocast = booster_backend.autocast_dtype("torch_ddp", mixed_precision)
     for micro in range(2):
         with accumulation.no_sync(booster, boosted, optimizer, skip=micro == 0):
             booster.backward(_loss(boosted, autocast) / 2, optimizer)
@@ -148,12 +149,12 @@ def test_torch_ddp_on_cpu_accumulates_and_steps(mixed_precision: str) -> None:
 
 def test_no_sync_torch_ddp_fp16_reaches_ddp_inside_amp_wrapper() -> None:
     net = _tiny()
-    booster = model.make_booster("torch_ddp", "fp16", max_grad_norm=1.0)
-    boosted, optimizer, *_ = booster.boost(net, model.build_optimizer("torch_ddp", net.parameters(), **ADAM))
+    booster = booster_backend.make_booster("torch_ddp", "fp16", max_grad_norm=1.0)
+    boosted, optimizer, *_ = booster.boost(net, booster_backend.build_optimizer("torch_ddp", net.parameters(), **ADAM))
     # Colossal-AI's own path crashes: the AMP module wraps the DDP model.
     with pytest.raises(AssertionError, match="Model is not boosted by TorchDDPPlugin"):
         booster.no_sync(boosted, optimizer)
-    ddp = model.ddp_model(boosted).module
+    ddp = booster_backend.ddp_model(boosted).module
     assert isinstance(ddp, torch.nn.parallel.DistributedDataParallel)
     with accumulation.no_sync(booster, boosted, optimizer, skip=True):
         assert ddp.require_backward_grad_sync is False
@@ -164,8 +165,8 @@ def test_no_sync_torch_ddp_fp16_reaches_ddp_inside_amp_wrapper() -> None:
 
 def test_torch_ddp_fp16_on_cpu_stops_at_colossalai_cpu_autocast() -> None:
     net = _tiny()
-    booster = model.make_booster("torch_ddp", "fp16", max_grad_norm=1.0)
-    boosted, *_ = booster.boost(net, model.build_optimizer("torch_ddp", net.parameters(), **ADAM))
+    booster = booster_backend.make_booster("torch_ddp", "fp16", max_grad_norm=1.0)
+    boosted, *_ = booster.boost(net, booster_backend.build_optimizer("torch_ddp", net.parameters(), **ADAM))
     # CpuAccelerator.autocast returns the nullcontext class, not an instance.
     with pytest.raises(TypeError, match="does not support the context manager protocol"):
         boosted(torch.randn(2, 8))
@@ -178,7 +179,7 @@ def test_torch_ddp_fp16_on_cpu_stops_at_colossalai_cpu_autocast() -> None:
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_low_level_zero_on_cpu_stops_at_accelerator_assert_even_with_torch_adamw() -> None:
     net = _tiny()
-    booster = model.make_booster("low_level_zero", "no", max_grad_norm=1.0)
+    booster = booster_backend.make_booster("low_level_zero", "no", max_grad_norm=1.0)
     with pytest.raises(AssertionError, match="device is required"):
         booster.boost(net, torch.optim.AdamW(net.parameters()))
 
@@ -186,6 +187,6 @@ def test_low_level_zero_on_cpu_stops_at_accelerator_assert_even_with_torch_adamw
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_gemini_on_cpu_stops_at_cuda_stream_before_its_optimizer() -> None:
     net = _tiny()
-    booster = model.make_booster("gemini", "bf16", max_grad_norm=1.0)
+    booster = booster_backend.make_booster("gemini", "bf16", max_grad_norm=1.0)
     with pytest.raises(RuntimeError, match="this method is not supported for cpu accelerator"):
         booster.boost(net, torch.optim.AdamW(net.parameters()))

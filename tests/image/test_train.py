@@ -563,16 +563,15 @@ def test_outputs_save_stages_unet_inside_the_model_folder_and_removes_it(tmp_pat
     model_dir = tmp_path / "model"
     written: list[Path] = []
 
-    def save_model(_model: Any, path: str, **_kwargs: Any) -> None:
+    def export(path: Path, _rank: int) -> None:
         written.append(Path(path))
         Path(path).write_bytes(b"unet")
 
-    booster = SimpleNamespace(save_model=save_model)
     trainer = SimpleNamespace(
         rank=1,  # a rank that only writes its share and returns: no pipeline is built
         device="cpu",
         state=SimpleNamespace(losses=[], step=0),
-        boosted=SimpleNamespace(booster=booster, model=None),
+        backend=SimpleNamespace(export=export),
         ema=None,
         release=lambda: None,
         family=None,

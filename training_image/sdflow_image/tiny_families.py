@@ -11,7 +11,6 @@ the code paths of each family, not image quality.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -32,18 +31,9 @@ def transformers_5() -> bool:
 
 
 def _clip_tokenizer() -> Any:
-    from transformers import CLIPTokenizer
-
-    length = tiny_model.TOKENIZER_MAX_LENGTH
     with tempfile.TemporaryDirectory(prefix="sdflow-tiny-bpe-") as tok_dir:
-        vocab_file, merges_file, _ = tiny_model.write_clip_bpe(tok_dir)
-        if transformers_5():  # 5.x ignores vocab_file/merges_file: the same BPE, passed in memory
-            vocab = json.loads(vocab_file.read_text(encoding="utf-8"))
-            lines = merges_file.read_text(encoding="utf-8").splitlines()[1:]
-            merges = [tuple(line.split()) for line in lines if line]
-            in_memory: Any = CLIPTokenizer  # 4.51's signature (the type check's) names files
-            return in_memory(vocab=vocab, merges=merges, model_max_length=length)
-        return CLIPTokenizer(vocab_file=str(vocab_file), merges_file=str(merges_file), model_max_length=length)
+        tiny_model.write_clip_bpe(tok_dir)
+        return tiny_model.clip_tokenizer(tok_dir)
 
 
 def _clip_config(tokenizer: Any) -> Any:

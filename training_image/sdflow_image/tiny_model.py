@@ -136,20 +136,27 @@ def tiny_vae(**extra: Any) -> Any:
     )
 
 
+def clip_tokenizer(folder: str | Path) -> Any:
+    """The CLIPTokenizer of the vocab.json and merges.txt in `folder` (write_clip_bpe), read at once.
+    Through from_pretrained: transformers 5 (the accelerate stack) renamed the constructor's
+    vocab_file/merges_file to vocab/merges and silently builds a two-token vocabulary from the old
+    names; the files read the same way on both stacks (the same ids on 4.51 and 5)."""
+    from transformers import CLIPTokenizer
+
+    return CLIPTokenizer.from_pretrained(str(folder), model_max_length=TOKENIZER_MAX_LENGTH)
+
+
 def build_tiny_components(seed: int = 0) -> dict[str, Any]:
     """The pipeline's components, randomly initialised from `seed` (deterministic)."""
     import torch
     from diffusers import DDPMScheduler, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+    from transformers import CLIPTextConfig, CLIPTextModel
 
     torch.manual_seed(seed)
     # The tokenizer keeps its vocabulary in memory and writes it on save, so a temp dir is enough.
     with tempfile.TemporaryDirectory(prefix="sdflow-tiny-bpe-") as tok_dir:
-        vocab_file, merges_file, vocab_size = write_clip_bpe(tok_dir)
-        # transformers 4.51's (slow) CLIPTokenizer reads both files here, at construction.
-        tokenizer = CLIPTokenizer(
-            vocab_file=str(vocab_file), merges_file=str(merges_file), model_max_length=TOKENIZER_MAX_LENGTH
-        )
+        _, _, vocab_size = write_clip_bpe(tok_dir)
+        tokenizer = clip_tokenizer(tok_dir)
     unet = UNet2DConditionModel(
         sample_size=IMAGE_SIZE // VAE_SCALE,
         in_channels=4,
@@ -202,11 +209,13 @@ def _separate_words(text_encoder: Any) -> None:
     """Large token and position embeddings and near-identity layers (see the module docstring)."""
     import torch
 
-    embeddings = text_encoder.text_model.embeddings
+    # transformers 5 (the accelerate stack) dropped CLIPTextModel's `text_model` wrapper.
+    text_model = getattr(text_encoder, "text_model", text_encoder)
+    embeddings = text_model.embeddings
     with torch.no_grad():
         embeddings.token_embedding.weight.normal_(0.0, TOKEN_EMBEDDING_STD)
         embeddings.position_embedding.weight.normal_(0.0, POSITION_EMBEDDING_STD)
-        for layer in text_encoder.text_model.encoder.layers:
+        for layer in text_model.encoder.layers:
             for branch_out in (layer.self_attn.out_proj, layer.mlp.fc2):
                 branch_out.weight.mul_(TEXT_LAYER_SCALE)
                 branch_out.bias.mul_(TEXT_LAYER_SCALE)

@@ -1,13 +1,15 @@
 """Text-to-image fine-tuning of SD 1.x/2.x, SDXL and SD3, in the shape of diffusers' examples
-(text_to_image/train_text_to_image*.py, dreambooth/train_dreambooth*_sd3.py), distributed with one
-Colossal-AI Booster.
+(text_to_image/train_text_to_image*.py, dreambooth/train_dreambooth*_sd3.py), distributed by a
+backend (sdflow_image.backends): Colossal-AI's Booster, or accelerate's DDP and torch's FSDP2
+on the second stack (`backend`, by default the model family's: backends.rules).
 
 The model family comes from the base model's model_index.json (sdflow_image.families); its
 denoiser (UNet or SD3 transformer) trains, whole (`training_method=full`) or as a LoRA adapter
-(`lora`, torch_ddp only: families.base.lora_plugin_refusal says why); the VAE and the text
+(`lora`: torch_ddp or ddp, backends.rules.LORA_REFUSALS says why); the VAE and the text
 encoders are frozen.
-The plugin (torch_ddp | low_level_zero | gemini) is a hyperparameter; on CPU only torch_ddp
-runs (see `check_inputs` for where Colossal-AI 0.5.0 stops on CPU). The shards stream from
+The plugin is a hyperparameter: colossalai's torch_ddp | low_level_zero | gemini (on CPU only
+torch_ddp runs: see `check_inputs` for where Colossal-AI 0.5.0 stops on CPU), accelerate's
+ddp | fsdp2 (both run on CPU, with gloo). The shards stream from
 `dataset_dir` as the dataset index lists them (sdflow_image.data). The work itself is in
 sdflow_image.training: model building, the loop, checkpoints, outputs.
 
@@ -33,9 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from sdflow_image import contract, flags, scenes
+from sdflow_image.backends import rules
 from sdflow_image.data_source import FLAGS as DATA_FLAGS
 from sdflow_image.data_source import DatasetIndexError, load_index
-from sdflow_image.families.base import FAMILIES, METHODS, FamilyError, lora_plugin_refusal, resolve_family
+from sdflow_image.families.base import FAMILIES, METHODS, FamilyError, detect_family, resolve_family
 from sdflow_image.training.checkpoints import CheckpointError, list_checkpoints
 from sdflow_image.training.loop import TrainingStopped
 
@@ -56,7 +59,7 @@ __all__ = [
 
 log = logging.getLogger("sdflow.train")
 
-PLUGINS = ("torch_ddp", "low_level_zero", "gemini")
+PLUGINS = rules.PLUGINS
 MIXED_PRECISIONS = ("no", "fp16", "bf16")
 LR_SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
 EXIT_STOPPED = 128 + signal.SIGTERM
@@ -98,7 +101,21 @@ FLAGS: list[flags.Flag] = [
         None,
         "the job's CheckpointConfig.S3Uri: old checkpoints are pruned there too (SageMaker's sync only adds)",
     ),
-    Flag("plugin", flags.choice(PLUGINS), "torch_ddp", "Colossal-AI Booster plugin (low_level_zero, gemini need CUDA)"),
+    Flag(
+        "backend",
+        flags.choice(rules.BACKENDS),
+        None,
+        "colossalai (Colossal-AI's Booster: sd, sdxl, sd3) | accelerate (accelerate DDP / torch FSDP2: every family, "
+        "and the only one for sd35, flux2, qwenimage); default: the model family's",
+    ),
+    Flag(
+        "plugin",
+        flags.choice(PLUGINS),
+        None,
+        "backend=colossalai: torch_ddp | low_level_zero | gemini (the last two need CUDA); backend=accelerate: "
+        "ddp (replicated) | fsdp2 (sharded full fine-tune); default: torch_ddp, and under accelerate fsdp2 for "
+        "training_method=full, ddp for lora",
+    ),
     Flag(
         "model_family",
         flags.choice(FAMILIES),
@@ -175,7 +192,9 @@ FLAGS: list[flags.Flag] = [
 
 def build_parser() -> argparse.ArgumentParser:
     return flags.build_parser(
-        "sdflow-train", "Fine-tune a Stable Diffusion UNet on webdataset shards with a Colossal-AI Booster.", FLAGS
+        "sdflow-train",
+        "Fine-tune a diffusion model's denoiser on webdataset shards with Colossal-AI or accelerate/FSDP2.",
+        FLAGS,
     )
 
 
@@ -198,6 +217,7 @@ def parse_args(
             raise HyperparameterError(f"{name}={getattr(args, name)} must be < 1")
     check_method(args)
     args.pretrained_model_name_or_path = args.pretrained_model_name_or_path or str(contract.channel_dir("base_model"))
+    default_backend(args)
     args.dataset_dir = args.dataset_dir or str(contract.channel_dir("dataset"))
     args.output_dir = args.output_dir or str(contract.model_dir())
     args.checkpoints_dir = args.checkpoints_dir or str(contract.checkpoints_dir())
@@ -205,6 +225,20 @@ def parse_args(
     if args.checkpoint_s3_uri and not args.checkpoint_s3_uri.startswith("s3://"):
         raise HyperparameterError(f"checkpoint_s3_uri={args.checkpoint_s3_uri!r} must be an s3://bucket/prefix/ URI")
     return args
+
+
+def default_backend(args: argparse.Namespace) -> None:
+    """The backend and plugin a run that names none gets (backends.rules): by the model family,
+    read here already when the base model is there (the launcher logs what the plugin costs
+    before check_inputs runs); an unreadable base model fails in check_base_model, naming it."""
+    family = args.model_family
+    if family is None:
+        try:
+            family = detect_family(args.pretrained_model_name_or_path)
+        except FamilyError:
+            family = None
+    args.backend = args.backend or rules.default_backend(family)
+    args.plugin = args.plugin or rules.default_plugin(args.backend, args.training_method)
 
 
 # Where Colossal-AI 0.5.0 stops on a machine without CUDA (found by running each plugin there;
@@ -306,8 +340,11 @@ def check_inputs(args: argparse.Namespace, cuda: bool) -> None:
 
 
 def check_plugin(args: argparse.Namespace, cuda: bool) -> None:
-    if args.training_method == "lora" and (reason := lora_plugin_refusal(args.plugin)):
-        raise PluginError(f"plugin={args.plugin} cannot train training_method=lora: {reason}")
+    reason = rules.refusal(args.model_family, args.backend, args.plugin, args.training_method, args.mixed_precision)
+    if reason:
+        raise PluginError(reason)
+    if args.plugin == "fsdp2" and args.use_ema:
+        raise PluginError(rules.EMA_ON_FSDP2)
     if args.plugin in CPU_STOPS and not cuda:
         raise PluginError(
             f"plugin={args.plugin} needs CUDA GPUs: on CPU {CPU_STOPS[args.plugin]}; on CPU use plugin=torch_ddp"
@@ -332,13 +369,15 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import torch
 
+    from sdflow_image import backends
     from sdflow_image.training import loop, outputs
 
     cuda = torch.cuda.is_available()
     check_inputs(args, cuda)
-    with loop.StopFlag() as stop, loop.distributed(args.seed, cuda):
+    backend = backends.make(args)
+    with loop.StopFlag() as stop, backend.distributed(args.seed, cuda):
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-        trainer = loop.Trainer(args, device)
+        trainer = loop.Trainer(args, device, backend)
         trainer.resume()
         trainer.open_data()
         summary = trainer.summary(trainer.train(stop))

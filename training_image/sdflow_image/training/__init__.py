@@ -1,9 +1,10 @@
 """Stable Diffusion fine-tuning, split the way diffusers' and Colossal-AI's examples read.
 
-- `model`: the pipeline's parts, the optimizer and the Booster each plugin needs, boosting
-  (what differs by model family is in sdflow_image.families).
+- `model`: the pipeline's parts, the EMA, SD's encode and loss (what differs by model family is
+  in sdflow_image.families; what differs by backend, the wrapper, optimizer and checkpoint
+  files, in sdflow_image.backends).
 - `lora`: LoRA adapters on the denoiser: added, checkpointed, written in diffusers' format.
-- `loop`: the process group, the training steps, SIGTERM, resuming.
+- `loop`: the training steps, SIGTERM, resuming, over a backend (the process group is its).
 - `checkpoints`: complete-only checkpoints (staged, then renamed), pruned locally and in S3.
 - `outputs`: the fine-tuned pipeline, its metadata, the loss curve and the samples.
 

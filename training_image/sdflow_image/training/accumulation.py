@@ -51,7 +51,7 @@ def skips_sync(plugin: str, gradient_accumulation_steps: int, world_size: int) -
 def no_sync(booster: Any, model: Any, optimizer: Any, *, skip: bool) -> contextlib.AbstractContextManager[Any]:
     """The plugin's no_sync for an accumulation micro-batch (`skip`); a null context otherwise.
 
-    torch_ddp's no_sync wants the TorchDDPModel inside the Booster's wrappers (training/model.py
+    torch_ddp's no_sync wants the TorchDDPModel inside the Booster's wrappers (backends/colossalai.py
     `ddp_model`); LowLevelZeroPlugin's wants the boosted optimizer (stage 1 only)."""
     if not skip:
         return contextlib.nullcontext()
@@ -59,7 +59,7 @@ def no_sync(booster: Any, model: Any, optimizer: Any, *, skip: bool) -> contextl
 
     if isinstance(booster.plugin, LowLevelZeroPlugin):
         return booster.plugin.no_sync(model, optimizer)
-    from sdflow_image.training.model import ddp_model
+    from sdflow_image.backends.colossalai import ddp_model
 
     return booster.plugin.no_sync(ddp_model(model), optimizer)
 
@@ -70,8 +70,14 @@ def communication_note(plugin: str, gradient_accumulation_steps: int, world_size
     k = gradient_accumulation_steps
     if world_size <= 1 or k <= 1:
         return None
-    if plugin == "torch_ddp":
+    if plugin in ("torch_ddp", "ddp"):
         return f"gradient accumulation: {k} micro-batches a step, gradients all-reduced once a step (DDP no_sync)"
+    if plugin == "fsdp2":
+        return (
+            f"gradient accumulation: {k} micro-batches a step, gradients reduce-scattered once a step (FSDP2 "
+            "set_requires_gradient_sync(False) before the last micro-batch); each rank holds the unsharded "
+            "gradients meanwhile, and every micro-batch still all-gathers the parameters"
+        )
     if plugin == LOW_LEVEL_ZERO_PLUGIN:
         return (
             f"gradient accumulation: {k} micro-batches a step, low_level_zero runs ZeRO stage 1 so that the "

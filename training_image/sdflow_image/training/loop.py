@@ -1,9 +1,9 @@
-"""The process group, the training steps, SIGTERM and resuming.
+"""The training steps, SIGTERM and resuming, for every backend (sdflow_image.backends).
 
-One Booster for every plugin (diffusers' text-to-image loop, Colossal-AI's Booster API). A step
+diffusers' text-to-image loop over a backend's wrapped denoiser (`Trainer.backend`). A step
 is `gradient_accumulation_steps` micro-batches; one all-reduce per step carries the loss and any
 rank's stop request, so every rank stops after the same step and saves the same checkpoint.
-A checkpoint holds the boosted UNet and optimizer, the schedule, the EMA, the trainer's state
+A checkpoint holds the backend's model, optimizer and schedule (or the LoRA adapter), the EMA, the trainer's state
 and each rank's data position (`data_state_rank<r>.json`), so a resumed run continues the data
 stream exactly where it stopped.
 """
@@ -11,14 +11,12 @@ stream exactly where it stopped.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import logging
 import math
 import os
 import signal
-import socket
 import statistics
 import sys
 import time
@@ -28,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from sdflow_image import families
+from sdflow_image.backends.base import Backend
 from sdflow_image.families.base import Encoded, detect_family
-from sdflow_image.training import accumulation, checkpoints, lora, model, precision_state
+from sdflow_image.training import checkpoints, lora, model
 from sdflow_image.training.checkpoints import CheckpointError
 from sdflow_image.training.encode_cache import EncodeCache
 
@@ -83,55 +82,6 @@ class StopFlag:
             signal.signal(signal.SIGTERM, self._previous)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextlib.contextmanager
-def distributed(seed: int, cuda: bool) -> Iterator[None]:
-    """One process group for the run: torchrun's, or a world of one set up here for in-process runs."""
-    import colossalai
-    import torch.distributed as dist
-
-    added: list[str] = []
-    if "RANK" not in os.environ:
-        single = {
-            "RANK": "0",
-            "LOCAL_RANK": "0",
-            "WORLD_SIZE": "1",
-            "LOCAL_WORLD_SIZE": "1",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(_free_port()),
-        }
-        for key, value in single.items():
-            if key not in os.environ:
-                os.environ[key] = value
-                added.append(key)
-    try:
-        colossalai.launch_from_torch(backend="nccl" if cuda else "gloo", seed=seed, verbose=False)
-        yield
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        for key in added:
-            os.environ.pop(key, None)
-
-
-def _on_cpu(state: Any) -> Any:
-    """`state` (nested dicts, lists and tuples) with every tensor copied to the CPU."""
-    import torch
-
-    if isinstance(state, torch.Tensor):
-        return state.detach().cpu()
-    if isinstance(state, dict):
-        return {key: _on_cpu(value) for key, value in state.items()}
-    if isinstance(state, list | tuple):
-        return type(state)(_on_cpu(value) for value in state)
-    return state
-
-
 def step_seed(seed: int, rank: int, step: int) -> int:
     """The random seed of one rank's step: distinct for every (seed, rank, step), within 63 bits."""
     return ((seed * 100_003 + rank) * 1_000_003 + step) % 2**63
@@ -145,13 +95,14 @@ def barrier() -> None:
 
 
 class Trainer:
-    """The boosted denoiser (UNet or transformer, whole or its LoRA adapter) and everything that
-    trains it, for one rank. What differs by model family goes through `self.family`."""
+    """The wrapped denoiser (UNet or transformer, whole or its LoRA adapter) and everything that
+    trains it, for one rank. What differs by model family goes through `self.family`, what
+    differs by backend through `self.backend`."""
 
-    def __init__(self, args: argparse.Namespace, device: Any) -> None:
+    def __init__(self, args: argparse.Namespace, device: Any, backend: Backend) -> None:
         import torch.distributed as dist
 
-        self.args, self.device = args, device
+        self.args, self.device, self.backend = args, device, backend
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         base = args.pretrained_model_name_or_path
@@ -170,7 +121,7 @@ class Trainer:
             self.text_adapters = lora.TextEncoderAdapters(lora.add_adapters(self.parts, args, self.family))
         denoiser = self.parts.denoiser
         self.ema: Any = model.make_ema(denoiser, args.ema_decay, device) if args.use_ema and self.rank == 0 else None
-        self.boosted = model.boost(args, denoiser, self.text_adapters.parameters())
+        backend.wrap(denoiser, self.text_adapters.parameters(), name=self.family.denoiser_name, device=device)
         if self.rank == 0:
             print(f"model: family={self.family.name} {lora.describe(denoiser, self.lora)}", flush=True)
         self.encode_cache = EncodeCache(int(args.cache_latents_max_gb * 1e9)) if args.cache_latents else None
@@ -206,24 +157,12 @@ class Trainer:
     def _write(self, folder: Path, data_states: list[Any]) -> None:
         import torch
 
-        b = self.boosted
-        if self.lora:  # the adapter alone: the frozen base is the base model, on every host already
-            if self.rank == 0:
-                lora.save_trainable(self.parts.denoiser, folder / lora.ADAPTER_FILE)
-                self.text_adapters.save(folder)
-        else:
-            b.booster.save_model(b.model, str(folder / self.family.denoiser_name), shard=True, use_safetensors=True)
-        if self.args.plugin == "torch_ddp":
-            # Replicated state gains nothing from sharding, and colossalai 0.5.0's sharded
-            # optimizer load calls an accelerator synchronize that the CPU accelerator lacks.
-            b.booster.save_optimizer(b.optimizer, str(folder / checkpoints.OPTIMIZER_FILE), shard=False)
-        else:
-            b.booster.save_optimizer(b.optimizer, str(folder / "optimizer"), shard=True)
-        if self.rank == 0 or self.args.plugin != "torch_ddp":  # torch_ddp's state is replicated
-            precision_state.save(folder, self.args.plugin, b.optimizer, b.model.parameters(), self._state_rank)
+        if self.lora and self.rank == 0:  # the adapter alone: the frozen base is the base model, on every host already
+            lora.save_trainable(self.parts.denoiser, folder / lora.ADAPTER_FILE)
+            self.text_adapters.save(folder)
+        self.backend.save(folder, model=not self.lora, rank=self.rank)
         if self.rank != 0:
             return
-        b.booster.save_lr_scheduler(b.lr_scheduler, str(folder / "lr_scheduler.pt"))
         if self.ema is not None:
             torch.save(self.ema.state_dict(), folder / "ema.pt")
         for rank, data_state in enumerate(data_states):
@@ -232,6 +171,7 @@ class Trainer:
             "step": self.state.step,
             "samples_seen": self.state.samples_seen,
             "losses": self.state.losses,
+            "backend": self.backend.name,
             "plugin": self.args.plugin,
             "world_size": self.world_size,
             "training_method": "lora" if self.lora else "full",
@@ -239,48 +179,25 @@ class Trainer:
         (folder / checkpoints.TRAINER_STATE).write_text(json.dumps(trainer_state))
 
     def _load(self, path: Path) -> None:
-        b = self.boosted
-        lora.check_method(path, checkpoints.read_json(path / checkpoints.TRAINER_STATE), self.lora)
+        saved = checkpoints.read_json(path / checkpoints.TRAINER_STATE)
+        lora.check_method(path, saved, self.lora)
+        if saved.get("backend", "colossalai") != self.backend.name:  # checkpoints before backends: colossalai's
+            raise CheckpointError(
+                f"{path.name} was saved by backend={saved.get('backend', 'colossalai')}, this run is "
+                f"backend={self.backend.name}: their files differ; resume with the same backend, or start afresh"
+            )
         if self.lora:
             lora.load_trainable(self.parts.denoiser, path / lora.ADAPTER_FILE)
             self.text_adapters.load(path)
-        else:
-            b.booster.load_model(b.model, str(path / self.family.denoiser_name))
-        optimizer_file = path / checkpoints.OPTIMIZER_FILE
-        b.booster.load_optimizer(b.optimizer, str(optimizer_file if optimizer_file.is_file() else path / "optimizer"))
-        b.booster.load_lr_scheduler(b.lr_scheduler, str(path / "lr_scheduler.pt"))
-        precision_state.load(path, self.args.plugin, b.optimizer, b.model.parameters(), self._state_rank)
-
-    @property
-    def _state_rank(self) -> int:
-        """Whose loss scaler and masters files this rank reads and writes: its own under the ZeRO
-        plugins (each holds a shard), rank 0's under torch_ddp (replicated)."""
-        return 0 if self.args.plugin == "torch_ddp" else self.rank
+        self.backend.load(path, model=not self.lora, rank=self.rank)
 
     def _load_from_rank0(self, path: Path) -> None:
-        """Hosts with their own checkpoint folders (torch_ddp: only rank 0 writes one): the state
-        is replicated, so rank 0 loads it and sends it to the others."""
-        import torch.distributed as dist
-
-        b = self.boosted
+        """Hosts with their own checkpoint folders (replicated state: only rank 0 writes one):
+        rank 0 loads it and sends it to the others."""
         if self.rank == 0:
             self._load(path)
-        for tensor in list(b.model.parameters()) + list(b.model.buffers()):
-            dist.broadcast(tensor.data, src=0)
+        self.backend.broadcast_from_rank0(self.rank)
         self.text_adapters.broadcast()
-        # On the CPU: pickled CUDA tensors unpickle onto the device they left, cuda:0 of every
-        # host; load_state_dict moves the state to each rank's parameters itself.
-        scaler = precision_state.loss_scaler(b.optimizer)
-        payload: list[Any] = [None, None, None]
-        if self.rank == 0:
-            scaling = precision_state.scaler_state(scaler) if scaler is not None else None
-            payload = [_on_cpu(b.optimizer.state_dict()), b.lr_scheduler.state_dict(), scaling]
-        dist.broadcast_object_list(payload, src=0)
-        if self.rank != 0:
-            b.optimizer.load_state_dict(payload[0])
-            b.lr_scheduler.load_state_dict(payload[1])
-            if scaler is not None and payload[2] is not None:
-                precision_state.restore_scaler(scaler, payload[2])
 
     def resume(self) -> None:
         """Continue from the newest complete checkpoint rank 0 sees, if any (collective)."""
@@ -296,7 +213,7 @@ class Trainer:
         dist.all_gather_object(holders, checkpoints.is_complete(path))
         if all(holders):
             self._load(path)
-        elif self.args.plugin == "torch_ddp":
+        elif self.backend.replicated:
             self._load_from_rank0(path)
         else:
             lacking = [r for r, ok in enumerate(holders) if not ok]
@@ -365,9 +282,9 @@ class Trainer:
         """One optimizer step over the accumulated micro-batches; returns this rank's mean loss."""
         import torch
 
-        args, b = self.args, self.boosted
+        args, backend = self.args, self.backend
         total = torch.zeros((), device=self.device)
-        no_sync_ok = accumulation.skips_sync(args.plugin, args.gradient_accumulation_steps, self.world_size)
+        no_sync_ok = backend.skips_sync(args.gradient_accumulation_steps, self.world_size)
         for micro in range(args.gradient_accumulation_steps):
             batch = next(batches)
             if micro == 0:
@@ -377,24 +294,20 @@ class Trainer:
                 torch.manual_seed(step_seed(args.seed, self.rank, self.state.step))
             encoded = self._encode(batch, generator)
             last = micro == args.gradient_accumulation_steps - 1
-            with accumulation.no_sync(b.booster, b.model, b.optimizer, skip=no_sync_ok and not last):
+            with backend.no_sync(skip=no_sync_ok and not last):
                 loss = self.family.compute_loss(
-                    b.model,
+                    backend.model,
                     self.parts,
                     encoded,
                     generator,
                     noise_offset=args.noise_offset,
-                    autocast=b.autocast_dtype,
+                    autocast=backend.autocast_dtype,
                     snr_gamma=args.snr_gamma,
                 )
-                b.booster.backward(loss / args.gradient_accumulation_steps, b.optimizer)
+                backend.backward(loss / args.gradient_accumulation_steps)
             total += loss.detach() / args.gradient_accumulation_steps
         self.text_adapters.sync_gradients(self.world_size)
-        if model.loop_clips_gradients(args.plugin, args.max_grad_norm):
-            b.optimizer.clip_grad_by_norm(args.max_grad_norm)
-        b.optimizer.step()
-        b.lr_scheduler.step()
-        b.optimizer.zero_grad()
+        backend.step()
         if self.ema is not None:
             self.ema.step(self.parts.denoiser.parameters())
         return total
@@ -470,6 +383,7 @@ class Trainer:
             ),
             "train_time_s": timing.train_s,
             "checkpoint_time_s": timing.checkpoint_s,
+            "backend": self.backend.name,
             "plugin": args.plugin,
             "world_size": self.world_size,
             "mixed_precision": args.mixed_precision,
@@ -504,11 +418,11 @@ class Trainer:
         return float(peak.item())
 
     def release(self) -> None:
-        """Drop the boosted model, optimizer, EMA, frozen parts and data readers, and give their
+        """Drop the wrapped model, optimizer, EMA, frozen parts and data readers, and give their
         device memory back, so rendering the samples cannot run out of memory on a finished job."""
         import torch
 
-        self.boosted = None  # type: ignore[assignment]
+        self.backend.release()
         self.ema = None
         self.parts = None  # type: ignore[assignment]
         self.loader = None

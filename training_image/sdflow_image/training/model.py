@@ -1,32 +1,15 @@
-"""The pipeline's parts, the optimizer and the Colossal-AI Booster each plugin needs.
-
-Each plugin wants its own optimizer (Colossal-AI 0.5.0, read from its source):
-- gemini: `GeminiOptimizer` asserts `type(optim) in {FusedAdam, CPUAdam, HybridAdam}`
-  (colossalai/zero/gemini/gemini_optimizer.py, `_AVAIL_OPTIM_LIST`): HybridAdam, as Colossal-AI's
-  own diffusion examples use, which updates CUDA parameters with its fused kernel and offloaded
-  ones with its CPU kernel.
-- low_level_zero: any torch optimizer; HybridAdam as in Colossal-AI's examples (fused kernel).
-- torch_ddp: `torch.optim.AdamW`, the optimizer of diffusers' text-to-image example.
-HybridAdam's constructor loads the CPU Adam kernel, which on x86 is built as a CUDA extension:
-on a machine without CUDA it raises "No usable kernel found for CPUAdamLoader".
-
-torch_ddp with fp16: the Booster wraps the DDP model in its AMP module (TorchAMPModule), and
-TorchDDPPlugin.no_sync asserts a TorchDDPModel ("Model is not boosted by TorchDDPPlugin."):
-`ddp_model` below finds the DDP model inside the wrappers (for training/accumulation.py's no_sync).
+"""The pipeline's parts as training uses them, the EMA, and SD's encode and loss: what every
+backend trains with (the optimizers and wrappers are each backend's, sdflow_image.backends).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sdflow_image.families.base import Parts, grad_if_training  # the pipeline's parts as training uses them
-from sdflow_image.kernels import ADAM_PLUGINS  # plugins that get Colossal-AI's HybridAdam
-from sdflow_image.training import accumulation
 
 
 def load_parts(base: str) -> Parts:
@@ -64,145 +47,6 @@ def prepare_parts(
     if gradient_checkpointing:
         parts.denoiser.enable_gradient_checkpointing()
     parts.denoiser.train()
-
-
-def optimizer_class(plugin: str) -> type:
-    """The optimizer class `plugin` needs (see the module docstring); imports HybridAdam lazily."""
-    if plugin in ADAM_PLUGINS:
-        from colossalai.nn.optimizer import HybridAdam
-
-        return HybridAdam
-    if plugin == "torch_ddp":
-        import torch
-
-        return torch.optim.AdamW
-    raise ValueError(f"plugin={plugin!r} is not one of torch_ddp, low_level_zero, gemini")
-
-
-def build_optimizer(
-    plugin: str,
-    params: Iterable[Any],
-    *,
-    lr: float,
-    betas: tuple[float, float],
-    weight_decay: float,
-    eps: float,
-) -> Any:
-    """AdamW for `plugin`: HybridAdam (decoupled weight decay, adamw_mode) or torch's AdamW."""
-    cls = optimizer_class(plugin)
-    kwargs: dict[str, Any] = {"lr": lr, "betas": betas, "weight_decay": weight_decay, "eps": eps}
-    if plugin in ADAM_PLUGINS:
-        kwargs["adamw_mode"] = True  # HybridAdam's default, said out loud: AdamW, not Adam + L2
-    return cls(params, **kwargs)
-
-
-def make_plugin(
-    plugin: str, mixed_precision: str, *, max_grad_norm: float, gradient_accumulation_steps: int = 1
-) -> Any:
-    """The Colossal-AI plugin object (needs an initialised process group)."""
-    precision = "fp32" if mixed_precision == "no" else mixed_precision
-    if plugin == "torch_ddp":
-        from colossalai.booster.plugin import TorchDDPPlugin
-
-        return TorchDDPPlugin()
-    if plugin == "low_level_zero":
-        from colossalai.booster.plugin import LowLevelZeroPlugin
-
-        # Stage 1 when accumulating, so that no_sync can skip the micro-batches' reduction
-        # (stage 2 has none): training/accumulation.py.
-        stage = accumulation.low_level_zero_stage(gradient_accumulation_steps)
-        return LowLevelZeroPlugin(stage=stage, precision=precision, max_norm=max_grad_norm)
-    if plugin == "gemini":
-        from colossalai.booster.plugin import GeminiPlugin
-
-        if precision == "fp32":
-            raise ValueError("plugin=gemini trains in fp16 or bf16: set mixed_precision to fp16 or bf16")
-        return GeminiPlugin(
-            precision=precision,
-            placement_policy="static",
-            max_norm=max_grad_norm,
-            enable_gradient_accumulation=gradient_accumulation_steps > 1,
-        )
-    raise ValueError(f"plugin={plugin!r} is not one of torch_ddp, low_level_zero, gemini")
-
-
-def make_booster(
-    plugin: str, mixed_precision: str, *, max_grad_norm: float, gradient_accumulation_steps: int = 1
-) -> Any:
-    """The Booster for `plugin`. torch_ddp: the Booster's fp16 is torch AMP with a grad scaler;
-    its bf16 is a stub in 0.5.0, so bf16 is plain autocast in the loop (`autocast_dtype`) and
-    clipping is the loop's (`optimizer.clip_grad_by_norm`). The ZeRO plugins own precision and clipping."""
-    from colossalai.booster import Booster
-
-    built = make_plugin(
-        plugin, mixed_precision, max_grad_norm=max_grad_norm, gradient_accumulation_steps=gradient_accumulation_steps
-    )
-    if plugin == "torch_ddp":
-        return Booster(plugin=built, mixed_precision="fp16" if mixed_precision == "fp16" else None)
-    return Booster(plugin=built)
-
-
-def autocast_dtype(plugin: str, mixed_precision: str) -> Any:
-    """The dtype the loop autocasts the UNet's forward to itself, or None (see make_booster)."""
-    import torch
-
-    return torch.bfloat16 if plugin == "torch_ddp" and mixed_precision == "bf16" else None
-
-
-def loop_clips_gradients(plugin: str, max_grad_norm: float) -> bool:
-    return plugin == "torch_ddp" and max_grad_norm > 0
-
-
-def ddp_model(model: Any) -> Any:
-    """The TorchDDPModel inside the Booster's wrappers (AMP's TorchAMPModule wraps it for fp16)."""
-    from colossalai.booster.plugin.torch_ddp_plugin import TorchDDPModel
-    from colossalai.interface import ModelWrapper
-
-    inner = model
-    while not isinstance(inner, TorchDDPModel):
-        if not isinstance(inner, ModelWrapper):
-            raise TypeError(f"{type(model).__name__} wraps no TorchDDPModel: boost it with TorchDDPPlugin first")
-        inner = inner.module
-    return inner
-
-
-@dataclass
-class Boosted:
-    booster: Any
-    model: Any
-    optimizer: Any
-    lr_scheduler: Any
-    autocast_dtype: Any
-
-
-def boost(args: argparse.Namespace, unet: Any, extra_params: Iterable[Any] = ()) -> Boosted:
-    """Optimizer, schedule and Booster for `args.plugin`, and the boosted denoiser. Only the
-    parameters that train go to the optimizer: with LoRA, the adapter's (its state is then
-    megabytes, and a checkpoint holds nothing else), and `extra_params` (text-encoder adapters)."""
-    from diffusers.optimization import get_scheduler
-
-    optimizer = build_optimizer(
-        args.plugin,
-        [p for p in unet.parameters() if p.requires_grad] + list(extra_params),
-        lr=args.learning_rate,
-        betas=(args.adam_beta1, args.adam_beta2),
-        weight_decay=args.adam_weight_decay,
-        eps=args.adam_epsilon,
-    )
-    lr_scheduler = get_scheduler(
-        args.lr_scheduler,
-        optimizer=optimizer,
-        num_warmup_steps=args.lr_warmup_steps,
-        num_training_steps=args.max_train_steps,
-    )
-    booster = make_booster(
-        args.plugin,
-        args.mixed_precision,
-        max_grad_norm=args.max_grad_norm,
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-    )
-    model, optimizer, _, _, lr_scheduler = booster.boost(unet, optimizer, lr_scheduler=lr_scheduler)
-    return Boosted(booster, model, optimizer, lr_scheduler, autocast_dtype(args.plugin, args.mixed_precision))
 
 
 def make_ema(unet: Any, decay: float, device: Any) -> Any:

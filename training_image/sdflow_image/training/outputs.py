@@ -17,7 +17,7 @@
 The summary and the images are copied to /opt/ml/output/data too (rank 0, like the rest), which
 SageMaker uploads as `output/output.tar.gz`: its place for a job's non-model artifacts.
 
-The training state is freed before anything is rendered: the boosted UNet, optimizer states,
+The training state is freed before anything is rendered: the wrapped denoiser, optimizer states,
 EMA and frozen parts stay on the device until the weights are exported, then are dropped, so
 rendering the samples cannot run out of device memory on a job that has finished training.
 """
@@ -46,7 +46,7 @@ ADHERENCE_GRID = "adherence.png"  # sdflow_image.adherence.GRID_FILE, without im
 
 
 def save(args: argparse.Namespace, trainer: Trainer, summary: dict[str, Any]) -> None:
-    """Collective: export the weights (sharded plugins gather onto rank 0), free the training
+    """Collective: export the weights (sharded plugins gather them onto rank 0), free the training
     state on every rank, then rank 0 writes the outputs."""
     device, losses, steps, family = trainer.device, list(trainer.state.losses), trainer.state.step, trainer.family
     method = "lora" if trainer.lora else "full"
@@ -106,11 +106,9 @@ def save_full(args: argparse.Namespace, trainer: Trainer) -> Any:
     staging.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".sdflow-unet-", dir=staging) as tmp:
         weights = Path(tmp) / "unet.safetensors"
-        b = trainer.boosted
-        b.booster.save_model(b.model, str(weights), shard=False, use_safetensors=True)
+        trainer.backend.export(weights, trainer.rank)
         ema_params = [p.detach().cpu() for p in trainer.ema.shadow_params] if trainer.ema is not None else None
         family = trainer.family
-        del b
         trainer.release()
         barrier()
         if not rank0:

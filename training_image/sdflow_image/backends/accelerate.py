@@ -1,0 +1,231 @@
+"""The accelerate backend (the second stack: torch 2.15, diffusers 0.42.1, accelerate 1.15),
+plugins `ddp` and `fsdp2`, behind `sdflow_image.backends.base.Backend`.
+
+- ddp: `accelerate.Accelerator` as diffusers' LoRA examples use it (prepare, backward, no_sync,
+  clip_grad_norm_, autocast of the forward under bf16). Replicated state: rank 0 writes the
+  checkpoint (the weights as safetensors, torch's optimizer and schedule state dicts).
+  The schedule is not `prepare`d: accelerate's AcceleratedScheduler steps the schedule once per
+  process at each optimizer step (the examples scale their step counts by the process count to
+  make up for it), which would make the schedule depend on the number of processes.
+- fsdp2: torch's own `fully_shard` on each block of the denoiser (each entry of its ModuleLists
+  named *blocks*: SD3's, FLUX's and Qwen-Image's transformer_blocks, a UNet's down/up blocks),
+  then on the root; `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)` under bf16, so
+  the sharded parameters stay the fp32 masters; AdamW over the sharded (DTensor) parameters.
+  accelerate 1.15's own FSDP path engages only on GPUs (on the CPU it silently trains DDP), so
+  these are the calls its fsdp2 path makes, made here: the code the CPU tests run under gloo is
+  the code that runs on GPUs. Checkpoints are torch.distributed.checkpoint (DCP) folders, each
+  rank writing its own shard (`get_state_dict` / `set_state_dict`); the exported model is the
+  full state dict gathered on rank 0 (`StateDictOptions(full_state_dict=True, cpu_offload=True)`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from sdflow_image.backends.base import Backend, adam_kwargs, schedule, torchrun_environment, trainable
+from sdflow_image.training import checkpoints
+
+LR_SCHEDULER_FILE = "lr_scheduler.pt"
+DCP_FOLDER = "dcp"  # fsdp2: the DCP checkpoint of the model and optimizer (every rank's shard, .metadata)
+
+
+def shard_units(module: Any) -> list[Any]:
+    """The blocks FSDP2 shards one by one: every entry of the outermost ModuleLists whose name
+    says *blocks* (a block's own lists are inside its unit, so units never nest)."""
+    import torch
+
+    found: list[Any] = []
+    for name, child in module.named_children():
+        if isinstance(child, torch.nn.ModuleList) and "blocks" in name:
+            found.extend(child)
+        else:
+            found.extend(shard_units(child))
+    return found
+
+
+class AccelerateBackend(Backend):
+    name = "accelerate"
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__(args)
+        self.replicated = args.plugin == "ddp"
+        self.fsdp = args.plugin == "fsdp2"
+        self.accelerator: Any = None
+
+    @contextlib.contextmanager
+    def distributed(self, seed: int, cuda: bool) -> Iterator[None]:
+        import torch
+        import torch.distributed as dist
+        from accelerate.utils import set_seed
+
+        with torchrun_environment():
+            if cuda:
+                torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+            # The group is made here for both plugins (the Accelerator of ddp takes it as it is).
+            dist.init_process_group(backend="nccl" if cuda else "gloo")
+            set_seed(seed)  # random, numpy, torch: what colossalai.launch_from_torch seeds
+            yield
+
+    def _wrap(self, denoiser: Any, extra_params: list[Any], device: Any) -> None:
+        import torch
+
+        args = self.args
+        if self.fsdp:
+            # No .to(device) first: fully_shard moves each rank's shard (not the whole model) to
+            # its mesh's device, the GPU of the rank (the CPU in the tests).
+            self._shard(denoiser)
+            self.model = denoiser
+            self.optimizer = torch.optim.AdamW(trainable(denoiser, extra_params), **adam_kwargs(args))
+            self.lr_scheduler = schedule(args, self.optimizer)
+            return
+        from accelerate import Accelerator
+
+        denoiser.to(device)
+        lora = getattr(args, "training_method", "full") == "lora"
+        if lora and args.mixed_precision == "bf16" and device.type == "cuda":
+            # The examples keep the frozen base in the training precision and the adapter in
+            # fp32 (training/lora.py cast it): half the memory of an fp32 base, same updates.
+            for param in denoiser.parameters():
+                if not param.requires_grad:
+                    param.data = param.data.to(torch.bfloat16)
+        optimizer = torch.optim.AdamW(trainable(denoiser, extra_params), **adam_kwargs(args))
+        self.lr_scheduler = schedule(args, optimizer)
+        # cpu=True on a CPU: without it accelerate 1.15 sees torchrun's LOCAL_RANK, finds no GPU,
+        # and settles on DistributedType.NO, so `prepare` wraps nothing and each rank trains alone.
+        self.accelerator = Accelerator(mixed_precision=args.mixed_precision, cpu=device.type == "cpu")
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if self.accelerator.num_processes != world_size:
+            raise RuntimeError(
+                f"accelerate sees {self.accelerator.num_processes} process(es) of a world of {world_size} "
+                f"({self.accelerator.distributed_type}): it would not average the gradients"
+            )
+        self.model, self.optimizer = self.accelerator.prepare(denoiser, optimizer)
+
+    def _shard(self, denoiser: Any) -> None:
+        import importlib
+
+        import torch
+
+        # Imported by name: the first stack's torch 2.5.1 (whose mypy checks this package too)
+        # keeps fully_shard in torch.distributed._composable.fsdp; this backend runs on 2.15 only.
+        fsdp: Any = importlib.import_module("torch.distributed.fsdp")
+        policy = (
+            fsdp.MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if self.args.mixed_precision == "bf16"
+            else fsdp.MixedPrecisionPolicy()
+        )
+        for unit in shard_units(denoiser):
+            fsdp.fully_shard(unit, mp_policy=policy)
+        fsdp.fully_shard(denoiser, mp_policy=policy)
+
+    def backward(self, loss: Any) -> None:
+        if self.fsdp:
+            loss.backward()
+        else:
+            self.accelerator.backward(loss)
+
+    @contextlib.contextmanager
+    def no_sync(self, skip: bool) -> Iterator[None]:
+        if not skip:
+            yield
+        elif self.fsdp:
+            # The micro-batches before the last keep their unsharded gradients (no reduce-scatter).
+            self.model.set_requires_gradient_sync(False)
+            try:
+                yield
+            finally:
+                self.model.set_requires_gradient_sync(True)
+        else:
+            with self.accelerator.no_sync(self.model):
+                yield
+
+    def step(self) -> None:
+        import torch
+
+        max_norm = self.args.max_grad_norm
+        if max_norm > 0:
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            if self.fsdp:  # DTensor gradients: torch's clip computes the global norm over the shards
+                torch.nn.utils.clip_grad_norm_(params, max_norm)
+            else:
+                self.accelerator.clip_grad_norm_(params, max_norm)
+        self.optimizer.step()
+        self.lr_scheduler.step()
+        self.optimizer.zero_grad()
+
+    # --- checkpoints -----------------------------------------------------------------------
+
+    def _weights_file(self, folder: Path) -> Path:
+        return folder / f"{self.denoiser_name}.safetensors"
+
+    def save(self, folder: Path, *, model: bool, rank: int) -> None:
+        import torch
+
+        if self.fsdp:
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import get_state_dict
+
+            model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+            dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(folder / DCP_FOLDER))
+        elif rank == 0:  # ddp: replicated, rank 0's copy is everyone's
+            if model:
+                from safetensors.torch import save_file
+
+                save_file(_contiguous(self._unwrapped().state_dict()), str(self._weights_file(folder)))
+            torch.save(self.optimizer.state_dict(), folder / checkpoints.OPTIMIZER_FILE)
+        if rank == 0:
+            torch.save(self.lr_scheduler.state_dict(), folder / LR_SCHEDULER_FILE)
+
+    def load(self, folder: Path, *, model: bool, rank: int) -> None:
+        import torch
+
+        if self.fsdp:
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+            model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+            state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}
+            dcp.load(state, checkpoint_id=str(folder / DCP_FOLDER))
+            set_state_dict(
+                self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+            )
+        else:
+            if model:
+                from safetensors.torch import load_file
+
+                self._unwrapped().load_state_dict(load_file(str(self._weights_file(folder))))
+            saved = torch.load(folder / checkpoints.OPTIMIZER_FILE, map_location="cpu", weights_only=False)
+            self.optimizer.load_state_dict(saved)
+        self.lr_scheduler.load_state_dict(torch.load(folder / LR_SCHEDULER_FILE, weights_only=False))
+
+    def export(self, path: Path, rank: int) -> None:
+        from safetensors.torch import save_file
+
+        if self.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            # Collective: every rank sends its shards; rank 0 gets the whole state on the CPU.
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            state = get_model_state_dict(self.model, options=options)
+        else:
+            state = self._unwrapped().state_dict() if rank == 0 else {}
+        if rank == 0:
+            save_file(_contiguous(state), str(path))
+
+    def _unwrapped(self) -> Any:
+        return self.accelerator.unwrap_model(self.model)
+
+    def release(self) -> None:
+        super().release()
+        if self.accelerator is not None:
+            self.accelerator.free_memory()
+        self.accelerator = None
+
+
+def _contiguous(state: dict[str, Any]) -> dict[str, Any]:
+    return {name: tensor.detach().cpu().contiguous() for name, tensor in state.items()}

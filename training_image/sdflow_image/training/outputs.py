@@ -215,8 +215,9 @@ def write_samples(pipe: Any, args: argparse.Namespace, device: Any, path: Path) 
     images = []
     for prompt in args.validation_prompts:
         with torch.no_grad():
+            # By name: FLUX.2 [klein]'s pipeline takes an image first.
             result = pipe(
-                prompt,
+                prompt=prompt,
                 num_inference_steps=args.validation_inference_steps,
                 height=args.resolution,
                 width=args.resolution,

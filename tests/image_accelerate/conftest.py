@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 # Before anything imports huggingface_hub, which reads it once: a test that reaches for the Hub
 # fails at once instead of waiting on the network (as HF_HUB_OFFLINE=1 does in the image).
@@ -22,3 +25,29 @@ REPO = Path(__file__).resolve().parents[2]
 for path in (REPO / "training_image", REPO, REPO / "tests" / "image"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
+
+
+@pytest.fixture(scope="session")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small webdataset channel of 32 px scenes with captions, as a download job writes."""
+    from train_fixtures import write_dataset_channel
+
+    return write_dataset_channel(tmp_path_factory.mktemp("dataset"), shards=2, samples_per_shard=4, image_size=32)
+
+
+@pytest.fixture(scope="session")
+def bases(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """The tiny pipeline of a family (built in code once a session), by family name."""
+    from sdflow_image import tiny_families, tiny_model
+
+    built: dict[str, Path] = {}
+
+    def base(family: str) -> Path:
+        if family not in built:
+            folder = tmp_path_factory.mktemp(f"tiny-{family}") / "model"
+            built[family] = (
+                tiny_model.build_tiny_pipeline(folder) if family == "sd" else tiny_families.build_tiny(family, folder)
+            )
+        return built[family]
+
+    return base

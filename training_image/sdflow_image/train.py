@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sdflow_image import contract, flags, scenes
+from sdflow_image import contract, families, flags, scenes
 from sdflow_image.backends import rules
 from sdflow_image.data_source import FLAGS as DATA_FLAGS
 from sdflow_image.data_source import DatasetIndexError, load_index
@@ -309,16 +309,16 @@ def check_family(args: argparse.Namespace) -> None:
             "cache_latents=true keeps each caption's embedding, which train_text_encoder_lora=true changes at "
             "every step: set one of them to false"
         )
-    if family == "sd3" and (args.snr_gamma or args.noise_offset):
+    if family not in ("sd", "sdxl") and (args.snr_gamma or args.noise_offset):
         raise HyperparameterError(
-            "snr_gamma and noise_offset weight the DDPM noise-prediction loss; model_family=sd3 trains on "
+            f"snr_gamma and noise_offset weight the DDPM noise-prediction loss; model_family={family} trains on "
             "rectified flow: set both to 0"
         )
-    if family != "sd3" and not args.sd3_t5:
-        raise HyperparameterError(f"sd3_t5=false is for model_family=sd3; this base model is {family}")
-    if family == "sd3" and args.train_text_encoder_lora:
+    if family not in ("sd3", "sd35") and not args.sd3_t5:
+        raise HyperparameterError(f"sd3_t5=false is for model_family=sd3 or sd35; this base model is {family}")
+    if args.train_text_encoder_lora and not families.get(family).text_encoder_lora:
         raise HyperparameterError(
-            "train_text_encoder_lora=true: diffusers 0.29 saves and loads an SD3 LoRA for the transformer only; "
+            f"train_text_encoder_lora=true: diffusers saves and loads a {family} LoRA for the transformer only; "
             "set it to false"
         )
 

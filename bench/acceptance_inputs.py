@@ -97,13 +97,28 @@ def in_folder(shards: Path) -> Iterator[tuple[str, dict[str, str]]]:
     yield str(shards), {}
 
 
-def build_base(folder: Path, family: str, tiny: bool) -> tuple[Path, int]:
+# The new families' full-size variant a row trains unless --variant says (random_families_next.VARIANTS);
+# their published models are trained at 1024 px, as diffusers' scripts default.
+DEFAULT_VARIANT = {"sd35": "sd35-medium", "flux2": "flux2-klein-4b", "qwenimage": "qwenimage"}
+NEW_FAMILY_RESOLUTION = 1024
+
+
+def build_base(folder: Path, family: str, tiny: bool, variant: str | None = None) -> tuple[Path, int]:
     """The base model of `family` and its resolution: tiny (32 px, CPU) or random at full size.
-    SD 3 is built without T5 either way, so a tiny row takes the path its full-size row takes."""
+    SD 3 and SD 3.5 are built without T5 either way, so a tiny row takes the path its full-size
+    row takes. The new families' full-size models are built on the GPU (minutes on a CPU)."""
     if tiny:
         from sdflow_image import tiny_families, tiny_model
 
         return tiny_families.build_tiny(family, folder, with_t5=False), tiny_model.IMAGE_SIZE
+    if family in DEFAULT_VARIANT:
+        from sdflow_image import random_families_next
+
+        chosen = variant or DEFAULT_VARIANT[family]
+        if random_families_next.FAMILY_OF.get(chosen) != family:
+            raise ValueError(f"variant={chosen!r} is not a {family} model: use one of {random_families_next.VARIANTS}")
+        built = random_families_next.build_pipeline(chosen, folder, device="cuda", with_t5=False)
+        return built, NEW_FAMILY_RESOLUTION
     if family == "sd":
         from sdflow_image import random_sd15
 

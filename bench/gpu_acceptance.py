@@ -32,8 +32,14 @@ the rows, the seconds Colossal-AI's kernels take to load (the first time: to bui
     .venv-accelerate/bin/python bench/gpu_acceptance.py --backend accelerate --family sd3 --method lora  # ddp
 
 `--backend accelerate` runs the second stack's rows (its own venv: no Colossal-AI there, so no
-kernels to load): plugins ddp and fsdp2, bf16; SD 3 medium's size stands in for the new families
-until their random full-size builders land.
+kernels to load): plugins ddp and fsdp2, bf16, for SD 3 and the new families at full size with
+random weights (`sdflow_image.random_families_next`, built on the GPU, at 1024 px), each with
+`.venv-accelerate/bin/python`:
+
+    bench/gpu_acceptance.py --backend accelerate --family flux2 --method lora
+    bench/gpu_acceptance.py --backend accelerate --family flux2 --variant flux2-klein-9b --method lora
+    bench/gpu_acceptance.py --backend accelerate --family sd35 --method full       # fsdp2
+    bench/gpu_acceptance.py --backend accelerate --family qwenimage --method lora
 
 Exit status: 0 every row held; 1 one did not (its row says why); 2 bad arguments, or no CUDA
 device without `--tiny` (one line says so).
@@ -129,7 +135,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--family",
         choices=FAMILIES,
         default="sd",
-        help="sd: SD 1.5's size; sdxl: SDXL base 1.0's; sd3: SD 3 medium's without T5 (random weights)",
+        help="sd: SD 1.5's size; sdxl: SDXL base 1.0's; sd3: SD 3 medium's without T5; sd35, flux2, "
+        "qwenimage: --variant's (random weights; the last three need --backend accelerate)",
+    )
+    parser.add_argument(
+        "--variant",
+        default=None,
+        help="the new families' full-size model: sd35-large, sd35-medium (default), flux2-klein-4b (default), "
+        "flux2-klein-9b, qwenimage",
     )
     parser.add_argument(
         "--method", choices=METHODS, default="full", help="train every denoiser weight or a LoRA adapter"
@@ -458,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     skipped = (math.nan, "no CUDA" if colossalai else None)
     probe = threading.Thread(target=lambda: kernels.append(kernel_load_seconds() if cuda and colossalai else skipped))
     probe.start()
-    base, resolution = build_base(work / "base", args.family, args.tiny)
+    base, resolution = build_base(work / "base", args.family, args.tiny, args.variant)
     resolution = args.resolution or resolution
     shards = write_shards(work / "dataset", resolution)
     print(f"inputs: base model and shards in {time.perf_counter() - started:.0f} s under {work}", flush=True)

@@ -49,10 +49,6 @@ def test_ddp_replicates_everything_as_torch_ddp_does() -> None:
     assert estimate(flux2(plugin="ddp")).states_gib == pytest.approx(9078.6e6 * 20 / GIB)
 
 
-def test_fsdp2_ema_is_sharded_with_the_weights() -> None:
-    assert estimate(flux2(gpus=8, use_ema=True)).ema_gib == pytest.approx(9078.6e6 * 4 / 8 / GIB)
-
-
 @pytest.mark.parametrize(
     ("family", "variant", "denoiser"),
     [

@@ -106,10 +106,21 @@ def test_backend_of_unresolved_family_waits_for_validate_run_and_leaves_hyperpar
 
 
 def test_backend_accelerate_named_for_an_sd3_model_trains_there_with_its_plugin_and_given_precision() -> None:
-    training = parse_run_document(document("sd3", backend="accelerate", mixed_precision="fp16")).training
-    assert (training.backend, training.plugin, training.mixed_precision) == ("accelerate", "fsdp2", "fp16")
+    training = parse_run_document(document("sd3", backend="accelerate", mixed_precision="no")).training
+    assert (training.backend, training.plugin, training.mixed_precision) == ("accelerate", "fsdp2", "no")
     hyperparameters = training.hyperparameters()
     assert (hyperparameters["backend"], hyperparameters["plugin"]) == ("accelerate", "fsdp2")
+
+
+def test_backend_accelerate_in_fp16_is_refused_naming_bf16() -> None:
+    message = problems(document("flux2", mixed_precision="fp16"))["training"]
+    assert "set training.mixed_precision to 'bf16'" in message
+
+
+def test_backend_fsdp2_with_ema_is_refused_naming_ddp_and_use_ema() -> None:
+    message = problems(document("flux2", use_ema=True))["training"]
+    assert "set training.plugin to 'ddp'" in message
+    assert "training.use_ema to false" in message
 
 
 def test_backend_rules_cover_every_family_plugin_and_method() -> None:
@@ -118,9 +129,11 @@ def test_backend_rules_cover_every_family_plugin_and_method() -> None:
     assert set(training_options.NEW_STACK_FAMILIES) == {
         f for f, backend in training_options.BACKEND_OF_FAMILY.items() if backend == "accelerate"
     }
-    for (backend, _method), plugin in training_options.DEFAULT_PLUGIN.items():
-        assert plugin in training_options.PLUGINS_OF_BACKEND[backend]
-    assert set(training_options.DEFAULT_MIXED_PRECISION) == set(training_options.BACKENDS)
+    for backend, plugins in training_options.DEFAULT_PLUGIN.items():
+        assert set(plugins) == {"full", "lora"}
+        assert set(plugins.values()) <= set(training_options.PLUGINS_OF_BACKEND[backend])
+    for backend, precision in training_options.DEFAULT_MIXED_PRECISION.items():
+        assert precision in training_options.MIXED_PRECISIONS_OF_BACKEND[backend]
 
 
 # ---------------------------------------------------------------------------- refusals
@@ -171,7 +184,7 @@ def test_validate_run_resolves_family_backend_and_plugin_into_the_run(mocked_aws
     backend = training_options.BACKEND_OF_FAMILY[family]
     assert run["base_model_family"] == family
     assert run["training"]["backend"] == backend
-    assert run["training"]["plugin"] == training_options.DEFAULT_PLUGIN[(backend, "full")]
+    assert run["training"]["plugin"] == training_options.DEFAULT_PLUGIN[backend]["full"]
     assert mocked_aws.get_json(f"runs/{EXECUTION}/run.json")["run"]["training"]["backend"] == backend
 
 

@@ -22,7 +22,7 @@ does not fit its instance type's GPUs, naming what to change. The estimate is pe
              encoders (SD 3's T5, 4.8 B, only when model_index.json names one); with LoRA also
              the whole denoiser (UNet / SD 3 transformer).
              FSDP2 shards only what trains: the frozen text encoder(s) and VAE are whole on every GPU.
-    EMA      an fp32 copy of the trained weights (use_ema); sharded / N under fsdp2.
+    EMA      an fp32 copy of the trained weights (use_ema; refused with fsdp2).
     acts     activations: ACTIVATION_GIB_PER_SAMPLE x the denoiser's size relative to SD 1.5 x
              (resolution / 512)² x batch; x GRADIENT_CHECKPOINTING_SHARE with gradient checkpointing;
              x 2 in fp32.
@@ -233,7 +233,6 @@ def estimate(setup: Setup) -> Estimate:
     ema = trained * FULL_BYTES if setup.use_ema else 0.0
     if setup.plugin == "fsdp2":
         states += FSDP_TRANSIENT_BLOCKS * (frozen_bytes + FULL_BYTES) * trained / max(family.blocks, 1)
-        ema /= setup.gpus
 
     activations = (
         ACTIVATION_GIB_PER_SAMPLE

@@ -77,15 +77,16 @@ PLUGINS_OF_BACKEND = {
     "colossalai": ("torch_ddp", "low_level_zero", "gemini"),
     "accelerate": ("ddp", "fsdp2"),
 }
-# (backend, method) -> the plugin a run that names none trains with.
+# backend -> method -> the plugin a run that names none trains with. colossalai's full default stays the run
+# document's gemini (the image's own flag default, for a job started without a plugin, may differ).
 DEFAULT_PLUGIN = {
-    ("colossalai", "full"): "gemini",
-    ("colossalai", "lora"): LORA_DEFAULT_PLUGIN,
-    ("accelerate", "full"): "fsdp2",
-    ("accelerate", "lora"): "ddp",
+    "colossalai": {"full": "gemini", "lora": LORA_DEFAULT_PLUGIN},
+    "accelerate": {"full": "fsdp2", "lora": "ddp"},
 }
-# The precision a run that names none trains in: the new families' weights are published in bf16, and
-# diffusers' FLUX.2 / Qwen-Image / SD 3.5 examples train in bf16 (fp16 overflows in their activations).
+# The precisions each backend trains in: FSDP2's mixed precision keeps no loss scaler, so fp16 gradients would
+# underflow, and diffusers' examples train the new families in bf16 (the image refuses fp16 there too).
+MIXED_PRECISIONS_OF_BACKEND = {"colossalai": ("no", "fp16", "bf16"), "accelerate": ("no", "bf16")}
+# The precision a run that names none trains in: the new families' weights are published in bf16.
 DEFAULT_MIXED_PRECISION = {"colossalai": "fp16", "accelerate": "bf16"}
 AUTO: Final = "auto"
 
@@ -181,7 +182,8 @@ class TrainingOptions(StrictOptions):
     )
     mixed_precision: Literal["no", "fp16", "bf16"] = Field(
         default="fp16",
-        description="Training precision; a run that names none on the accelerate backend trains in bf16.",
+        description="Training precision; a run that names none on the accelerate backend trains in bf16 (fp16 is "
+        "refused there: FSDP2 keeps no loss scaler).",
     )
     resolution: int = Field(default=256, ge=32, le=2048, description="Training image size in pixels.")
     train_batch_size: int = Field(default=8, ge=1, le=1024, description="Samples per step per GPU.")
@@ -254,8 +256,8 @@ class TrainingOptions(StrictOptions):
             return data
         backend, method = data["backend"], data.get("method", "full")
         filled = dict(data)
-        if filled.get("plugin", AUTO) == AUTO and (backend, method) in DEFAULT_PLUGIN:
-            filled["plugin"] = DEFAULT_PLUGIN[(backend, method)]
+        if filled.get("plugin", AUTO) == AUTO and method in DEFAULT_PLUGIN[backend]:
+            filled["plugin"] = DEFAULT_PLUGIN[backend][method]
         if "mixed_precision" not in filled:
             filled["mixed_precision"] = DEFAULT_MIXED_PRECISION[backend]
         return filled
@@ -272,11 +274,6 @@ class TrainingOptions(StrictOptions):
             f"default for the base model's family): set training.backend to '{other}', or training.plugin to one of "
             f"{', '.join(PLUGINS_OF_BACKEND[backend])} (or leave it out)"
         )
-
-    @property
-    def resolved(self) -> bool:
-        """Backend and plugin known (Validate run resolves them from the model's family)."""
-        return self.backend != AUTO and self.plugin != AUTO
 
     @model_validator(mode="after")
     def _method_fits_plugin(self) -> TrainingOptions:
@@ -299,6 +296,18 @@ class TrainingOptions(StrictOptions):
             raise ValueError(
                 "training.use_ema is for training.method 'full': diffusers' LoRA examples keep no EMA of an "
                 "adapter; set training.use_ema to false"
+            )
+        if self.backend in BACKENDS and self.mixed_precision not in MIXED_PRECISIONS_OF_BACKEND[self.backend]:
+            raise ValueError(
+                f"training.mixed_precision '{self.mixed_precision}' cannot train on the {self.backend} backend: "
+                "FSDP2's mixed precision keeps no loss scaler (fp16 gradients would underflow), and diffusers' "
+                "examples train these models in bf16; set training.mixed_precision to 'bf16' (or leave it out)"
+            )
+        if self.plugin == "fsdp2" and self.use_ema:
+            raise ValueError(
+                "training.use_ema is not supported with training.plugin 'fsdp2': each GPU holds a shard of every "
+                "weight, and the image keeps the average whole; set training.plugin to 'ddp' where the model fits "
+                "one GPU, or training.use_ema to false"
             )
         if self.plugin == "gemini" and self.mixed_precision == "no":
             raise ValueError(

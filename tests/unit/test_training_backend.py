@@ -279,7 +279,9 @@ def on_accelerate(event: dict[str, Any]) -> dict[str, Any]:
     event = copy.deepcopy(event)
     run = event["config"]["run"]
     run["base_model_family"] = "flux2"
-    run["training"] = {k: v for k, v in run["training"].items() if k not in ("plugin", "backend")}
+    # The colossalai run's plugin and precision (fp16) are not the accelerate backend's: its defaults instead.
+    dropped = ("plugin", "backend", "mixed_precision", "use_ema")
+    run["training"] = {k: v for k, v in run["training"].items() if k not in dropped}
     return event
 
 

@@ -301,7 +301,8 @@ class RunDocument(_Strict):
         if not isinstance(data, dict):
             return data
         family, training = data.get("base_model_family", AUTO), data.get("training", {})
-        if family not in BACKEND_OF_FAMILY or not isinstance(training, dict):
+        # Any JSON may arrive here (a list where a family belongs): only a known family decides anything.
+        if not isinstance(family, str) or family not in BACKEND_OF_FAMILY or not isinstance(training, dict):
             return data
         if training.get("backend", AUTO) != AUTO:
             return data

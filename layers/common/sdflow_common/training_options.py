@@ -256,7 +256,7 @@ class TrainingOptions(StrictOptions):
             return data
         backend, method = data["backend"], data.get("method", "full")
         filled = dict(data)
-        if filled.get("plugin", AUTO) == AUTO and method in DEFAULT_PLUGIN[backend]:
+        if filled.get("plugin", AUTO) == AUTO and isinstance(method, str) and method in DEFAULT_PLUGIN[backend]:
             filled["plugin"] = DEFAULT_PLUGIN[backend][method]
         if "mixed_precision" not in filled:
             filled["mixed_precision"] = DEFAULT_MIXED_PRECISION[backend]

@@ -1,7 +1,8 @@
 """An SD 3 LoRA run on the accelerate backend end to end through the local cloud with the real image code in
-the second job environment (.venv-accelerate): the tiny SD 3 model built in code (`sdflow_image.tiny_model
---family sd3`, sdflow_image.tiny_families), trained with `training.backend: accelerate`, plugin ddp, method
-lora (the archive holds the adapter), evaluated and served by the second image, and invoked.
+the second job environment (.venv-accelerate): the tiny SD 3 model built in code in that environment
+(`sdflow_image.tiny_model --family sd3`, sdflow_image.tiny_families), trained with `training.backend:
+accelerate`, plugin ddp, method lora (the archive holds the adapter), evaluated and served by the second
+image, and invoked.
 
 The local SageMaker runs every job and model whose image is the stack's AccelerateImageUri in .venv-accelerate
 (sdflow/local/sagemaker/job_env.py accelerate_python), so this module needs `make setup`'s second venv."""
@@ -20,7 +21,7 @@ import pytest
 from sdflow import samples
 from sdflow.demo import DemoOptions, _upload_tree, manifest, prepare_inputs, wait_for_notification
 from sdflow.local.cloud import LocalCloud
-from sdflow.local.sagemaker.job_env import image_environment, image_python
+from sdflow.local.sagemaker.job_env import accelerate_python, image_environment
 from sdflow.runs import start_run
 from sdflow.session import Session
 from sdflow.watch import watch
@@ -48,7 +49,9 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCloud]:
         s3 = local.client("s3")
         prepare_inputs(s3, local.bucket, workdir, server, SMALL)
         out = workdir / "tiny-sd3"
-        command = [image_python(), "-m", "sdflow_image.tiny_model", str(out), "--family", "sd3"]
+        # Built by the stack that trains and serves it: transformers 5 does not read the T5 tokenizer files
+        # transformers 4.51 (the first image's) writes.
+        command = [accelerate_python(), "-m", "sdflow_image.tiny_model", str(out), "--family", "sd3"]
         built = subprocess.run(command, env=image_environment(), capture_output=True, text=True, check=False)
         assert built.returncode == 0, built.stderr[-4000:]
         _upload_tree(s3, local.bucket, out, "models/tiny-sd3/")

@@ -216,6 +216,10 @@ class LocalCloud:
             self.runtime.register_code(function.name, function.code_dir, function.layer_dirs)
         if self.sagemaker_factory is not None:
             self.runtime.sagemaker = self.sagemaker_factory(self.workdir, self.endpoint_url, self.status_publisher)
+            # The stack's second image (template parameter AccelerateImageTag) runs in .venv-accelerate locally.
+            accelerate_image = self.deployment.outputs.get("AccelerateImageUri")
+            if accelerate_image and hasattr(self.runtime.sagemaker, "use_accelerate_image"):
+                self.runtime.sagemaker.use_accelerate_image(accelerate_image)
             enforcer = self.runtime.iam
             if enforcer is not None and hasattr(self.runtime.sagemaker, "role_credentials"):
                 # SageMaker's own session for a job's role is named "SageMaker".

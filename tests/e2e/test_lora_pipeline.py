@@ -27,6 +27,8 @@ def base_models(cloud: LocalCloud) -> None:
     for folder, class_name in PIPELINES.items():
         body = json.dumps({"_class_name": class_name, "_diffusers_version": "0.29.0"}).encode()
         s3.put_object(Bucket=cloud.bucket, Key=f"models/{folder}/model_index.json", Body=body)
+    # Validate run reads an SD 3 pipeline's transformer config too: no qk_norm, so SD 3, not SD 3.5.
+    s3.put_object(Bucket=cloud.bucket, Key="models/sd3/transformer/config.json", Body=b'{"num_layers": 24}')
 
 
 def document(cloud: LocalCloud, family: str, **lora: Any) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from sdflow_common import aws
 from sdflow_common.token_store import TokenStore
 from tests.constants import ACCOUNT, REGION
 from tests.unit.helpers import (
+    ACCELERATE_IMAGE_URI,
     DATA_BUCKET,
     EVENTS_PIPELINE,
     EVENTS_RUN_NAME,
@@ -66,6 +67,7 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
         "STATE_MACHINE_ARN": STATE_MACHINE_ARN,
         "SAGEMAKER_ROLE_ARN": SAGEMAKER_ROLE_ARN,
         "TRAINING_IMAGE_URI": TRAINING_IMAGE_URI,
+        "ACCELERATE_IMAGE_URI": ACCELERATE_IMAGE_URI,
         "MAX_SHARDS": "50",
         "POWERTOOLS_SERVICE_NAME": "sdflow-test",
         "POWERTOOLS_METRICS_NAMESPACE": "sdflow-test",

@@ -18,6 +18,7 @@ STATE_MACHINE_NAME = "sdflow-pipeline-test"
 STATE_MACHINE_ARN = f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:{STATE_MACHINE_NAME}"
 SAGEMAKER_ROLE_ARN = f"arn:aws:iam::{ACCOUNT}:role/sdflow-sagemaker-test"
 TRAINING_IMAGE_URI = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/sdflow-training:latest"
+ACCELERATE_IMAGE_URI = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/sdflow-training:latest-accelerate"
 EVENTS_DIR = Path(__file__).resolve().parents[2] / "events"
 
 # The execution the events/ payloads belong to (execution:sdflow-pipeline-test:pokemon-sd15-v2-…).

@@ -20,8 +20,13 @@ EXECUTION_ARN = f"arn:aws:states:{REGION}:{ACCOUNT}:execution:{STATE_MACHINE_NAM
 MODEL_URI = f"s3://{DATA_BUCKET}/models/base/"
 
 
-def validate(world: AwsWorld, class_name: Any, **extra: Any) -> dict[str, Any]:
+def validate(
+    world: AwsWorld, class_name: Any, transformer: dict[str, Any] | None = None, **extra: Any
+) -> dict[str, Any]:
     world.put_json("models/base/model_index.json", {"_class_name": class_name})
+    if class_name in ("StableDiffusion3Pipeline", "Flux2KleinPipeline"):
+        # Validate run reads an SD 3 or FLUX.2 pipeline's transformer config too (SD 3 or SD 3.5; which size).
+        world.put_json("models/base/transformer/config.json", transformer or {})
     world.s3.put_object(Bucket=DATA_BUCKET, Key="datasets/a.parquet", Body=parquet_bytes())
     run = {
         "dataset": {"parquet_uris": [f"s3://{DATA_BUCKET}/datasets/a.parquet"]},
@@ -34,9 +39,11 @@ def validate(world: AwsWorld, class_name: Any, **extra: Any) -> dict[str, Any]:
     return validate_run(request, data_bucket=DATA_BUCKET, max_shards=10)
 
 
-def refusal(world: AwsWorld, class_name: Any, **extra: Any) -> dict[str, str]:
+def refusal(
+    world: AwsWorld, class_name: Any, transformer: dict[str, Any] | None = None, **extra: Any
+) -> dict[str, str]:
     with pytest.raises(InvalidRunDocument) as caught:
-        validate(world, class_name, **extra)
+        validate(world, class_name, transformer, **extra)
     return {p["field"]: p["message"] for p in json.loads(str(caught.value))}
 
 

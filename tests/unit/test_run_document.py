@@ -58,7 +58,8 @@ def test_parse_minimal_document_fills_every_default() -> None:
     assert document.training.instance_count == 1
     assert document.training.use_spot is False
     assert document.training.max_wait_seconds is None
-    assert document.training.plugin == "gemini"
+    # Backend and plugin wait for the family (Validate run reads it from the model).
+    assert (document.training.backend, document.training.plugin) == ("auto", "auto")
     assert document.training.validation_prompts == ["a photo of a cat"]
     assert document.endpoint.name == "sdflow"
 
@@ -281,6 +282,7 @@ def test_hyperparameters_are_all_strings_parsed_back_to_their_values() -> None:
     training = parse_run_document(
         {
             **minimal(),
+            "base_model_family": "sd",
             "training": {"use_ema": True, "learning_rate": 2e-4, "validation_prompts": ["a", "b c"]},
         }
     ).training
@@ -291,7 +293,7 @@ def test_hyperparameters_are_all_strings_parsed_back_to_their_values() -> None:
     assert float(hyper["learning_rate"]) == pytest.approx(2e-4)
     assert int(hyper["max_train_steps"]) == training.max_train_steps
     assert json.loads(hyper["validation_prompts"]) == ["a", "b c"]
-    assert set(hyper) >= {"plugin", "mixed_precision", "resolution", "seed", "interleave_shards"}
+    assert set(hyper) >= {"backend", "plugin", "mixed_precision", "resolution", "seed", "interleave_shards"}
 
 
 def test_parse_s3_uri_splits_bucket_and_key() -> None:

@@ -44,7 +44,7 @@ def request(run: RunDocument) -> Any:
 
 
 def test_training_method_default_is_full_with_lora_defaults_in_hyperparameters() -> None:
-    options = parse_run_document(document()).training
+    options = parse_run_document(document() | {"base_model_family": "sdxl"}).training
     hyperparameters = options.hyperparameters()
     assert options.method == "full"
     assert options.plugin == "gemini"
@@ -53,7 +53,7 @@ def test_training_method_default_is_full_with_lora_defaults_in_hyperparameters()
 
 
 def test_training_lora_without_block_takes_diffusers_defaults_and_torch_ddp() -> None:
-    options = parse_run_document(document(method="lora")).training
+    options = parse_run_document(document(method="lora") | {"base_model_family": "sdxl"}).training
     assert options.plugin == "torch_ddp"
     assert (
         options.hyperparameters().items()
@@ -107,7 +107,7 @@ def test_training_lora_block_with_full_method_is_refused() -> None:
 
 
 def test_training_gemini_in_fp32_is_refused() -> None:
-    assert "fp16 or bf16" in problems(document(mixed_precision="no"))["training"]
+    assert "fp16 or bf16" in problems(document(mixed_precision="no", backend="colossalai"))["training"]
 
 
 @pytest.mark.parametrize(

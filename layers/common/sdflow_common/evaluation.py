@@ -174,7 +174,8 @@ def start_evaluation(
         run_hash=task.run_hash,
         model_data_url=task.training.model_data_url,
         prompts_uri=prompts_uri,
-        image_uri=settings.training_image_uri,
+        # The trained model loads only in its backend's stack (a FLUX.2 model needs today's diffusers).
+        image_uri=settings.image_uri(config.run.training.backend),
         role_arn=settings.sagemaker_role_arn,
     )
     sagemaker = sagemaker or aws.client("sagemaker")

@@ -221,7 +221,8 @@ def start_training(
         bucket=config.bucket,
         dataset_prefix_uri=config.dataset_prefix_uri,
         run=config.run,
-        image_uri=settings.training_image_uri,
+        # The image of the run's backend (Validate run resolved it from the model's family).
+        image_uri=settings.image_uri(config.run.training.backend),
         role_arn=settings.sagemaker_role_arn,
     )
     return start_job(

@@ -10,11 +10,19 @@ does not fit its instance type's GPUs, naming what to change. The estimate is pe
                            weights on every GPU + 16 B/param (fp32 master, m, v, fp32 gradient) / N;
              gemini        (static placement, nothing offloaded) 16 B/param / N: chunks of half weights
                            and gradients, fp32 master, m and v, all sharded across the N GPUs;
-             fp32 ("no"): working weights are the masters (low_level_zero 4 + 12/N B/param).
+             fp32 ("no"): working weights are the masters (low_level_zero 4 + 12/N B/param);
+             the accelerate backend's plugins (torch's own DDP and FSDP2):
+             ddp           20 B/param, everything replicated, as torch_ddp;
+             fsdp2         16 B/param / N: fp32 sharded parameters, gradients (reduce_dtype fp32) and
+                           Adam's m and v, all sharded across the N GPUs; plus, unsharded for the
+                           moment a block runs, two blocks' parameters in the training precision and
+                           their fp32 gradients (the block that runs and the one prefetched:
+                           FSDP_TRANSIENT_BLOCKS x (2 + 4) B x the block's parameters).
     frozen   what does not train, in the training precision (fp32 with "no"): VAE and text
              encoders (SD 3's T5, 4.8 B, only when model_index.json names one); with LoRA also
              the whole denoiser (UNet / SD 3 transformer).
-    EMA      an fp32 copy of the trained weights (use_ema).
+             FSDP2 shards only what trains: the frozen text encoder(s) and VAE are whole on every GPU.
+    EMA      an fp32 copy of the trained weights (use_ema; refused with fsdp2).
     acts     activations: ACTIVATION_GIB_PER_SAMPLE x the denoiser's size relative to SD 1.5 x
              (resolution / 512)² x batch; x GRADIENT_CHECKPOINTING_SHARE with gradient checkpointing;
              x 2 in fp32.
@@ -29,7 +37,10 @@ checkpointing): low_level_zero with EMA measured 20.01 GiB, gemini without EMA 1
 free constant, activations per sample, is fitted to those two rows (0.58 GiB), so they check the
 split between states and activations, not the model as a whole: the estimate gives 20.33 (+1.6 %)
 and 15.52 (-2.1 %). Nothing else here has been measured on a GPU: SDXL, SD 3, LoRA, torch_ddp,
-fp16, fp32 and gradient checkpointing are the rules above with stated assumptions, no more."""
+fp16, fp32 and gradient checkpointing are the rules above with stated assumptions, no more; so are the
+accelerate backend's families (SD 3.5, FLUX.2 [klein], Qwen-Image), whose activations follow the same
+per-parameter rule (at 512 px each of them runs 1,024 image tokens through its transformer, as SD 3
+does), and FSDP2's transient blocks."""
 
 from __future__ import annotations
 
@@ -48,6 +59,10 @@ GRADIENT_CHECKPOINTING_SHARE = 0.35
 CUDA_RESERVE_GIB = 1.0
 ADAM_AND_MASTER_BYTES = 16  # fp32 master (or gradient) 4 + Adam m 4 + v 4 + fp32 gradient 4
 HALF_BYTES, FULL_BYTES = 2, 4
+# FSDP2 gathers a block's parameters before it runs and prefetches the next (torch's fully_shard default):
+# two blocks unsharded at a time, each with its parameters in the training precision and fp32 gradients
+# until they are reduce-scattered. Assumed, not measured.
+FSDP_TRANSIENT_BLOCKS = 2
 
 
 @dataclass(frozen=True)
@@ -59,6 +74,7 @@ class Family:
     frozen: float  # VAE and text encoders
     lora_per_rank: float  # LoRA parameters per unit of rank on the default targets (to_q/k/v/out.0)
     text_lora_per_rank: float  # the same on the CLIP text encoder(s) (q/k/v/out_proj)
+    blocks: int = 0  # the denoiser's transformer blocks: FSDP2 shards (and gathers) one at a time
 
 
 # SD 1.5: UNet 859.5 M, CLIP ViT-L text encoder 123.1 M, VAE 83.7 M (SD 2.x: UNet 865.9 M and an
@@ -74,7 +90,37 @@ FAMILIES = {
     "sdxl": Family("SDXL", 2567.5e6, 123.1e6 + 694.7e6 + 83.7e6, 1_451_520, 401_408),
     "sd3": Family("SD 3", 2028.3e6, 123.7e6 + 694.7e6 + SD3_T5 + 83.8e6, 294_912, 401_408),
 }
+# The accelerate backend's families, each model counted from its published config (diffusers 0.42.1's classes
+# built on the meta device; the LoRA counts the same way, r·(in + out) over every to_q/to_k/to_v/to_out.0):
+# - SD 3.5 Large (and Large Turbo): transformer 8,056.6 M (38 joint blocks of width 2432, qk_norm rms_norm; the
+#   "8.1 B" of Stability's model card). SD 3.5 Medium: 2,243.2 M (24 blocks of width 1536, dual attention in
+#   the first 13; Stability says "2.5 B", counting otherwise). Text encoders and VAE are SD 3's.
+# - FLUX.2 [klein] 4B: Flux2Transformer2DModel 3,875.5 M (5 double + 20 single blocks of width 3072,
+#   joint_attention_dim 7680), text encoder Qwen3-4B 4,022.5 M (Qwen3ForCausalLM, tied embeddings).
+#   FLUX.2 [klein] 9B: 9,078.6 M (8 double + 24 single blocks of width 4096, joint_attention_dim 12288), text
+#   encoder Qwen3-8B 8,190.7 M. VAE AutoencoderKLFlux2 84.0 M. (Black Forest Labs: "4B" / "9B"; NVIDIA's
+#   model card of the 4B: transformer ~4 B + Qwen3 ~4 B.)
+# - Qwen-Image: QwenImageTransformer2DModel 20,430.4 M (60 blocks of width 3072: the "20B MMDiT"), text
+#   encoder Qwen2.5-VL-7B-Instruct 8,292.2 M (its vision tower, 676.6 M, included: the pipeline loads the whole
+#   model), VAE AutoencoderKLQwenImage 126.9 M.
+# The text encoders are decoders of a chat model, not CLIP: their LoRA is not offered (text_lora_per_rank 0).
+SD3_VAE_AND_CLIP = 123.7e6 + 694.7e6 + 83.8e6
+FAMILIES |= {
+    "sd35": Family("SD 3.5 Large", 8056.6e6, SD3_VAE_AND_CLIP + SD3_T5, 739_328, 0.0, blocks=38),
+    "sd35-medium": Family("SD 3.5 Medium", 2243.2e6, SD3_VAE_AND_CLIP + SD3_T5, 454_656, 0.0, blocks=24),
+    "flux2": Family("FLUX.2 [klein] 9B", 9078.6e6, 8190.7e6 + 84.0e6, 262_144, 0.0, blocks=32),
+    "flux2-4b": Family("FLUX.2 [klein] 4B", 3875.5e6, 4022.5e6 + 84.0e6, 122_880, 0.0, blocks=25),
+    "qwenimage": Family("Qwen-Image", 20430.4e6, 8292.2e6 + 126.9e6, 1_474_560, 0.0, blocks=60),
+}
+# Families saved with SD 3's optional T5 encoder ("text_encoder_3" in model_index.json).
+T5_FAMILIES = ("sd3", "sd35")
 SD15_DENOISER = FAMILIES["sd"].denoiser
+
+
+def reference(family: str, variant: str = "") -> Family:
+    """The reference model of a family's variant (model_family reads the variant from transformer/config.json):
+    "" is the family's largest, so an unknown variant is not underestimated."""
+    return FAMILIES.get(f"{family}-{variant}", FAMILIES[family]) if variant else FAMILIES[family]
 
 
 @dataclass(frozen=True)
@@ -119,7 +165,7 @@ class Setup:
 
     family: str
     method: str  # full | lora
-    plugin: str  # torch_ddp | low_level_zero | gemini
+    plugin: str  # torch_ddp | low_level_zero | gemini (colossalai); ddp | fsdp2 (accelerate)
     precision: str  # no | fp16 | bf16
     batch: int
     resolution: int
@@ -129,6 +175,11 @@ class Setup:
     text_encoder_lora: bool = False
     gpus: int = 1  # every GPU of the job: the data-parallel group the sharding plugins shard across
     with_t5: bool = True  # SD 3 saved without T5 (model_index.json "text_encoder_3": [null, null])
+    variant: str = ""  # the family's model: "" its largest, "medium" (SD 3.5), "4b" (FLUX.2 [klein])
+
+    @property
+    def model(self) -> Family:
+        return reference(self.family, self.variant)
 
 
 @dataclass(frozen=True)
@@ -151,8 +202,10 @@ class Estimate:
 
 def state_bytes_per_param(plugin: str, precision: str, gpus: int) -> float:
     """Bytes per trained parameter on one GPU: weights, gradients, Adam (see the module docstring)."""
-    if plugin == "torch_ddp":
+    if plugin in ("torch_ddp", "ddp"):
         return 20.0
+    if plugin == "fsdp2":  # the fp32 parameters are the masters whatever the precision: nothing else is kept
+        return ADAM_AND_MASTER_BYTES / gpus
     if plugin == "gemini":
         return ADAM_AND_MASTER_BYTES / gpus
     if precision == "no":  # low_level_zero in fp32: the working weights are the masters
@@ -161,7 +214,7 @@ def state_bytes_per_param(plugin: str, precision: str, gpus: int) -> float:
 
 
 def trained_parameters(setup: Setup) -> float:
-    family = FAMILIES[setup.family]
+    family = setup.model
     if setup.method == "full":
         return family.denoiser
     text = family.text_lora_per_rank if setup.text_encoder_lora else 0.0
@@ -170,12 +223,16 @@ def trained_parameters(setup: Setup) -> float:
 
 def estimate(setup: Setup) -> Estimate:
     """Peak GPU memory per GPU, in GiB, split into its parts."""
-    family = FAMILIES[setup.family]
+    family = setup.model
     frozen_bytes = FULL_BYTES if setup.precision == "no" else HALF_BYTES
     trained = trained_parameters(setup)
     frozen = family.frozen + (family.denoiser if setup.method == "lora" else 0.0)
-    if setup.family == "sd3" and not setup.with_t5:
+    if setup.family in T5_FAMILIES and not setup.with_t5:
         frozen -= SD3_T5
+    states = trained * state_bytes_per_param(setup.plugin, setup.precision, setup.gpus)
+    ema = trained * FULL_BYTES if setup.use_ema else 0.0
+    if setup.plugin == "fsdp2":
+        states += FSDP_TRANSIENT_BLOCKS * (frozen_bytes + FULL_BYTES) * trained / max(family.blocks, 1)
 
     activations = (
         ACTIVATION_GIB_PER_SAMPLE
@@ -186,9 +243,9 @@ def estimate(setup: Setup) -> Estimate:
         * (2.0 if setup.precision == "no" else 1.0)
     )
     return Estimate(
-        states_gib=trained * state_bytes_per_param(setup.plugin, setup.precision, setup.gpus) / GIB,
+        states_gib=states / GIB,
         frozen_gib=frozen * frozen_bytes / GIB,
-        ema_gib=trained * FULL_BYTES / GIB if setup.use_ema else 0.0,
+        ema_gib=ema / GIB,
         activations_gib=activations,
     )
 
@@ -223,6 +280,18 @@ def bigger_instance(setup: Setup, current: Gpu, instance_count: int) -> str | No
     return candidates[0][2] if candidates else None
 
 
+ACCELERATE_PLUGINS = ("ddp", "fsdp2")
+MAX_INSTANCE_COUNT = 64  # training.instance_count's maximum
+
+
+def more_instances(setup: Setup, gpu: Gpu, instance_count: int) -> int | None:
+    """The fewest instances of this type above the current count that shard the run small enough (FSDP2)."""
+    for count in range(instance_count + 1, MAX_INSTANCE_COUNT + 1):
+        if fits(_with(setup, gpus=gpu.count * count), gpu):
+            return count
+    return None
+
+
 def remedies(setup: Setup, gpu: Gpu, instance_count: int) -> list[str]:
     """What would make the run fit, each change alone, as run-document fields."""
     found: list[str] = []
@@ -236,10 +305,15 @@ def remedies(setup: Setup, gpu: Gpu, instance_count: int) -> list[str]:
         found.append("training.gradient_checkpointing true")
     if setup.use_ema and fits(_with(setup, use_ema=False), gpu):
         found.append("training.use_ema false")
-    if setup.method == "full" and setup.plugin != "gemini" and fits(_with(setup, plugin="gemini"), gpu):
-        found.append(f"training.plugin gemini (shards weights and optimizer state across the {setup.gpus} GPU(s))")
-    if setup.method == "full" and fits(_with(setup, method="lora", plugin="torch_ddp", use_ema=False), gpu):
-        found.append("training.method lora (with plugin torch_ddp)")
+    sharding, lora_plugin = ("fsdp2", "ddp") if setup.plugin in ACCELERATE_PLUGINS else ("gemini", "torch_ddp")
+    if setup.method == "full" and setup.plugin != sharding and fits(_with(setup, plugin=sharding), gpu):
+        found.append(f"training.plugin {sharding} (shards weights and optimizer state across the {setup.gpus} GPU(s))")
+    if setup.method == "full" and fits(_with(setup, method="lora", plugin=lora_plugin, use_ema=False), gpu):
+        found.append(f"training.method lora (with plugin {lora_plugin})")
+    if setup.plugin == "fsdp2":
+        more = more_instances(setup, gpu, instance_count)
+        if more is not None:
+            found.append(f"training.instance_count {more} (FSDP2 shards across every GPU of every instance)")
     larger = bigger_instance(setup, gpu, instance_count)
     if larger is not None:
         found.append(f"training.instance_type {larger} ({GPU_INSTANCES[larger].name})")

@@ -5,9 +5,15 @@ class decides how a run trains, samples and serves (docs/run-document.md "Model 
 
     StableDiffusionPipeline    sd    SD 1.x / 2.x (UNet, one CLIP text encoder; epsilon or v-prediction)
     StableDiffusionXLPipeline  sdxl  SDXL (UNet, two CLIP text encoders, pooled embeddings, time ids)
-    StableDiffusion3Pipeline   sd3   SD 3 / 3.5 (MMDiT transformer, CLIP-L, CLIP-G, optional T5; flow matching)
+    StableDiffusion3Pipeline   sd3   SD 3 (MMDiT transformer, CLIP-L, CLIP-G, optional T5; flow matching)
+    StableDiffusion3Pipeline   sd35  SD 3.5 Large / Large Turbo / Medium: its transformer/config.json sets qk_norm
+    Flux2KleinPipeline         flux2 FLUX.2 [klein] 4B / 9B (Flux2Transformer2DModel, Qwen3 text encoder; flow matching)
+    QwenImagePipeline          qwenimage  Qwen-Image (20 B MMDiT, Qwen2.5-VL text encoder; flow matching)
 
-Any other class (an inpainting or img2img pipeline, PixArt, Flux, …) is refused, naming it."""
+SD 3 and SD 3.5 share a pipeline class: Validate run reads transformer/config.json of an SD 3 pipeline to
+tell them apart (and SD 3.5 Large from Medium), and of a FLUX.2 one to tell 4B from 9B, for the memory
+estimate. The last three train only on the accelerate backend (training_options.NEW_STACK_FAMILIES).
+Any other class (an inpainting or img2img pipeline, PixArt, FLUX.1, …) is refused, naming it."""
 
 from __future__ import annotations
 
@@ -17,12 +23,38 @@ from typing import Any
 
 from sdflow_common import memory_estimate
 from sdflow_common.errors import InvalidRunDocument
-from sdflow_common.run_document import RunDocument, invalid
+from sdflow_common.run_document import RunDocument, invalid, parse_run_document
 
 FAMILY_OF_CLASS = {
     "StableDiffusionPipeline": "sd",
     "StableDiffusionXLPipeline": "sdxl",
     "StableDiffusion3Pipeline": "sd3",
+    "Flux2KleinPipeline": "flux2",
+    "QwenImagePipeline": "qwenimage",
+}
+# Families whose transformer/config.json Validate run reads too (transformer_config).
+TRANSFORMER_CONFIG_FAMILIES = ("sd3", "flux2")
+TRANSFORMER_CONFIG = "transformer/config.json"
+# FLUX.2 [klein] 9B has 32 attention heads of 128 (width 4096), the 4B 24 (width 3072).
+FLUX2_9B_HEADS = 32
+# Families trained on a flow-matching objective: the DDPM loss weightings mean nothing to them.
+FLOW_MATCHING_FAMILIES = {
+    "sd3": "an SD 3",
+    "sd35": "an SD 3.5",
+    "flux2": "a FLUX.2 [klein]",
+    "qwenimage": "a Qwen-Image",
+}
+# Families whose LoRA sdflow trains on the denoiser only: diffusers 0.29 saves an SD 3 LoRA for the transformer
+# only, and diffusers' SD 3.5, FLUX.2 [klein] and Qwen-Image LoRA scripts train the transformer only (their text
+# encoders are a T5 or a chat model's decoder, not CLIP).
+TRANSFORMER_ONLY_LORA = {
+    "sd3": "diffusers 0.29 saves and loads an SD 3 LoRA for the transformer only",
+    "sd35": "the accelerate backend trains an SD 3.5 LoRA on the transformer only, as diffusers' "
+    "train_dreambooth_lora_sd3.py does",
+    "flux2": "the accelerate backend trains a FLUX.2 LoRA on the transformer only (its text encoder is Qwen3), as "
+    "diffusers' FLUX.2 LoRA scripts do",
+    "qwenimage": "the accelerate backend trains a Qwen-Image LoRA on the transformer only (its text encoder is "
+    "Qwen2.5-VL), as diffusers' train_dreambooth_lora_qwen_image.py does",
 }
 SUPPORTED = ", ".join(f"{name} ({family})" for name, family in FAMILY_OF_CLASS.items())
 
@@ -39,6 +71,8 @@ class BaseModelIndex:
     # SD 3 may be saved without its T5 encoder (`"text_encoder_3": [null, null]`): 4.8 B parameters the job
     # then never loads (the image conditions on zeros in its place, as diffusers' SD 3 pipeline does).
     with_t5: bool = True
+    # Which model of the family (memory_estimate.reference): "" its largest, "medium" (SD 3.5), "4b" (FLUX.2).
+    variant: str = ""
 
 
 def family_of_index(body: bytes, index_uri: str) -> BaseModelIndex:
@@ -67,16 +101,51 @@ def family_of_index(body: bytes, index_uri: str) -> BaseModelIndex:
     return BaseModelIndex(family=family, with_t5=with_t5)
 
 
+def _config_value(config: dict[str, Any], key: str) -> Any:
+    value = config.get(key)
+    return value if value not in (None, False, [], "") else None
+
+
+def family_of_transformer(found: BaseModelIndex, body: bytes, config_uri: str) -> BaseModelIndex:
+    """An SD 3 pipeline whose transformer sets `qk_norm` is SD 3.5 (diffusers 0.29's SD3Transformer2DModel has no
+    such argument, so only the accelerate backend loads it); SD 3.5 Medium also has `dual_attention_layers`. A
+    FLUX.2 [klein] transformer of 32 attention heads is the 9B, of fewer the 4B."""
+    try:
+        config: Any = json.loads(body)
+    except ValueError:
+        config = None
+    if not isinstance(config, dict):
+        raise _problem(
+            "base_model_uri",
+            f"{config_uri} is not a JSON object; give the folder of a diffusers-format model saved with "
+            "pipeline.save_pretrained()",
+        )
+    if found.family == "sd3" and _config_value(config, "qk_norm") is not None:
+        variant = "medium" if _config_value(config, "dual_attention_layers") is not None else ""
+        return BaseModelIndex(family="sd35", with_t5=found.with_t5, variant=variant)
+    if found.family == "flux2":
+        heads = config.get("num_attention_heads")
+        small = isinstance(heads, int) and not isinstance(heads, bool) and heads < FLUX2_9B_HEADS
+        return BaseModelIndex(family="flux2", with_t5=False, variant="4b" if small else "")
+    return found
+
+
 def resolve_family(document: RunDocument, found: str) -> RunDocument:
-    """The document with `base_model_family` set to what the model is; a stated family must agree."""
+    """The document with `base_model_family` set to what the model is (a stated family must agree), and with it
+    the training backend, plugin and precision a run that names none gets (training_options BACKEND_OF_FAMILY,
+    DEFAULT_PLUGIN, DEFAULT_MIXED_PRECISION). The document is validated again with the family: the pairs only
+    the family decides (a new family on colossalai, a plugin of the other backend) are refused here, by field."""
     stated = document.base_model_family
     if stated not in ("auto", found):
         raise _problem(
             "base_model_family",
-            f"is '{stated}', but {document.base_model_uri} is a '{found}' model (its model_index.json): set "
+            f"is '{stated}', but {document.base_model_uri} is a '{found}' model (its model_index.json"
+            f"{' and transformer/config.json' if found == 'sd35' or stated == 'sd35' else ''}): set "
             f"base_model_family to '{found}' or 'auto', or point base_model_uri at a {stated} model",
         )
-    return document.model_copy(update={"base_model_family": found})
+    # What the user gave, without the defaults filled in, so that they are filled in again for this family.
+    raw = document.model_dump(mode="json", exclude_unset=True) | {"base_model_family": found}
+    return parse_run_document(raw)
 
 
 def check_family_settings(document: RunDocument, family: str) -> None:
@@ -88,34 +157,34 @@ def check_family_settings(document: RunDocument, family: str) -> None:
         problems.append(
             {
                 "field": "training.cache_latents",
-                "message": f"caches one text encoder's embeddings (SD 1.x/2.x); a {family} model has several: set "
-                "training.cache_latents to false",
+                "message": f"caches the embeddings of SD 1.x/2.x's one CLIP text encoder; a {family} model's text "
+                "encoders are not cached: set training.cache_latents to false",
             }
         )
-    if family == "sd3":
+    if family in FLOW_MATCHING_FAMILIES:
         for name, value in (("snr_gamma", training.snr_gamma), ("noise_offset", training.noise_offset)):
             if value:
                 problems.append(
                     {
                         "field": f"training.{name}",
-                        "message": f"weights the DDPM noise-prediction loss, and an SD 3 model trains on rectified "
-                        f"flow (diffusers' train_dreambooth_lora_sd3.py has no {name}): set training.{name} to 0",
+                        "message": f"weights the DDPM noise-prediction loss, and {FLOW_MATCHING_FAMILIES[family]} "
+                        f"model trains on rectified flow (diffusers' flow-matching scripts, "
+                        f"train_dreambooth_lora_sd3.py and those after it, have no {name}): set training.{name} to 0",
                     }
                 )
-        if training.method == "lora" and training.lora_options.text_encoder:
-            problems.append(
-                {
-                    "field": "training.lora.text_encoder",
-                    "message": "diffusers 0.29 saves and loads an SD 3 LoRA for the transformer only: set "
-                    "training.lora.text_encoder to false",
-                }
-            )
+    if family in TRANSFORMER_ONLY_LORA and training.method == "lora" and training.lora_options.text_encoder:
+        problems.append(
+            {
+                "field": "training.lora.text_encoder",
+                "message": f"{TRANSFORMER_ONLY_LORA[family]}: set training.lora.text_encoder to false",
+            }
+        )
     if problems:
         raise invalid(problems)
 
 
 def setup_of(
-    document: RunDocument, family: str, gpus_per_instance: int, *, with_t5: bool = True
+    document: RunDocument, family: str, gpus_per_instance: int, *, with_t5: bool = True, variant: str = ""
 ) -> memory_estimate.Setup:
     training = document.training
     lora = training.lora_options
@@ -132,10 +201,13 @@ def setup_of(
         text_encoder_lora=lora.text_encoder,
         gpus=gpus_per_instance * training.instance_count,
         with_t5=with_t5,
+        variant=variant,
     )
 
 
-def check_memory(document: RunDocument, family: str, *, with_t5: bool = True) -> memory_estimate.Estimate | None:
+def check_memory(
+    document: RunDocument, family: str, *, with_t5: bool = True, variant: str = ""
+) -> memory_estimate.Estimate | None:
     """Refuse a run whose estimated peak GPU memory exceeds its instance type's GPUs (InvalidRunDocument
     naming what to change). None when the instance type has no GPU this table knows (the local cloud's
     CPU types, new types): nothing to check against."""
@@ -143,14 +215,14 @@ def check_memory(document: RunDocument, family: str, *, with_t5: bool = True) ->
     gpu = memory_estimate.gpu_of(training.instance_type)
     if gpu is None:
         return None
-    setup = setup_of(document, family, gpu.count, with_t5=with_t5)
+    setup = setup_of(document, family, gpu.count, with_t5=with_t5, variant=variant)
     found = memory_estimate.estimate(setup)
     usable = memory_estimate.usable_gib(gpu)
     if found.total_gib <= usable:
         return found
     changes = memory_estimate.remedies(setup, gpu, training.instance_count)
     advice = "; or ".join(changes) if changes else "no single change fits: train a smaller model"
-    label = memory_estimate.FAMILIES[family].label
+    label = setup.model.label
     raise _problem(
         "training",
         f"this {label} {training.method} run with plugin {training.plugin}, {training.mixed_precision}, batch "

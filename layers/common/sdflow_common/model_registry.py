@@ -138,6 +138,7 @@ def _model_metadata(task: RegisterTask) -> dict[str, Any]:
     values: dict[str, Any] = {
         "sdflow:model_family": run.base_model_family,
         "sdflow:training_method": run.training.method,
+        "sdflow:training_backend": run.training.backend,
         "sdflow:base_model_uri": sagemaker_jobs.tag_value(run.base_model_uri),
     }
     if run.training.method == "lora":
@@ -145,10 +146,11 @@ def _model_metadata(task: RegisterTask) -> dict[str, Any]:
     return values
 
 
-def _metadata(task: RegisterTask, scores: dict[str, Any]) -> dict[str, str]:
+def _metadata(task: RegisterTask, scores: dict[str, Any], image: str) -> dict[str, str]:
     """Metrics and lineage where the console's model registry shows them (CustomerMetadataProperties)."""
     options = task.config.run.evaluation
     values: dict[str, Any] = _model_metadata(task) | {
+        "sdflow:image": sagemaker_jobs.tag_value(image),
         "sdflow:run_id": task.config.run_id,
         "sdflow:execution": task.execution_arn,
         "sdflow:training_job": task.training.job_name,
@@ -173,10 +175,12 @@ def base_model_folder(base_model_uri: str) -> str:
 
 
 def serving_container(task: RegisterTask, settings: Settings) -> dict[str, Any]:
-    """The package's container: the image and the trained artifact; for LoRA also the base model, as
-    an uncompressed S3 prefix in the `base_model` channel, and the variable naming where it lands."""
-    container: dict[str, Any] = {"Image": settings.training_image_uri, "ModelDataUrl": task.training.model_data_url}
+    """The package's container: the image of the run's backend (the model loads only in its stack) and the
+    trained artifact; for LoRA also the base model, as an uncompressed S3 prefix in the `base_model` channel,
+    and the variable naming where it lands."""
     run = task.config.run
+    image = settings.image_uri(run.training.backend)
+    container: dict[str, Any] = {"Image": image, "ModelDataUrl": task.training.model_data_url}
     if run.training.method == "lora":
         container["AdditionalModelDataSources"] = [
             {
@@ -196,6 +200,7 @@ def model_package_request(
     task: RegisterTask, settings: Settings, group: str, status: str, scores: dict[str, Any]
 ) -> dict[str, Any]:
     endpoint = task.config.run.endpoint
+    container = serving_container(task, settings)
     return {
         "ModelPackageGroupName": group,
         "ModelPackageDescription": _clip(
@@ -203,7 +208,7 @@ def model_package_request(
             f"{float(scores['prompt_adherence']):.2f}"
         ),
         "InferenceSpecification": {
-            "Containers": [serving_container(task, settings)],
+            "Containers": [container],
             "SupportedContentTypes": CONTENT_TYPES,
             "SupportedResponseMIMETypes": RESPONSE_TYPES,
             "SupportedRealtimeInferenceInstanceTypes": [endpoint.instance_type],
@@ -213,7 +218,7 @@ def model_package_request(
         "ModelMetrics": {
             "ModelQuality": {"Statistics": {"ContentType": "application/json", "S3Uri": task.evaluation.scores_uri}}
         },
-        "CustomerMetadataProperties": _metadata(task, scores),
+        "CustomerMetadataProperties": _metadata(task, scores, container["Image"]),
         # 1-36 characters: the same for every attempt and redrive of this training + evaluation pair.
         "ClientToken": names.short_hash(task.run_hash, task.training.job_name, task.evaluation.job_name, length=32),
         "Tags": sagemaker_jobs.tags(task.config.run_id, task.run_hash),
@@ -241,7 +246,7 @@ def ensure_group(sagemaker: Any, group: str, run_name: str | None) -> None:
 
 def register_model(task: RegisterTask, settings: Settings, *, sagemaker: Any = None, s3: Any = None) -> dict[str, Any]:
     """Register the trained model and apply the quality gate (see the module docstring)."""
-    settings.require("training_image_uri")
+    settings.image_uri(task.config.run.training.backend)  # fails fast when the function lacks the run's image
     sagemaker = sagemaker or aws.client("sagemaker")
     scores = read_evaluation(s3 or aws.client("s3"), task.evaluation)
     score = float(scores["prompt_adherence"])

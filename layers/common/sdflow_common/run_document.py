@@ -19,13 +19,16 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from sdflow_common.errors import InvalidRunDocument
-from sdflow_common.training_options import HYPERPARAMETER_VALUE_LIMIT as HYPERPARAMETER_VALUE_LIMIT
 from sdflow_common.training_options import (
+    AUTO,
+    BACKEND_OF_FAMILY,
     INSTANCE_TYPE,
     LORA_TARGET_MODULE,
+    NEW_STACK_FAMILIES,
     PROCESSING_MAX_RUNTIME_LIMIT,
     TrainingOptions,
 )
+from sdflow_common.training_options import HYPERPARAMETER_VALUE_LIMIT as HYPERPARAMETER_VALUE_LIMIT
 from sdflow_common.training_options import LoraOptions as LoraOptions
 from sdflow_common.training_options import StrictOptions as _Strict
 
@@ -256,18 +259,19 @@ class RunDocument(_Strict):
     run_name: str | None = Field(default=None, pattern=RUN_NAME, description="Readable name, part of the run id.")
     dataset: Dataset = Field(description="Where the LAION-style parquet files are (required).")
     base_model_uri: str = Field(description="S3 prefix of a diffusers-format Stable Diffusion model.")
-    base_model_family: Literal["auto", "sd", "sdxl", "sd3"] = Field(
+    base_model_family: Literal["auto", "sd", "sdxl", "sd3", "sd35", "flux2", "qwenimage"] = Field(
         default="auto",
         description="The base model's family: sd (SD 1.x/2.x, StableDiffusionPipeline), sdxl "
-        "(StableDiffusionXLPipeline) or sd3 (StableDiffusion3Pipeline). auto: Validate run reads it from the "
-        "model's model_index.json (`_class_name`) and the run carries what it found; a family given here must "
-        "match it.",
+        "(StableDiffusionXLPipeline), sd3 (StableDiffusion3Pipeline), sd35 (SD 3.5: a StableDiffusion3Pipeline "
+        "whose transformer/config.json sets qk_norm), flux2 (FLUX.2 [klein], Flux2KleinPipeline) or qwenimage "
+        "(QwenImagePipeline). auto: Validate run reads it from the model's model_index.json (`_class_name`) and "
+        "the run carries what it found; a family given here must match it.",
     )
     download: DownloadOptions = Field(
         default_factory=DownloadOptions, description="One SageMaker processing job (img2dataset) per parquet file."
     )
     training: TrainingOptions = Field(
-        default_factory=TrainingOptions, description="The SageMaker training job (Colossal-AI)."
+        default_factory=TrainingOptions, description="The SageMaker training job (Colossal-AI or accelerate)."
     )
     endpoint: EndpointOptions = Field(
         default_factory=EndpointOptions, description="The SageMaker endpoint created or updated."
@@ -288,6 +292,21 @@ class RunDocument(_Strict):
         description="ARN of an earlier, ended execution of this pipeline whose finished shards (and, when "
         "nothing that shapes the model changed, its trained model) this run reuses (docs/run-document.md).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _backend_of_family(cls, data: Any) -> Any:
+        # A known family (stated, or found by Validate run) decides the backend a run that names none trains on;
+        # the training block then fills in that backend's plugin and precision (TrainingOptions._backend_defaults).
+        if not isinstance(data, dict):
+            return data
+        family, training = data.get("base_model_family", AUTO), data.get("training", {})
+        # Any JSON may arrive here (a list where a family belongs): only a known family decides anything.
+        if not isinstance(family, str) or family not in BACKEND_OF_FAMILY or not isinstance(training, dict):
+            return data
+        if training.get("backend", AUTO) != AUTO:
+            return data
+        return {**data, "training": {**training, "backend": BACKEND_OF_FAMILY[family]}}
 
     @field_validator("base_model_uri")
     @classmethod
@@ -416,6 +435,21 @@ def problems_of(error: Exception) -> list[dict[str, str]]:
     return [{"field": "(document)", "message": str(error)}]
 
 
+def backend_problems(document: RunDocument) -> list[dict[str, str]]:
+    """A family that only the accelerate backend can load, on colossalai (once the family is known)."""
+    family, backend = document.base_model_family, document.training.backend
+    if family not in NEW_STACK_FAMILIES or backend != "colossalai":
+        return []
+    return [
+        {
+            "field": "training.backend",
+            "message": f"is 'colossalai', and a {family} model cannot train there: Colossal-AI 0.5.0 pins diffusers "
+            f"0.29, which cannot load it; set training.backend to 'accelerate' (or leave it out: {family} trains on "
+            "accelerate by default)",
+        }
+    ]
+
+
 def parse_run_document(raw: Any, *, max_shards: int | None = None) -> RunDocument:
     """Validate a decoded document; InvalidRunDocument carries a readable list of problems."""
     if not isinstance(raw, dict):
@@ -429,6 +463,8 @@ def parse_run_document(raw: Any, *, max_shards: int | None = None) -> RunDocumen
         raise invalid(
             [{"field": "(document)", "message": "nests too deeply; a run document is a few levels deep"}]
         ) from exc
+    if problems := backend_problems(document):
+        raise invalid(problems)
     uris = document.dataset.parquet_uris
     if max_shards is not None and uris is not None and len(uris) > max_shards:
         problem = {

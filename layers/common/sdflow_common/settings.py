@@ -38,6 +38,9 @@ class Settings:
     console_url: str = ""
     # The notify function, which the reconciler hands the end of a run whose end event was lost.
     notify_function: str = ""
+    # The second training image (template parameter AccelerateImageTag): the accelerate backend's jobs and
+    # models. Only the functions that start a run's training, evaluation and model package have it.
+    accelerate_image_uri: str = ""
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -58,7 +61,17 @@ class Settings:
             endpoint_name_prefix=os.environ.get("ENDPOINT_NAME_PREFIX") or DEFAULT_ENDPOINT_NAME_PREFIX,
             console_url=os.environ.get("CONSOLE_URL", ""),
             notify_function=os.environ.get("NOTIFY_FUNCTION", ""),
+            accelerate_image_uri=os.environ.get("ACCELERATE_IMAGE_URI", ""),
         )
+
+    def image_uri(self, backend: str) -> str:
+        """The image of a training backend: the accelerate image for "accelerate", the first image otherwise
+        (colossalai, and "auto" of a document that never went through Validate run)."""
+        if backend == "accelerate":
+            self.require("accelerate_image_uri")
+            return self.accelerate_image_uri
+        self.require("training_image_uri")
+        return self.training_image_uri
 
     def require(self, *names: str) -> None:
         """Fail fast with the variable's name when a function runs without its configuration."""

@@ -5,9 +5,9 @@ assembles the document from them)."""
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 INSTANCE_TYPE = r"^ml\.[a-z0-9]+(-[a-z0-9]+)*\.[a-z0-9]+$"
 # A module name as peft matches it: a dotted path of Python identifiers and indices ("to_out.0").
@@ -42,7 +42,9 @@ LORA_DEFAULT_RANK = 4
 # says True, but takes LoRA only as the PeftModel that Booster.enable_lora wraps, which renames every
 # weight away from the diffusers LoRA format the image writes, and ZeRO's sharded optimizer state
 # saves nothing on an adapter of a few MB. So torch_ddp only.
-LORA_PLUGINS = ("torch_ddp",)
+# The accelerate backend's LoRA plugin is ddp: fsdp2 shards weights, gradients and Adam state, and an
+# adapter of a few MB gains nothing from that (diffusers' LoRA examples run plain DDP under accelerate).
+LORA_PLUGINS = ("torch_ddp", "ddp")
 LORA_DEFAULT_PLUGIN = "torch_ddp"
 LORA_REFUSALS = {
     "gemini": "Colossal-AI 0.5.0's GeminiPlugin has support_lora() False (its enable_lora raises NotImplementedError)",
@@ -51,6 +53,43 @@ LORA_REFUSALS = {
         "names are not the diffusers LoRA format the model is served in, and ZeRO saves nothing on a few-MB adapter"
     ),
 }
+LORA_REFUSALS_ACCELERATE = {
+    "fsdp2": "FSDP2 shards weights, gradients and optimizer state across the GPUs, and a LoRA adapter of a few MB "
+    "gains nothing from sharding",
+}
+
+# The two training backends (docs/run-document.md "Training backends"). The image holds the same rules in
+# training_image/sdflow_image/backends/rules.py; the layer cannot import the image, so a test holds them equal:
+# keep these plain constants.
+BACKENDS = ("colossalai", "accelerate")
+# Families whose pipelines diffusers 0.29 (Colossal-AI 0.5.0's pin) cannot load: only the accelerate image has
+# their classes (StableDiffusion3Pipeline with qk_norm, Flux2KleinPipeline, QwenImagePipeline).
+NEW_STACK_FAMILIES = ("sd35", "flux2", "qwenimage")
+BACKEND_OF_FAMILY = {
+    "sd": "colossalai",
+    "sdxl": "colossalai",
+    "sd3": "colossalai",
+    "sd35": "accelerate",
+    "flux2": "accelerate",
+    "qwenimage": "accelerate",
+}
+PLUGINS_OF_BACKEND = {
+    "colossalai": ("torch_ddp", "low_level_zero", "gemini"),
+    "accelerate": ("ddp", "fsdp2"),
+}
+# backend -> method -> the plugin a run that names none trains with. colossalai's full default stays the run
+# document's gemini (the image's own flag default, for a job started without a plugin, may differ).
+DEFAULT_PLUGIN = {
+    "colossalai": {"full": "gemini", "lora": LORA_DEFAULT_PLUGIN},
+    "accelerate": {"full": "fsdp2", "lora": "ddp"},
+}
+# The precisions each backend trains in: FSDP2's mixed precision keeps no loss scaler, so fp16 gradients would
+# underflow, and diffusers' examples train the new families in bf16 (the image refuses fp16 there too).
+MIXED_PRECISIONS_OF_BACKEND = {"colossalai": ("no", "fp16", "bf16"), "accelerate": ("no", "bf16")}
+# The precision a run that names none trains in: the new families' weights are published in bf16.
+DEFAULT_MIXED_PRECISION = {"colossalai": "fp16", "accelerate": "bf16"}
+AUTO: Final = "auto"
+
 LORA_DEFAULT_DROPOUT = 0.0
 LORA_MAX_RANK = 1024
 LORA_MAX_TARGETS = 64
@@ -127,12 +166,25 @@ class TrainingOptions(StrictOptions):
     )
     keep_alive_seconds: int = Field(default=0, ge=0, le=3600, description="Warm pool after the job.")
     max_retry_attempts: int = Field(default=2, ge=1, le=30, description="SageMaker RetryStrategy.")
-    plugin: Literal["torch_ddp", "low_level_zero", "gemini"] = Field(
-        default="gemini",
-        description="Colossal-AI booster plugin (low_level_zero and gemini need GPUs); default gemini, and "
-        "torch_ddp for method lora (the only plugin that trains LoRA here).",
+    backend: Literal["auto", "colossalai", "accelerate"] = Field(
+        default=AUTO,
+        description="Training backend, and the image it runs in: colossalai (Colossal-AI 0.5.0, diffusers 0.29: SD "
+        "1.x/2.x, SDXL, SD 3) or accelerate (torch's FSDP2 / DDP under accelerate on today's diffusers: every "
+        "family). auto: by the base model's family (sd, sdxl, sd3: colossalai; sd35, flux2, qwenimage: accelerate); "
+        "Validate run fills it in.",
     )
-    mixed_precision: Literal["no", "fp16", "bf16"] = Field(default="fp16", description="Training precision.")
+    plugin: Literal["auto", "torch_ddp", "low_level_zero", "gemini", "ddp", "fsdp2"] = Field(
+        default=AUTO,
+        description="Parallelism. colossalai: its booster plugin, torch_ddp, low_level_zero or gemini (the last two "
+        "need GPUs); accelerate: ddp (replicated) or fsdp2 (weights, gradients and optimizer state sharded across "
+        "every GPU of every instance). auto: gemini (colossalai) or fsdp2 (accelerate) for method full, torch_ddp "
+        "or ddp for method lora.",
+    )
+    mixed_precision: Literal["no", "fp16", "bf16"] = Field(
+        default="fp16",
+        description="Training precision; a run that names none on the accelerate backend trains in bf16 (fp16 is "
+        "refused there: FSDP2 keeps no loss scaler).",
+    )
     resolution: int = Field(default=256, ge=32, le=2048, description="Training image size in pixels.")
     train_batch_size: int = Field(default=8, ge=1, le=1024, description="Samples per step per GPU.")
     gradient_accumulation_steps: int = Field(default=1, ge=1, le=1024, description="Steps per optimizer update.")
@@ -196,11 +248,32 @@ class TrainingOptions(StrictOptions):
 
     @model_validator(mode="before")
     @classmethod
-    def _lora_plugin_default(cls, data: Any) -> Any:
-        # gemini, the default plugin, cannot train LoRA: a LoRA run that names no plugin gets torch_ddp.
-        if isinstance(data, dict) and data.get("method") == "lora" and "plugin" not in data:
-            return {**data, "plugin": LORA_DEFAULT_PLUGIN}
-        return data
+    def _backend_defaults(cls, data: Any) -> Any:
+        # Once the backend is known (named, or filled in from the family by RunDocument), a run that names no
+        # plugin gets the backend's for its method (gemini cannot train LoRA: torch_ddp), and an accelerate run
+        # that names no precision trains in bf16.
+        if not isinstance(data, dict) or data.get("backend") not in BACKENDS:
+            return data
+        backend, method = data["backend"], data.get("method", "full")
+        filled = dict(data)
+        if filled.get("plugin", AUTO) == AUTO and isinstance(method, str) and method in DEFAULT_PLUGIN[backend]:
+            filled["plugin"] = DEFAULT_PLUGIN[backend][method]
+        if "mixed_precision" not in filled:
+            filled["mixed_precision"] = DEFAULT_MIXED_PRECISION[backend]
+        return filled
+
+    @field_validator("plugin")
+    @classmethod
+    def _plugin_fits_backend(cls, plugin: str, info: ValidationInfo) -> str:
+        backend = info.data.get("backend", AUTO)  # validated before plugin (field order)
+        if plugin == AUTO or backend == AUTO or plugin in PLUGINS_OF_BACKEND[backend]:
+            return plugin
+        other = next(name for name, plugins in PLUGINS_OF_BACKEND.items() if plugin in plugins)
+        raise ValueError(
+            f"'{plugin}' is a plugin of the {other} backend, and training.backend is '{backend}' (as given, or the "
+            f"default for the base model's family): set training.backend to '{other}', or training.plugin to one of "
+            f"{', '.join(PLUGINS_OF_BACKEND[backend])} (or leave it out)"
+        )
 
     @model_validator(mode="after")
     def _method_fits_plugin(self) -> TrainingOptions:
@@ -209,7 +282,12 @@ class TrainingOptions(StrictOptions):
                 "training.lora is set but training.method is 'full': set training.method to 'lora', or remove "
                 "training.lora"
             )
-        if self.method == "lora" and self.plugin not in LORA_PLUGINS:
+        if self.method == "lora" and self.plugin in LORA_REFUSALS_ACCELERATE:
+            raise ValueError(
+                f"training.plugin '{self.plugin}' cannot train LoRA: {LORA_REFUSALS_ACCELERATE[self.plugin]}; set "
+                "training.plugin to ddp (or leave it out), or train with training.method 'full'"
+            )
+        if self.method == "lora" and self.plugin in LORA_REFUSALS:
             raise ValueError(
                 f"training.plugin '{self.plugin}' cannot train LoRA: {LORA_REFUSALS[self.plugin]}; set "
                 "training.plugin to torch_ddp (or leave it out), or train with training.method 'full'"
@@ -218,6 +296,18 @@ class TrainingOptions(StrictOptions):
             raise ValueError(
                 "training.use_ema is for training.method 'full': diffusers' LoRA examples keep no EMA of an "
                 "adapter; set training.use_ema to false"
+            )
+        if self.backend in BACKENDS and self.mixed_precision not in MIXED_PRECISIONS_OF_BACKEND[self.backend]:
+            raise ValueError(
+                f"training.mixed_precision '{self.mixed_precision}' cannot train on the {self.backend} backend: "
+                "FSDP2's mixed precision keeps no loss scaler (fp16 gradients would underflow), and diffusers' "
+                "examples train these models in bf16; set training.mixed_precision to 'bf16' (or leave it out)"
+            )
+        if self.plugin == "fsdp2" and self.use_ema:
+            raise ValueError(
+                "training.use_ema is not supported with training.plugin 'fsdp2': each GPU holds a shard of every "
+                "weight, and the image keeps the average whole; set training.plugin to 'ddp' where the model fits "
+                "one GPU, or training.use_ema to false"
             )
         if self.plugin == "gemini" and self.mixed_precision == "no":
             raise ValueError(
@@ -248,7 +338,6 @@ class TrainingOptions(StrictOptions):
     def hyperparameters(self) -> dict[str, str]:
         """The training container's hyperparameters, as the strings SageMaker delivers."""
         values: dict[str, Any] = {
-            "plugin": self.plugin,
             "mixed_precision": self.mixed_precision,
             "resolution": self.resolution,
             "train_batch_size": self.train_batch_size,
@@ -270,4 +359,7 @@ class TrainingOptions(StrictOptions):
             "training_method": self.method,
             **self.lora_options.hyperparameters(),
         }
+        # An unresolved backend or plugin (a document that never went through Validate run) is left to the image's
+        # own defaults, as model_family is (sagemaker_jobs.family_hyperparameters).
+        values |= {name: value for name, value in (("backend", self.backend), ("plugin", self.plugin)) if value != AUTO}
         return {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in values.items()}

@@ -200,22 +200,33 @@ def _exists(uri: str) -> bool:
     return True
 
 
+def _read_small(bucket: str, key: str) -> bytes:
+    """A config file of the model: a few hundred bytes, or a few kB; a larger object is no config (it would be
+    refused anyway)."""
+    body = aws.client("s3").get_object(Bucket=bucket, Key=key, Range="bytes=0-65535")
+    return bytes(body["Body"].read())
+
+
 def check_base_model(base_model_uri: str) -> model_family.BaseModelIndex:
-    """The model's family (model_family.FAMILY_OF_CLASS), from its model_index.json."""
+    """The model's family (model_family.FAMILY_OF_CLASS), from its model_index.json, and for an SD 3 or FLUX.2
+    pipeline from its transformer/config.json too (SD 3 or SD 3.5; which size)."""
     bucket, key = parse_s3_uri(base_model_uri)
     folder = key if not key or key.endswith("/") else f"{key}/"
-    index_uri = f"s3://{bucket}/{folder}{MODEL_INDEX}"
+    name = MODEL_INDEX
     try:
-        # A few hundred bytes; a larger object is no model_index.json (it would be refused anyway).
-        body = aws.client("s3").get_object(Bucket=bucket, Key=f"{folder}{MODEL_INDEX}", Range="bytes=0-65535")
-        return model_family.family_of_index(body["Body"].read(), index_uri)
+        found = model_family.family_of_index(_read_small(bucket, f"{folder}{name}"), f"s3://{bucket}/{folder}{name}")
+        if found.family not in model_family.TRANSFORMER_CONFIG_FAMILIES:
+            return found
+        name = model_family.TRANSFORMER_CONFIG
+        body = _read_small(bucket, f"{folder}{name}")
+        return model_family.family_of_transformer(found, body, f"s3://{bucket}/{folder}{name}")
     except ClientError as exc:
         if not dataset_files.missing_or_unreadable(exc):
             raise
         raise _not_found(
             "base_model_uri",
-            f"{index_uri} does not exist or is not readable; base_model_uri must be the "
-            f"folder of a diffusers-format model (the folder holding {MODEL_INDEX}, unet/, vae/, "
+            f"s3://{bucket}/{folder}{name} does not exist or is not readable; base_model_uri must be the "
+            f"folder of a diffusers-format model (the folder holding {MODEL_INDEX}, unet/ or transformer/, vae/, "
             "text_encoder/, tokenizer/, scheduler/), e.g. saved with pipeline.save_pretrained() and "
             "copied with `aws s3 sync`",
         ) from None
@@ -277,7 +288,7 @@ def check_inputs(document: RunDocument, *, data_bucket: str, max_shards: int) ->
     index = check_base_model(document.base_model_uri)
     document = model_family.resolve_family(document, index.family)
     model_family.check_family_settings(document, index.family)
-    model_family.check_memory(document, index.family, with_t5=index.with_t5)
+    model_family.check_memory(document, index.family, with_t5=index.with_t5, variant=index.variant)
     prompts_uri = document.evaluation.prompts_uri
     if prompts_uri is not None and not _exists(prompts_uri):
         raise _not_found(

@@ -203,11 +203,13 @@ class EndpointHosting(LocalSageMakerHalf):
             # The container reads the base model where SageMaker puts the channel; here, in this deployment's
             # own opt_ml folder (the /opt/ml path the package's Environment names does not exist on this host).
             fixed[BASE_MODEL_DIR_ENV] = str(channels[BASE_MODEL_CHANNEL])
-        env = self._environment(opt_ml, container.get("Environment"), fixed, model.get("ExecutionRoleArn"))
+        try:
+            python = self.python_for(container.get("Image"))  # the model's image: its backend's stack
+        except JobSetupError as exc:
+            raise DeploymentFailed(f"model {model.get('ModelName')}: {exc}") from None
+        env = self._environment(opt_ml, container.get("Environment"), fixed, model.get("ExecutionRoleArn"), python)
         script = self._entrypoint("serve", "serve entrypoint")
-        process = ContainerProcess(
-            f"{name}/{config_name}", [self.python, str(script)], env, folder, folder / "serve.log"
-        )
+        process = ContainerProcess(f"{name}/{config_name}", [python, str(script)], env, folder, folder / "serve.log")
         deployment = Deployment(config_name, folder, port, process)
         try:
             self._wait_healthy(deployment, cancelled)

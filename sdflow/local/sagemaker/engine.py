@@ -52,7 +52,7 @@ from sdflow.local.sagemaker.host import (
     terminate,
     utc_now,
 )
-from sdflow.local.sagemaker.job_env import WAIT_POLICY, image_python
+from sdflow.local.sagemaker.job_env import WAIT_POLICY, JobEnvironmentMissing, accelerate_python, image_python
 from sdflow.local.sagemaker.job_logs import JobLogs
 from sdflow.local.sagemaker.job_state import (
     Job,
@@ -118,6 +118,9 @@ class LocalSageMaker(TrainingJobs, EndpointHosting):
             raise LocalSageMakerError(f"{self.bin_dir} does not exist: training_image_dir must hold bin/ entrypoints")
         # The job environment (.venv-image), not this process's: jobs run the container's stack.
         self.python = python or image_python()
+        # Image URIs of the second image (the stack's AccelerateImageUri, told by LocalCloud): their jobs and
+        # endpoints run in .venv-accelerate, looked up when one starts (a machine without it runs the rest).
+        self.accelerate_images: set[str] = set()
         self.region = region
         self.extra_env = dict(extra_env or {})
         self.ping_timeout_s = ping_timeout_s
@@ -165,15 +168,32 @@ class LocalSageMaker(TrainingJobs, EndpointHosting):
 
     # -- environment and commands -----------------------------------------------------------
 
+    def use_accelerate_image(self, image_uri: str) -> None:
+        """Jobs and models of this image run in the accelerate job environment (job_env.accelerate_python)."""
+        with self._lock:
+            self.accelerate_images.add(image_uri)
+
+    def python_for(self, image_uri: str | None) -> str:
+        """The Python that runs an image's code: the accelerate environment for the second image, the job
+        environment otherwise. JobSetupError (the job fails, as a missing image fails on SageMaker) naming
+        `make setup` when the accelerate environment is not there."""
+        if not image_uri or image_uri not in self.accelerate_images:
+            return self.python
+        try:
+            return accelerate_python()
+        except JobEnvironmentMissing as exc:
+            raise JobSetupError(f"image {image_uri}: {exc}") from None
+
     def _environment(
         self,
         opt_ml: Path,
         request_env: Mapping[str, str] | None,
         fixed: Mapping[str, str],
         role_arn: str | None = None,
+        python: str | None = None,
     ) -> dict[str, str]:
         env = {key: os.environ[key] for key in PASSTHROUGH_ENV if key in os.environ}
-        python_bin = str(Path(self.python).parent)
+        python_bin = str(Path(python or self.python).parent)
         env["PATH"] = os.pathsep.join(p for p in (python_bin, env.get("PATH", "")) if p)
         env.update(
             {
@@ -219,7 +239,7 @@ class LocalSageMaker(TrainingJobs, EndpointHosting):
             raise JobSetupError(f"{field_name} {name!r} is not an entrypoint of the image; use one of {known}")
         return script
 
-    def _processing_command(self, request: dict[str, Any], opt_ml: Path) -> list[str]:
+    def _processing_command(self, request: dict[str, Any], opt_ml: Path, python: str) -> list[str]:
         app = request.get("AppSpecification") or {}
         argv = [str(a) for a in (app.get("ContainerEntrypoint") or [])]
         if not argv:
@@ -231,7 +251,7 @@ class LocalSageMaker(TrainingJobs, EndpointHosting):
         if Path(argv[0]).name.startswith("python") and len(argv) > 1:
             argv = argv[1:]
         script = self._entrypoint(argv[0], "AppSpecification.ContainerEntrypoint")
-        return [self.python, str(script), *(rewrite_container_paths(a, opt_ml) for a in argv[1:])]
+        return [python, str(script), *(rewrite_container_paths(a, opt_ml) for a in argv[1:])]
 
     # -- public: jobs -----------------------------------------------------------------------
 
@@ -416,9 +436,10 @@ class LocalSageMaker(TrainingJobs, EndpointHosting):
             parse_s3_uri(s3_output["S3Uri"], f"{where}.S3Output.S3Uri")
             local.mkdir(parents=True, exist_ok=True)  # SageMaker creates the output folders
             outputs.append((local, s3_output["S3Uri"], f"{where}.S3Output.S3Uri"))
-        command = self._processing_command(request, opt_ml)
+        python = self.python_for((request.get("AppSpecification") or {}).get("ImageUri"))
+        command = self._processing_command(request, opt_ml, python)
         env = self._environment(
-            opt_ml, request.get("Environment"), {"PROCESSING_JOB_NAME": job.name}, request.get("RoleArn")
+            opt_ml, request.get("Environment"), {"PROCESSING_JOB_NAME": job.name}, request.get("RoleArn"), python
         )
         runtime_s = max_runtime(request)
         (opt_ml / "output").mkdir(parents=True, exist_ok=True)

@@ -97,6 +97,9 @@ class LocalSageMakerHalf:
     stop_grace_s: float
     _lock: threading.RLock
 
+    def python_for(self, image_uri: str | None) -> str:
+        raise NotImplementedError
+
     def _report(self, kind: Any, name: str, status: str, fields: dict[str, Any]) -> None:
         raise NotImplementedError
 
@@ -106,6 +109,7 @@ class LocalSageMakerHalf:
         request_env: Mapping[str, str] | None,
         fixed: Mapping[str, str],
         role_arn: str | None = None,
+        python: str | None = None,
     ) -> dict[str, str]:
         raise NotImplementedError
 

@@ -7,6 +7,11 @@ builds `.venv-image` from the very requirements files the Dockerfile installs
 (training_image/requirements.txt with training_image/constraints.txt), so a local download,
 training or serving job runs what the container runs. Everything here that needs torch goes
 through a subprocess of that Python.
+
+The second image (the accelerate backend: today's torch, diffusers, transformers, accelerate and peft,
+which Colossal-AI's pins exclude) has its own job environment, `.venv-accelerate`, built by `make setup`
+from training_image/requirements-accelerate.txt: a job whose image is the stack's AccelerateImageUri runs
+there (LocalSageMaker.python_for), with the same code from training_image/.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 TRAINING_IMAGE_DIR = REPO_ROOT / "training_image"
 IMAGE_PYTHON_ENV = "SDFLOW_IMAGE_PYTHON"
 DEFAULT_IMAGE_VENV = REPO_ROOT / ".venv-image"
+ACCELERATE_PYTHON_ENV = "SDFLOW_ACCELERATE_PYTHON"
+DEFAULT_ACCELERATE_VENV = REPO_ROOT / ".venv-accelerate"
 # torch's OpenMP threads (libgomp) spin while they wait for work, which takes the cores every other
 # process on this machine needs: the local cloud, the other jobs, a test suite's other worker.
 # Passive threads sleep instead. Fitting the demo's VAE on a busy 2-core machine took 170 s and
@@ -30,18 +37,30 @@ class JobEnvironmentMissing(RuntimeError):
     """The job environment's Python is not there: the local runtime cannot run the image's code."""
 
 
-def image_python() -> str:
-    """$SDFLOW_IMAGE_PYTHON, else the repository's .venv-image; a clear error when neither exists."""
-    configured = os.environ.get(IMAGE_PYTHON_ENV, "").strip()
-    candidate = Path(configured) if configured else DEFAULT_IMAGE_VENV / "bin" / "python"
+def _job_python(variable: str, venv: Path, requirements: str, what: str) -> str:
+    configured = os.environ.get(variable, "").strip()
+    candidate = Path(configured) if configured else venv / "bin" / "python"
     if not candidate.is_file():
-        source = f"{IMAGE_PYTHON_ENV}={configured}" if configured else str(candidate)
+        source = f"{variable}={configured}" if configured else str(candidate)
         raise JobEnvironmentMissing(
-            f"the job environment's Python ({source}) does not exist: run `make setup`, which builds "
-            f"{DEFAULT_IMAGE_VENV.name} from training_image/requirements.txt, or point {IMAGE_PYTHON_ENV} "
+            f"the {what} Python ({source}) does not exist: run `make setup`, which builds "
+            f"{venv.name} from training_image/{requirements}, or point {variable} "
             "at a Python that has those requirements"
         )
     return str(candidate)
+
+
+def image_python() -> str:
+    """$SDFLOW_IMAGE_PYTHON, else the repository's .venv-image; a clear error when neither exists."""
+    return _job_python(IMAGE_PYTHON_ENV, DEFAULT_IMAGE_VENV, "requirements.txt", "job environment's")
+
+
+def accelerate_python() -> str:
+    """The second image's job environment: $SDFLOW_ACCELERATE_PYTHON, else the repository's .venv-accelerate;
+    a clear error naming `make setup` when neither exists."""
+    return _job_python(
+        ACCELERATE_PYTHON_ENV, DEFAULT_ACCELERATE_VENV, "requirements-accelerate.txt", "accelerate job environment's"
+    )
 
 
 def image_environment() -> dict[str, str]:

@@ -157,6 +157,7 @@ class TrainingJobs(LocalSageMakerHalf):
         request, name = job.request, job.name
         master_port = str(self._master_port())
         script = self._entrypoint("train", "training entrypoint")
+        python = self.python_for((request.get("AlgorithmSpecification") or {}).get("TrainingImage"))
         running: list[tuple[ContainerProcess, Path]] = []
         try:
             for layout in layouts:
@@ -175,9 +176,10 @@ class TrainingJobs(LocalSageMakerHalf):
                         "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // len(layouts))),
                     },
                     request.get("RoleArn"),
+                    python,
                 )
                 # `docker run IMAGE train` runs bin/train with no arguments: hyperparameters come from the file.
-                command = [self.python, str(script)]
+                command = [python, str(script)]
                 lines = self.job_logs.host_lines("training", name, host, on_line)
                 process = ContainerProcess(f"{name}/{host}", command, env, opt_ml, job.folder / f"{host}.log", lines)
                 running.append((process, opt_ml))

@@ -358,3 +358,22 @@ def test_model_package_serves_the_image_of_the_runs_backend_and_records_backend_
     assert metadata["sdflow:image"] == image
     assert metadata["sdflow:model_family"] == family
     assert_valid_request("CreateModelPackage", request)
+
+
+def test_backend_rules_validate_run_and_image_agree() -> None:
+    """Validate run (the layer) and the training job (backends/rules.py) refuse and default alike:
+    the layer cannot import the image, so the two rule sets are held equal here. Only colossalai's
+    full default differs on purpose: the run document's gemini, the image flag's torch_ddp."""
+    from sdflow_common import training_options as layer
+    from sdflow_image.backends import rules as image
+
+    assert layer.BACKENDS == image.BACKENDS
+    assert layer.NEW_STACK_FAMILIES == image.NEW_STACK_FAMILIES
+    assert layer.BACKEND_OF_FAMILY == image.BACKEND_OF_FAMILY
+    assert layer.PLUGINS_OF_BACKEND == image.PLUGINS_OF_BACKEND
+    assert layer.MIXED_PRECISIONS_OF_BACKEND == image.MIXED_PRECISIONS_OF_BACKEND
+    assert layer.DEFAULT_PLUGIN["accelerate"] == image.DEFAULT_PLUGIN["accelerate"]
+    assert layer.DEFAULT_PLUGIN["colossalai"]["lora"] == image.DEFAULT_PLUGIN["colossalai"]["lora"]
+    refused = {**layer.LORA_REFUSALS, **layer.LORA_REFUSALS_ACCELERATE}
+    assert set(refused) == set(image.LORA_REFUSALS)
+    assert set(layer.LORA_PLUGINS) == set(image.PLUGINS) - set(image.LORA_REFUSALS)

@@ -34,9 +34,9 @@ the same kind of Python prefix, at /opt/python (that image keeps its Python in /
 replay does not overlay; the RUN lines find `python` on PATH either way), with pip and no torch (that
 base has none: the image installs torch from its requirements); PATH puts it first.
 
-Not replayed, each for the reason NOT_REPLAYED gives: the lines that install into the base's
-operating system with apt (they would change the host's) and the EFA installer (a host outside
-the package registries). They are matched by their exact text; a listed line that changed, or
+Not replayed, each for the reason NOT_REPLAYED (NOT_REPLAYED_ACCELERATE) gives: the lines that
+install into the base's operating system with apt (they would change the host's) and the EFA
+installer (a host outside the package registries). They are matched by their exact text; a listed line that changed, or
 went, fails the replay, so the list is re-read whenever they change.
 
     python .ci/dockerfile_replay.py [--dockerfile training_image/Dockerfile.accelerate] [--keep DIR]

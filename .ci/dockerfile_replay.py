@@ -36,8 +36,8 @@ base has none: the image installs torch from its requirements); PATH puts it fir
 
 Not replayed, each for the reason NOT_REPLAYED (NOT_REPLAYED_ACCELERATE) gives: the lines that
 install into the base's operating system with apt (they would change the host's) and the EFA
-installer (a host outside the package registries). They are matched by their exact text; a listed line that changed, or
-went, fails the replay, so the list is re-read whenever they change.
+installer (a host outside the package registries). They are matched by their exact text; a listed
+line that changed, or went, fails the replay, so the list is re-read whenever they change.
 
     python .ci/dockerfile_replay.py [--dockerfile training_image/Dockerfile.accelerate] [--keep DIR]
     python .ci/dockerfile_replay.py --plan [--dockerfile ...]   # the steps, replayed or not; runs none

@@ -17,6 +17,10 @@ STAMP := $(VENV)/.installed
 IMAGE_VENV := .venv-image
 IMAGE_BIN := $(IMAGE_VENV)/bin
 IMAGE_STAMP := $(IMAGE_VENV)/.ready
+# The second job environment: the accelerate backend's stack (training_image/requirements-accelerate.txt).
+ACC_VENV := .venv-accelerate
+ACC_BIN := $(ACC_VENV)/bin
+ACC_STAMP := $(ACC_VENV)/.ready
 TOOLS_STAMP := .tools/.installed
 # The notebook environment: the SageMaker Python SDK v3 and sdflow.sdk (docs/notebooks).
 SDK_VENV := .venv-sdk
@@ -27,7 +31,7 @@ CHROMIUM := /usr/bin/chromium
 GXX := /usr/bin/g++
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help setup browser console notebook check test test-unit test-image test-fast image-replay demo demo-lora lint format bench schema clean
+.PHONY: help setup browser console notebook check test test-unit test-image test-accelerate test-fast image-replay image-replay-colossalai image-replay-accelerate demo demo-lora lint format bench schema clean
 
 help:  ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -55,6 +59,17 @@ $(IMAGE_STAMP): training_image/requirements.txt training_image/requirements-colo
 	$(UV) pip check --python $(IMAGE_BIN)/python
 	touch $@
 
+# The second job environment, for the accelerate backend's jobs (SD 3.5, FLUX.2 [klein], Qwen-Image):
+# the very file Dockerfile.accelerate installs (the newest torch, diffusers, transformers, accelerate
+# and peft that resolve together; no Colossal-AI, no img2dataset), plus the test tools. The local
+# runtime runs that backend's jobs with its Python (sdflow/local/sagemaker/job_env.py).
+$(ACC_STAMP): training_image/requirements-accelerate.txt training_image/constraints-accelerate.txt requirements/image-test.txt | $(UV_STAMP)
+	$(PYTHON) -m venv $(ACC_VENV)
+	$(UV) pip install -q --python $(ACC_BIN)/python -c training_image/constraints-accelerate.txt \
+		-r training_image/requirements-accelerate.txt -r requirements/image-test.txt
+	$(UV) pip check --python $(ACC_BIN)/python
+	touch $@
+
 # Its own venv: the SDK's resolved set (mlflow among it) caps pyarrow and rich below .venv's pins.
 $(SDK_STAMP): requirements/sdk.txt requirements/sdk-constraints.txt pyproject.toml | $(UV_STAMP)
 	$(PYTHON) -m venv $(SDK_VENV)
@@ -73,9 +88,9 @@ $(TOOLS_STAMP): .tools/sam/.installed .tools/checkov/.installed
 	$(UV) pip install -q --python .tools/$*/bin/python -r $<
 	touch $@
 
-setup:  ## create .venv (orchestration), .venv-image (jobs), .venv-sdk (notebooks) and the tool venvs, pinned
-	# The five venvs are independent and mostly wait on downloads: built side by side.
-	$(MAKE) --no-print-directory -j5 $(STAMP) $(IMAGE_STAMP) $(SDK_STAMP) $(TOOLS_STAMP)
+setup:  ## create .venv (orchestration), .venv-image and .venv-accelerate (jobs), .venv-sdk (notebooks) and the tool venvs, pinned
+	# The six venvs are independent and mostly wait on downloads: built side by side.
+	$(MAKE) --no-print-directory -j6 $(STAMP) $(IMAGE_STAMP) $(ACC_STAMP) $(SDK_STAMP) $(TOOLS_STAMP)
 
 $(CHROMIUM):
 	$(SUDO) apt-get update -qq
@@ -88,28 +103,39 @@ browser: $(CHROMIUM)  ## Debian's headless Chromium for the console's browser te
 # (--no-loadscope-reorder): the longest tests first, each on a worker of its own, then e2e, then
 # unit modules (tests/conftest.py). The local clouds run on a scaled clock
 # (tests/constants.py TIME_SCALE), so the state machine's real Retry intervals cost moments.
-test: setup $(CHROMIUM)  ## the whole suite: unit, e2e, browser and lint tests, then the image tests in the job environment (what CI runs)
+test: setup $(CHROMIUM)  ## the whole suite: unit, e2e, browser and lint tests, then the image tests in each job environment (what CI runs)
 	$(BIN)/pytest -n 2 --dist loadscope --no-loadscope-reorder --durations=25
 	$(IMAGE_BIN)/pytest tests/image -n 2 --dist loadscope --no-loadscope-reorder --durations=15
+	$(ACC_BIN)/pytest tests/image_accelerate -n 2 --dist loadscope --durations=15
 
-# CI runs it after `make test` (.ci/run), not in it: 3.5 to 7 minutes here (a fresh download of the
-# image's stack, PIP_NO_CACHE_DIR=1 as in the image).
+# CI runs both replays after `make test` (.ci/run), not in it, each a fresh download of its image's
+# stack (PIP_NO_CACHE_DIR=1 as in the images): Dockerfile's 3.5 to 7 minutes here, Dockerfile.accelerate's
+# 6.5 (its 6 GB CUDA 13 stack: the pip line 257 s, deleting the scratch most of the rest). Each has its
+# own target for work on one image.
 # The image's apt line installs g++; the replay does not run apt lines (they would change the host's
 # system), so the host's own g++ stands in for it: installed here as that line would.
 $(GXX):
 	$(SUDO) apt-get update -qq
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends g++
 
-image-replay: $(STAMP) $(GXX)  ## replay training_image/Dockerfile's build steps without Docker (.ci/dockerfile_replay.py; minutes)
+image-replay: image-replay-colossalai image-replay-accelerate  ## replay both images' Dockerfiles without Docker (.ci/dockerfile_replay.py; minutes)
+
+image-replay-colossalai: $(STAMP) $(GXX)  ## replay training_image/Dockerfile's build steps (the Colossal-AI image)
 	$(BIN)/python .ci/dockerfile_replay.py
 
-check: test image-replay  ## what CI runs (bash .ci/run): the whole suite, then the image's build steps replayed
+image-replay-accelerate: $(STAMP)  ## replay training_image/Dockerfile.accelerate's build steps (the accelerate image)
+	$(BIN)/python .ci/dockerfile_replay.py --dockerfile training_image/Dockerfile.accelerate
+
+check: test image-replay  ## what CI runs (bash .ci/run): the whole suite, then both images' build steps replayed
 
 test-unit: setup  ## unit tests only (seconds)
 	$(BIN)/pytest tests/unit -m "not slow"
 
 test-image: setup  ## the training_image code on CPU, in the job environment
 	$(IMAGE_BIN)/pytest tests/image --durations=15
+
+test-accelerate: setup  ## the accelerate backend's tests on CPU, in the second job environment
+	$(ACC_BIN)/pytest tests/image_accelerate -n 2 --dist loadscope --durations=15
 
 notebook: $(STAMP) $(IMAGE_STAMP) $(SDK_STAMP)  ## run docs/notebooks/sdk-quickstart.ipynb top to bottom against a fresh local cloud (as CI does)
 	$(BIN)/pytest tests/e2e/test_sdk_notebook.py --durations=0
@@ -132,7 +158,7 @@ lint: setup  ## ruff, mypy, cfn-lint
 	$(BIN)/mypy layers/common/sdflow_common sdflow
 	$(IMAGE_BIN)/mypy training_image/sdflow_image
 	$(BIN)/cfn-lint template.yaml
-	$(BIN)/hadolint training_image/Dockerfile
+	$(BIN)/hadolint training_image/Dockerfile training_image/Dockerfile.accelerate
 
 format: setup  ## ruff format + autofix
 	$(BIN)/ruff format .
@@ -149,4 +175,4 @@ schema: setup  ## regenerate schemas/run-document.schema.json from the pydantic 
 	PYTHONPATH=layers/common $(BIN)/python -m sdflow_common.run_document > schemas/run-document.schema.json
 
 clean:  ## remove venvs, build output and caches
-	rm -rf $(VENV) $(IMAGE_VENV) .tools .aws-sam scratch .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(IMAGE_VENV) $(ACC_VENV) $(SDK_VENV) .tools .aws-sam scratch .pytest_cache .mypy_cache .ruff_cache

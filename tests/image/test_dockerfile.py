@@ -7,11 +7,11 @@ run in is checked against the same files."""
 from __future__ import annotations
 
 import re
-import shlex
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.dockerfile_parsing import Instruction, arg_defaults, parse_dockerfile, pip_installs, shell_commands, values
 
 pytestmark = pytest.mark.image
 
@@ -21,79 +21,14 @@ REPO_ROOT = IMAGE_DIR.parent
 PINNED = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?==[A-Za-z0-9.+!-]+$")
 
 
-@dataclass(frozen=True)
-class Instruction:
-    keyword: str
-    value: str
-
-
-def parse_dockerfile(text: str) -> list[Instruction]:
-    """Instructions with line continuations joined and comments dropped."""
-    instructions: list[Instruction] = []
-    pending = ""
-    for line in text.splitlines():
-        stripped = line.strip()
-        if not pending and (not stripped or stripped.startswith("#")):
-            continue
-        if stripped.startswith("#"):
-            continue  # a comment inside a continued instruction
-        if stripped.endswith("\\"):
-            pending += stripped[:-1] + " "
-            continue
-        full = pending + stripped
-        pending = ""
-        keyword, _, value = full.partition(" ")
-        instructions.append(Instruction(keyword.upper(), value.strip()))
-    assert not pending, "the Dockerfile ends inside a continued line"
-    return instructions
-
-
 @pytest.fixture(scope="module")
 def instructions() -> list[Instruction]:
     return parse_dockerfile((IMAGE_DIR / "Dockerfile").read_text())
 
 
-def values(instructions: list[Instruction], keyword: str) -> list[str]:
-    return [i.value for i in instructions if i.keyword == keyword]
-
-
-def arg_defaults(instructions: list[Instruction]) -> dict[str, str]:
-    defaults = {}
-    for value in values(instructions, "ARG"):
-        name, sep, default = value.partition("=")
-        if sep:
-            defaults[name] = default
-    return defaults
-
-
 def requirement_lines(name: str) -> list[str]:
     lines = (IMAGE_DIR / name).read_text().splitlines()
     return [line.split("#", 1)[0].strip() for line in lines if line.split("#", 1)[0].strip()]
-
-
-def shell_commands(run: str) -> list[list[str]]:
-    """A RUN line split into its commands (on &&, ||, ; and |), each as its words."""
-    lexer = shlex.shlex(run, posix=True, punctuation_chars=True)
-    lexer.whitespace_split = True
-    commands: list[list[str]] = [[]]
-    for token in lexer:
-        if token in {"&&", "||", ";", "|"}:
-            commands.append([])
-        else:
-            commands[-1].append(token)
-    return [c for c in commands if c]
-
-
-def pip_installs(instructions: list[Instruction]) -> list[list[str]]:
-    """The argument lists of every `pip install` in RUN instructions."""
-    installs = []
-    for run in values(instructions, "RUN"):
-        for words in shell_commands(run):
-            for start in range(len(words) - 1):
-                if words[start].endswith("pip") and words[start + 1] == "install":
-                    installs.append(words[start + 2 :])
-                    break
-    return installs
 
 
 def test_requirement_files_every_line_pinned_exactly() -> None:

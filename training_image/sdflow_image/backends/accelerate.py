@@ -186,13 +186,23 @@ class AccelerateBackend(Backend):
 
         if self.fsdp:
             import torch.distributed.checkpoint as dcp
-            from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
             model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+            # A fresh optimizer's state dict names every parameter, but the saved one only those that
+            # had a gradient by then (AdamW keeps no state for the rest: Qwen-Image's last block has
+            # text-stream weights no loss reaches). Ask for what was saved, and nothing less.
+            saved = _saved_optimizer_params(folder / DCP_FOLDER)
+            optimizer_state["state"] = {k: v for k, v in optimizer_state["state"].items() if k in saved}
             state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}
-            dcp.load(state, checkpoint_id=str(folder / DCP_FOLDER))
+            dcp.load(state, checkpoint_id=str(folder / DCP_FOLDER))  # strict: every weight was there
             set_state_dict(
-                self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+                self.model,
+                self.optimizer,
+                model_state_dict=state["model"],
+                optim_state_dict=state["optimizer"],
+                # Not strict only so those stateless parameters stay stateless, as in the run that saved.
+                options=StateDictOptions(strict=False),
             )
         else:
             if model:
@@ -229,3 +239,13 @@ class AccelerateBackend(Backend):
 
 def _contiguous(state: dict[str, Any]) -> dict[str, Any]:
     return {name: tensor.detach().cpu().contiguous() for name, tensor in state.items()}
+
+
+def _saved_optimizer_params(checkpoint: Path) -> set[str]:
+    """The parameter names whose optimizer state a DCP checkpoint holds (its flattened keys are
+    `optimizer.state.<parameter>.<state name>`, the state names having no dots)."""
+    import torch.distributed.checkpoint as dcp
+
+    prefix = "optimizer.state."
+    keys = dcp.FileSystemReader(str(checkpoint)).read_metadata().state_dict_metadata
+    return {key[len(prefix) :].rsplit(".", 1)[0] for key in keys if key.startswith(prefix)}

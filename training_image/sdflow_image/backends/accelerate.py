@@ -193,7 +193,8 @@ class AccelerateBackend(Backend):
             # had a gradient by then (AdamW keeps no state for the rest: Qwen-Image's last block has
             # text-stream weights no loss reaches). Ask for what was saved, and nothing less.
             saved = _saved_optimizer_params(folder / DCP_FOLDER)
-            optimizer_state["state"] = {k: v for k, v in optimizer_state["state"].items() if k in saved}
+            states: dict[str, Any] = optimizer_state["state"]  # type: ignore[assignment]  # "param_groups" is the list
+            optimizer_state["state"] = {k: v for k, v in states.items() if k in saved}
             state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}
             dcp.load(state, checkpoint_id=str(folder / DCP_FOLDER))  # strict: every weight was there
             set_state_dict(

@@ -135,7 +135,8 @@ class EmbeddingCache:
         kept = [fresh[i] if i in fresh else self._images[key][0].to(device) for i, key in enumerate(keys)]
         latents = self._latents(torch.stack(kept), parts, generator)
 
-        tokens = [b"".join(r[i].cpu().numpy().tobytes() for r in rows.values()) for i in range(len(keys))]
+        on_cpu = [r.cpu().numpy() for r in rows.values()]  # one copy off the device per step
+        tokens = [b"".join(r[i].tobytes() for r in on_cpu) for i in range(len(keys))]
         new = {}
         for i, token in enumerate(tokens):  # each distinct caption not cached yet, once
             if token not in self._prompts and token not in new:

@@ -255,7 +255,7 @@ def test_family_of_transformer_tells_flux2_4b_from_9b(heads: int | None, variant
     [
         ("flux2", {"snr_gamma": 5.0}, "training.snr_gamma", "a FLUX.2 [klein] model trains on rectified flow"),
         ("qwenimage", {"noise_offset": 0.1}, "training.noise_offset", "a Qwen-Image model"),
-        ("sd35", {"cache_latents": True}, "training.cache_latents", "set training.cache_latents to false"),
+        ("sd3", {"cache_latents": True}, "training.cache_latents", "set training.cache_latents to false"),
         (
             "qwenimage",
             {"method": "lora", "lora": {"text_encoder": True}},
@@ -269,6 +269,22 @@ def test_validate_run_new_family_setting_it_cannot_train_is_refused_naming_field
 ) -> None:
     put_model(mocked_aws, *CLASS_OF_FAMILY[family])
     assert words in refusal(mocked_aws, **training)[field]
+
+
+@pytest.mark.parametrize("family", ["flux2", "qwenimage", "sd35"])
+def test_validate_run_new_family_keeps_cache_latents(mocked_aws: AwsWorld, family: str) -> None:
+    put_model(mocked_aws, *CLASS_OF_FAMILY[family])
+    config = validate(mocked_aws, cache_latents=True)
+    assert config["run"]["base_model_family"] == family
+    assert config["run"]["training"]["cache_latents"] is True
+
+
+def test_cache_families_validate_run_and_image_agree() -> None:
+    """Validate run refuses cache_latents for the families the training job refuses it for (train.py's
+    check_family), and for no other: the layer cannot import the image, so they are held equal here."""
+    from sdflow_image import train
+
+    assert model_family.CACHE_FAMILIES == train.CACHE_FAMILIES
 
 
 # ---------------------------------------------------------------------------- the backend's image

@@ -296,13 +296,18 @@ def check_base_model(args: argparse.Namespace) -> str:
     return family
 
 
+# The families cache_latents caches (training.encode_cache for sd, training.embedding_cache for the
+# others); the layer's model_family.CACHE_FAMILIES holds the same.
+CACHE_FAMILIES = ("sd", "flux2", "qwenimage", "sd35")
+
+
 def check_family(args: argparse.Namespace) -> None:
     """Settings that only some families train with."""
     family = args.model_family
-    if args.cache_latents and family != "sd":
+    if args.cache_latents and family not in CACHE_FAMILIES:
         raise HyperparameterError(
-            f"cache_latents=true caches one text encoder's embeddings (model_family=sd); {family} has several: "
-            "set cache_latents=false"
+            f"cache_latents=true caches the text encoders' embeddings of model_family {', '.join(CACHE_FAMILIES)}; "
+            f"{family}'s are not cached: set cache_latents=false"
         )
     if args.cache_latents and args.train_text_encoder_lora:
         raise HyperparameterError(

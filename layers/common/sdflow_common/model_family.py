@@ -56,6 +56,10 @@ TRANSFORMER_ONLY_LORA = {
     "qwenimage": "the accelerate backend trains a Qwen-Image LoRA on the transformer only (its text encoder is "
     "Qwen2.5-VL), as diffusers' train_dreambooth_lora_qwen_image.py does",
 }
+# Families whose text encoders' embeddings training.cache_latents caches with the VAE's latents (the image's
+# train.CACHE_FAMILIES holds the same): SD 1.x/2.x's CLIP, and the accelerate backend's FLUX.2 [klein], Qwen-Image
+# and SD 3.5 encoders.
+CACHE_FAMILIES = ("sd", "flux2", "qwenimage", "sd35")
 SUPPORTED = ", ".join(f"{name} ({family})" for name, family in FAMILY_OF_CLASS.items())
 
 
@@ -153,12 +157,12 @@ def check_family_settings(document: RunDocument, family: str) -> None:
     sdflow_image.train.check_family); refused here, before any job starts, naming the field."""
     training = document.training
     problems: list[dict[str, str]] = []
-    if training.cache_latents and family != "sd":
+    if training.cache_latents and family not in CACHE_FAMILIES:
         problems.append(
             {
                 "field": "training.cache_latents",
-                "message": f"caches the embeddings of SD 1.x/2.x's one CLIP text encoder; a {family} model's text "
-                "encoders are not cached: set training.cache_latents to false",
+                "message": f"caches the text encoders' embeddings of the {', '.join(CACHE_FAMILIES)} families; a "
+                f"{family} model's text encoders are not cached: set training.cache_latents to false",
             }
         )
     if family in FLOW_MATCHING_FAMILIES:

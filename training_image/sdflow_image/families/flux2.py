@@ -44,6 +44,12 @@ SINGLE_BLOCKS = 48  # more than any FLUX.2 transformer has (klein 4B 20, 9B 24, 
 CAPTION_KEYS = ("input_ids", "attention_mask")
 
 
+def text_ids(hidden: Any) -> dict[str, Any]:
+    """{"text_ids"}: the prompt tokens' positions, which depend on the embeddings' shape alone."""
+    new_diffusers = second_stack("diffusers")
+    return {"text_ids": new_diffusers.Flux2KleinPipeline._prepare_text_ids(hidden).to(hidden.device)}
+
+
 class Flux2Captions:
     """Picklable caption → {"input_ids", "attention_mask"} as the pipeline tokenizes a prompt."""
 
@@ -131,7 +137,6 @@ class Flux2Klein(Family):
         its own (no row reads another), so an encoding can be kept per caption and reused."""
         import torch
 
-        new_diffusers = second_stack("diffusers")
         with torch.no_grad():
             # The decoder stack alone (`.model`): the pipeline runs the whole causal LM, whose logits
             # (151,936 per token) it never reads; the hidden states are the same.
@@ -145,7 +150,7 @@ class Flux2Klein(Family):
             hidden = torch.stack([out.hidden_states[k] for k in TEXT_ENCODER_OUT_LAYERS], dim=1)
         batch_size, layers, length, width = hidden.shape
         hidden = hidden.permute(0, 2, 1, 3).reshape(batch_size, length, layers * width)
-        return hidden, {"text_ids": new_diffusers.Flux2KleinPipeline._prepare_text_ids(hidden).to(hidden.device)}
+        return hidden, text_ids(hidden)
 
     def compute_loss(
         self,

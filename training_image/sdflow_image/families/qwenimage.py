@@ -58,19 +58,38 @@ class QwenCaptions:
         return {key: out[key][0] for key in CAPTION_KEYS}
 
 
-def prompt_embeds(hidden: Any, mask: Any) -> tuple[Any, Any]:
-    """The pipeline's `_extract_masked_hidden` and what follows it: each row's kept tokens less the
-    template's system turn, padded with zeros to the longest row; (embeddings, mask of real tokens)."""
+def prompt_rows(hidden: Any, mask: Any) -> list[Any]:
+    """The pipeline's `_extract_masked_hidden`: each row's kept tokens less the template's system turn."""
+    return [states[keep.bool()][TEMPLATE_START:] for states, keep in zip(hidden, mask, strict=True)]
+
+
+def pad_rows(rows: list[Any]) -> tuple[Any, Any]:
+    """What follows `_extract_masked_hidden` in the pipeline: the rows padded with zeros to the
+    longest; (embeddings, mask of real tokens)."""
     import torch
 
-    rows = [states[keep.bool()][TEMPLATE_START:] for states, keep in zip(hidden, mask, strict=True)]
     length = max(row.shape[0] for row in rows)
     embeds = torch.stack([torch.cat([row, row.new_zeros(length - row.shape[0], row.shape[1])]) for row in rows])
     kept = torch.stack(
         [torch.cat([torch.ones(r.shape[0], dtype=torch.long), torch.zeros(length - r.shape[0], dtype=torch.long)])
          for r in rows]
-    ).to(hidden.device)  # fmt: skip
+    ).to(embeds.device)  # fmt: skip
     return embeds, kept
+
+
+def prompt_embeds(hidden: Any, mask: Any) -> tuple[Any, Any]:
+    """(embeddings, mask of real tokens) of the encoder's last hidden states and the captions' mask."""
+    return pad_rows(prompt_rows(hidden, mask))
+
+
+def normalise(latents: Any, vae: Any) -> Any:
+    """VAE latents (B, z, 1, h, w) → `(x - latents_mean) / latents_std` from the VAE's config."""
+    import torch
+
+    shape = (1, vae.config.z_dim, 1, 1, 1)
+    mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents)
+    std = torch.tensor(vae.config.latents_std).view(shape).to(latents)
+    return (latents - mean) / std
 
 
 class QwenImage(Family):
@@ -133,15 +152,16 @@ class QwenImage(Family):
 
         vae = parts.vae
         with torch.no_grad():
-            latents = vae.encode(pixels.unsqueeze(2)).latent_dist.sample(generator=generator)
-            shape = (1, vae.config.z_dim, 1, 1, 1)
-            mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents)
-            std = torch.tensor(vae.config.latents_std).view(shape).to(latents)
-            return (latents - mean) / std
+            return normalise(vae.encode(pixels.unsqueeze(2)).latent_dist.sample(generator=generator), vae)
 
     def encode_prompts(self, rows: dict[str, Any], parts: Parts) -> tuple[Any, dict[str, Any]]:
         """Token ids and masks (`QwenCaptions`'s) → (prompt embeddings, {"mask"}), padded to the
         batch's longest caption; each row is encoded on its own, so it can be kept and re-padded."""
+        hidden, mask = prompt_embeds(self.last_hidden(rows, parts), rows["attention_mask"])
+        return hidden, {"mask": mask}
+
+    def last_hidden(self, rows: dict[str, Any], parts: Parts) -> Any:
+        """The text encoder's last hidden states of the token rows (B, length, width)."""
         import torch
 
         with torch.no_grad():
@@ -149,8 +169,7 @@ class QwenImage(Family):
             # 152,064-token vocabulary, which it never reads; the hidden states are the same.
             encoder = getattr(parts.text_encoder, "model", parts.text_encoder)
             out = encoder(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"], output_hidden_states=True)
-        hidden, mask = prompt_embeds(out.hidden_states[-1], rows["attention_mask"])
-        return hidden, {"mask": mask}
+        return out.hidden_states[-1]
 
     def compute_loss(
         self,

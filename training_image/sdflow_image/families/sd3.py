@@ -65,14 +65,27 @@ class StableDiffusion3(Family):
         self, batch: dict[str, Any], parts: Parts, device: Any, generator: Any, proportion_empty_prompts: float
     ) -> Encoded:
         import torch
-        import torch.nn.functional as F
 
         ids = self.drop_prompts(batch, parts, device, generator, proportion_empty_prompts)
         vae = parts.vae
-        shift = vae.config.shift_factor or 0.0
         with torch.no_grad():
             pixels = batch["pixel_values"].to(device, dtype=vae.dtype, non_blocking=True)
-            latents = (vae.encode(pixels).latent_dist.sample(generator=generator) - shift) * vae.config.scaling_factor
+            latents = self.scale_latents(vae.encode(pixels).latent_dist.sample(generator=generator), vae)
+        hidden, pooled = self.encode_prompts(ids, parts)
+        return Encoded(latents, hidden, {"pooled": pooled})
+
+    @staticmethod
+    def scale_latents(latents: Any, vae: Any) -> Any:
+        """A posterior sample → the transformer's latents: the VAE's shift and scale."""
+        return (latents - (vae.config.shift_factor or 0.0)) * vae.config.scaling_factor
+
+    def encode_prompts(self, ids: list[Any], parts: Parts) -> tuple[Any, Any]:
+        """Each tokenizer's ids → (the CLIP and T5 embeddings side by side, the pooled CLIP
+        embeddings); each row on its own (no row reads another)."""
+        import torch
+        import torch.nn.functional as F
+
+        with torch.no_grad():
             hidden, pooled = [], []
             for encoder, rows in zip((parts.text_encoder, parts.text_encoder_2), ids[:2], strict=True):
                 out = encoder(rows, output_hidden_states=True)
@@ -83,9 +96,9 @@ class StableDiffusion3(Family):
                 t5 = parts.text_encoder_3(ids[2])[0]
             else:
                 width = parts.transformer.config.joint_attention_dim
-                t5 = torch.zeros((clip.shape[0], clip.shape[1], width), device=device, dtype=clip.dtype)
+                t5 = torch.zeros((clip.shape[0], clip.shape[1], width), device=clip.device, dtype=clip.dtype)
         clip = F.pad(clip, (0, t5.shape[-1] - clip.shape[-1]))
-        return Encoded(latents, torch.cat([clip, t5.to(clip.dtype)], dim=-2), {"pooled": torch.cat(pooled, dim=-1)})
+        return torch.cat([clip, t5.to(clip.dtype)], dim=-2), torch.cat(pooled, dim=-1)
 
     def sample_timesteps(self, scheduler: Any, batch: int, device: Any, generator: Any) -> tuple[Any, Any]:
         """(timesteps, sigmas): a uniform index into the training schedule (0.29's script). The

@@ -30,6 +30,7 @@ from sdflow_image.backends.base import Backend
 from sdflow_image.families.base import Encoded, detect_family
 from sdflow_image.training import checkpoints, lora, model
 from sdflow_image.training.checkpoints import CheckpointError
+from sdflow_image.training.embedding_cache import EmbeddingCache
 from sdflow_image.training.encode_cache import EncodeCache
 
 log = logging.getLogger("sdflow.train")
@@ -124,7 +125,11 @@ class Trainer:
         backend.wrap(denoiser, self.text_adapters.parameters(), name=self.family.denoiser_name, device=device)
         if self.rank == 0:
             print(f"model: family={self.family.name} {lora.describe(denoiser, self.lora)}", flush=True)
-        self.encode_cache = EncodeCache(int(args.cache_latents_max_gb * 1e9)) if args.cache_latents else None
+        cache_bytes = int(args.cache_latents_max_gb * 1e9)
+        self.encode_cache: EncodeCache | EmbeddingCache | None = None
+        if args.cache_latents:  # SD's own cache, or the one of the families with other text encoders
+            sd = self.family.name == "sd"
+            self.encode_cache = EncodeCache(cache_bytes) if sd else EmbeddingCache(self.family, cache_bytes)
         self.state = TrainState()
         self.data_state: dict[str, Any] | None = None
         self.loader: Any = None
@@ -313,8 +318,10 @@ class Trainer:
         return total
 
     def _encode(self, batch: dict[str, Any], generator: Any) -> Encoded:
-        """The batch through the frozen parts: from the latent cache (SD only) or the family."""
+        """The batch through the frozen parts: from the latent cache (cache_latents) or the family."""
         share = self.args.proportion_empty_prompts
+        if isinstance(self.encode_cache, EmbeddingCache):
+            return self.encode_cache.encode(batch, self.parts, self.device, generator, share)
         if self.encode_cache is not None:
             return Encoded(*self.encode_cache.encode(batch, self.parts, self.device, generator, share))
         return self.family.encode_batch(batch, self.parts, self.device, generator, share)

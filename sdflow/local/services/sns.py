@@ -53,7 +53,10 @@ def read_sns_messages(workdir: Path, topic_name: str | None = None) -> list[dict
     messages: list[dict[str, Any]] = []
     for path in files:
         if path.exists():
-            messages += [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            # Only whole lines: a publish in another thread or process may be half-way through writing
+            # a long message (one write of many kilobytes is not atomic), and it ends its line last.
+            lines = path.read_text(encoding="utf-8").split("\n")[:-1]
+            messages += [json.loads(line) for line in lines if line.strip()]
     return sorted(messages, key=lambda m: m["timestamp"])
 
 

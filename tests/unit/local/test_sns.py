@@ -35,3 +35,19 @@ def test_patch_sns_publish_appends_message_to_topic_file(runtime: runtime_module
 
 
 # ------------------------------------------------------------------------------------ install
+
+
+def test_read_sns_messages_line_being_written_is_left_for_the_next_read(tmp_path: Path) -> None:
+    """A reader that meets a publish half-way through its write (a long message is not one atomic
+    write) returns the whole messages before it, and the new one once its line is ended."""
+    folder = tmp_path / "sns"
+    folder.mkdir()
+    whole = '{"message_id": "1", "subject": "s", "message": "m", "attributes": {}, "timestamp": "t1"}\n'
+    half = '{"message_id": "2", "subject": "s", "message": "a long notifica'
+    (folder / "topic.jsonl").write_text(whole + half, encoding="utf-8")
+
+    assert [m["message_id"] for m in sns_service.read_sns_messages(tmp_path, "topic")] == ["1"]
+
+    rest = 'tion", "attributes": {}, "timestamp": "t2"}\n'
+    (folder / "topic.jsonl").write_text(whole + half + rest, encoding="utf-8")
+    assert [m["message_id"] for m in sns_service.read_sns_messages(tmp_path, "topic")] == ["1", "2"]

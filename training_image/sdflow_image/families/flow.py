@@ -39,6 +39,16 @@ def sample_sigmas(
     return timesteps, sigmas
 
 
+def noised(latents: Any, scheduler: Any, generator: Any) -> tuple[Any, Any, Any]:
+    """(noise, timesteps, noisy input) of one step on the uniform schedule: the noise drawn first,
+    then the timesteps, the order a resumed run must repeat."""
+    import torch
+
+    noise = torch.randn(latents.shape, generator=generator, device=latents.device, dtype=latents.dtype)
+    timesteps, sigmas = sample_sigmas(scheduler, latents.shape[0], latents.device, generator)
+    return noise, timesteps, noisy(latents, noise, sigmas)
+
+
 def noisy(latents: Any, noise: Any, sigmas: Any) -> Any:
     """`(1 - sigma) * x0 + sigma * noise`, sigma broadcast over each sample's dimensions."""
     s = sigmas.reshape(-1, *([1] * (latents.ndim - 1))).to(latents.dtype)

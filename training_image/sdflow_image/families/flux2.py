@@ -171,9 +171,7 @@ class Flux2Klein(Family):
             raise ValueError("noise_offset and snr_gamma belong to the DDPM loss; FLUX.2 trains on flow matching")
         latents = encoded.latents
         device, batch = latents.device, latents.shape[0]
-        noise = torch.randn(latents.shape, generator=generator, device=device, dtype=latents.dtype)
-        timesteps, sigmas = flow.sample_sigmas(parts.noise_scheduler, batch, device, generator)
-        noisy = flow.noisy(latents, noise, sigmas)
+        noise, timesteps, noisy = flow.noised(latents, parts.noise_scheduler, generator)
         packed = new_diffusers.Flux2KleinPipeline._pack_latents(noisy)
         latent_ids = new_diffusers.Flux2KleinPipeline._prepare_latent_ids(latents).to(device)
         config = getattr(model, "config", None) or parts.transformer.config

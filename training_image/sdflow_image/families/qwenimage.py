@@ -191,9 +191,7 @@ class QwenImage(Family):
         latents = encoded.latents  # (B, z, 1, h, w)
         device, batch = latents.device, latents.shape[0]
         channels, height, width = latents.shape[1], latents.shape[3], latents.shape[4]
-        noise = torch.randn(latents.shape, generator=generator, device=device, dtype=latents.dtype)
-        timesteps, sigmas = flow.sample_sigmas(parts.noise_scheduler, batch, device, generator)
-        noisy = flow.noisy(latents, noise, sigmas)
+        noise, timesteps, noisy = flow.noised(latents, parts.noise_scheduler, generator)
         # (B, z, 1, h, w) → (B, 1, z, h, w): one frame, packed into (B, h/2 * w/2, 4z) tokens.
         packed = new_diffusers.QwenImagePipeline._pack_latents(
             noisy.permute(0, 2, 1, 3, 4), batch, channels, height, width

@@ -4,8 +4,8 @@ torchrun command, sdflow_image.elastic_run, for two processes on one host), with
 built in code. The two-process runs are the costly part (each process imports torch 2.15 and
 diffusers 0.42): one run per behaviour, several checks on each.
 
-SD 3's tiny model trains without T5 (`sd3_t5=false`): its word-level T5 tokenizer does not load
-as a T5TokenizerFast on transformers 5 (the families' own tests cover the families).
+SD 3's tiny model trains without T5 (`sd3_t5=false`), the smaller run: the backend is what these
+tests check; SD 3 with T5 on this stack runs in tests/e2e/test_accelerate_local.py.
 """
 
 from __future__ import annotations

@@ -108,11 +108,11 @@ def build_base(folder: Path, family: str, tiny: bool, variant: str | None = None
     SD 3 and SD 3.5 are built without T5 either way, so a tiny row takes the path its full-size
     row takes. The new families' full-size models are built on the GPU (minutes on a CPU)."""
     if tiny:
-        from sdflow_image import tiny_families, tiny_model
+        from sdflow_image.builders import tiny, tiny_model
 
-        return tiny_families.build_tiny(family, folder, with_t5=False), tiny_model.IMAGE_SIZE
+        return tiny.build_tiny(family, folder, with_t5=False), tiny_model.IMAGE_SIZE
     if family in DEFAULT_VARIANT:
-        from sdflow_image import random_families_next
+        from sdflow_image.builders import random_families_next
 
         chosen = variant or DEFAULT_VARIANT[family]
         if random_families_next.FAMILY_OF.get(chosen) != family:
@@ -120,10 +120,10 @@ def build_base(folder: Path, family: str, tiny: bool, variant: str | None = None
         built = random_families_next.build_pipeline(chosen, folder, device="cuda", with_t5=False)
         return built, NEW_FAMILY_RESOLUTION
     if family == "sd":
-        from sdflow_image import random_sd15
+        from sdflow_image.builders import random_sd15
 
         return random_sd15.build_pipeline(folder), random_sd15.RESOLUTION
-    from sdflow_image import random_families
+    from sdflow_image.builders import random_families
 
     return random_families.build_pipeline(family, folder), random_families.RESOLUTION
 

@@ -1,7 +1,7 @@
 """cache_latents: training steps with each image and caption encoded once against encoding them
 at every step, side by side, plus the saving counted for SD 1.5 at 512².
 
-1. Measured, on this CPU, with the tiny model: `sdflow_image.train.main` over the same shards,
+1. Measured, on this CPU, with the tiny model: `sdflow_image.training.train.main` over the same shards,
    several epochs, `cache_latents` off and on in alternating rounds; the best round of each side
    is compared (other load only slows a round down). Samples/s is the median step's, so the
    first epoch (which fills the cache) weighs little once the run is a few epochs long.
@@ -30,8 +30,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from train_fixtures import write_dataset_channel  # noqa: E402
 
-from sdflow_image import random_sd15, train  # noqa: E402
-from sdflow_image.tiny_model import build_tiny_pipeline  # noqa: E402
+from sdflow_image.builders import random_sd15  # noqa: E402
+from sdflow_image.builders.tiny_model import build_tiny_pipeline  # noqa: E402
+from sdflow_image.training import train  # noqa: E402
 
 
 def run(base: Path, dataset: Path, work: Path, a: argparse.Namespace, cache: bool) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """Time to the first batch and local disk used, against the number of shards: the training loader
-streaming from S3 (`sdflow_image.data`, as a training job runs it) beside SageMaker File mode's way
+streaming from S3 (`sdflow_image.training.data`, as a training job runs it) beside SageMaker File mode's way
 (every shard copied to the instance's volume, then read from there), side by side, with each
 figure's ratio to the smallest dataset. Streaming must stay flat; File mode grows with the data.
 
@@ -47,8 +47,8 @@ def child(mode: str, root: str, index: str, workers: int) -> None:
     """One measurement, in its own process: prints {"first_batch_s", "written"} as JSON."""
     from data_fixtures import KeyTokenizer
 
-    from sdflow_image.data import make_dataloader
-    from sdflow_image.data_source import load_index, source_for
+    from sdflow_image.training.data import make_dataloader
+    from sdflow_image.training.data_source import load_index, source_for
 
     start_written = _written()
     started = time.perf_counter()

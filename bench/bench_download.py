@@ -1,4 +1,4 @@
-"""Download throughput: the download job (sdflow_image.download.main) against
+"""Download throughput: the download job (sdflow_image.download.download.main) against
 img2dataset.download called directly with the same settings, on the same parquet, from the
 same local HTTP server, side by side in one run. Goal: ours >= 0.95x direct.
 
@@ -29,7 +29,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "training_image")]
 
 from sdflow.samples import ImageServer, make_laion_parquet  # noqa: E402
-from sdflow_image import download  # noqa: E402
+from sdflow_image.download.download import download  # noqa: E402
 
 BUCKET = "sdflow-bench"
 

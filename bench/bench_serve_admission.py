@@ -1,6 +1,6 @@
 """Serve admission: how much of a burst the serve job admits, sized by time against a fixed queue.
 
-The serve app (sdflow_image.serve_app) on a real socket, with a stand-in pipeline that takes
+The serve app (sdflow_image.serving.serve_app) on a real socket, with a stand-in pipeline that takes
 `--request_s` per request (no torch work, so the figures measure the admission, not the model),
 gets bursts of N concurrent requests. For each burst size: the share answered 200, the share
 refused (429 busy), and the burst's wall time against N x request_s (the work itself). Two
@@ -27,8 +27,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "training_image"), str(REPO)]
 
-from sdflow_image import serve  # noqa: E402
-from sdflow_image.serve_model import ServeSettings, StepTiming  # noqa: E402
+from sdflow_image.serving import serve  # noqa: E402
+from sdflow_image.serving.serve_model import ServeSettings, StepTiming  # noqa: E402
 from tests.image.serve_fixtures import (  # noqa: E402
     InstantPipeline,
     SteppingPipeline,

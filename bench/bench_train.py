@@ -1,8 +1,8 @@
 """Training throughput: our `train` (Booster + streaming webdataset loader, through
-`sdflow_image.train.main`) against a plain diffusers + torch loop, side by side.
+`sdflow_image.training.train.main`) against a plain diffusers + torch loop, side by side.
 
 Both use the same tiny model (built offline), the same webdataset shards and the SAME
-loader (`sdflow_image.data.make_dataloader`), so the ratio measures what train adds around
+loader (`sdflow_image.training.data.make_dataloader`), so the ratio measures what train adds around
 the step: the Booster (torch_ddp, world of one), the loss all-reduce/stop bookkeeping, the
 per-step logging. Both sides time each optimizer step (data wait included) and report
 batch / median step time, and the best round of each side is compared: on a shared
@@ -32,9 +32,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from train_fixtures import write_dataset_channel  # noqa: E402
 
-from sdflow_image import train  # noqa: E402
-from sdflow_image.data import make_dataloader  # noqa: E402
-from sdflow_image.tiny_model import build_tiny_pipeline  # noqa: E402
+from sdflow_image.builders.tiny_model import build_tiny_pipeline  # noqa: E402
+from sdflow_image.training import train  # noqa: E402
+from sdflow_image.training.data import make_dataloader  # noqa: E402
 
 
 def plain_loop(base: Path, dataset: Path, steps: int, batch: int, resolution: int, workers: int) -> float:

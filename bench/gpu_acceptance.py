@@ -2,10 +2,10 @@
 
 For each plugin (torch_ddp, low_level_zero, gemini) and mixed precision (fp16, bf16) it runs the
 training entrypoint as a SageMaker host with every GPU runs it: torchrun through
-`sdflow_image.elastic_run`, one process per GPU, `sdflow_image.train` in each, on a pipeline of
+`sdflow_image.training.elastic_run`, one process per GPU, `sdflow_image.training.train` in each, on a pipeline of
 the family asked (`--family`) with random weights, nothing downloaded: SD 1.5's size
-(`sdflow_image.random_sd15`), SDXL base 1.0's or SD 3 medium's without T5
-(`sdflow_image.random_families`), trained in full or as a LoRA adapter (`--method`); webdataset
+(`sdflow_image.builders.random_sd15`), SDXL base 1.0's or SD 3 medium's without T5
+(`sdflow_image.builders.random_families`), trained in full or as a LoRA adapter (`--method`); webdataset
 shards at the family's resolution are streamed by the real loader, from a local S3 (moto's
 server) unless `--data folder`. Three runs per row:
 
@@ -33,7 +33,7 @@ the rows, the seconds Colossal-AI's kernels take to load (the first time: to bui
 
 `--backend accelerate` runs the second stack's rows (its own venv: no Colossal-AI there, so no
 kernels to load): plugins ddp and fsdp2, bf16, for SD 3 and the new families at full size with
-random weights (`sdflow_image.random_families_next`, built on the GPU, at 1024 px), each with
+random weights (`sdflow_image.builders.random_families_next`, built on the GPU, at 1024 px), each with
 `.venv-accelerate/bin/python`:
 
     bench/gpu_acceptance.py --backend accelerate --family flux2 --method lora
@@ -68,10 +68,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # acceptance_inputs, a
 
 from acceptance_inputs import build_base, free_port, in_folder, local_s3, weight_difference, write_shards  # noqa: E402
 
-from sdflow_image import flags, launcher  # noqa: E402  (no torch: the CPU exit path stays light)
+from sdflow_image import flags  # noqa: E402  (no torch: the CPU exit path stays light)
 from sdflow_image.backends import rules  # noqa: E402
 from sdflow_image.families.base import FAMILIES, METHODS  # noqa: E402
-from sdflow_image.training import checkpoints, lora  # noqa: E402
+from sdflow_image.training import checkpoints, launcher, lora  # noqa: E402
 
 PLUGINS = rules.PLUGINS  # colossalai's torch_ddp, low_level_zero, gemini; accelerate's ddp, fsdp2
 PRECISIONS = ("fp16", "bf16")

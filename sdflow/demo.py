@@ -30,7 +30,7 @@ class DemoOptions:
     broken_per_shard: int = 2
     instance_count: int = 2
     max_train_steps: int = 800
-    vae_steps: int = 250  # the base model's VAE is fitted to scene images (sdflow_image.tiny_model)
+    vae_steps: int = 250  # the base model's VAE is fitted to scene images (sdflow_image.builders.tiny_model)
     tolerated_failure_percent: float = 34.0
     broken_shard: bool = False  # one parquet without the URL column: a whole shard fails
     failing_training: bool = False  # a GPU-only plugin on this CPU: the training job fails
@@ -47,7 +47,7 @@ class DemoOptions:
     learning_rate: float = 3e-3
 
 
-# The LoRA demo's adapter. The tiny base UNet is random (sdflow_image.tiny_model): adapting only the
+# The LoRA demo's adapter. The tiny base UNet is random (sdflow_image.builders.tiny_model): adapting only the
 # attention projections (the family's default targets) leaves its random ResNet blocks as they are, so
 # the adapter covers every convolution and projection too (rank 16: 1.3 MB beside the UNet's 4 MB).
 # Measured on the demo's scenes (README, `make demo-lora`): a learning rate of 1e-2 diverged at step ~570

@@ -4,7 +4,7 @@
 Request: JSON `{"prompt": ..., <options>}`; answer: JSON `{"images": [<base64 PNG>, ...]}`.
 
 A busy endpoint refuses a request it cannot finish within SageMaker's 60 s (429 "busy" with
-`retry_after_s` in its body, training_image/sdflow_image/serve_admission.py). SageMaker hands
+`retry_after_s` in its body, training_image/sdflow_image/serving/serve_admission.py). SageMaker hands
 every container 4xx/5xx on as ModelError (424) with the container's status in
 `OriginalStatusCode` and its body in `OriginalMessage`, and no SDK retries a ModelError (the
 local sagemaker-runtime's docstring, sdflow/local/sagemaker/invoke.py, says what AWS documents).

@@ -1,6 +1,6 @@
 """An SD 3 LoRA run on the accelerate backend end to end through the local cloud with the real image code in
 the second job environment (.venv-accelerate): the tiny SD 3 model built in code in that environment
-(`sdflow_image.tiny_model --family sd3`, sdflow_image.tiny_families), trained with `training.backend:
+(`sdflow_image.builders.tiny_model --family sd3`, sdflow_image.builders.tiny_families), trained with `training.backend:
 accelerate`, plugin ddp, method lora (the archive holds the adapter), evaluated and served by the second
 image, and invoked.
 
@@ -51,7 +51,7 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCloud]:
         out = workdir / "tiny-sd3"
         # Built by the stack that trains and serves it: transformers 5 does not read the T5 tokenizer files
         # transformers 4.51 (the first image's) writes.
-        command = [accelerate_python(), "-m", "sdflow_image.tiny_model", str(out), "--family", "sd3"]
+        command = [accelerate_python(), "-m", "sdflow_image.builders", str(out), "--family", "sd3"]
         built = subprocess.run(command, env=image_environment(), capture_output=True, text=True, check=False)
         assert built.returncode == 0, built.stderr[-4000:]
         _upload_tree(s3, local.bucket, out, "models/tiny-sd3/")

@@ -4,7 +4,7 @@ base model as the package's `base_model` channel, deployed, then updated blue/gr
 adapter to the SD 3 one (the host puts each base where SageMaker would,
 /opt/ml/additional-model-data-sources/base_model), and invoked.
 
-The tiny SDXL and SD 3 models are built in code by `sdflow_image.tiny_families`."""
+The tiny SDXL and SD 3 models are built in code by `sdflow_image.builders.tiny_families`."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCloud]:
         prepare_inputs(s3, local.bucket, workdir, server, SMALL)
         for family in ("sdxl", "sd3"):
             out = workdir / f"tiny-{family}"
-            command = [image_python(), "-m", "sdflow_image.tiny_model", str(out), "--family", family]
+            command = [image_python(), "-m", "sdflow_image.builders", str(out), "--family", family]
             built = subprocess.run(command, env=image_environment(), capture_output=True, text=True, check=False)
             assert built.returncode == 0, built.stderr[-4000:]
             _upload_tree(s3, local.bucket, out, f"models/tiny-{family}/")

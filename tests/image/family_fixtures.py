@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from train_fixtures import write_dataset_channel
 
-from sdflow_image import tiny_families, train
+from sdflow_image.builders import tiny
+from sdflow_image.training import train
 
 STEP_LINE = re.compile(r"^step=(\d+) loss=([0-9.eE+-]+)$", re.MULTILINE)
 # (family, method, text-encoder LoRA): each family x method, and SDXL's two text encoders adapted.
@@ -50,7 +51,7 @@ def family_base(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Pat
 
     def base(family: str) -> Path:
         if family not in built:
-            built[family] = tiny_families.build_tiny(family, tmp_path_factory.mktemp(f"tiny-{family}") / "model")
+            built[family] = tiny.build_tiny(family, tmp_path_factory.mktemp(f"tiny-{family}") / "model")
         return built[family]
 
     return base

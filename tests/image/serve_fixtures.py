@@ -14,7 +14,7 @@ import uvicorn
 from fastapi import FastAPI
 from PIL import Image
 
-from sdflow_image.serve_model import StepTiming
+from sdflow_image.serving.serve_model import StepTiming
 from tests.helpers import free_port
 
 # Fast enough that no stand-in request comes near SageMaker's 60 s.

@@ -17,9 +17,8 @@ import pytest
 import torch
 from train_fixtures import gloo_world_of_one
 
-from sdflow_image import launcher
 from sdflow_image.backends import colossalai as booster_backend
-from sdflow_image.training import accumulation
+from sdflow_image.training import accumulation, launcher
 
 pytestmark = pytest.mark.image
 
@@ -124,7 +123,7 @@ def test_communication_note_gemini_accumulating_says_each_micro_batch_communicat
 def test_launcher_main_gemini_accumulating_on_two_hosts_logs_the_cost(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from sdflow_image import kernels
+    from sdflow_image.training import kernels
 
     config = tmp_path / "input" / "config"
     config.mkdir(parents=True)

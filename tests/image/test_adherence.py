@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFilter
 
-from sdflow_image import adherence, scenes
+from sdflow_image import scenes
+from sdflow_image.evaluation import adherence
 
 pytestmark = pytest.mark.image
 

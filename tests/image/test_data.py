@@ -13,8 +13,8 @@ from typing import Any, BinaryIO
 import pytest
 from data_fixtures import KeyTokenizer, keys_of, local_s3, upload_tree, write_key_shards
 
-from sdflow_image import data_source
-from sdflow_image.data import (
+from sdflow_image.training import data_source
+from sdflow_image.training.data import (
     Cursor,
     DataStateError,
     EmptyStreamError,
@@ -23,7 +23,7 @@ from sdflow_image.data import (
     make_dataloader,
     split_work,
 )
-from sdflow_image.data_source import (
+from sdflow_image.training.data_source import (
     DatasetIndexError,
     LocalSource,
     ShardReader,

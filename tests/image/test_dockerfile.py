@@ -49,7 +49,7 @@ def test_dockerfile_installs_the_two_files_with_constraints_then_checks(instruct
     for variable in ("BUILD_EXT", "FORCE_CUDA"):
         assert variable not in run, (
             "Colossal-AI 0.5.0's setup.py builds kernels only where it sees a GPU, and no image builder has one: "
-            "the training job builds them (sdflow_image/kernels.py)"
+            "the training job builds them (sdflow_image/training/kernels.py)"
         )
     assert "pip check" in run, "the build must fail on a broken dependency set"
     copied = values(instructions, "COPY")[0].split()
@@ -143,7 +143,13 @@ def test_dockerfile_bakes_in_no_model_weights(instructions: list[Instruction]) -
     ], "curl fetches the EFA installer and nothing else"
     assert not values(instructions, "ADD"), "ADD can fetch URLs; use COPY"
     ignored = (IMAGE_DIR / ".dockerignore").read_text().split()
-    for pattern in ("**/*.safetensors", "**/*.ckpt", "**/*.bin", "**/__pycache__", "sdflow_image/tiny_model.py"):
+    for pattern in (
+        "**/*.safetensors",
+        "**/*.ckpt",
+        "**/*.bin",
+        "**/__pycache__",
+        "sdflow_image/builders",
+    ):
         assert pattern in ignored, f".dockerignore must exclude {pattern}"
 
 

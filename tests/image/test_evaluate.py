@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from sdflow_image import adherence, evaluate, scenes
-from sdflow_image.tiny_model import build_tiny_pipeline
+from sdflow_image import scenes
+from sdflow_image.builders.tiny_model import build_tiny_pipeline
+from sdflow_image.evaluation import adherence, evaluate
 
 pytestmark = pytest.mark.image
 

@@ -21,11 +21,13 @@ from family_fixtures import (
 )
 from safetensors.torch import load_file
 
-from sdflow_image import evaluate, families, serve_model, train
-from sdflow_image.data import original_size
+from sdflow_image import families
+from sdflow_image.evaluation import evaluate
 from sdflow_image.families.base import lora_plugin_refusal
-from sdflow_image.training import lora
+from sdflow_image.serving import serve_model
+from sdflow_image.training import lora, train
 from sdflow_image.training.checkpoints import CheckpointError
+from sdflow_image.training.data import original_size
 
 pytestmark = pytest.mark.image
 
@@ -318,7 +320,7 @@ def test_original_size_reads_img2dataset_json_else_the_image() -> None:
 def test_sdxl_batches_carry_each_sample_size_and_crop_into_time_ids(family_base: Any, family_dataset: Path) -> None:
     import torch
 
-    from sdflow_image import data
+    from sdflow_image.training import data
 
     fam = families.get("sdxl")
     parts = fam.load_parts(str(family_base("sdxl")))
@@ -338,9 +340,9 @@ def test_sdxl_batches_carry_each_sample_size_and_crop_into_time_ids(family_base:
 
 
 def test_tiny_model_cli_family_builds_that_pipeline(tmp_path: Path) -> None:
-    from sdflow_image import tiny_model
+    from sdflow_image.builders.__main__ import main
 
-    assert tiny_model.main([str(tmp_path / "sd3"), "--family", "sd3"]) == 0
+    assert main([str(tmp_path / "sd3"), "--family", "sd3"]) == 0
     index = json.loads((tmp_path / "sd3" / "model_index.json").read_text())
     assert index["_class_name"] == "StableDiffusion3Pipeline"
     assert index["tokenizer_3"] == ["transformers", "T5TokenizerFast"]
@@ -360,9 +362,9 @@ def test_train_sd3_lora_without_t5_is_served_without_it(family_base: Any, family
 def test_sd3_without_t5_conditions_on_zeros_in_its_place(tmp_path: Path) -> None:
     import torch
 
-    from sdflow_image import tiny_families
+    from sdflow_image.builders import tiny
 
-    base = tiny_families.build_tiny("sd3", tmp_path / "no-t5", with_t5=False)
+    base = tiny.build_tiny("sd3", tmp_path / "no-t5", with_t5=False)
     fam = families.get("sd3")
     parts = fam.load_parts(str(base))
     assert parts.text_encoder_3 is None

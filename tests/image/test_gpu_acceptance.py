@@ -85,7 +85,7 @@ def test_random_sd15_components_have_sd15_parameter_counts() -> None:
     from diffusers import AutoencoderKL, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    from sdflow_image import random_sd15
+    from sdflow_image.builders import random_sd15
 
     with torch.device("meta"):  # shapes only: no 4.3 GB of random weights on the CPU
         parts: list[Any] = [
@@ -171,7 +171,7 @@ def test_gpu_acceptance_tiny_sd3_lora_row_trains_without_t5_and_saves_the_adapte
 def test_random_families_components_have_published_parameter_counts(family: str) -> None:
     import torch
 
-    from sdflow_image import random_families
+    from sdflow_image.builders import random_families
 
     builders = {"sdxl": random_families.build_sdxl_components, "sd3": random_families.build_sd3_components}
     with torch.device("meta"):  # shapes only: no 11-14 GB of random weights on the CPU

@@ -1,6 +1,6 @@
 """The `train` launcher and its torchrun: topology, the command, and the stop grace.
 
-The stop tests run a real torchrun (through sdflow_image.elastic_run) with two gloo worker
+The stop tests run a real torchrun (through sdflow_image.training.elastic_run) with two gloo worker
 processes whose SIGTERM "checkpoint" takes longer than torchrun's own 30 s wait, and stop
 the launcher the way SageMaker stops a container: SIGTERM to its main process.
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from sdflow_image import elastic_run, launcher
+from sdflow_image.training import elastic_run, launcher
 from tests.helpers import free_port, wait_for
 
 pytestmark = pytest.mark.image
@@ -29,7 +29,7 @@ ONE_HOST = {"hosts": ["algo-1"], "current_host": "algo-1", "network_interface_na
 
 # A training loop in miniature: steps agree on the stop through an all_reduce (so every rank
 # leaves the loop after the same step), then each rank "saves" for STOP_TEST_SAVE_S seconds,
-# writes its file, meets the others and exits 143 as sdflow_image.train does.
+# writes its file, meets the others and exits 143 as sdflow_image.training.train does.
 STOP_WORKER = textwrap.dedent(
     """
     import os, signal, sys, time
@@ -71,7 +71,7 @@ def _launch(tmp_path: Path, *, save_s: float, grace_s: float) -> subprocess.Pope
         STOP_TEST_SAVE_S=str(save_s),
     )
     script = (
-        "import os, sys; from sdflow_image import launcher; "
+        "import os, sys; from sdflow_image.training import launcher; "
         "topology = launcher.plan({'hosts': ['algo-1'], 'current_host': 'algo-1'}, 2, dict(os.environ)); "
         "sys.exit(launcher.run_torchrun(topology, [], module='stop_worker'))"
     )
@@ -139,7 +139,7 @@ def test_run_torchrun_worker_failing_writes_failure_file_and_exits_nonzero(tmp_p
         SDFLOW_OPT_ML=str(tmp_path / "opt_ml"),
     )
     script = (
-        "import sys; from sdflow_image import launcher; "
+        "import sys; from sdflow_image.training import launcher; "
         "topology = launcher.plan({'hosts': ['algo-1'], 'current_host': 'algo-1'}, 2, "
         "{'SDFLOW_MASTER_ADDR': '127.0.0.1', 'SDFLOW_MASTER_PORT': sys.argv[1]}); "
         "sys.exit(launcher.run_torchrun(topology, [], module='crash_worker'))"
@@ -196,10 +196,10 @@ def test_torchrun_command_goes_through_elastic_run_with_the_grace() -> None:
     config = {"hosts": ["algo-1", "algo-2"], "current_host": "algo-2"}
     topology = launcher.plan(config, 2, {"SDFLOW_STOP_GRACE_S": "95"})
     command = launcher.torchrun_command(topology, ["--seed", "1"])
-    assert command[1:6] == ["-m", "sdflow_image.elastic_run", "--stop_grace_s=95", "--", "--nnodes=2"]
+    assert command[1:6] == ["-m", "sdflow_image.training.elastic_run", "--stop_grace_s=95", "--", "--nnodes=2"]
     assert "--node_rank=1" in command
     assert "--nproc_per_node=2" in command
-    assert command[-4:] == ["-m", "sdflow_image.train", "--seed", "1"]
+    assert command[-4:] == ["-m", "sdflow_image.training.train", "--seed", "1"]
 
 
 # --- elastic_run ---------------------------------------------------------------------------
@@ -280,7 +280,7 @@ def test_install_stop_grace_on_later_torch_passes_the_grace_as_shutdowns_timeout
 
 @pytest.mark.parametrize(("plugin", "cuda"), [("torch_ddp", True), ("gemini", False), ("low_level_zero", False)])
 def test_kernels_prepare_without_hybrid_adam_or_cuda_builds_nothing(plugin: str, cuda: bool) -> None:
-    from sdflow_image import kernels
+    from sdflow_image.training import kernels
 
     assert kernels.prepare(plugin, cuda=cuda) is None
 
@@ -304,7 +304,7 @@ def _fake_loaders(monkeypatch: pytest.MonkeyPatch, loaded: list[str], fail: bool
 def test_kernels_prepare_zero_plugin_on_cuda_builds_both_and_logs_the_seconds(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from sdflow_image import kernels
+    from sdflow_image.training import kernels
 
     loaded: list[str] = []
     _fake_loaders(monkeypatch, loaded)
@@ -316,7 +316,7 @@ def test_kernels_prepare_zero_plugin_on_cuda_builds_both_and_logs_the_seconds(
 
 
 def test_kernels_prepare_build_failure_names_plugin_and_the_kernel_free_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sdflow_image import kernels
+    from sdflow_image.training import kernels
 
     _fake_loaders(monkeypatch, [], fail=True)
     with pytest.raises(kernels.KernelBuildError, match=r"plugin=gemini could not be built: nvcc not found.*torch_ddp"):
@@ -326,7 +326,7 @@ def test_kernels_prepare_build_failure_names_plugin_and_the_kernel_free_plugin(m
 def test_launcher_main_builds_kernels_for_the_cli_plugin_before_training(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from sdflow_image import kernels, train
+    from sdflow_image.training import kernels, train
 
     config = tmp_path / "input" / "config"
     config.mkdir(parents=True)

@@ -22,9 +22,9 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from sdflow_image import serve
-from sdflow_image.serve_model import StepTiming
-from sdflow_image.tiny_model import build_tiny_pipeline
+from sdflow_image.builders.tiny_model import build_tiny_pipeline
+from sdflow_image.serving import serve
+from sdflow_image.serving.serve_model import StepTiming
 from tests.helpers import free_port
 
 pytestmark = [pytest.mark.image, pytest.mark.slow]

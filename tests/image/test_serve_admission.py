@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from sdflow_image import serve
-from sdflow_image.serve_admission import Admission, RefusedError
-from sdflow_image.serve_model import ServeSettings, StepTiming
+from sdflow_image.serving import serve
+from sdflow_image.serving.serve_admission import Admission, RefusedError
+from sdflow_image.serving.serve_model import ServeSettings, StepTiming
 from tests.image.serve_fixtures import (
     InstantPipeline,
     SteppingPipeline,

@@ -19,9 +19,9 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sdflow_image import serve
-from sdflow_image.serve_model import ServeSettings, StepTiming
-from sdflow_image.serve_request import REQUEST_FIELDS
+from sdflow_image.serving import serve
+from sdflow_image.serving.serve_model import ServeSettings, StepTiming
+from sdflow_image.serving.serve_request import REQUEST_FIELDS
 from tests.image.serve_fixtures import InstantPipeline, fixed_timing, wait_until
 
 pytestmark = [pytest.mark.image, pytest.mark.slow]

@@ -16,8 +16,10 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from sdflow_image import flags, serve, serve_worker
-from sdflow_image.serve_model import (
+from sdflow_image import flags
+from sdflow_image.builders.tiny_model import IMAGE_SIZE, build_tiny_pipeline
+from sdflow_image.serving import serve, serve_worker
+from sdflow_image.serving.serve_model import (
     ModelInfo,
     ServeSettings,
     StepTiming,
@@ -25,7 +27,6 @@ from sdflow_image.serve_model import (
     serving_devices,
     torch_placement,
 )
-from sdflow_image.tiny_model import IMAGE_SIZE, build_tiny_pipeline
 from tests.image.serve_fixtures import (
     QUICK_TIMING,
     InstantPipeline,

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from train_fixtures import gloo_world_of_one, index_in_channel, write_dataset_channel, write_job_config
 
-from sdflow_image import train as train_module
-from sdflow_image.tiny_model import build_tiny_pipeline
+from sdflow_image.builders.tiny_model import build_tiny_pipeline
+from sdflow_image.training import train as train_module
 from tests.helpers import free_port
 
 pytestmark = pytest.mark.image
@@ -177,7 +177,7 @@ def _loader_args(opt_ml: Path) -> Any:
 def test_train_resumed_run_continues_data_stream_where_it_stopped(resumed_run: dict) -> None:
     from transformers import CLIPTokenizer
 
-    from sdflow_image.data import make_dataloader
+    from sdflow_image.training.data import make_dataloader
 
     assert resumed_run["result"].returncode == 0, resumed_run["result"].stdout[-3000:]
     opt_ml, stopped_at = resumed_run["opt_ml"], resumed_run["stopped_at"]
@@ -534,7 +534,8 @@ def test_check_inputs_reads_index_at_dataset_index_hyperparameter(tiny_base_mode
 def test_copy_report_puts_summary_and_images_in_output_data_dir_with_adherence_grid(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sdflow_image import adherence, contract
+    from sdflow_image import contract
+    from sdflow_image.evaluation import adherence
     from sdflow_image.training import outputs
 
     model_dir = tmp_path / "model"

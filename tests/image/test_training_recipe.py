@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from sdflow_image import scenes, tiny_model
+from sdflow_image import scenes
+from sdflow_image.builders import tiny_model
 from sdflow_image.training import model
 
 pytestmark = pytest.mark.image

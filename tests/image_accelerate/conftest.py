@@ -38,7 +38,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def bases(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """The tiny pipeline of a family (built in code once a session), by family name."""
-    from sdflow_image import tiny_families, tiny_model
+    from sdflow_image.builders import tiny, tiny_model
 
     built: dict[str, Path] = {}
 
@@ -46,7 +46,7 @@ def bases(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
         if family not in built:
             folder = tmp_path_factory.mktemp(f"tiny-{family}") / "model"
             built[family] = (
-                tiny_model.build_tiny_pipeline(folder) if family == "sd" else tiny_families.build_tiny(family, folder)
+                tiny_model.build_tiny_pipeline(folder) if family == "sd" else tiny.build_tiny(family, folder)
             )
         return built[family]
 

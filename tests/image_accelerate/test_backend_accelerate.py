@@ -1,6 +1,6 @@
 """The accelerate backend on CPU: accelerate's DDP in one process and in two, torch's FSDP2 in two
 (gloo), each through the image's real entrypoints (`bin/train` in one process; the launcher's
-torchrun command, sdflow_image.elastic_run, for two processes on one host), with tiny models
+torchrun command, sdflow_image.training.elastic_run, for two processes on one host), with tiny models
 built in code. The two-process runs are the costly part (each process imports torch 2.15 and
 diffusers 0.42): one run per behaviour, several checks on each.
 
@@ -18,8 +18,8 @@ import pytest
 import train_runs as runs
 from train_runs import HP, SD3_HP, STEPS
 
-from sdflow_image import train
 from sdflow_image.backends import rules
+from sdflow_image.training import train
 
 # --- one process: accelerate's DDP plugin (no wrapper at world size 1), full fine-tune of SD ---
 

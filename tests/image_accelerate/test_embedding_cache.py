@@ -15,7 +15,7 @@ import train_runs as runs
 from train_runs import HP
 
 from sdflow_image import families
-from sdflow_image.data_source import KEYS_KEY
+from sdflow_image.training.data_source import KEYS_KEY
 from sdflow_image.training.embedding_cache import EmbeddingCache
 
 pytestmark = pytest.mark.image

@@ -13,8 +13,11 @@ from typing import Any
 
 import pytest
 
-from sdflow_image import adherence, families, serve_model, tiny_families
+from sdflow_image import families
+from sdflow_image.builders import tiny
+from sdflow_image.evaluation import adherence
 from sdflow_image.families import flow
+from sdflow_image.serving import serve_model
 from sdflow_image.training import lora
 
 pytestmark = pytest.mark.image
@@ -51,7 +54,7 @@ def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]
 
     def base(family: str) -> Path:
         if family not in built:
-            built[family] = tiny_families.build_tiny(family, tmp_path_factory.mktemp(f"tiny-{family}") / "model")
+            built[family] = tiny.build_tiny(family, tmp_path_factory.mktemp(f"tiny-{family}") / "model")
         return built[family]
 
     return base
@@ -265,7 +268,7 @@ def test_call_kwargs_guided_request_with_negative_prompt_guides_against_it(
 
 
 def test_evaluate_family_adapter_scores_trained_against_base(adapter: dict[str, Any], tmp_path: Path) -> None:
-    from sdflow_image import evaluate
+    from sdflow_image.evaluation import evaluate
 
     args = evaluate.parse_args(
         [

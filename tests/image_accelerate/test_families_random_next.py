@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sdflow_image import random_families_next
+from sdflow_image.builders import random_families_next
 
 pytestmark = pytest.mark.image
 

@@ -17,15 +17,15 @@ STACK = ("torch", "diffusers", "transformers", "accelerate", "peft")
 # Shared code: one module for both backends, so it must import on both stacks (brief, decision 6).
 SHARED_MODULES = (
     "sdflow_image.contract",
-    "sdflow_image.data",
-    "sdflow_image.data_source",
+    "sdflow_image.training.data",
+    "sdflow_image.training.data_source",
     "sdflow_image.flags",
     "sdflow_image.families.base",
     "sdflow_image.training.checkpoints",
     "sdflow_image.training.encode_cache",
     "sdflow_image.training.outputs",
-    "sdflow_image.serve_model",
-    "sdflow_image.evaluate",
+    "sdflow_image.serving.serve_model",
+    "sdflow_image.evaluation.evaluate",
 )
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from train_fixtures import write_job_config
 
-from sdflow_image import launcher
+from sdflow_image.training import launcher
 from tests.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]

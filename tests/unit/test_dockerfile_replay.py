@@ -83,10 +83,10 @@ def test_run_environment_is_build_values_over_host_network_settings_only() -> No
     ("relative", "excluded"),
     [
         ("sdflow_image/__pycache__/train.cpython-311.pyc", True),
-        ("sdflow_image/tiny_model.py", True),
+        ("sdflow_image/builders/tiny_model.py", True),
         ("Dockerfile", True),
         ("weights/unet.safetensors", True),
-        ("sdflow_image/train.py", False),
+        ("sdflow_image/training/train.py", False),
         ("bin/train", False),
     ],
 )

@@ -9,10 +9,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _modules(package: str = "sdflow") -> dict[str, Path]:
+def _modules(package: str = "sdflow", root: Path = ROOT) -> dict[str, Path]:
+    """The modules of the package at `root / package`, by their import names."""
     found: dict[str, Path] = {}
-    for path in (ROOT / package).rglob("*.py"):
-        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    for path in (root / package).rglob("*.py"):
+        parts = list(path.relative_to(root).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
         found[".".join(parts)] = path
@@ -81,6 +82,38 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_import_graph_sdflow_modules_have_no_cycles() -> None:
     assert cycles(import_graph(_modules())) == []
+
+
+def test_import_graph_layer_modules_have_no_cycles() -> None:
+    assert cycles(import_graph(_modules("sdflow_common", ROOT / "layers" / "common"))) == []
+
+
+def test_import_graph_image_modules_have_no_cycles() -> None:
+    assert cycles(import_graph(_modules("sdflow_image", ROOT / "training_image"))) == []
+
+
+# What may sit at the image package's top level: what every job shares. A job's modules go in its
+# subpackage (download, training, serving, evaluation), the models of a family or backend in theirs,
+# and the builders of tiny and random models, which no job imports, in builders.
+IMAGE_SHARED_MODULES = {"__init__", "contract", "flags", "s3_uri", "scenes"}
+IMAGE_SUBPACKAGES = {"backends", "builders", "download", "evaluation", "families", "serving", "training"}
+
+
+def test_image_package_top_level_only_shared_modules_and_job_subpackages() -> None:
+    package = ROOT / "training_image" / "sdflow_image"
+    modules = {p.stem for p in package.glob("*.py")}
+    subpackages = {p.name for p in package.iterdir() if (p / "__init__.py").is_file()}
+    assert modules == IMAGE_SHARED_MODULES
+    assert subpackages == IMAGE_SUBPACKAGES
+
+
+def test_image_jobs_never_import_builders() -> None:
+    modules = _modules("sdflow_image", ROOT / "training_image")
+    graph = import_graph(modules)
+    importers = {
+        name for name, imported in graph.items() if any(m.startswith("sdflow_image.builders") for m in imported)
+    }
+    assert {name for name in importers if not name.startswith("sdflow_image.builders")} == set()
 
 
 def test_import_graph_function_level_cycle_is_found(tmp_path: Path) -> None:

@@ -282,7 +282,7 @@ def test_validate_run_new_family_keeps_cache_latents(mocked_aws: AwsWorld, famil
 def test_cache_families_validate_run_and_image_agree() -> None:
     """Validate run refuses cache_latents for the families the training job refuses it for (train.py's
     check_family), and for no other: the layer cannot import the image, so they are held equal here."""
-    from sdflow_image import train
+    from sdflow_image.training import train
 
     assert model_family.CACHE_FAMILIES == train.CACHE_FAMILIES
 

@@ -2,7 +2,7 @@
 
 One grammar serves three places: the demo's generated dataset draws scenes and captions them,
 the tiny model's tokenizer learns its merges from the captions, and the prompt-adherence score
-(`sdflow_image.adherence`) parses a prompt back into the scene it asks for. A fixed set of scenes
+(`sdflow_image.evaluation.adherence`) parses a prompt back into the scene it asks for. A fixed set of scenes
 is held out of the demo's training captions, so the score measures whether a model composes
 colours and shapes it was taught separately, not whether it memorised captions.
 

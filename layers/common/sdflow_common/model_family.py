@@ -154,7 +154,7 @@ def resolve_family(document: RunDocument, found: str) -> RunDocument:
 
 def check_family_settings(document: RunDocument, family: str) -> None:
     """Training settings only some families train with (the image refuses them too, at the job's start:
-    sdflow_image.train.check_family); refused here, before any job starts, naming the field."""
+    sdflow_image.training.train.check_family); refused here, before any job starts, naming the field."""
     training = document.training
     problems: list[dict[str, str]] = []
     if training.cache_latents and family not in CACHE_FAMILIES:

@@ -1,7 +1,7 @@
 """A parquet object's columns and row count, read from its footer with one or two small ranged GETs.
 
 The download job rejects a file that is not parquet, lacks the URL or caption column, holds no
-URL strings or has no rows (training_image/sdflow_image/download.py, validate_parquet). Those
+URL strings or has no rows (training_image/sdflow_image/download/download.py, validate_parquet). Those
 failures are deterministic, so intake checks the same things before any job starts.
 
 Layout (Apache Parquet, "File Format"): `PAR1 <data> <FileMetaData> <4-byte little-endian length

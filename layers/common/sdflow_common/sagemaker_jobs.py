@@ -253,7 +253,7 @@ def download_container_arguments(
     options: DownloadOptions, url_column: str, caption_column: str, *, output_uri: str, shard_id: str
 ) -> list[str]:
     """`ContainerArguments` of docs/contracts.md "The download job", in that order: the flag names
-    of sdflow_image.download.FLAGS (snake_case, as the shared flags module spells them)."""
+    of sdflow_image.download.download.FLAGS (snake_case, as the shared flags module spells them)."""
     return [
         "--input", PROCESSING_INPUT_DIR,
         "--output_uri", output_uri,
@@ -353,7 +353,7 @@ def training_job_request(
     container starts (a 10,000-shard LAION dataset is ~500 GB per node, and the first step waits for it).
     The container instead reads index.json and streams its own share of the tars with GetObject
     (`dataset_dir` = `s3://<bucket>/runs/`, the root every path in the index is relative to, so a
-    resumed run's shards in earlier runs' folders are found too; sdflow_image.data_source).
+    resumed run's shards in earlier runs' folders are found too; sdflow_image.training.data_source).
 
     VolumeSizeInGB stays the run document's `training.volume_size_gb`: the volume now holds only the
     base model channel, the checkpoints (checkpoints_total_limit, plus one being written) and the

@@ -76,7 +76,7 @@ def image_environment() -> dict[str, str]:
 def build_tiny_pipeline(out_dir: Path, seed: int = 0, vae_steps: int = 0) -> Path:
     """A tiny Stable Diffusion pipeline built offline by the image's own code, in the job environment
     (`vae_steps` > 0 fits its VAE to scene images first: what the demo's base model needs to learn)."""
-    command = [image_python(), "-m", "sdflow_image.tiny_model", str(out_dir), "--seed", str(seed)]
+    command = [image_python(), "-m", "sdflow_image.builders", str(out_dir), "--seed", str(seed)]
     command += ["--vae_steps", str(vae_steps)]
     result = subprocess.run(command, env=image_environment(), capture_output=True, text=True, check=False)
     if result.returncode != 0:

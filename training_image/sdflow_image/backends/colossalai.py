@@ -14,7 +14,7 @@ on a machine without CUDA it raises "No usable kernel found for CPUAdamLoader".
 
 torch_ddp with fp16: the Booster wraps the DDP model in its AMP module (TorchAMPModule), and
 TorchDDPPlugin.no_sync asserts a TorchDDPModel ("Model is not boosted by TorchDDPPlugin."):
-`ddp_model` below finds the DDP model inside the wrappers (for training/accumulation.py's no_sync).
+`ddp_model` (training/accumulation.py) finds the DDP model inside the wrappers, for its no_sync.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from sdflow_image.backends.base import Backend, adam_kwargs, schedule, torchrun_environment, trainable
-from sdflow_image.kernels import ADAM_PLUGINS  # plugins that get Colossal-AI's HybridAdam
 from sdflow_image.training import accumulation, checkpoints, precision_state
+from sdflow_image.training.kernels import ADAM_PLUGINS  # plugins that get Colossal-AI's HybridAdam
 
 LR_SCHEDULER_FILE = "lr_scheduler.pt"
 
@@ -117,19 +117,6 @@ def autocast_dtype(plugin: str, mixed_precision: str) -> Any:
 
 def loop_clips_gradients(plugin: str, max_grad_norm: float) -> bool:
     return plugin == "torch_ddp" and max_grad_norm > 0
-
-
-def ddp_model(model: Any) -> Any:
-    """The TorchDDPModel inside the Booster's wrappers (AMP's TorchAMPModule wraps it for fp16)."""
-    from colossalai.booster.plugin.torch_ddp_plugin import TorchDDPModel
-    from colossalai.interface import ModelWrapper
-
-    inner = model
-    while not isinstance(inner, TorchDDPModel):
-        if not isinstance(inner, ModelWrapper):
-            raise TypeError(f"{type(model).__name__} wraps no TorchDDPModel: boost it with TorchDDPPlugin first")
-        inner = inner.module
-    return inner
 
 
 class ColossalAIBackend(Backend):

@@ -5,7 +5,7 @@ train_text_to_image_lora_sdxl.py). The loss is SD's: epsilon or v-prediction, Mi
 
 The original size is what img2dataset recorded of the image before it resized it
 (`original_width`/`original_height` in each sample's json), the crop corner where the loader
-cropped the resized image (sdflow_image.data); SDXL learned to draw a "full, uncropped" image
+cropped the resized image (sdflow_image.training.data); SDXL learned to draw a "full, uncropped" image
 when asked for crop (0, 0) at inference, as the pipeline does by default."""
 
 from __future__ import annotations

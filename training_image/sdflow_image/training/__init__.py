@@ -8,6 +8,6 @@
 - `checkpoints`: complete-only checkpoints (staged, then renamed), pruned locally and in S3.
 - `outputs`: the fine-tuned pipeline, its metadata, the loss curve and the samples.
 
-`sdflow_image.train` is the entrypoint (flags, early checks, exit status). Nothing here is
+`sdflow_image.training.train` is the entrypoint (flags, early checks, exit status). Nothing here is
 imported before the early checks, so a bad flag fails before torch loads.
 """

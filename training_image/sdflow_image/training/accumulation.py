@@ -59,8 +59,6 @@ def no_sync(booster: Any, model: Any, optimizer: Any, *, skip: bool) -> contextl
 
     if isinstance(booster.plugin, LowLevelZeroPlugin):
         return booster.plugin.no_sync(model, optimizer)
-    from sdflow_image.backends.colossalai import ddp_model
-
     return booster.plugin.no_sync(ddp_model(model), optimizer)
 
 
@@ -90,3 +88,16 @@ def communication_note(plugin: str, gradient_accumulation_steps: int, world_size
         "what one micro-batch does. Accumulation saves memory here, not communication; a larger "
         "train_batch_size, where it fits, communicates less"
     )
+
+
+def ddp_model(model: Any) -> Any:
+    """The TorchDDPModel inside the Booster's wrappers (AMP's TorchAMPModule wraps it for fp16)."""
+    from colossalai.booster.plugin.torch_ddp_plugin import TorchDDPModel
+    from colossalai.interface import ModelWrapper
+
+    inner = model
+    while not isinstance(inner, TorchDDPModel):
+        if not isinstance(inner, ModelWrapper):
+            raise TypeError(f"{type(model).__name__} wraps no TorchDDPModel: boost it with TorchDDPPlugin first")
+        inner = inner.module
+    return inner

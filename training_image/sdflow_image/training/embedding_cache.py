@@ -20,9 +20,9 @@ import json
 import logging
 from typing import Any
 
-from sdflow_image.data_source import KEYS_KEY
 from sdflow_image.families import flow, flux2, qwenimage
 from sdflow_image.families.base import IDS_KEYS, Encoded, Family, Parts
+from sdflow_image.training.data_source import KEYS_KEY
 
 log = logging.getLogger("sdflow.train")
 

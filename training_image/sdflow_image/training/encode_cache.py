@@ -18,7 +18,7 @@ import json
 import logging
 from typing import Any
 
-from sdflow_image.data_source import KEYS_KEY
+from sdflow_image.training.data_source import KEYS_KEY
 
 log = logging.getLogger("sdflow.train")
 

@@ -264,7 +264,7 @@ class Trainer:
     # --- steps ---------------------------------------------------------------------------
 
     def open_data(self) -> None:
-        from sdflow_image import data
+        from sdflow_image.training import data
 
         self.loader = data.make_dataloader(
             self.args,

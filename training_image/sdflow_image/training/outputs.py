@@ -42,7 +42,7 @@ MODEL_INFO_FORMAT = 1
 DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16", "no": "float32"}
 # Copied to the output data dir as well (output.tar.gz), with adherence.GRID_FILE when it is made.
 REPORT_FILES = ("training_summary.json", "loss.png", "samples.png")
-ADHERENCE_GRID = "adherence.png"  # sdflow_image.adherence.GRID_FILE, without importing numpy here
+ADHERENCE_GRID = "adherence.png"  # sdflow_image.evaluation.adherence.GRID_FILE, without importing numpy here
 
 
 def save(args: argparse.Namespace, trainer: Trainer, summary: dict[str, Any]) -> None:
@@ -235,9 +235,9 @@ def write_samples(pipe: Any, args: argparse.Namespace, device: Any, path: Path) 
 
 def write_adherence(pipe: Any, args: argparse.Namespace, device: Any, out: Path) -> dict[str, Any]:
     """Score the trained pipeline and the base model on the held-out prompts with the evaluation
-    the `evaluate` job runs too (sdflow_image.adherence.compare): the side-by-side grid, the
+    the `evaluate` job runs too (sdflow_image.evaluation.adherence.compare): the side-by-side grid, the
     metric lines in the log. Rank 0, after training."""
-    from sdflow_image import adherence
+    from sdflow_image.evaluation import adherence
 
     pipe.set_progress_bar_config(disable=True)
     result = adherence.compare(

@@ -11,7 +11,7 @@ whose `_shutdown` closes the workers with `--stop_grace_s` (default 110 s: SageM
 less room for the agent and the container to exit). The grace is still a bound: a worker
 that outlives it is SIGKILLed, as before.
 
-Usage: python -m sdflow_image.elastic_run [--stop_grace_s S] -- <torchrun arguments>
+Usage: python -m sdflow_image.training.elastic_run [--stop_grace_s S] -- <torchrun arguments>
 
 Exit status: torchrun's, except after a stop signal, where it is 128 + the signal (143 for
 SIGTERM, the status a stopped training process exits with) instead of a traceback's 1.
@@ -60,7 +60,7 @@ def _check_torch(api_module: Any, agent_class: Any, pcontext_class: Any) -> list
                         "(death_sig, timeout), (death_sig)")  # fmt: skip
     if problems:
         raise IncompatibleTorchError(
-            f"sdflow_image.elastic_run was written against torch 2.5.1's elastic agent; torch "
+            f"sdflow_image.training.elastic_run was written against torch 2.5.1's elastic agent; torch "
             f"{torch.__version__}: {'; '.join(problems)}. Re-check how torchrun stops workers."
         )
     return shutdown
@@ -126,7 +126,7 @@ def _grace(value: str) -> float:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m sdflow_image.elastic_run",
+        prog="python -m sdflow_image.training.elastic_run",
         description="torchrun whose workers get --stop_grace_s seconds to exit after SIGTERM.",
     )
     parser.add_argument(

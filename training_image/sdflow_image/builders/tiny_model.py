@@ -20,17 +20,15 @@ demo's fine-tuning can visibly learn in minutes on a CPU, the base model gets th
   cross-attention alone at every level, which also costs twice the time per step on a CPU).
 The UNet stays random: the untrained model follows prompts no better than chance.
 
-CLI: `python -m sdflow_image.tiny_model OUT_DIR [--seed N] [--vae_steps N] [--family sd|sdxl|sd3]`
-(SDXL and SD3: sdflow_image.tiny_families).
+CLI: `python -m sdflow_image.builders OUT_DIR [--seed N] [--vae_steps N] [--family ...]`
+(builders/__main__.py; SDXL and SD3: sdflow_image.builders.tiny_families).
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
-import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -278,33 +276,3 @@ def build_tiny_pipeline(out_dir: str | Path, seed: int = 0, vae_steps: int = 0) 
     out.mkdir(parents=True, exist_ok=True)
     pipe.save_pretrained(out, safe_serialization=True)
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m sdflow_image.tiny_model",
-        description="Build a tiny Stable Diffusion pipeline offline in diffusers format.",
-    )
-    parser.add_argument("out_dir", type=Path, help="folder to write the pipeline to (created)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for the random weights (default 0)")
-    parser.add_argument(
-        "--vae_steps", type=int, default=0, help="fit the VAE to scene images for N steps first (default 0: random)"
-    )
-    parser.add_argument(
-        "--family",
-        choices=("sd", "sdxl", "sd3", "sd35", "flux2", "qwenimage"),
-        default="sd",
-        help="model family (default sd; sd35, flux2 and qwenimage on the second stack)",
-    )
-    args = parser.parse_args(argv)
-    if args.vae_steps < 0:
-        parser.error(f"--vae_steps must be >= 0, got {args.vae_steps}")
-    from sdflow_image.tiny_families import build_tiny
-
-    path = build_tiny(args.family, args.out_dir, seed=args.seed, vae_steps=args.vae_steps)
-    print(path)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

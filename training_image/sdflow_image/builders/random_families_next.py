@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sdflow_image import random_families, random_sd15, tiny_families
+from sdflow_image.builders import random_families, random_sd15, tiny_families
 from sdflow_image.families.base import second_stack
 
 # --- SD 3.5 (transformer/config.json; VAE and text encoders are SD 3's) -----------------------------
@@ -147,7 +147,7 @@ def _flux2(transformer_config: dict[str, Any], text_config: dict[str, Any]) -> d
     new_diffusers = second_stack("diffusers")
     new_transformers = second_stack("transformers")
 
-    from sdflow_image.tiny_families_next import build_qwen_tokenizer
+    from sdflow_image.builders.tiny_families_next import build_qwen_tokenizer
 
     return {
         "transformer": new_diffusers.Flux2Transformer2DModel(**transformer_config),
@@ -170,7 +170,7 @@ def _qwenimage() -> dict[str, Any]:
     new_diffusers = second_stack("diffusers")
     new_transformers = second_stack("transformers")
 
-    from sdflow_image.tiny_families_next import build_qwen_tokenizer
+    from sdflow_image.builders.tiny_families_next import build_qwen_tokenizer
 
     return {
         "transformer": new_diffusers.QwenImageTransformer2DModel(**QWENIMAGE_TRANSFORMER),

@@ -7,7 +7,7 @@ docs/contracts.md, "The download job"). What it promises:
   bucket fails in seconds with a message that names the problem;
 - each shard goes to --output_uri as soon as img2dataset finishes it (tar, parquet, then its
   stats file), and its local tar and parquet are deleted then: the disk holds only the shards in
-  progress (one per img2dataset process), never the whole dataset (sdflow_image.shard_upload);
+  progress (one per img2dataset process), never the whole dataset (sdflow_image.download.shard_upload);
 - a shard img2dataset has not finished never reaches S3;
 - img2dataset runs in a child process with its own process group, and the whole group is
   killed at --deadline_seconds: a URL can hang img2dataset forever (img2dataset#437), and
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from sdflow_image import contract, flags
-from sdflow_image.shard_upload import SUCCESS_FILE, S3Prefix, ShardUploader, read_stats
+from sdflow_image.download.shard_upload import SUCCESS_FILE, S3Prefix, ShardUploader, read_stats
 
 LOG = logging.getLogger("sdflow.download")
 

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sdflow_image import tiny_model
+from sdflow_image.builders import tiny_model
 
 # runwayml/stable-diffusion-v1-5 unet/config.json, the keys that shape the model (the rest are
 # UNet2DConditionModel's defaults).

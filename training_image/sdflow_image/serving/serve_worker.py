@@ -27,8 +27,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from sdflow_image import families
-from sdflow_image.serve_admission import Admission, RefusedError, Ticket
-from sdflow_image.serve_model import (
+from sdflow_image.serving.serve_admission import Admission, RefusedError, Ticket
+from sdflow_image.serving.serve_model import (
     ServeError,
     ServeSettings,
     StepTiming,
@@ -39,7 +39,7 @@ from sdflow_image.serve_model import (
     serving_devices,
     to_png,
 )
-from sdflow_image.serve_request import BadRequestError, InvocationRequest
+from sdflow_image.serving.serve_request import BadRequestError, InvocationRequest
 
 LOG = logging.getLogger("sdflow.serve")
 

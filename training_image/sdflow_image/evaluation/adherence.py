@@ -212,8 +212,8 @@ def load_pipeline(model_dir: str | Path, device: Any, base_model_dir: str | Path
     """The model loaded as the serving container loads it (nothing from a hub, no safety checker,
     no progress bars; a LoRA adapter on `base_model_dir`), in float32 on `device` so that scores
     do not depend on the precision."""
-    from sdflow_image.serve_model import ServeSettings
-    from sdflow_image.serve_model import load_pipeline as load_served
+    from sdflow_image.serving.serve_model import ServeSettings
+    from sdflow_image.serving.serve_model import load_pipeline as load_served
 
     settings = ServeSettings(model_dir=Path(model_dir), device=str(device), dtype="float32")
     if base_model_dir is not None:

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sdflow_image import random_sd15, tiny_model
+from sdflow_image.builders import random_sd15, tiny_model
 
 RESOLUTION = 1024  # both models' native size
 

@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sdflow_image import tiny_families, tiny_model
+from sdflow_image.builders import tiny_families, tiny_model
 from sdflow_image.families.base import second_stack
 
 QWEN_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")

@@ -32,8 +32,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sdflow_image import adherence, contract, flags, scenes, serve_model
-from sdflow_image.serve_request import SIZE_MULTIPLE
+from sdflow_image import contract, flags, scenes
+from sdflow_image.evaluation import adherence
+from sdflow_image.serving import serve_model
+from sdflow_image.serving.serve_request import SIZE_MULTIPLE
 
 LOG = logging.getLogger("sdflow.evaluate")
 

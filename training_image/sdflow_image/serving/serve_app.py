@@ -33,15 +33,15 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
-from sdflow_image.serve_model import ServeSettings, calibrate, load_pipeline
-from sdflow_image.serve_request import (
+from sdflow_image.serving.serve_model import ServeSettings, calibrate, load_pipeline
+from sdflow_image.serving.serve_request import (
     JSON_TYPE,
     PNG_TYPE,
     BadRequestError,
     choose_media_type,
     parse_request,
 )
-from sdflow_image.serve_worker import (
+from sdflow_image.serving.serve_worker import (
     BusyError,
     Calibrator,
     ClientGoneError,

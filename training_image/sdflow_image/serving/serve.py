@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from sdflow_image import contract, flags
-from sdflow_image.serve_app import create_app
-from sdflow_image.serve_model import DEFAULT_BASE_MODEL_DIR, INVOCATION_LIMIT_S, ServeSettings, load_pipeline
-from sdflow_image.serve_request import SIZE_MULTIPLE, SizeLimits
-from sdflow_image.serve_worker import ModelServer
+from sdflow_image.serving.serve_app import create_app
+from sdflow_image.serving.serve_model import DEFAULT_BASE_MODEL_DIR, INVOCATION_LIMIT_S, ServeSettings, load_pipeline
+from sdflow_image.serving.serve_request import SIZE_MULTIPLE, SizeLimits
+from sdflow_image.serving.serve_worker import ModelServer
 
 __all__ = ["FLAGS", "ModelServer", "ServeSettings", "create_app", "load_pipeline", "main", "parse_args"]
 

@@ -5,18 +5,17 @@ tokenizers are tiny_model's BPE learned from the scene captions, T5's tokenizer 
 `tokenizers` model over the same words. Weights are random (the VAE too): these models prove
 the code paths of each family, not image quality.
 
-`build_tiny(family, out_dir)` builds any family's; `python -m sdflow_image.tiny_model OUT
+`builders.tiny.build_tiny(family, out_dir)` builds any family's; `python -m sdflow_image.builders OUT
 --family sdxl` calls it.
 """
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from sdflow_image import tiny_model
+from sdflow_image.builders import tiny_model
 
 TEXT_WIDTH = 32  # hidden size of each tiny CLIP text encoder (and its projection)
 T5_WIDTH = 64  # = SD3's joint_attention_dim: the CLIP pair (2 x 32) padded to T5's width
@@ -177,19 +176,8 @@ def build_tiny_sd3_components(seed: int = 0, with_t5: bool = True) -> dict[str, 
     return components
 
 
-def build_tiny(family: str, out_dir: str | Path, seed: int = 0, vae_steps: int = 0, with_t5: bool = True) -> Path:
-    """The tiny pipeline of `family` (sd | sdxl | sd3; sd35 | flux2 | qwenimage on the second stack)
-    saved to `out_dir`."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if family == "sd":
-        return tiny_model.build_tiny_pipeline(out_dir, seed=seed, vae_steps=vae_steps)
-    if family in ("sd35", "flux2", "qwenimage"):  # the second stack's (tiny_families_next)
-        from sdflow_image.tiny_families_next import build_tiny_next
-
-        if not transformers_5():
-            raise ValueError(f"family={family} needs the second stack (diffusers 0.42.1): run it with .venv-accelerate")
-
-        return build_tiny_next(family, out_dir, seed=seed)
+def build_tiny_first(family: str, out_dir: str | Path, seed: int = 0, vae_steps: int = 0, with_t5: bool = True) -> Path:
+    """The tiny SDXL or SD 3 pipeline saved to `out_dir` (builders/tiny.py builds any family's)."""
     from diffusers import StableDiffusion3Pipeline, StableDiffusionXLPipeline
 
     pipe: Any

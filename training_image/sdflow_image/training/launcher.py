@@ -6,8 +6,8 @@ emulation of several hosts on one machine overrides the address and port with
 `SDFLOW_MASTER_ADDR` (default: the first host's name) and `SDFLOW_MASTER_PORT` (default 29500).
 
 SIGTERM and SIGINT are passed to torchrun, which passes them to the training processes
-(they save a checkpoint and exit 143, see sdflow_image.train). torchrun runs through
-sdflow_image.elastic_run, which gives the workers `SDFLOW_STOP_GRACE_S` seconds (default
+(they save a checkpoint and exit 143, see sdflow_image.training.train). torchrun runs through
+sdflow_image.training.elastic_run, which gives the workers `SDFLOW_STOP_GRACE_S` seconds (default
 110, inside SageMaker's 120) to do so instead of torchrun's fixed 30. The exit status is the
 child's (143 after a stop); a child that failed without leaving a failure file gets one
 written here.
@@ -24,11 +24,11 @@ from types import FrameType
 from typing import Any
 
 from sdflow_image import contract
-from sdflow_image.elastic_run import DEFAULT_STOP_GRACE_S
+from sdflow_image.training.elastic_run import DEFAULT_STOP_GRACE_S
 
 TRAINING_IMAGE_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_MASTER_PORT = 29500
-TRAIN_MODULE = "sdflow_image.train"
+TRAIN_MODULE = "sdflow_image.training.train"
 
 
 class ResourceConfigError(ValueError):
@@ -81,7 +81,7 @@ def torchrun_command(topology: dict[str, Any], argv: list[str], module: str = TR
     return [
         sys.executable,
         "-m",
-        "sdflow_image.elastic_run",
+        "sdflow_image.training.elastic_run",
         f"--stop_grace_s={topology['stop_grace_s']:g}",
         "--",
         f"--nnodes={topology['nnodes']}",
@@ -135,8 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         gpus = _gpu_count()
         topology = plan(contract.read_resource_config(), gpus, dict(os.environ))
-        from sdflow_image import kernels, train
-        from sdflow_image.training import accumulation, earlier_attempts
+        from sdflow_image.training import accumulation, earlier_attempts, kernels, train
 
         args = train.parse_args(argv)
         world_size = topology["nnodes"] * topology["nproc_per_node"]

@@ -28,7 +28,7 @@ from typing import Any
 
 from sdflow_image import contract
 from sdflow_image.families.base import FAMILIES
-from sdflow_image.serve_request import SIZE_MULTIPLE, SizeLimits
+from sdflow_image.serving.serve_request import SIZE_MULTIPLE, SizeLimits
 
 MODEL_INFO_FILE = "sdflow_model.json"
 # Where SageMaker puts a model's AdditionalModelDataSources channel named "base_model".

@@ -38,7 +38,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from sdflow_image.data_source import (
+from sdflow_image.training.data_source import (
     FLAGS,
     KEYS_KEY,
     DatasetIndex,

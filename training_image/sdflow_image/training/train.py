@@ -10,7 +10,7 @@ encoders are frozen.
 The plugin is a hyperparameter: colossalai's torch_ddp | low_level_zero | gemini (on CPU only
 torch_ddp runs: see `check_inputs` for where Colossal-AI 0.5.0 stops on CPU), accelerate's
 ddp | fsdp2 (both run on CPU, with gloo). The shards stream from
-`dataset_dir` as the dataset index lists them (sdflow_image.data). The work itself is in
+`dataset_dir` as the dataset index lists them (sdflow_image.training.data). The work itself is in
 sdflow_image.training: model building, the loop, checkpoints, outputs.
 
 Flags come from `$SDFLOW_OPT_ML/input/config/hyperparameters.json` (strings, as SageMaker
@@ -36,10 +36,10 @@ from typing import Any
 
 from sdflow_image import contract, families, flags, scenes
 from sdflow_image.backends import rules
-from sdflow_image.data_source import FLAGS as DATA_FLAGS
-from sdflow_image.data_source import DatasetIndexError, load_index
 from sdflow_image.families.base import FAMILIES, METHODS, FamilyError, detect_family, resolve_family
 from sdflow_image.training.checkpoints import CheckpointError, list_checkpoints
+from sdflow_image.training.data_source import FLAGS as DATA_FLAGS
+from sdflow_image.training.data_source import DatasetIndexError, load_index
 from sdflow_image.training.loop import TrainingStopped
 
 __all__ = [

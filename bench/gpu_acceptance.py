@@ -67,6 +67,7 @@ sys.path.insert(0, str(IMAGE_DIR))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # acceptance_inputs, also when loaded by path
 
 from acceptance_inputs import build_base, free_port, in_folder, local_s3, weight_difference, write_shards  # noqa: E402
+from acceptance_report import report  # noqa: E402
 
 from sdflow_image import flags  # noqa: E402  (no torch: the CPU exit path stays light)
 from sdflow_image.backends import rules  # noqa: E402
@@ -173,6 +174,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=_positive_int, default=None,
                         help="start no new row after this many seconds (the rest report 'not run')")  # fmt: skip
     parser.add_argument("--tiny", action="store_true", help="the tiny model at 32 px, CPU allowed: checks the harness")
+    parser.add_argument("--no-stop", action="store_true",
+                        help="only the uninterrupted run (throughput, peak memory): no stop and resume")  # fmt: skip
+    parser.add_argument("--quick", action="store_true",
+                        help="the ten-minute plan on one GPU (bench/acceptance_quick.py): its own rows and flags")  # fmt: skip
     parser.add_argument("--work-dir", type=Path, default=None, help="where models, shards and runs go (default: temp)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here as JSON")
     args = parser.parse_args(argv)
@@ -347,6 +352,8 @@ def _runs(row: Row, args: argparse.Namespace, work: Path, hp: dict[str, str], en
     row.checkpoint_s = float(summary["checkpoint_time_s"])
     row.final_loss = float(summary["final_loss"])
     shutil.rmtree(work / "uninterrupted" / "checkpoints")  # only its saved model is compared
+    if args.no_stop:
+        return
     stop_at = args.steps // 2 + 1
     stopped_dir = prepare(work / "stopped", hp)
     stopped = launch(stopped_dir, nproc, env, args.run_timeout, stop_at=stop_at)
@@ -422,39 +429,12 @@ def environment_line(nproc: int, cuda: bool, backend: str = "colossalai") -> str
     )
 
 
-COLUMNS = (  # (title, width)
-    ("family", -7), ("method", -7),
-    ("plugin", -15), ("precision", -10), ("GPUs", 5), ("batch", 6), ("steps", 6), ("EMA", 5), ("samples/s/GPU", 14),
-    ("peak GiB", 9), ("ckpt s", 8), ("stop s", 8), ("stop@", 6), ("loss diff", 10), ("weight diff", 12),
-)  # fmt: skip
-
-
-def _cells(r: Row) -> list[str]:
-    stopped = "-" if r.stopped_at is None else str(r.stopped_at)
-    return [r.family, r.method,
-            r.plugin, r.precision, str(r.gpus), str(r.batch_per_gpu), str(r.steps), "on" if r.ema else "off",
-            f"{r.samples_per_s_per_gpu:.2f}", f"{r.peak_gpu_gib:.2f}", f"{r.checkpoint_s:.1f}", f"{r.stop_s:.1f}",
-            stopped, f"{r.loss_diff:.1e}", f"{r.weight_diff:.1e}"]  # fmt: skip
-
-
-def _line(cells: list[str], status: str) -> str:
-    text = "".join(cell.ljust(-w) if w < 0 else cell.rjust(w) for cell, (_, w) in zip(cells, COLUMNS, strict=True))
-    return f"{text}  {status}"
-
-
-def report(rows: list[Row], kernel_s: float, kernel_error: str | None) -> str:
-    kernels = f"{kernel_s:.1f} s" if kernel_error is None else f"FAILED: {kernel_error}"
-    if rows and rows[0].backend != "colossalai":
-        kernels = f"not used (backend={rows[0].backend})"
-    header = _line([title for title, _ in COLUMNS], "status")
-    lines = [f"Colossal-AI Adam kernels load: {kernels}", header, "-" * len(header)]
-    for r in rows:
-        status = "ok" if r.ok else "FAILED: " + (r.error or "; ".join(r.checks)).splitlines()[0]
-        lines.append(_line(_cells(r), status))
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--quick" in argv:  # a plan of rows, each one run of this script (acceptance_quick.py)
+        from acceptance_quick import main as quick
+
+        return quick([a for a in argv if a != "--quick"])
     args = parse_args(argv)
     import torch
 

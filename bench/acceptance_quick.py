@@ -112,8 +112,14 @@ def plans(tiny: bool) -> list[Plan]:
     return [
         Plan("flux2-lora-ddp", "FLUX.2 [klein] 4B LoRA, ddp: stop -> resume exact", [*flux, *common, *size], 300),
         Plan("sd35-full-fsdp2", "SD 3.5 Medium full, fsdp2, 1 GPU: peak vs estimate", [*sd35, *common, *size], 240),
-        Plan("sd15-llz-resume", "SD 1.5 low_level_zero: stop -> resume exact", [*sd15, *common, *size], 300,
-             python=python, needs=why_not),  # fmt: skip
+        Plan(
+            "sd15-llz-resume",
+            "SD 1.5 low_level_zero: stop -> resume exact",
+            [*sd15, *common, *size],
+            300,
+            python=python,
+            needs=why_not,
+        ),
     ]
 
 
@@ -174,7 +180,8 @@ def run_plan(plan: Plan, work: Path, timeout_s: int) -> QuickRow:
         row.status, row.detail, row.seconds = "FAILED", f"past its {timeout_s} s", time.perf_counter() - started
         return row
     row.seconds = time.perf_counter() - started
-    shutil.rmtree(work / plan.name, ignore_errors=True)  # multi-GB models: the disk is 64 GB
+    for bulky in ("base", "dataset"):  # multi-GB models: the disk is 64 GB; the runs' logs stay
+        shutil.rmtree(work / plan.name / bulky, ignore_errors=True)
     rows = json.loads(out.read_text())["rows"] if out.is_file() else []
     if not rows:
         row.status, row.detail = "FAILED", "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
@@ -185,7 +192,8 @@ def run_plan(plan: Plan, work: Path, timeout_s: int) -> QuickRow:
     row.figures = {k: result[k] for k in keep if k in result}
     failed = result.get("error") or "; ".join(result.get("checks") or [])
     row.status = "FAILED" if failed or done.returncode != 0 else "ok"
-    row.detail = (failed or "").splitlines()[0] if failed else ""
+    lines = (failed or "").splitlines()
+    row.detail = "\n".join(lines[:1] + lines[-4:]) if len(lines) > 5 else "\n".join(lines)
     return row
 
 
@@ -218,8 +226,7 @@ def table(rows: list[QuickRow]) -> str:
     for r in rows:
         figures = ", ".join(f"{k}={_fmt(v)}" for k, v in r.figures.items())
         lines.append(f"{r.name:<17}{r.status:<9}{r.seconds:>7.0f}  {figures}")
-        if r.detail:
-            lines.append(f"{'':<33}{r.detail}")
+        lines.extend(f"{'':<33}{line}" for line in r.detail.splitlines())
     ran = [r for r in rows if r.status != "not run"]
     held = sum(r.status == "ok" for r in ran)
     lines.append(f"{held} of {len(ran)} rows that ran held; {len(rows) - len(ran)} not run")

@@ -29,7 +29,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "training_image")]
 
 from sdflow.samples import ImageServer, make_laion_parquet  # noqa: E402
-from sdflow_image.download.download import download  # noqa: E402
+from sdflow_image.download import download  # noqa: E402
 
 BUCKET = "sdflow-bench"
 

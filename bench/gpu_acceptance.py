@@ -177,7 +177,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-stop", action="store_true",
                         help="only the uninterrupted run (throughput, peak memory): no stop and resume")  # fmt: skip
     parser.add_argument("--quick", action="store_true",
-                        help="the ten-minute plan on one GPU (bench/acceptance_quick.py): its own rows and flags")  # fmt: skip
+                        help="the ten-minute plan for one GPU (acceptance_quick.py): its own rows")  # fmt: skip
     parser.add_argument("--work-dir", type=Path, default=None, help="where models, shards and runs go (default: temp)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here as JSON")
     args = parser.parse_args(argv)

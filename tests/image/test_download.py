@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from sdflow.samples import ImageServer, LaionSample, SampleRow, make_images, make_laion_parquet, write_parquet
-from sdflow_image.download.download import download, shard_upload
+from sdflow_image.download import download, shard_upload
 
 pytestmark = pytest.mark.image
 

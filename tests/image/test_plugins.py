@@ -154,7 +154,7 @@ def test_no_sync_torch_ddp_fp16_reaches_ddp_inside_amp_wrapper() -> None:
     # Colossal-AI's own path crashes: the AMP module wraps the DDP model.
     with pytest.raises(AssertionError, match="Model is not boosted by TorchDDPPlugin"):
         booster.no_sync(boosted, optimizer)
-    ddp = booster_backend.ddp_model(boosted).module
+    ddp = accumulation.ddp_model(boosted).module
     assert isinstance(ddp, torch.nn.parallel.DistributedDataParallel)
     with accumulation.no_sync(booster, boosted, optimizer, skip=True):
         assert ddp.require_backward_grad_sync is False

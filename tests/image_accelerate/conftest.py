@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -51,3 +52,18 @@ def bases(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
         return built[family]
 
     return base
+
+
+@pytest.fixture(scope="session")
+def quick_bench() -> ModuleType:
+    """bench/acceptance_quick.py (gpu_acceptance --quick), loaded by path as the bench runs it."""
+    import importlib.util
+
+    sys.path.insert(0, str(REPO / "bench"))
+    spec = importlib.util.spec_from_file_location("acceptance_quick", REPO / "bench" / "acceptance_quick.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["acceptance_quick"] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module

@@ -36,7 +36,8 @@ def is_prefix(uri: str) -> bool:
 def reported_location(s3_model_artifacts: str, compression: str | None) -> str:
     """The model's location as SageMaker reports it, a prefix ending with "/" when the job's output is
     uncompressed (SageMaker may report it without the slash; the SDK adds it too)."""
-    if (compression or GZIP).upper() == UNCOMPRESSED and not is_prefix(s3_model_artifacts):
+    archive = s3_model_artifacts.endswith(".tar.gz")  # an object whatever was asked: read it as one
+    if (compression or GZIP).upper() == UNCOMPRESSED and not archive and not is_prefix(s3_model_artifacts):
         return f"{s3_model_artifacts}/"
     return s3_model_artifacts
 

@@ -154,7 +154,8 @@ def test_training_completed_uncompressed_artifacts_reported_without_slash_become
 ) -> None:
     event = load_event("sagemaker_training_completed.json")
     reported = event["detail"]["ModelArtifacts"]["S3ModelArtifacts"]
-    assert reported.endswith("/output/model/") and event["detail"]["OutputDataConfig"]["CompressionType"] == "NONE"
+    assert reported.endswith("/output/model/")
+    assert event["detail"]["OutputDataConfig"]["CompressionType"] == "NONE"
     event["detail"]["ModelArtifacts"]["S3ModelArtifacts"] = reported.rstrip("/")
     claim_for(store, event, "training", output_path="s3://bucket/runs/x/training/")
     handle(event)

@@ -206,7 +206,8 @@ def test_create_training_job_compression_outside_enum_is_refused(runtime: runtim
 
 def test_create_model_model_data_source_compression_outside_enum_is_refused(runtime: runtime_module.Runtime) -> None:
     # S3ModelDataSource spells it None | Gzip, OutputDataConfig GZIP | NONE: the training job's value does not fit.
-    source = {"S3DataSource": {"S3Uri": f"{OUTPUT}t/output/model/", "S3DataType": "S3Prefix", "CompressionType": "NONE"}}
+    data = {"S3Uri": f"{OUTPUT}t/output/model/", "S3DataType": "S3Prefix", "CompressionType": "NONE"}
+    source = {"S3DataSource": data}
     message = _refusal(
         client("sagemaker").create_model,
         ModelName="m",

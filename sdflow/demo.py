@@ -193,10 +193,8 @@ def _download(session: Any, uri: str, target: Path) -> Path:
 
 def show_training_outputs(session: Any, execution_arn: str, folder: Path, out: Any = sys.stdout) -> dict[str, Any]:
     """What a person looks at after a run: the evaluation's prompt-adherence line (base → trained)
-    and its grid, the registered model package, and the loss curve and samples taken out of the
-    model archive into `folder`."""
-    import tarfile
-
+    and its grid, the registered model package, and the loss curve and samples of the model's
+    folder downloaded into `folder`."""
     output = json.loads(
         session.client("stepfunctions").describe_execution(executionArn=execution_arn).get("output") or "{}"
     )
@@ -226,23 +224,27 @@ def show_training_outputs(session: Any, execution_arn: str, folder: Path, out: A
     uri = training.get("model_data_url")
     if not uri:
         return shown
-    archive = _download(session, str(uri), folder / "model.tar.gz")
-    with tarfile.open(archive) as tar:
-        sizes = {m.name.removeprefix("./"): m.size for m in tar.getmembers() if m.isfile()}
-        shown["archive_sizes"] = sizes
-        for name, label in (("loss.png", "loss curve"), ("samples.png", "samples")):
-            member = next((m for m in tar.getmembers() if m.name.removeprefix("./") == name), None)
-            source = tar.extractfile(member) if member is not None else None
-            if source is None:
-                continue
-            target = folder / name
-            target.write_bytes(source.read())
-            shown["files"][name] = target
-            print(f"{label}: {target.resolve()}", file=out, flush=True)
+    # The model is uncompressed (sdflow_common.model_artifact): each file an object under the prefix.
+    shown["model_sizes"] = sizes = _model_files(session, str(uri))
+    for name, label in (("loss.png", "loss curve"), ("samples.png", "samples")):
+        if name not in sizes:
+            continue
+        target = _download(session, f"{uri}{name}", folder / name)
+        shown["files"][name] = target
+        print(f"{label}: {target.resolve()}", file=out, flush=True)
     return shown
 
 
-LORA_WEIGHTS = "pytorch_lora_weights.safetensors"  # the adapter's file in a LoRA run's archive (the image's)
+def _model_files(session: Any, prefix: str) -> dict[str, int]:
+    """Each object under the model's prefix: its path below the prefix and its size."""
+    from sdflow_common.run_document import parse_s3_uri
+
+    bucket, key = parse_s3_uri(prefix)
+    pages = session.client("s3").get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key)
+    return {item["Key"][len(key) :]: item["Size"] for page in pages for item in page.get("Contents", [])}
+
+
+LORA_WEIGHTS = "pytorch_lora_weights.safetensors"  # the adapter's file in a LoRA run's model folder (the image's)
 
 
 def _folder_bytes(folder: Path) -> int:
@@ -255,14 +257,14 @@ def _mb(size: float) -> str:
 
 def show_lora_summary(shown: dict[str, Any], base_model: Path, image: Path | None, out: Any = sys.stdout) -> None:
     """`make demo-lora`'s closing lines: the adapter's size beside the full model's (the base model
-    folder: a full run's archive holds that whole pipeline, its UNet trained), and the adherence scores."""
-    adapter = (shown.get("archive_sizes") or {}).get(LORA_WEIGHTS)
+    folder: a full run's model holds that whole pipeline, its UNet trained), and the adherence scores."""
+    adapter = (shown.get("model_sizes") or {}).get(LORA_WEIGHTS)
     full = _folder_bytes(base_model)
     unet = _folder_bytes(base_model / "unet")
-    adapter_text = f"{_mb(adapter)} ({LORA_WEIGHTS} in the model archive)" if adapter is not None else "not found"
+    adapter_text = f"{_mb(adapter)} ({LORA_WEIGHTS} in the model folder)" if adapter is not None else "not found"
     print(f"LoRA adapter: {adapter_text}", file=out, flush=True)
     print(
-        f"full model:   {_mb(full)} (the base model folder {base_model}, as a full run's archive holds it; "
+        f"full model:   {_mb(full)} (the base model folder {base_model}, as a full run's model holds it; "
         f"its UNet {_mb(unet)})",
         file=out,
         flush=True,

@@ -3,7 +3,8 @@
 - training: DescribeTrainingJob; the loss curve from its log stream in /aws/sagemaker/TrainingJobs
   (GetLogEvents, only new events each poll) read with the job's own MetricDefinitions, the regexes
   SageMaker applies to the same lines to make the job's CloudWatch metrics; loss.png, samples.png
-  and training_summary.json from output/output.tar.gz (SageMaker's place for a job's small files);
+  and training_summary.json from output/output.tar.gz (SageMaker's place for a job's small files), or,
+  when the job's output is uncompressed (OutputDataConfig.CompressionType NONE), from the model's prefix;
 - evaluation: DescribeProcessingJob and the job's evaluation.json / adherence.png;
 - endpoint: DescribeEndpoint and DescribeEndpointConfig; a prompt through InvokeEndpoint;
 - notifications: the notify function's "notification published" log records (FilterLogEvents),
@@ -163,7 +164,11 @@ class JobReader:
         empty = {"summary": None, "samples_url": None, "loss_png_url": None}
         if job.get("TrainingJobStatus") != "Completed":
             return empty
-        output_path = ((job.get("OutputDataConfig") or {}).get("S3OutputPath") or "").rstrip("/")
+        output_config = job.get("OutputDataConfig") or {}
+        model_uri = (job.get("ModelArtifacts") or {}).get("S3ModelArtifacts")
+        if output_config.get("CompressionType") == "NONE" and model_uri:
+            return self._model_folder_outputs(model_uri if model_uri.endswith("/") else f"{model_uri}/")
+        output_path = (output_config.get("S3OutputPath") or "").rstrip("/")
         archive = f"{output_path}/{job['TrainingJobName']}/output/output.tar.gz"
 
         def compute() -> tuple[dict[str, Any], bool]:
@@ -182,6 +187,21 @@ class JobReader:
             }, True
 
         return self._final.get(("outputs", archive), compute)
+
+    def _model_folder_outputs(self, folder: str) -> dict[str, Any]:
+        """An uncompressed output's report files, objects of their own under the model's prefix (the
+        trainer writes them into /opt/ml/model beside the weights)."""
+        summary = self._final.get(
+            ("summary", f"{folder}training_summary.json"),
+            lambda: (_json_or_none(self, f"{folder}training_summary.json"), True),
+        )
+        if summary is None:
+            return {"summary": None, "samples_url": None, "loss_png_url": None}
+        return {
+            "summary": summary,
+            "samples_url": artifact_url(f"{folder}samples.png"),
+            "loss_png_url": artifact_url(f"{folder}loss.png"),
+        }
 
     # ------------------------------------------------------------------ evaluation
 

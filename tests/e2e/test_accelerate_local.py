@@ -9,10 +9,8 @@ The local SageMaker runs every job and model whose image is the stack's Accelera
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
-import tarfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -83,11 +81,12 @@ def run_on_accelerate(cloud: LocalCloud) -> dict[str, Any]:
     return dict(json.loads(described["output"]))
 
 
-def archive_names(cloud: LocalCloud, uri: str) -> set[str]:
-    bucket, _, key = uri.removeprefix("s3://").partition("/")
-    body = cloud.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
-    with tarfile.open(fileobj=io.BytesIO(body)) as tar:
-        return {name.removeprefix("./") for name in tar.getnames()}
+def model_names(cloud: LocalCloud, uri: str) -> set[str]:
+    """The trained model's files: the objects under its uncompressed output's prefix."""
+    assert uri.endswith("/output/model/"), uri
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    pages = cloud.client("s3").get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return {item["Key"][len(prefix) :] for page in pages for item in page.get("Contents", [])}
 
 
 def test_accelerate_sd3_lora_ddp_run_trains_evaluates_and_serves_on_the_second_image(cloud: LocalCloud) -> None:
@@ -98,7 +97,7 @@ def test_accelerate_sd3_lora_ddp_run_trains_evaluates_and_serves_on_the_second_i
     sagemaker = cloud.client("sagemaker")
     job = sagemaker.describe_training_job(TrainingJobName=output["training"]["job_name"])
     assert job["AlgorithmSpecification"]["TrainingImage"] == second
-    assert {"pytorch_lora_weights.safetensors", "sdflow_model.json"} <= archive_names(
+    assert {"pytorch_lora_weights.safetensors", "sdflow_model.json"} <= model_names(
         cloud, output["training"]["model_data_url"]
     )
     evaluation = sagemaker.describe_processing_job(ProcessingJobName=output["evaluation"]["job_name"])

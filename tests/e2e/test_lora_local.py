@@ -1,5 +1,5 @@
 """SDXL and SD 3 LoRA runs end to end through the local cloud with the real image: tiny models of each
-family built in code, trained as LoRA (the archive holds the adapter), evaluated, registered with the
+family built in code, trained as LoRA (the model folder holds the adapter), evaluated, registered with the
 base model as the package's `base_model` channel, deployed, then updated blue/green from the SDXL
 adapter to the SD 3 one (the host puts each base where SageMaker would,
 /opt/ml/additional-model-data-sources/base_model), and invoked.
@@ -12,7 +12,6 @@ import io
 import json
 import re
 import subprocess
-import tarfile
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -96,11 +95,12 @@ def sdxl_run(cloud: LocalCloud) -> dict[str, Any]:
     return run_lora(cloud, "sdxl")
 
 
-def archive_names(cloud: LocalCloud, uri: str) -> set[str]:
-    bucket, _, key = uri.removeprefix("s3://").partition("/")
-    body = cloud.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
-    with tarfile.open(fileobj=io.BytesIO(body)) as tar:
-        return {name.removeprefix("./") for name in tar.getnames()}
+def model_names(cloud: LocalCloud, uri: str) -> set[str]:
+    """The trained model's files: the objects under its uncompressed output's prefix."""
+    assert uri.endswith("/output/model/"), uri
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    pages = cloud.client("s3").get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return {item["Key"][len(prefix) :] for page in pages for item in page.get("Contents", [])}
 
 
 def served_base_class(cloud: LocalCloud) -> str:
@@ -122,7 +122,7 @@ def assert_serves_png(cloud: LocalCloud) -> None:
 
 def assert_lora_run(cloud: LocalCloud, output: dict[str, Any], family: str) -> None:
     assert output["config"]["run"]["base_model_family"] == family
-    names = archive_names(cloud, output["training"]["model_data_url"])
+    names = model_names(cloud, output["training"]["model_data_url"])
     assert {"pytorch_lora_weights.safetensors", "sdflow_model.json"} <= names
     assert not any(name.startswith(("unet/", "transformer/")) for name in names)
     package = cloud.client("sagemaker").describe_model_package(

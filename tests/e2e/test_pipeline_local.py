@@ -65,6 +65,16 @@ def test_pipeline_broken_shard_within_tolerance_succeeds_and_names_it(
         assert "failed shard 00002" in text
         assert "part-00002.parquet" in text
         assert DEMO_ENDPOINT in _endpoint_names(cloud)
+        # The model was uploaded uncompressed, and the evaluation and the endpoint read it from its prefix.
+        described = cloud.client("stepfunctions").describe_execution(executionArn=result["execution_arn"])
+        prefix = json.loads(described["output"])["training"]["model_data_url"]
+        assert prefix.endswith("/output/model/")
+        assert f"loss curve {prefix}loss.png" in text
+        job = prefix.removeprefix(f"s3://{cloud.bucket}/").removesuffix("model/")
+        listed = cloud.client("s3").list_objects_v2(Bucket=cloud.bucket, Prefix=job)["Contents"]
+        keys = {item["Key"].removeprefix(job) for item in listed}
+        assert {"model/model_index.json", "model/sdflow_model.json"} <= keys
+        assert "model.tar.gz" not in keys
 
 
 def test_pipeline_training_failure_notifies_and_deploys_no_endpoint(

@@ -85,7 +85,7 @@ def test_sdk_run_via_upload_succeeds_and_its_endpoint_returns_png(cloud: LocalCl
     assert summary.training_job_name.startswith("sdf-tr-")
     assert summary.final_loss == pytest.approx(0.1)  # the no-op training job's train:loss
     assert summary.model_data_uri is not None
-    assert summary.model_data_uri.endswith("/output/model.tar.gz")
+    assert summary.model_data_uri.endswith("/output/model/")
     assert summary.endpoint_name == ENDPOINT
     assert pipeline.run(run.name) == run
     assert run in pipeline.runs(limit=5)

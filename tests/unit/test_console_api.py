@@ -13,6 +13,7 @@ import math
 import tarfile
 from datetime import timedelta
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from botocore.exceptions import EndpointConnectionError
@@ -411,6 +412,28 @@ def test_training_loss_points_read_with_job_metric_regex_and_extended(console: C
     console.clock.advance(2)
     second = client.get(f"/api/runs/{RUN}").json()["training"]
     assert second["loss"] == [[1, 0.5], [3, 0.25], [4, 0.125]]
+
+
+def test_training_uncompressed_output_summary_and_plots_read_from_model_prefix(
+    console: Console, mocked_aws: AwsWorld
+) -> None:
+    job = training_run(console)
+    prefix = f"s3://{DATA_BUCKET}/runs/r1/training/{job}/output/model/"
+    console.sagemaker.training_jobs[job] |= {
+        "TrainingJobStatus": "Completed",
+        "OutputDataConfig": {"S3OutputPath": f"s3://{DATA_BUCKET}/runs/r1/training/", "CompressionType": "NONE"},
+        "ModelArtifacts": {"S3ModelArtifacts": prefix},
+    }
+    mocked_aws.put_json(f"runs/r1/training/{job}/output/model/training_summary.json", {"steps": 3})
+    mocked_aws.s3.put_object(Bucket=DATA_BUCKET, Key=f"runs/r1/training/{job}/output/model/samples.png", Body=PNG)
+    client = console.client()
+
+    training = client.get(f"/api/runs/{RUN}").json()["training"]
+
+    assert training["summary"] == {"steps": 3}
+    samples = client.get(training["samples_url"])
+    assert (samples.status_code, samples.content) == (200, PNG)
+    assert training["loss_png_url"] == f"/api/artifact?uri={quote(prefix + 'loss.png', safe='')}"
 
 
 def test_training_log_group_missing_gives_empty_curve_not_error(console: Console) -> None:

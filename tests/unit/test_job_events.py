@@ -146,9 +146,32 @@ def test_training_completed_without_artifacts_uses_output_path(
     del event["detail"]["ModelArtifacts"]
     name = claim_for(store, event, "training", output_path="s3://bucket/runs/x/training/")
     handle(event)
-    assert json.loads(sfn.only()[1]["output"])["model_data_url"] == (
-        f"s3://bucket/runs/x/training/{name}/output/model.tar.gz"
-    )
+    assert json.loads(sfn.only()[1]["output"])["model_data_url"] == f"s3://bucket/runs/x/training/{name}/output/model/"
+
+
+def test_training_completed_uncompressed_artifacts_reported_without_slash_become_prefix(
+    handle: Any, sfn: StepFunctionsCalls, store: TokenStore
+) -> None:
+    event = load_event("sagemaker_training_completed.json")
+    reported = event["detail"]["ModelArtifacts"]["S3ModelArtifacts"]
+    assert reported.endswith("/output/model/")
+    assert event["detail"]["OutputDataConfig"]["CompressionType"] == "NONE"
+    event["detail"]["ModelArtifacts"]["S3ModelArtifacts"] = reported.rstrip("/")
+    claim_for(store, event, "training", output_path="s3://bucket/runs/x/training/")
+    handle(event)
+    assert json.loads(sfn.only()[1]["output"])["model_data_url"] == reported
+
+
+def test_training_completed_gzip_output_keeps_reported_model_tar_gz(
+    handle: Any, sfn: StepFunctionsCalls, store: TokenStore
+) -> None:
+    event = load_event("sagemaker_training_completed.json")
+    event["detail"]["OutputDataConfig"].pop("CompressionType")
+    archive = event["detail"]["ModelArtifacts"]["S3ModelArtifacts"].replace("/output/model/", "/output/model.tar.gz")
+    event["detail"]["ModelArtifacts"]["S3ModelArtifacts"] = archive
+    claim_for(store, event, "training", output_path="s3://bucket/runs/x/training/")
+    handle(event)
+    assert json.loads(sfn.only()[1]["output"])["model_data_url"] == archive
 
 
 def test_training_failed_sends_training_job_failed(handle: Any, sfn: StepFunctionsCalls, store: TokenStore) -> None:

@@ -210,7 +210,13 @@ def test_register_model_gate_passed_auto_registers_approved_with_metrics_and_lin
     described = mocked_aws.sagemaker.describe_model_package(ModelPackageName=result["model_package_arn"])
     assert described["ModelApprovalStatus"] == "Approved"
     container = described["InferenceSpecification"]["Containers"][0]
-    assert container == {"Image": TRAINING_IMAGE_URI, "ModelDataUrl": event["training"]["model_data_url"]}
+    # The training job's uncompressed output, read by S3Prefix: no model.tar.gz to download and untar.
+    prefix = event["training"]["model_data_url"]
+    assert prefix.endswith("/output/model/")
+    assert container == {
+        "Image": TRAINING_IMAGE_URI,
+        "ModelDataSource": {"S3DataSource": {"S3Uri": prefix, "S3DataType": "S3Prefix", "CompressionType": "None"}},
+    }
     metadata = described["CustomerMetadataProperties"]
     assert metadata["sdflow:prompt_adherence"] == "0.8600"
     assert metadata["sdflow:base_prompt_adherence"] == "0.1100"

@@ -54,7 +54,34 @@ def test_model_package_lora_container_carries_base_model_channel_and_its_folder(
 
 def test_model_package_full_container_has_no_base_model_channel() -> None:
     container = package(task_event("full"))["InferenceSpecification"]["Containers"][0]
-    assert set(container) == {"Image", "ModelDataUrl"}
+    assert set(container) == {"Image", "ModelDataSource"}
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_model_package_any_method_reads_trained_model_as_uncompressed_prefix(method: str) -> None:
+    event = task_event(method)
+    request = package(event)
+    container = request["InferenceSpecification"]["Containers"][0]
+    assert "ModelDataUrl" not in container
+    assert container["ModelDataSource"] == {
+        "S3DataSource": {
+            "S3Uri": event["training"]["model_data_url"],
+            "S3DataType": "S3Prefix",
+            "CompressionType": "None",
+        }
+    }
+    assert_valid_request("CreateModelPackage", request)
+
+
+def test_model_package_older_model_tar_gz_is_read_as_gzip_object() -> None:
+    event = task_event("full")
+    event["training"]["model_data_url"] = "s3://b/runs/old/training/job/output/model.tar.gz"
+    container = package(event)["InferenceSpecification"]["Containers"][0]
+    assert container["ModelDataSource"]["S3DataSource"] == {
+        "S3Uri": "s3://b/runs/old/training/job/output/model.tar.gz",
+        "S3DataType": "S3Object",
+        "CompressionType": "Gzip",
+    }
 
 
 @pytest.mark.parametrize("method", ["full", "lora"])

@@ -35,7 +35,7 @@ SUCCESS_STATE: dict[str, Any] = {
     },
     "training": {
         "job_name": "sdf-tr-cats-v1-0123456789-r0-a0",
-        "model_data_url": "s3://b/runs/cats-v1-abc/training/job/output/model.tar.gz",
+        "model_data_url": "s3://b/runs/cats-v1-abc/training/job/output/model/",
         "final_metrics": {"train:loss": 0.09123},
     },
     "endpoint": {
@@ -88,8 +88,19 @@ def test_notify_success_with_adherence_metrics_reports_base_and_trained_and_wher
     text = notify.compose(_request("succeeded", {**SUCCESS_STATE, "training": training}), now=NOW).message
 
     assert "prompt adherence: base 0.10 → trained 0.85 (held-out prompts)" in text
-    assert "loss curve loss.png" in text
-    assert "adherence.png" in text
+    # The uncompressed model's files are objects of their own: each plot's own URI.
+    model = "s3://b/runs/cats-v1-abc/training/job/output/model/"
+    assert f"loss curve {model}loss.png, samples {model}samples.png" in text
+    assert f"held-out prompts {model}adherence.png" in text
+
+
+def test_notify_success_with_older_model_tar_gz_says_the_plots_are_in_it() -> None:
+    training = {**SUCCESS_STATE["training"], "model_data_url": "s3://b/runs/old/training/job/output/model.tar.gz"}
+
+    text = notify.compose(_request("succeeded", {**SUCCESS_STATE, "training": training}), now=NOW).message
+
+    assert "model s3://b/runs/old/training/job/output/model.tar.gz" in text
+    assert "loss curve loss.png, samples samples.png, held-out prompts adherence.png (in it)" in text
 
 
 def test_notify_success_without_adherence_metrics_prints_no_adherence_line() -> None:

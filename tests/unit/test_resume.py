@@ -24,12 +24,16 @@ from tests.unit.parquet_files import parquet_bytes
 PARQUET = parquet_bytes()
 MODEL_URI = f"s3://{DATA_BUCKET}/models/tiny-sd/"
 START = "2025-06-02T09:15:43.512Z"
-MODEL_KEY = "runs/old/training/sdf-tr-old/output/model.tar.gz"
+# An uncompressed training output: the model's files under a prefix (sdflow_common.model_artifact).
+MODEL_PREFIX = "runs/old/training/sdf-tr-old/output/model/"
+MODEL_KEY = f"{MODEL_PREFIX}model_index.json"
 TRAINING: dict[str, Any] = {
     "job_name": "sdf-tr-old-0123456789-r0-a0",
-    "model_data_url": f"s3://{DATA_BUCKET}/{MODEL_KEY}",
+    "model_data_url": f"s3://{DATA_BUCKET}/{MODEL_PREFIX}",
     "final_metrics": {"train:loss": 0.12},
 }
+# A model recorded before the training output was uncompressed.
+ARCHIVE_KEY = "runs/old/training/sdf-tr-old/output/model.tar.gz"
 
 
 @pytest.fixture
@@ -321,12 +325,18 @@ def test_resume_from_run_that_failed_before_listing_shards_reuses_nothing(world:
 # ------------------------------------------------------------------------------ model reuse
 
 
-def trained_old_run(world: AwsWorld, histories: dict[str, list[dict[str, Any]]], uris: list[str]) -> str:
+def trained_old_run(
+    world: AwsWorld,
+    histories: dict[str, list[dict[str, Any]]],
+    uris: list[str],
+    training: dict[str, Any] = TRAINING,
+    key: str = MODEL_KEY,
+) -> str:
     validate(document(uris), "old")
     finish_shards(world, "old", *range(len(uris)))
     old_arn = ended_execution(world, "old")
-    world.s3.put_object(Bucket=DATA_BUCKET, Key=MODEL_KEY, Body=b"model")
-    histories[old_arn] = [training_exit(TRAINING)]
+    world.s3.put_object(Bucket=DATA_BUCKET, Key=key, Body=b"model")
+    histories[old_arn] = [training_exit(training)]
     return old_arn
 
 
@@ -377,6 +387,18 @@ def test_resume_trains_again_when_model_artifact_is_gone(
     world.s3.delete_object(Bucket=DATA_BUCKET, Key=MODEL_KEY)
 
     assert validate(document(uris, resume_from=old_arn), "new")["resume"]["training_reused"] is False
+
+
+def test_resume_reuses_older_model_tar_gz_while_it_exists(
+    world: AwsWorld, histories: dict[str, list[dict[str, Any]]]
+) -> None:
+    uris = put_parquet(world, "datasets/a.parquet")
+    training = {**TRAINING, "model_data_url": f"s3://{DATA_BUCKET}/{ARCHIVE_KEY}"}
+    old_arn = trained_old_run(world, histories, uris, training, ARCHIVE_KEY)
+
+    assert validate(document(uris, resume_from=old_arn), "new")["resume"]["training"] == training
+    world.s3.delete_object(Bucket=DATA_BUCKET, Key=ARCHIVE_KEY)
+    assert validate(document(uris, resume_from=old_arn), "new-2")["resume"]["training_reused"] is False
 
 
 def test_resume_trains_again_when_dataset_grew(world: AwsWorld, histories: dict[str, list[dict[str, Any]]]) -> None:

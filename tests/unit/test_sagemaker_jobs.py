@@ -134,6 +134,18 @@ def test_download_deadline_leaves_time_before_max_runtime(max_runtime: int) -> N
     assert 0 < deadline < max_runtime
 
 
+@pytest.mark.parametrize("backend", ["colossalai", "accelerate"])
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_training_job_request_any_backend_and_method_asks_for_uncompressed_model_output(
+    backend: str, method: str
+) -> None:
+    mixed_precision = "bf16" if backend == "accelerate" else "fp16"
+    run = run_document(training={"backend": backend, "method": method, "mixed_precision": mixed_precision})
+    request = training_request(run)
+    assert_valid_request("CreateTrainingJob", request)
+    assert request["OutputDataConfig"]["CompressionType"] == "NONE"
+
+
 def test_training_job_request_on_demand_has_no_spot_fields() -> None:
     run = run_document(training={"instance_count": 2, "plugin": "torch_ddp", "max_runtime_seconds": 7200})
     request = training_request(run)
@@ -149,7 +161,10 @@ def test_training_job_request_on_demand_has_no_spot_fields() -> None:
         "base_model": f"s3://{DATA_BUCKET}/models/tiny-sd/",
     }
     assert channels["base_model"]["S3DataType"] == "S3Prefix"
-    assert request["OutputDataConfig"] == {"S3OutputPath": f"s3://{DATA_BUCKET}/runs/{RUN_ID}/training/"}
+    assert request["OutputDataConfig"] == {
+        "S3OutputPath": f"s3://{DATA_BUCKET}/runs/{RUN_ID}/training/",
+        "CompressionType": "NONE",
+    }
     assert request["CheckpointConfig"] == {
         "S3Uri": f"s3://{DATA_BUCKET}/runs/{RUN_ID}/checkpoints/sdf-tr-demo-0123456789-a0/",
         "LocalPath": "/opt/ml/checkpoints",

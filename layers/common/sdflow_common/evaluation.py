@@ -94,6 +94,7 @@ def evaluation_job_request(
     (SageMaker downloads them) and writes only its output folder (SageMaker uploads it at the end)."""
     options = config.run.evaluation
     inputs = [
+        # An uncompressed model's prefix: its files land in MODEL_DIR as they are, nothing to untar.
         _s3_input("model", model_data_url, MODEL_DIR),
         _s3_input("base_model", config.run.base_model_uri, BASE_MODEL_DIR),
     ]

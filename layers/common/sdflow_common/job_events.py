@@ -26,7 +26,7 @@ from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, Field
 
-from sdflow_common import aws, rollback, sagemaker_jobs
+from sdflow_common import aws, model_artifact, rollback, sagemaker_jobs
 from sdflow_common.errors import (
     DownloadJobFailed,
     EndpointDeployFailed,
@@ -127,6 +127,11 @@ class ModelArtifacts(BaseModel):
     s3_model_artifacts: str = Field(alias="S3ModelArtifacts")
 
 
+class OutputDataConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
+    compression_type: str | None = Field(default=None, alias="CompressionType")
+
+
 class MetricDatum(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
     metric_name: str = Field(alias="MetricName")
@@ -142,6 +147,7 @@ class TrainingJobDetail(_JobDetail):
     secondary_status: str | None = Field(default=None, alias="SecondaryStatus")
     failure_reason: str | None = Field(default=None, alias="FailureReason")
     model_artifacts: ModelArtifacts | None = Field(default=None, alias="ModelArtifacts")
+    output_data_config: OutputDataConfig | None = Field(default=None, alias="OutputDataConfig")
     final_metrics: list[MetricDatum] = Field(default_factory=list, alias="FinalMetricDataList")
 
     @property
@@ -326,11 +332,17 @@ class TaskResolver:
                 "status": "ok",
                 "job_name": detail.resource_name,
             }
+        # The job's own OutputDataConfig (the event and DescribeTrainingJob carry it), else what it asked for.
+        reported = detail.output_data_config.compression_type if detail.output_data_config else None
+        compression = reported or record.context.get("output_compression")
         if detail.model_artifacts is not None:
-            model_data_url = detail.model_artifacts.s3_model_artifacts
+            # Where SageMaker says the model is: a model.tar.gz, or the prefix of an uncompressed output.
+            model_data_url = model_artifact.reported_location(detail.model_artifacts.s3_model_artifacts, compression)
         else:
             # SageMaker's own layout under OutputDataConfig.S3OutputPath.
-            model_data_url = f"{record.context.get('output_path', '')}{detail.resource_name}/output/model.tar.gz"
+            model_data_url = model_artifact.expected_location(
+                record.context.get("output_path", ""), detail.resource_name, compression
+            )
         metrics = {datum.metric_name: datum.value for datum in detail.final_metrics[:MAX_METRICS]}
         summary: dict[str, Any] = {
             "job_name": detail.resource_name,

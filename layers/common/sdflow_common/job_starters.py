@@ -19,7 +19,7 @@ from aws_lambda_powertools import Logger
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sdflow_common import aws, job_control, names, sagemaker_jobs
+from sdflow_common import aws, job_control, model_artifact, names, sagemaker_jobs
 from sdflow_common.errors import (
     DownloadJobFailed,
     EndpointBusy,
@@ -233,7 +233,11 @@ def start_training(
             api=job_control.training_jobs(sagemaker),
             name=name,
             request=request,
-            context={"output_path": request["OutputDataConfig"]["S3OutputPath"], "run_id": config.run_id},
+            context={
+                "output_path": request["OutputDataConfig"]["S3OutputPath"],
+                "output_compression": request["OutputDataConfig"].get("CompressionType", model_artifact.GZIP),
+                "run_id": config.run_id,
+            },
             failure=TrainingJobFailed,
             across_redrives=True,
         )

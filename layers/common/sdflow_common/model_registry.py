@@ -22,7 +22,7 @@ from aws_lambda_powertools import Logger
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, Field
 
-from sdflow_common import aws, names, sagemaker_jobs
+from sdflow_common import aws, model_artifact, names, sagemaker_jobs
 from sdflow_common.errors import EvaluationJobFailed, QualityGateFailed
 from sdflow_common.evaluation import EVALUATION_FILE, GRID_FILE
 from sdflow_common.job_events import ModelPackageDetail, Resolution, TaskResolver
@@ -176,11 +176,15 @@ def base_model_folder(base_model_uri: str) -> str:
 
 def serving_container(task: RegisterTask, settings: Settings) -> dict[str, Any]:
     """The package's container: the image of the run's backend (the model loads only in its stack) and the
-    trained artifact; for LoRA also the base model, as an uncompressed S3 prefix in the `base_model` channel,
-    and the variable naming where it lands."""
+    trained model (ModelDataSource: the uncompressed output's prefix, its files into /opt/ml/model); for
+    LoRA also the base model, as an uncompressed S3 prefix in the `base_model` channel, and the variable
+    naming where it lands."""
     run = task.config.run
     image = settings.image_uri(run.training.backend)
-    container: dict[str, Any] = {"Image": image, "ModelDataUrl": task.training.model_data_url}
+    container: dict[str, Any] = {
+        "Image": image,
+        "ModelDataSource": model_artifact.model_data_source(task.training.model_data_url),
+    }
     if run.training.method == "lora":
         container["AdditionalModelDataSources"] = [
             {

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from pydantic import BaseModel, ConfigDict, Field
 
-from sdflow_common import aws, causes, execution_history, run_cleanup
+from sdflow_common import aws, causes, execution_history, model_artifact, run_cleanup
 from sdflow_common.run_document import RUN_NAME, printable
 from sdflow_common.token_store import TokenStore
 
@@ -229,10 +229,16 @@ def _training_lines(training: dict[str, Any]) -> list[str]:
     adherence = _adherence_text(metrics if isinstance(metrics, dict) else {})
     if adherence:
         lines.append(f"           {adherence}")
-    if training.get("model_data_url"):
-        lines.append(f"           model {training['model_data_url']}")
-        # Inside the model archive, next to the weights: what a person looks at first.
-        lines.append("           loss curve loss.png, samples samples.png, held-out prompts adherence.png (in it)")
+    uri = training.get("model_data_url")
+    if uri:
+        lines.append(f"           model {uri}")
+        # Next to the weights: what a person looks at first. An uncompressed model's files are objects of
+        # their own (sdflow_common.model_artifact); an older model.tar.gz holds them.
+        if model_artifact.is_prefix(str(uri)):
+            lines.append(f"           loss curve {uri}loss.png, samples {uri}samples.png")
+            lines.append(f"           held-out prompts {uri}adherence.png")
+        else:
+            lines.append("           loss curve loss.png, samples samples.png, held-out prompts adherence.png (in it)")
     return lines
 
 

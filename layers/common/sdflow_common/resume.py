@@ -26,7 +26,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
-from sdflow_common import aws, dataset_files, names
+from sdflow_common import aws, dataset_files, model_artifact, names
 from sdflow_common.run_document import RunDocument, invalid, parse_s3_uri
 
 log = logging.getLogger(__name__)
@@ -271,8 +271,12 @@ def previous_training(execution_arn: str) -> dict[str, Any] | None:
 
 
 def _exists(uri: str) -> bool:
+    """The earlier model is still there: its model.tar.gz, or an object under its uncompressed prefix."""
     try:
         bucket, key = parse_s3_uri(uri)
+        if model_artifact.is_prefix(uri):
+            listed = aws.client("s3").list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
+            return bool(listed.get("KeyCount"))
         aws.client("s3").head_object(Bucket=bucket, Key=key)
     except ValueError:
         return False

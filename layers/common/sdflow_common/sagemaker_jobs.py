@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, cast
 
 from botocore.exceptions import ClientError
 
-from sdflow_common import dataset_manifest
+from sdflow_common import dataset_manifest, model_artifact
 from sdflow_common.run_document import (
     DownloadOptions,
     EndpointOptions,
@@ -400,7 +400,13 @@ def training_job_request(
                 "InputMode": "File",
             }
         ],
-        "OutputDataConfig": {"S3OutputPath": f"s3://{bucket}/runs/{run_id}/training/"},
+        # Uncompressed: SageMaker uploads /opt/ml/model file by file instead of gzipping a full pipeline (tens
+        # of GB) on one core at the end of the paid job, and the endpoint and evaluation job read the files as
+        # they are (sdflow_common.model_artifact; "Uncompressed model output", SageMaker developer guide).
+        "OutputDataConfig": {
+            "S3OutputPath": f"s3://{bucket}/runs/{run_id}/training/",
+            "CompressionType": model_artifact.UNCOMPRESSED,
+        },
         "ResourceConfig": resources,
         "StoppingCondition": stopping,
         "EnableManagedSpotTraining": options.use_spot,

@@ -229,7 +229,7 @@ class TrainingOptions(StrictOptions):
     method: Literal["full", "lora"] = Field(
         default="full",
         description="full: train every weight of the UNet (or SD 3's transformer); lora: train a LoRA adapter on "
-        "the frozen base model (model.tar.gz then holds only the adapter, megabytes).",
+        "the frozen base model (the model folder then holds only the adapter, megabytes).",
     )
     lora: LoraOptions | None = Field(
         default=None, description="LoRA settings, only with method lora (defaults: diffusers' LoRA examples)."

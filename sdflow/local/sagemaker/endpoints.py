@@ -173,7 +173,8 @@ class EndpointHosting(LocalSageMakerHalf):
         container = model.get("PrimaryContainer") or (model.get("Containers") or [None])[0]
         if not container:
             raise DeploymentFailed(f"model {model.get('ModelName')} has no PrimaryContainer")
-        if container.get("ModelPackageName") and not container.get("ModelDataUrl"):
+        own_model = container.get("ModelDataUrl") or container.get("ModelDataSource")
+        if container.get("ModelPackageName") and not own_model:
             container = self._model_package_container(name, model, container)
         folder = self.workdir / "endpoints" / name / config_name
         if folder.exists():
@@ -181,19 +182,8 @@ class EndpointHosting(LocalSageMakerHalf):
         opt_ml = folder / "opt_ml"
         model_dir = opt_ml / "model"
         model_dir.mkdir(parents=True)
-        url = container.get("ModelDataUrl")
         try:
-            if not url:
-                raise JobSetupError("the model's PrimaryContainer.ModelDataUrl is required locally")
-            if url.endswith("/"):
-                model_s3 = self._s3_for(model.get("ExecutionRoleArn"))
-                model_s3.download_prefix(url, model_dir, "PrimaryContainer.ModelDataUrl")
-            else:
-                archive = folder / "model.tar.gz"
-                self._s3_for(model.get("ExecutionRoleArn")).download_file(url, archive, "PrimaryContainer.ModelDataUrl")
-                with tarfile.open(archive) as tar:
-                    tar.extractall(model_dir, filter="data")
-                archive.unlink()
+            self._download_model(container, model_dir, folder, self._s3_for(model.get("ExecutionRoleArn")))
         except (JobSetupError, tarfile.TarError) as exc:
             raise DeploymentFailed(f"model artifact of {model.get('ModelName')}: {exc}") from None
         channels = self._download_additional_sources(container, opt_ml, model)
@@ -219,6 +209,31 @@ class EndpointHosting(LocalSageMakerHalf):
         with self._lock:
             self._wall[config_name] = process.wall_s()
         return deployment
+
+    def _download_model(self, container: dict[str, Any], model_dir: Path, folder: Path, transfer: S3Transfer) -> None:
+        """The container's model into `opt_ml/model`, as SageMaker fills /opt/ml/model: ModelDataSource's
+        S3DataSource by S3ModelDataSource's rules (an S3Prefix's objects at their key minus the prefix; an
+        S3Object under its key's last part, untarred when CompressionType is Gzip), else ModelDataUrl's
+        model.tar.gz untarred (a URI ending with "/" is read as a prefix)."""
+        data = (container.get("ModelDataSource") or {}).get("S3DataSource")
+        if data:
+            field_name = "PrimaryContainer.ModelDataSource.S3DataSource.S3Uri"
+            if data.get("S3DataType") == "S3Prefix":
+                transfer.download_prefix(str(data.get("S3Uri", "")), model_dir, field_name)
+            else:
+                self._download_object(transfer, data, model_dir, field_name)
+            return
+        url = container.get("ModelDataUrl")
+        if not url:
+            raise JobSetupError("the model's PrimaryContainer.ModelDataSource or ModelDataUrl is required locally")
+        if url.endswith("/"):
+            transfer.download_prefix(url, model_dir, "PrimaryContainer.ModelDataUrl")
+            return
+        archive = folder / "model.tar.gz"
+        transfer.download_file(url, archive, "PrimaryContainer.ModelDataUrl")
+        with tarfile.open(archive) as tar:
+            tar.extractall(model_dir, filter="data")
+        archive.unlink()
 
     def _download_additional_sources(
         self, container: dict[str, Any], opt_ml: Path, model: dict[str, Any]

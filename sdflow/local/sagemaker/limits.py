@@ -6,7 +6,8 @@ before creating anything, e.g. a hyperparameter value over 2,500 characters
 (`HyperParameterValue`), a processing job's MaxRuntimeInSeconds over 777,600
 (`ProcessingMaxRuntimeInSeconds`), or a tag value holding `(` (`TagValue`'s pattern). So the
 local cloud walks each Create request through the operation's input shape and refuses what
-the model's `max` (length, value, item count) and `pattern` refuse, with AWS's message format:
+the model's `max` (length, value, item count), `pattern` and `enum` refuse (e.g. OutputDataConfig's
+CompressionType, GZIP | NONE, where S3ModelDataSource's is None | Gzip), with AWS's message format:
 "1 validation error detected: Value '…' at 'hyperParameters.max_train_steps' failed to satisfy
 constraint: Member must have length less than or equal to 2500".
 
@@ -70,6 +71,8 @@ def _scalar(shape: Any, value: Any, path: str) -> list[str]:
         compiled = _pattern(meta["pattern"]) if "pattern" in meta else None
         if compiled is not None and compiled.fullmatch(value) is None:
             return [f"{where} satisfy regular expression pattern: {meta['pattern']}"]
+        if shape.enum and value not in shape.enum:
+            return [f"{where} satisfy enum value set: [{', '.join(shape.enum)}]"]
     elif shape.type_name in ("integer", "long") and isinstance(value, int) and "max" in meta and value > meta["max"]:
         return [f"{where} have value less than or equal to {meta['max']}"]
     return []

@@ -4,8 +4,9 @@ Everything around it stays real (the patched SageMaker API with its quotas and r
 status events, job_events resolving each token); only the job's content is skipped. A download
 job writes the `_SUCCESS` marker build_index reads, an evaluation job the `evaluation.json` Register
 model reads (a perfect score, so any gate passes), a training job reports artifacts and a loss and
-leaves `output/output.tar.gz` with a few-pixel samples.png and loss.png and a training_summary.json
-(where the real job's output data dir goes, so a console shows a no-op run's outputs), an
+leaves a few-pixel samples.png and loss.png and a training_summary.json where the real job's go (so a
+console shows a no-op run's outputs): `output/output.tar.gz`, or uncompressed (OutputDataConfig
+CompressionType NONE) under the model's `output/model/` prefix and `output/data/`; an
 endpoint goes InService. `job_seconds` holds each job that long on the local cloud's clock, so concurrency and
 quotas are exercised; `peak_running` records the most processing jobs ever running at once.
 StopProcessingJob / StopTrainingJob end a held job at once as Stopped (no `_SUCCESS`, no
@@ -159,8 +160,16 @@ class NoOpSageMaker:
             self._report_early_end("training", name, why)
             return
         output = f"{request['OutputDataConfig']['S3OutputPath'].rstrip('/')}/{name}/output"
-        artifacts = f"{output}/model.tar.gz"
-        self._put(*parse_s3_uri(f"{output}/output.tar.gz"), output_archive(steps_count, 0.1))
+        if str(request["OutputDataConfig"].get("CompressionType") or "GZIP") == "NONE":
+            # Uncompressed, as LocalSageMaker uploads it: the report files under the model's prefix (the
+            # trainer writes them into /opt/ml/model too) and under output/data/.
+            artifacts = f"{output}/model/"
+            for key, body in report_files(steps_count, 0.1).items():
+                self._put(*parse_s3_uri(f"{artifacts}{key}"), body)
+                self._put(*parse_s3_uri(f"{output}/data/{key}"), body)
+        else:
+            artifacts = f"{output}/model.tar.gz"
+            self._put(*parse_s3_uri(f"{output}/output.tar.gz"), output_archive(steps_count, 0.1))
         ended = utc_now()
         fields = {
             "ModelArtifacts": {"S3ModelArtifacts": artifacts},
@@ -236,16 +245,20 @@ class NoOpSageMaker:
             self._logs.close()
 
 
-def output_archive(steps: int, final_loss: float) -> bytes:
-    """output.tar.gz as the trainer leaves it (training_image/sdflow_image/training/outputs.py),
+def report_files(steps: int, final_loss: float) -> dict[str, bytes]:
+    """The report files as the trainer leaves them (training_image/sdflow_image/training/outputs.py),
     in miniature: 4x4-pixel PNGs and a summary that says it is a no-op's."""
-
     members = {"training_summary.json": json.dumps({"final_loss": final_loss, "steps": steps, "noop": True}).encode()}
     for name, colour in (("loss.png", "white"), ("samples.png", "red")):
         members[name] = _png(colour)
+    return members
+
+
+def output_archive(steps: int, final_loss: float) -> bytes:
+    """output.tar.gz of the report files (report_files)."""
     archive = io.BytesIO()
     with tarfile.open(fileobj=archive, mode="w:gz") as tar:
-        for name, data in members.items():
+        for name, data in report_files(steps, final_loss).items():
             info = tarfile.TarInfo(name)
             info.size, info.mtime = len(data), int(time.time())
             tar.addfile(info, io.BytesIO(data))

@@ -35,6 +35,7 @@ from sdflow.local.sagemaker.training_layout import (
     download_channels,
     download_checkpoints,
     lay_out_hosts,
+    output_compression,
     s3_output_path,
     training_hosts,
     upload_artifacts,
@@ -147,7 +148,9 @@ class TrainingJobs(LocalSageMakerHalf):
             return _unfinished(outcome, running, runtime_s)
 
         self._training_status(job, "InProgress", "Uploading", base)
-        model_uri = upload_artifacts(self._job_s3(job), job.folder, layouts[0].opt_ml, output_path, name)
+        model_uri = upload_artifacts(
+            self._job_s3(job), job.folder, layouts[0].opt_ml, output_path, name, output_compression(request)
+        )
         return "Completed", "Completed", {"ModelArtifacts": {"S3ModelArtifacts": model_uri}}
 
     def _start_hosts(

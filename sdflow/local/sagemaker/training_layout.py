@@ -2,9 +2,10 @@
 checks that fail it before any container starts; each channel and earlier checkpoints
 downloaded once into the job folder; one `/opt/ml` tree per host (`input/config/*.json`, the
 host's share of each channel under `input/data/<channel>/`, its checkpoint folder, `model/` and
-`output/data/`); and what goes back to S3 after the job (checkpoints, model.tar.gz,
-output.tar.gz). The training half of LocalSageMaker (sdflow/local/sagemaker/training.py) runs
-the containers on these trees."""
+`output/data/`); and what goes back to S3 after the job (checkpoints; model.tar.gz and
+output.tar.gz, or with OutputDataConfig.CompressionType NONE the model's and output data's files).
+The training half of LocalSageMaker (sdflow/local/sagemaker/training.py) runs the containers on
+these trees."""
 
 from __future__ import annotations
 
@@ -167,20 +168,35 @@ def upload_checkpoints(s3: S3Transfer, layouts: list[HostLayout], uri: str) -> N
         s3.upload_dir(layout.checkpoints, uri, "CheckpointConfig.S3Uri")
 
 
-def upload_artifacts(s3: S3Transfer, folder: Path, opt_ml: Path, output_path: str, name: str) -> str:
-    """model.tar.gz of `opt_ml/model`, and output.tar.gz of `opt_ml/output/data` unless empty, to
-    `<S3OutputPath>/<job name>/output/`; returns the model's URI."""
-    model_uri = f"{output_path.rstrip('/')}/{name}/output/model.tar.gz"
+def output_compression(request: dict[str, Any]) -> str:
+    """OutputDataConfig.CompressionType: GZIP when absent ("Defaults to gzip", SageMaker API Reference,
+    OutputDataConfig); the service model's enum (GZIP | NONE) is enforced at CreateTrainingJob (limits)."""
+    return str((request.get("OutputDataConfig") or {}).get("CompressionType") or "GZIP")
+
+
+def upload_artifacts(
+    s3: S3Transfer, folder: Path, opt_ml: Path, output_path: str, name: str, compression: str = "GZIP"
+) -> str:
+    """`opt_ml/model` and `opt_ml/output/data` (unless empty) to `<S3OutputPath>/<job name>/output/`;
+    returns the model's URI, as DescribeTrainingJob's ModelArtifacts.S3ModelArtifacts reports it.
+
+    GZIP: model.tar.gz and output.tar.gz. NONE ("Uncompressed model output", SageMaker developer guide):
+    each file as an object of its own, the model under the `output/model/` prefix (the URI returned) and
+    the output data under `output/data/`, so that a ModelDataSource S3Prefix of that URI gives the
+    container the same /opt/ml/model tree back (S3ModelDataSource: key minus prefix = path)."""
+    output = f"{output_path.rstrip('/')}/{name}/output"
+    data = opt_ml / "output" / "data"
+    if compression == "NONE":
+        model_uri = f"{output}/model/"
+        s3.upload_dir(opt_ml / "model", model_uri, "OutputDataConfig.S3OutputPath")
+        s3.upload_dir(data, f"{output}/data/", "OutputDataConfig.S3OutputPath")
+        return model_uri
+    model_uri = f"{output}/model.tar.gz"
     archive = folder / "model.tar.gz"
     tar_folder(opt_ml / "model", archive)
     s3.upload_file(archive, model_uri, "OutputDataConfig.S3OutputPath")
-    data = opt_ml / "output" / "data"
     if any(data.iterdir()):
         output_archive = folder / "output.tar.gz"
         tar_folder(data, output_archive)
-        s3.upload_file(
-            output_archive,
-            f"{output_path.rstrip('/')}/{name}/output/output.tar.gz",
-            "OutputDataConfig.S3OutputPath",
-        )
+        s3.upload_file(output_archive, f"{output}/output.tar.gz", "OutputDataConfig.S3OutputPath")
     return model_uri

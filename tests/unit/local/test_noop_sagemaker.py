@@ -1,5 +1,6 @@
-"""NoOpSageMaker's training job leaves output.tar.gz where the real one's output data dir goes, with
-the files a console shows: samples.png, loss.png, training_summary.json."""
+"""NoOpSageMaker's training job leaves its report files where the real one's go: output.tar.gz (the output data
+dir's archive), or uncompressed under the model's prefix; the files a console shows: samples.png, loss.png,
+training_summary.json."""
 
 from __future__ import annotations
 
@@ -40,3 +41,25 @@ def test_noop_training_job_uploads_output_archive_with_summary_and_images(aws: N
     assert json.loads(members["training_summary.json"]) == {"final_loss": 0.1, "steps": 10, "noop": True}
     assert fields["TrainingStartTime"] <= fields["TrainingEndTime"], "a finished job says when it ran"
     assert fields["TrainingTimeInSeconds"] >= 1
+
+
+def test_noop_training_job_uncompressed_output_leaves_report_files_under_model_prefix(aws: None) -> None:
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.create_bucket(Bucket="data")
+    recorder = Recorder()
+    noop = NoOpSageMaker("http://127.0.0.1:9", recorder, direct_s3=True)
+    output = {"S3OutputPath": "s3://data/runs/run/training/", "CompressionType": "NONE"}
+    try:
+        noop.run_training_job({**TRAINING_REQUEST, "OutputDataConfig": output})
+        status, fields = wait_for(lambda: recorder.final("sdf-tr-run-a0"), what="the no-op training job")
+    finally:
+        noop.shutdown()
+    assert status == "Completed"
+    prefix = "runs/run/training/sdf-tr-run-a0/output/model/"
+    assert fields["ModelArtifacts"]["S3ModelArtifacts"] == f"s3://data/{prefix}"
+    listed = s3.list_objects_v2(Bucket="data", Prefix="runs/run/training/sdf-tr-run-a0/output/")["Contents"]
+    keys = sorted(item["Key"].removeprefix("runs/run/training/sdf-tr-run-a0/output/") for item in listed)
+    reports = ["loss.png", "samples.png", "training_summary.json"]
+    assert keys == [f"data/{name}" for name in reports] + [f"model/{name}" for name in reports]
+    summary = s3.get_object(Bucket="data", Key=f"{prefix}training_summary.json")["Body"].read()
+    assert json.loads(summary) == {"final_loss": 0.1, "steps": 10, "noop": True}

@@ -12,7 +12,8 @@ What it promises:
   bad one fails in seconds with a message naming the flag and the fix;
 - --model_dir may hold a LoRA run's adapter (sdflow_model.json says `"method": "lora"`): it is
   scored loaded on --base_model_dir, so the comparison is base against base + adapter;
-- --model_dir may hold the training job's `model.tar.gz` as SageMaker downloads it: it is
+- --model_dir holds the trained model's files as SageMaker downloads the training job's uncompressed
+  output (OutputDataConfig.CompressionType NONE); an older job's `model.tar.gz` there is
   extracted (tarfile's "data" filter: no links or paths out of the folder) under --work_dir;
 - the evaluation itself is the training job's end-of-training one (adherence.compare), so the two
   scores of a model agree for the same prompts and settings;
@@ -42,7 +43,7 @@ LOG = logging.getLogger("sdflow.evaluate")
 EVALUATION_FILE = "evaluation.json"
 LORA_WEIGHTS = "pytorch_lora_weights.safetensors"  # training.lora.LORA_WEIGHTS, without torch
 MAX_PROMPTS = 256
-MODEL_FIX = "mount the training job's model artifact (model.tar.gz) or its extracted files there"
+MODEL_FIX = "mount the training job's model there: the files of its uncompressed output (or its model.tar.gz)"
 BASE_FIX = "mount the base diffusers model the training job started from there"
 
 

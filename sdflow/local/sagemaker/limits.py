@@ -6,7 +6,8 @@ before creating anything, e.g. a hyperparameter value over 2,500 characters
 (`HyperParameterValue`), a processing job's MaxRuntimeInSeconds over 777,600
 (`ProcessingMaxRuntimeInSeconds`), or a tag value holding `(` (`TagValue`'s pattern). So the
 local cloud walks each Create request through the operation's input shape and refuses what
-the model's `max` (length, value, item count) and `pattern` refuse, with AWS's message format:
+the model's `max` (length, value, item count), `pattern` and (for ENUM_CHECKED) `enum` refuse, with AWS's
+message format:
 "1 validation error detected: Value '…' at 'hyperParameters.max_train_steps' failed to satisfy
 constraint: Member must have length less than or equal to 2500".
 
@@ -23,6 +24,9 @@ import regex
 from moto.core.exceptions import JsonRESTError
 
 QUOTE_LIMIT = 80  # characters of an offending value quoted in the message
+# Enumerations checked as AWS checks them. Not every enum: moto refuses instance types by a list of its own, older
+# than the service model's, and the pipeline sends no other enum it builds from user input.
+ENUM_CHECKED = frozenset({"ProductionVariantInferenceAmiVersion"})
 
 
 class SageMakerValidationError(JsonRESTError):
@@ -70,6 +74,8 @@ def _scalar(shape: Any, value: Any, path: str) -> list[str]:
         compiled = _pattern(meta["pattern"]) if "pattern" in meta else None
         if compiled is not None and compiled.fullmatch(value) is None:
             return [f"{where} satisfy regular expression pattern: {meta['pattern']}"]
+        if shape.name in ENUM_CHECKED and value not in shape.enum:
+            return [f"{where} satisfy enum value set: [{', '.join(shape.enum)}]"]
     elif shape.type_name in ("integer", "long") and isinstance(value, int) and "max" in meta and value > meta["max"]:
         return [f"{where} have value less than or equal to {meta['max']}"]
     return []

@@ -176,3 +176,9 @@ def endpoint_ami(backend: str) -> str | None:
 
 def runs_on(instance_type: str, backend: str, *, endpoint: bool = False) -> bool:
     return why_not(instance_type, backend, endpoint=endpoint) is None
+
+
+def size_rank(instance_type: str) -> int:
+    """The size's multiple of an xlarge (ml.g5.2xlarge: 2), to order sizes by cost rather than by name."""
+    size = instance_type.rsplit(".", 1)[-1].removesuffix("xlarge")
+    return int(size) if size.isdigit() else 1

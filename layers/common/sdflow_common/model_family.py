@@ -252,14 +252,14 @@ def working_instance(
     GPUs each give `need_gib` after the CUDA reserve, with `count` GPUs when given, and bf16 when asked."""
     # With no count asked (one GPU serves), the fewest GPUs first: an 8-GPU instance costs several 1-GPU ones.
     found = sorted(
-        (gpu.count if count == 0 else 0, gpu.gib, name)
+        (gpu.count if count == 0 else 0, gpu.gib, instance_types.size_rank(name), name)
         for name, gpu in instance_types.GPU_INSTANCES.items()
         if instance_types.runs_on(name, backend, endpoint=endpoint)
         and memory_estimate.usable_gib(gpu) >= need_gib
         and (count == 0 or gpu.count == count)
         and (gpu.bf16 or not bf16)
     )
-    return found[0][2] if found else None
+    return found[0][3] if found else None
 
 
 def _instead(name: str | None) -> str:

@@ -108,3 +108,49 @@ def test_evaluate_gpu_without_cuda_fails_naming_driver(fake_gpu: Path, monkeypat
     )
     assert evaluate.main(args) == 1
     assert "470.256.02" in (fake_gpu / "opt_ml" / "output" / "failure").read_text()
+
+
+# --- cuda-compat first when the driver is older (start_cuda_compat.sh's rule) ------------------------------------
+
+
+def _compat(tmp_path: Path, driver: str) -> tuple[dict[str, str], Path]:
+    compat = tmp_path / "compat"
+    compat.mkdir()
+    (compat / "libcuda.so.580.95.05").touch()
+    (compat / "libcuda.so.1").symlink_to("libcuda.so.580.95.05")
+    version = tmp_path / "version"
+    version.write_text(f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {driver}  Tue Jan  1 00:00:00 UTC 2026\n")
+    return {"SDFLOW_CUDA_COMPAT_DIR": str(compat), "LD_LIBRARY_PATH": "/opt/amazon/efa/lib"}, version
+
+
+def test_compat_older_driver_starts_again_with_compat_first(tmp_path: Path) -> None:
+    environ, version = _compat(tmp_path, "535.261.03")
+    started: list[tuple[str, list[str], dict[str, str]]] = []
+    gpu_check.enable_cuda_compat(environ, version, execve=lambda *call: started.append(call))
+    [(executable, argv, env)] = started
+    assert executable == argv[0]
+    assert env["LD_LIBRARY_PATH"] == f"{tmp_path / 'compat'}:/opt/amazon/efa/lib"
+    # The process started again finds the folder first and goes on: no loop.
+    assert gpu_check.compat_library_path(env, version) is None
+
+
+@pytest.mark.parametrize("driver", ["580.95.05", "580.105.08", "595.45.04"])
+def test_compat_driver_as_new_as_compats_is_left_alone(tmp_path: Path, driver: str) -> None:
+    environ, version = _compat(tmp_path, driver)
+    assert gpu_check.compat_driver(tmp_path / "compat") == "580.95.05"
+    assert gpu_check.compat_library_path(environ, version) is None
+
+
+def test_compat_without_driver_file_or_compat_folder_is_left_alone(tmp_path: Path) -> None:
+    environ, version = _compat(tmp_path, "535.261.03")
+    assert gpu_check.compat_library_path(environ, tmp_path / "absent") is None
+    assert gpu_check.compat_library_path({"LD_LIBRARY_PATH": "/x"}, version) is None
+    assert gpu_check.compat_library_path({**environ, "SDFLOW_CUDA_COMPAT_DIR": str(tmp_path)}, version) is None
+
+
+def test_gpu_check_with_compat_in_use_says_so(fake_gpu: Path) -> None:
+    environ, _version = _compat(fake_gpu, "535.261.03")
+    environ["LD_LIBRARY_PATH"] = environ["SDFLOW_CUDA_COMPAT_DIR"]
+    found = gpu_check.problem(environ=environ, probe=lambda: (False, "2.15.0", "13.2", []))
+    assert found is not None
+    assert "with the cuda-compat 580.95.05 in use here" in found

@@ -122,8 +122,10 @@ def main(args: argparse.Namespace | None = None) -> int:
         except flags.FlagError as exc:
             print(f"serve: {exc}", file=sys.stderr)
             return 2
-    if found := gpu_check.problem():  # a GPU torch cannot use: fail the container's start, naming the driver
-        print(f"serve: {found}", file=sys.stderr)
+    try:
+        gpu_check.require_cuda()  # cuda-compat if the driver needs it; a GPU torch cannot use fails, naming the driver
+    except gpu_check.NoCudaError as exc:
+        print(f"serve: {exc}", file=sys.stderr)
         return 1
     settings = settings_from_args(args)
     logging.basicConfig(

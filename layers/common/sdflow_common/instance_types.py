@@ -38,8 +38,9 @@ The images (settings.image_uri: training, evaluation and endpoint of a run all r
                 NVIDIA's forward compatibility works only on data-center GPUs (every GPU of the table is one) and
                 from a driver branch that still supports it: NVIDIA's support matrix ("Supported Drivers and CUDA
                 Toolkit Versions") lists R535 (LTSB) as reaching CUDA 12 without the package and no branch older
-                than R535 at all, so R470 (end of life 2024) cannot be bridged to CUDA 13. Endpoints take the CUDA 13
-                inference AMI instead: no compatibility layer there.
+                than R535 at all, so R470 (end of life 2024) is taken as one cuda-compat 13 cannot bridge (inferred
+                from that matrix: the forward-compatibility page's own branch table could not be read here). Endpoints
+                take the CUDA 13 inference AMI instead: no compatibility layer there.
 """
 
 from __future__ import annotations

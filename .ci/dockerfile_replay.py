@@ -35,9 +35,10 @@ replay does not overlay; the RUN lines find `python` on PATH either way), with p
 base has none: the image installs torch from its requirements); PATH puts it first.
 
 Not replayed, each for the reason NOT_REPLAYED (NOT_REPLAYED_ACCELERATE) gives: the lines that
-install into the base's operating system with apt (they would change the host's) and the EFA
-installer (a host outside the package registries). They are matched by their exact text; a listed
-line that changed, or went, fails the replay, so the list is re-read whenever they change.
+install into the base's operating system with apt (they would change the host's), the EFA
+installer and, in Dockerfile.accelerate, NVIDIA's cuda-compat (hosts outside the package
+registries). They are matched by their exact text; a listed line that changed, or went, fails
+the replay, so the list is re-read whenever they change.
 
     python .ci/dockerfile_replay.py [--dockerfile training_image/Dockerfile.accelerate] [--keep DIR]
     python .ci/dockerfile_replay.py --plan [--dockerfile ...]   # the steps, replayed or not; runs none
@@ -73,6 +74,11 @@ EFA_REASON = (
     "downloads the EFA installer from efa-installer.amazonaws.com, a host outside the package registries CI "
     "may reach, and installs its .debs with apt into the base's OS; checked by building the image on AWS"
 )
+COMPAT_REASON = (
+    "installs NVIDIA's cuda-compat from developer.download.nvidia.com, a host outside the package registries CI may "
+    "reach, with dpkg and apt into the base's OS; the driver libraries it holds serve a GPU host only (the compat "
+    "rule itself is tested on CPU: tests/image/test_gpu_check.py)"
+)
 # Exact RUN text (continuations joined, as Docker passes it to the shell) -> why it is not replayed.
 NOT_REPLAYED: dict[str, str] = {
     "apt-get update     && apt-get install -y --no-install-recommends g++ curl ca-certificates     "
@@ -94,6 +100,10 @@ NOT_REPLAYED_ACCELERATE: dict[str, str] = {
     "&& cd aws-efa-installer     && apt-get update     && ./efa_installer.sh -y --skip-kmod --skip-limit-conf "
     "--no-verify     && cd / && rm -rf /tmp/efa /var/lib/apt/lists/*     && test -f "
     "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so     && ls /opt/amazon/efa/lib/libfabric.so*": EFA_REASON,
+    'curl -fsSLO "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/${CUDA_KEYRING}"     '
+    '&& dpkg -i "${CUDA_KEYRING}" && rm "${CUDA_KEYRING}"     && apt-get update     && apt-get install -y '
+    "--no-install-recommends cuda-compat-13-0     && rm -rf /var/lib/apt/lists/*     && test -L "
+    '"${SDFLOW_CUDA_COMPAT_DIR}/libcuda.so.1"     && ls "${SDFLOW_CUDA_COMPAT_DIR}"/libcuda.so.580.*': COMPAT_REASON,
 }
 METADATA = {"EXPOSE", "ENTRYPOINT", "CMD", "LABEL", "COMMENT", "ARG", "ENV"}  # nothing to run
 PASSED_THROUGH = ("HOME", "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")

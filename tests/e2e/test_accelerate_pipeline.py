@@ -38,6 +38,8 @@ def document(cloud: LocalCloud, model: str, **training: Any) -> dict[str, Any]:
         "dataset": {"prefix": f"s3://{cloud.bucket}/datasets/accelerate/"},
         "base_model_uri": f"s3://{cloud.bucket}/models/{model}/",
         "training": {"instance_type": "ml.m5.xlarge", **training},
+        # On CPU as the training: FLUX.2 [klein] 4B's float32 evaluation outgrows the default ml.g5.xlarge.
+        "evaluation": {"instance_type": "ml.m5.xlarge"},
         "endpoint": {"name": ENDPOINT, "instance_type": "ml.m5.large"},
     }
 

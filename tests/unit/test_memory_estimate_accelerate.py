@@ -101,6 +101,10 @@ def validate(world: AwsWorld, training: dict[str, Any]) -> dict[str, Any]:
         "base_model_uri": f"s3://{DATA_BUCKET}/models/base/",
         "training": {"resolution": 512, "train_batch_size": 1, **training},
         "download": {"image_size": 512},
+        # FLUX.2 9B's evaluation (float32) and endpoint (bf16) outgrow the default ml.g5.xlarge (model_family
+        # check_instances): these tests are about the training instance.
+        "evaluation": {"instance_type": "ml.p4de.24xlarge"},
+        "endpoint": {"instance_type": "ml.g6e.xlarge"},
     }
     request = ValidateRunRequest(
         run=run, execution_name=EXECUTION, execution_arn=EXECUTION_ARN, start_time="2026-11-27T09:15:43.512Z"

@@ -70,6 +70,9 @@ def put_model(world: AwsWorld, class_name: str, transformer: dict[str, Any] | No
 def validate(world: AwsWorld, **training: Any) -> dict[str, Any]:
     world.s3.put_object(Bucket=DATA_BUCKET, Key="datasets/a.parquet", Body=parquet_bytes())
     run = document(**{"instance_type": "ml.m5.xlarge", **training})
+    # Every job on CPU, as the training: the default ml.g5.xlarge cannot hold the new families' evaluation or
+    # endpoint pipeline (model_family.check_instances).
+    run |= {"evaluation": {"instance_type": "ml.m5.xlarge"}, "endpoint": {"instance_type": "ml.m5.large"}}
     del run["base_model_family"]
     request = ValidateRunRequest(
         run=run, execution_name=EXECUTION, execution_arn=EXECUTION_ARN, start_time="2026-11-27T09:15:43.512Z"

@@ -315,7 +315,12 @@ def deploy_endpoint(
         _create_if_missing(
             sagemaker.create_endpoint_config,
             sagemaker_jobs.endpoint_config_request(
-                config_name=deployment, model_name=deployment, run_id=config.run_id, run_hash=run_hash, options=options
+                config_name=deployment,
+                model_name=deployment,
+                run_id=config.run_id,
+                run_hash=run_hash,
+                options=options,
+                backend=config.run.training.backend,
             ),
         )
         if action == "create":

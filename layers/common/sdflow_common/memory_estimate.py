@@ -47,6 +47,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from sdflow_common.instance_types import GPU_INSTANCES, Gpu, runs_on
+
+# The GPU table moved to instance_types (one table for training, evaluation and endpoints); kept importable here.
+from sdflow_common.instance_types import gpu_of as gpu_of
+
 GIB = 1024**3
 # Fitted to the GPU acceptance's two SD 1.5 rows (see the module docstring): half precision, 512², no
 # gradient checkpointing, one sample, SD 1.5's UNet.
@@ -121,42 +126,6 @@ def reference(family: str, variant: str = "") -> Family:
     """The reference model of a family's variant (model_family reads the variant from transformer/config.json):
     "" is the family's largest, so an unknown variant is not underestimated."""
     return FAMILIES.get(f"{family}-{variant}", FAMILIES[family]) if variant else FAMILIES[family]
-
-
-@dataclass(frozen=True)
-class Gpu:
-    name: str
-    gib: float  # memory per GPU, as nvidia-smi reports it (MiB / 1024)
-    count: int  # GPUs per instance
-
-
-def _sizes(gpu_name: str, gib: float, counts: dict[str, int]) -> dict[str, Gpu]:
-    return {size: Gpu(gpu_name, gib, count) for size, count in counts.items()}
-
-
-_ONE = {"xlarge": 1, "2xlarge": 1, "4xlarge": 1, "8xlarge": 1, "16xlarge": 1}
-_G_FAMILY = _ONE | {"12xlarge": 4, "24xlarge": 4, "48xlarge": 8}
-# SageMaker's GPU instance types for training (Amazon SageMaker pricing and the EC2 accelerated-computing
-# instance pages: GPU model, GPUs per instance, memory per GPU).
-_TABLE = {
-    "g4dn": _sizes("NVIDIA T4 16 GB", 15.0, _ONE | {"12xlarge": 4}),
-    "g5": _sizes("NVIDIA A10G 24 GB", 22.49, _G_FAMILY),
-    "g6": _sizes("NVIDIA L4 24 GB", 22.49, _G_FAMILY),
-    "g6e": _sizes("NVIDIA L40S 48 GB", 44.99, _G_FAMILY),
-    "p3": _sizes("NVIDIA V100 16 GB", 16.0, {"2xlarge": 1, "8xlarge": 4, "16xlarge": 8}),
-    "p3dn": _sizes("NVIDIA V100 32 GB", 32.0, {"24xlarge": 8}),
-    "p4d": _sizes("NVIDIA A100 40 GB", 40.0, {"24xlarge": 8}),
-    "p4de": _sizes("NVIDIA A100 80 GB", 80.0, {"24xlarge": 8}),
-    "p5": _sizes("NVIDIA H100 80 GB", 79.65, {"48xlarge": 8}),
-    "p5e": _sizes("NVIDIA H200 141 GB", 140.4, {"48xlarge": 8}),
-    "p5en": _sizes("NVIDIA H200 141 GB", 140.4, {"48xlarge": 8}),
-}
-GPU_INSTANCES = {f"ml.{family}.{size}": gpu for family, sizes in _TABLE.items() for size, gpu in sizes.items()}
-
-
-def gpu_of(instance_type: str) -> Gpu | None:
-    """The instance type's GPUs, or None for a type without GPUs (or one this table does not know)."""
-    return GPU_INSTANCES.get(instance_type)
 
 
 @dataclass(frozen=True)
@@ -271,11 +240,16 @@ def _with(setup: Setup, **changes: Any) -> Setup:
 
 
 def bigger_instance(setup: Setup, current: Gpu, instance_count: int) -> str | None:
-    """The instance type with the least GPU memory above the current one's that fits (same count)."""
+    """The instance type with the least GPU memory above the current one's that fits (same count), among those the
+    run's image starts on and, for a bf16 run, whose GPUs compute in bf16 (instance_types)."""
+    backend = "accelerate" if setup.plugin in ACCELERATE_PLUGINS else "colossalai"
     candidates = sorted(
         (gpu.gib, gpu.count, name)
         for name, gpu in GPU_INSTANCES.items()
-        if gpu.gib > current.gib and fits(_with(setup, gpus=gpu.count * instance_count), gpu)
+        if gpu.gib > current.gib
+        and runs_on(name, backend)
+        and (gpu.bf16 or setup.precision != "bf16")
+        and fits(_with(setup, gpus=gpu.count * instance_count), gpu)
     )
     return candidates[0][2] if candidates else None
 

@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sdflow_common import memory_estimate
+from sdflow_common import inference_memory, instance_types, memory_estimate
 from sdflow_common.errors import InvalidRunDocument
 from sdflow_common.run_document import RunDocument, invalid, parse_run_document
 
@@ -235,3 +235,120 @@ def check_memory(
         f"after {memory_estimate.CUDA_RESERVE_GIB:.0f} GiB for CUDA; change one of: {advice} "
         '(docs/run-document.md "Memory before money")',
     )
+
+
+# The instances of a run's three GPU jobs: (run-document field, what runs there, whether it is an endpoint).
+INSTANCE_FIELDS = (
+    ("training.instance_type", "training job", False),
+    ("evaluation.instance_type", "evaluation job", False),
+    ("endpoint.instance_type", "endpoint", True),
+)
+
+
+def working_instance(
+    backend: str, *, endpoint: bool, need_gib: float = 0.0, count: int = 0, bf16: bool = False
+) -> str | None:
+    """The instance type with the fewest GPUs, then the least GPU memory, that the backend's image starts on, whose
+    GPUs each give `need_gib` after the CUDA reserve, with `count` GPUs when given, and bf16 when asked."""
+    # With no count asked (one GPU serves), the fewest GPUs first: an 8-GPU instance costs several 1-GPU ones.
+    found = sorted(
+        (gpu.count if count == 0 else 0, gpu.gib, instance_types.size_rank(name), name)
+        for name, gpu in instance_types.GPU_INSTANCES.items()
+        if instance_types.runs_on(name, backend, endpoint=endpoint)
+        and memory_estimate.usable_gib(gpu) >= need_gib
+        and (count == 0 or gpu.count == count)
+        and (gpu.bf16 or not bf16)
+    )
+    return found[0][3] if found else None
+
+
+def _instead(name: str | None) -> str:
+    return f"e.g. {name} ({instance_types.GPU_INSTANCES[name].name})" if name else "a larger GPU instance type"
+
+
+def _image_problems(document: RunDocument) -> list[dict[str, str]]:
+    """Instance types the run's image cannot start on (instance_types.why_not), and bf16 training on GPUs
+    without bf16."""
+    backend, training = document.training.backend, document.training
+    bf16 = training.mixed_precision == "bf16"
+    problems: list[dict[str, str]] = []
+    for field, job, endpoint in INSTANCE_FIELDS:
+        instance_type = _field_value(document, field)
+        gpu = instance_types.gpu_of(instance_type)
+        reason = instance_types.why_not(instance_type, backend, endpoint=endpoint)
+        if gpu is None or reason is None:
+            continue
+        is_training = field == "training.instance_type"
+        other = working_instance(
+            backend,
+            endpoint=endpoint,
+            need_gib=memory_estimate.usable_gib(gpu),
+            count=gpu.count if is_training else 0,
+            bf16=bf16 and is_training,
+        )
+        problems.append(
+            {
+                "field": field,
+                "message": f"{instance_type} cannot run this {training.backend} run's {job}: {reason}; set {field} "
+                f"to an instance type {instance_types.image_of(backend).label} starts on, {_instead(other)}",
+            }
+        )
+    gpu = instance_types.gpu_of(training.instance_type)
+    if bf16 and gpu is not None and not gpu.bf16:
+        other = working_instance(backend, endpoint=False, need_gib=memory_estimate.usable_gib(gpu), bf16=True)
+        precisions = "'no' or 'fp16'" if backend == "colossalai" else "'no'"
+        problems.append(
+            {
+                "field": "training.mixed_precision",
+                "message": f"is 'bf16', and the {gpu.name} of {training.instance_type} has no bf16 tensor cores (bf16 "
+                f"needs compute capability 8.0, Ampere, or newer): set training.mixed_precision to {precisions}, or "
+                f"training.instance_type to {_instead(other)}",
+            }
+        )
+    return problems
+
+
+def _field_value(document: RunDocument, field: str) -> str:
+    block, name = field.split(".")
+    return str(getattr(getattr(document, block), name))
+
+
+def _inference_problems(document: RunDocument, family: str, *, with_t5: bool, variant: str) -> list[dict[str, str]]:
+    """Evaluation and endpoint GPUs too small for one pipeline of the family (inference_memory)."""
+    backend, resolution = document.training.backend, document.training.resolution
+    problems: list[dict[str, str]] = []
+    for field, job, endpoint in INSTANCE_FIELDS[1:]:
+        instance_type = _field_value(document, field)
+        gpu = instance_types.gpu_of(instance_type)
+        if gpu is None:
+            continue
+        precision, size = (
+            ("bf16/fp16", inference_memory.SERVING_BYTES)
+            if endpoint
+            else ("float32", inference_memory.EVALUATION_BYTES)
+        )
+        found = inference_memory.estimate(family, resolution, size, variant=variant, with_t5=with_t5)
+        usable = memory_estimate.usable_gib(gpu)
+        if found.total_gib <= usable:
+            continue
+        other = working_instance(backend, endpoint=endpoint, need_gib=found.total_gib)
+        label = memory_estimate.reference(family, variant).label
+        problems.append(
+            {
+                "field": field,
+                "message": f"the {job} holds one {label} pipeline in {precision} on one GPU, about "
+                f"{found.total_gib:.1f} GiB ({found.breakdown()}) at {resolution} px, and a GPU of {instance_type} "
+                f"({gpu.name}) has {usable:.1f} GiB to give after {memory_estimate.CUDA_RESERVE_GIB:.0f} GiB for "
+                f'CUDA: set {field} to {_instead(other)} (docs/run-document.md "Memory before money")',
+            }
+        )
+    return problems
+
+
+def check_instances(document: RunDocument, family: str, *, with_t5: bool = True, variant: str = "") -> None:
+    """Refuse the training, evaluation and endpoint instance types the run's image cannot start on or whose GPU
+    cannot hold the evaluation's or the endpoint's pipeline, and bf16 training on GPUs without bf16, each
+    naming its field and an instance type that works (InvalidRunDocument). CPU and unknown types pass."""
+    problems = _image_problems(document) + _inference_problems(document, family, with_t5=with_t5, variant=variant)
+    if problems:
+        raise invalid(problems)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, cast
 
 from botocore.exceptions import ClientError
 
-from sdflow_common import dataset_manifest, model_artifact
+from sdflow_common import dataset_manifest, instance_types, model_artifact
 from sdflow_common.run_document import (
     DownloadOptions,
     EndpointOptions,
@@ -33,6 +33,7 @@ from sdflow_common.run_document import (
 if TYPE_CHECKING:  # boto3-stubs (dev venv only): the layer imports nothing from them at run time
     from mypy_boto3_sagemaker.literals import (
         ProcessingInstanceTypeType,
+        ProductionVariantInferenceAmiVersionType,
         ProductionVariantInstanceTypeType,
         TrainingInstanceTypeType,
     )
@@ -44,6 +45,7 @@ if TYPE_CHECKING:  # boto3-stubs (dev venv only): the layer imports nothing from
         CreateTrainingJobRequestTypeDef,
         DeploymentConfigTypeDef,
         MetricDefinitionTypeDef,
+        ProductionVariantTypeDef,
         ResourceConfigTypeDef,
         StoppingConditionTypeDef,
         TagTypeDef,
@@ -439,20 +441,26 @@ def model_request(
 
 
 def endpoint_config_request(
-    *, config_name: str, model_name: str, run_id: str, run_hash: str, options: EndpointOptions
+    *,
+    config_name: str,
+    model_name: str,
+    run_id: str,
+    run_hash: str,
+    options: EndpointOptions,
+    backend: str = "colossalai",
 ) -> CreateEndpointConfigInputTypeDef:
-    return {
-        "EndpointConfigName": config_name,
-        "ProductionVariants": [
-            {
-                "VariantName": VARIANT_NAME,
-                "ModelName": model_name,
-                "InstanceType": cast("ProductionVariantInstanceTypeType", options.instance_type),
-                "InitialInstanceCount": options.initial_instance_count,
-            }
-        ],
-        "Tags": tags(run_id, run_hash),
+    """The accelerate image's CUDA 13 needs an R580 driver: on a GPU instance its variant names the inference AMI that
+    has one (instance_types.endpoint_ami); the default hosts' R470-R550 would fail it with CannotStartContainerError."""
+    variant: ProductionVariantTypeDef = {
+        "VariantName": VARIANT_NAME,
+        "ModelName": model_name,
+        "InstanceType": cast("ProductionVariantInstanceTypeType", options.instance_type),
+        "InitialInstanceCount": options.initial_instance_count,
     }
+    ami = instance_types.endpoint_ami(backend)
+    if ami is not None and instance_types.gpu_of(options.instance_type) is not None:
+        variant["InferenceAmiVersion"] = cast("ProductionVariantInferenceAmiVersionType", ami)
+    return {"EndpointConfigName": config_name, "ProductionVariants": [variant], "Tags": tags(run_id, run_hash)}
 
 
 def create_endpoint_request(

@@ -288,6 +288,7 @@ def check_inputs(document: RunDocument, *, data_bucket: str, max_shards: int) ->
     index = check_base_model(document.base_model_uri)
     document = model_family.resolve_family(document, index.family)
     model_family.check_family_settings(document, index.family)
+    model_family.check_instances(document, index.family, with_t5=index.with_t5, variant=index.variant)
     model_family.check_memory(document, index.family, with_t5=index.with_t5, variant=index.variant)
     prompts_uri = document.evaluation.prompts_uri
     if prompts_uri is not None and not _exists(prompts_uri):

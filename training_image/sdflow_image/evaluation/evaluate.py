@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sdflow_image import contract, flags, scenes
+from sdflow_image import contract, flags, gpu_check, scenes
 from sdflow_image.evaluation import adherence
 from sdflow_image.serving import serve_model
 from sdflow_image.serving.serve_request import SIZE_MULTIPLE
@@ -296,6 +296,7 @@ def main(args: argparse.Namespace | None = None) -> int:
     """Run the job; return the exit status (0 scored, 1 failed)."""
 
     def work() -> str:
+        gpu_check.require_cuda()  # a GPU torch cannot use fails the job here, naming the driver
         document = evaluate(args if args is not None else parse_args())
         return (
             f"ok: prompt adherence base {document['base_prompt_adherence']:.4f} → trained "

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sdflow_image import contract, flags
+from sdflow_image import contract, flags, gpu_check
 from sdflow_image.serving.serve_app import create_app
 from sdflow_image.serving.serve_model import DEFAULT_BASE_MODEL_DIR, INVOCATION_LIMIT_S, ServeSettings, load_pipeline
 from sdflow_image.serving.serve_request import SIZE_MULTIPLE, SizeLimits
@@ -122,6 +122,11 @@ def main(args: argparse.Namespace | None = None) -> int:
         except flags.FlagError as exc:
             print(f"serve: {exc}", file=sys.stderr)
             return 2
+    try:
+        gpu_check.require_cuda()  # cuda-compat if the driver needs it; a GPU torch cannot use fails, naming the driver
+    except gpu_check.NoCudaError as exc:
+        print(f"serve: {exc}", file=sys.stderr)
+        return 1
     settings = settings_from_args(args)
     logging.basicConfig(
         level=settings.log_level.upper(),

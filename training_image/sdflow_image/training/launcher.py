@@ -23,7 +23,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from sdflow_image import contract
+from sdflow_image import contract, gpu_check
 from sdflow_image.training.elastic_run import DEFAULT_STOP_GRACE_S
 
 TRAINING_IMAGE_DIR = Path(__file__).resolve().parents[2]  # training_image/: sdflow_image/training/launcher.py
@@ -133,6 +133,7 @@ def run_torchrun(topology: dict[str, Any], argv: list[str], module: str = TRAIN_
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
+        gpu_check.require_cuda()  # a GPU torch cannot use fails here, naming the driver, not later on the CPU
         gpus = _gpu_count()
         topology = plan(contract.read_resource_config(), gpus, dict(os.environ))
         from sdflow_image.training import accumulation, earlier_attempts, kernels, train

@@ -1,0 +1,59 @@
+"""Memory before money, after training: the peak GPU memory of the evaluation job and of the endpoint.
+
+Both run a diffusers pipeline on one GPU (`pipe.to("cuda")`: the pipeline is not sharded, so only the memory of
+one GPU counts, whatever the instance's count). What each holds at once (read from the image's code):
+
+    evaluation  one whole pipeline at a time: sdflow_image.evaluation.adherence.compare renders the trained model,
+                drops it (`del pipe`, gc, torch.cuda.empty_cache) and only then loads the base; a LoRA model is the
+                base with its adapter attached. adherence.load_pipeline loads in float32 "so that scores do not
+                depend on the precision": 4 bytes a parameter (EVALUATION_BYTES).
+    endpoint    one pipeline, in the served dtype: bf16 or fp16 on a GPU (serving.serve_model.torch_placement),
+                2 bytes a parameter (SERVING_BYTES).
+
+The weights are the family's reference model (memory_estimate.FAMILIES: denoiser + text encoders + VAE; without
+SD 3's T5 when the model has none). A LoRA adapter is a few MB and is left out.
+
+Activations (assumed, not measured): a forward pass without gradients keeps no activations for a backward, so
+what it adds at its peak is the VAE decode of the image, at the image's resolution (the decoder's full-resolution
+feature maps of 128 channels and its mid-block attention: VAE_DECODE_GIB at 512 px in half precision) and one
+denoiser step over a classifier-free-guidance pair (DENOISER_STEP_GIB for SD 1.5's UNet at 512 px, scaled by the
+denoiser's size as the training estimate scales its activations), both x (resolution / 512)² and x 2 in float32.
+The fit test keeps memory_estimate.CUDA_RESERVE_GIB free, as the training estimate does."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sdflow_common import memory_estimate
+from sdflow_common.memory_estimate import GIB, REFERENCE_RESOLUTION, SD3_T5, SD15_DENOISER, T5_FAMILIES
+
+EVALUATION_BYTES = 4  # adherence.load_pipeline: float32
+SERVING_BYTES = 2  # serve_model.torch_placement on a GPU: bf16 or fp16
+VAE_DECODE_GIB = 1.0  # assumed: the VAE decode's peak at 512 px in half precision
+DENOISER_STEP_GIB = 0.1  # assumed: one SD 1.5 UNet step over a guidance pair at 512 px, half precision
+
+
+@dataclass(frozen=True)
+class InferenceEstimate:
+    weights_gib: float
+    activations_gib: float
+
+    @property
+    def total_gib(self) -> float:
+        return self.weights_gib + self.activations_gib
+
+    def breakdown(self) -> str:
+        return f"weights {self.weights_gib:.1f}, VAE decode and one denoising step {self.activations_gib:.1f}"
+
+
+def estimate(
+    family: str, resolution: int, bytes_per_param: int, *, variant: str = "", with_t5: bool = True
+) -> InferenceEstimate:
+    """One pipeline's peak on one GPU, in GiB (see the module docstring)."""
+    model = memory_estimate.reference(family, variant)
+    parameters = model.denoiser + model.frozen
+    if family in T5_FAMILIES and not with_t5:
+        parameters -= SD3_T5
+    scale = (resolution / REFERENCE_RESOLUTION) ** 2 * bytes_per_param / 2
+    activations = (VAE_DECODE_GIB + DENOISER_STEP_GIB * model.denoiser / SD15_DENOISER) * scale
+    return InferenceEstimate(weights_gib=parameters * bytes_per_param / GIB, activations_gib=activations)

@@ -529,7 +529,7 @@ def _stopping_trainer(last_part_bytes: int | None) -> tuple[loop.Trainer, list[i
 
     trainer = loop.Trainer.__new__(loop.Trainer)
     trainer.args = argparse.Namespace(max_train_steps=10, checkpointing_steps=100, seed=0, train_batch_size=1,
-                                      gradient_accumulation_steps=1)  # fmt: skip
+                                      gradient_accumulation_steps=1, use_ema=False)  # fmt: skip
     trainer.state, trainer.rank, trainer.world_size = loop.TrainState(), 0, 1
     trainer.device, trainer.loader = torch.device("cpu"), [{}] * 10
     trainer.last_part_bytes, trainer.trainable_parameters = last_part_bytes, QWEN_IMAGE_PARAMETERS

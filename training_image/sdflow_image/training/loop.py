@@ -176,24 +176,27 @@ class Trainer:
         return saved.path
 
     def saves_on_stop(self, stop: StopFlag) -> bool:
-        """Collective: whether this stop leaves a checkpoint (training.stop_save); the same answer
-        on every rank, from the stop signal the earliest rank received."""
+        """Collective: whether this stop leaves a checkpoint (training.stop_save), timed from the
+        stop signal the earliest rank received; rank 0 decides for all (a save is collective)."""
         import torch
         import torch.distributed as dist
 
-        since = torch.tensor([stop.since_s()], dtype=torch.float64, device=self.device)
+        since = torch.tensor([stop.since_s(), 0.0], dtype=torch.float64, device=self.device)
         if self.world_size > 1:
             dist.all_reduce(since, op=dist.ReduceOp.MAX)
-        measured = self.last_part_bytes is not None
-        part = self.last_part_bytes if self.last_part_bytes is not None else self._estimated_part_bytes()
-        decision = stop_save.decide(part, float(since.item()), stop_save.stop_window_s(), measured=measured)
         if self.rank == 0:
-            print(decision.reason, file=sys.stderr if not decision.save else sys.stdout, flush=True)
-        return decision.save
+            measured = self.last_part_bytes is not None
+            part = self.last_part_bytes if self.last_part_bytes is not None else self._estimated_part_bytes()
+            decision = stop_save.decide(part, float(since[0]), stop_save.stop_window_s(), measured=measured)
+            print(decision.reason, file=sys.stdout if decision.save else sys.stderr, flush=True)
+            since[1] = float(decision.save)
+        if self.world_size > 1:
+            dist.broadcast(since, src=0)
+        return bool(since[1] > 0)
 
     def _estimated_part_bytes(self) -> int:
         hosts = self.world_size // int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-        sharded, ema = not self.backend.replicated, self.ema is not None
+        sharded, ema = not self.backend.replicated, bool(self.args.use_ema)
         return stop_save.estimate_part_bytes(self.trainable_parameters, hosts, sharded=sharded, ema=ema)
 
     def _write(self, folder: Path, data_states: list[Any]) -> None:

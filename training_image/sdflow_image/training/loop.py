@@ -134,8 +134,10 @@ class Trainer:
         # Counted before the backend wraps (FSDP2 shards) them: what a checkpoint holds per parameter.
         trainable = [p for p in denoiser.parameters() if p.requires_grad] + self.text_adapters.parameters()
         self.trainable_parameters = sum(p.numel() for p in trainable)
-        # The most bytes one host wrote of the last checkpoint saved or resumed from (stop_save).
+        # The most bytes one host wrote of the last checkpoint saved or resumed from, and the
+        # seconds the last save of this job took (stop_save).
         self.last_part_bytes: int | None = None
+        self.last_save_s: float | None = None
         self.ema: Any = model.make_ema(denoiser, args.ema_decay, device) if args.use_ema and self.rank == 0 else None
         backend.wrap(denoiser, self.text_adapters.parameters(), name=self.family.denoiser_name, device=device)
         if self.rank == 0:
@@ -159,6 +161,7 @@ class Trainer:
         """Collective: a complete checkpoint of this step (see training.checkpoints)."""
         import torch.distributed as dist
 
+        started = time.perf_counter()
         data_states: list[Any] = [None] * self.world_size
         dist.all_gather_object(data_states, self.loader.state_dict())
         saved = checkpoints.save(
@@ -170,7 +173,7 @@ class Trainer:
             s3_uri=self.args.checkpoint_s3_uri,
             rank=self.rank,
         )
-        self.last_part_bytes = saved.largest_part_bytes
+        self.last_part_bytes, self.last_save_s = saved.largest_part_bytes, time.perf_counter() - started
         if self.rank == 0:
             print(f"saved checkpoint {saved.path}", flush=True)
         return saved.path
@@ -187,7 +190,14 @@ class Trainer:
         if self.rank == 0:
             measured = self.last_part_bytes is not None
             part = self.last_part_bytes if self.last_part_bytes is not None else self._estimated_part_bytes()
-            decision = stop_save.decide(part, float(since[0]), stop_save.stop_window_s(), measured=measured)
+            decision = stop_save.decide(
+                part,
+                float(since[0]),
+                stop_save.stop_window_s(),
+                measured=measured,
+                write_s=self.last_save_s,
+                uploaded=bool(self.args.checkpoint_s3_uri),
+            )
             print(decision.reason, file=sys.stdout if decision.save else sys.stderr, flush=True)
             since[1] = float(decision.save)
         if self.world_size > 1:

@@ -11,13 +11,16 @@ uploads in two minutes. A save that cannot finish in time buys nothing and costs
 the disk and the network with the upload of the last periodic checkpoint, and its local pruning
 deletes older folders the sync may still be reading.
 
-The rule: on a stop, save only when the bytes one host writes (the most of any host: hosts write
-and upload in parallel), written at WRITE_BYTES_PER_S and then uploaded at UPLOAD_BYTES_PER_S,
-fit in what is left of the workers' grace after the step that noticed the stop. Otherwise skip
-the save, say why in the log, and exit as stopped: the next attempt resumes from the last
-periodic checkpoint (`checkpointing_steps` is what bounds the work lost). The bytes are those of
-the last checkpoint this run saved or resumed from (its markers list every host's files); before
-the first one, an estimate from the trainable parameters (`estimate_part_bytes`).
+The rule: on a stop, save only when writing one host's part (the most of any host: hosts write
+and upload in parallel) and then uploading it at UPLOAD_BYTES_PER_S fit in what is left of the
+workers' grace after the step that noticed the stop. Otherwise skip the save, say why in the log,
+and exit as stopped: the next attempt resumes from the last periodic checkpoint
+(`checkpointing_steps` is what bounds the work lost). The bytes are those of the last checkpoint
+this job saved or resumed from (its markers list every host's files); before the first one, an
+estimate from the trainable parameters (`estimate_part_bytes`). The write takes as long as this
+job's last save took, measured on its own disk; before the first, the bytes at WRITE_BYTES_PER_S.
+The upload counts only when the job's checkpoints are synced to S3 (`checkpoint_s3_uri`, which the
+pipeline's training jobs always have); a local run has nothing to upload.
 
 The bandwidths are assumptions, chosen low: AWS documents neither the sync's throughput nor the
 volume's for every instance type.
@@ -61,9 +64,10 @@ def stop_window_s(environ: dict[str, str] | None = None) -> float:
         return DEFAULT_STOP_GRACE_S
 
 
-def seconds_needed(part_bytes: int) -> float:
-    """Seconds to write one host's part and then upload it, at the assumed bandwidths."""
-    return part_bytes / WRITE_BYTES_PER_S + part_bytes / UPLOAD_BYTES_PER_S
+def seconds_needed(part_bytes: int, write_s: float | None = None, uploaded: bool = True) -> float:
+    """Seconds to write one host's part (`write_s` when measured) and then upload it."""
+    write = part_bytes / WRITE_BYTES_PER_S if write_s is None else write_s
+    return write + (part_bytes / UPLOAD_BYTES_PER_S if uploaded else 0.0)
 
 
 def estimate_part_bytes(trainable: int, hosts: int, *, sharded: bool, ema: bool) -> int:
@@ -74,12 +78,21 @@ def estimate_part_bytes(trainable: int, hosts: int, *, sharded: bool, ema: bool)
     return (state // max(hosts, 1) if sharded else state) + (EMA_BYTES_PER_PARAMETER * trainable if ema else 0)
 
 
-def decide(part_bytes: int, since_stop_s: float, window_s: float, *, measured: bool) -> Decision:
-    """Save on this stop, or skip it: see the module docstring."""
-    needed = seconds_needed(part_bytes)
+def decide(
+    part_bytes: int, since_stop_s: float, window_s: float, *, measured: bool, write_s: float | None = None,
+    uploaded: bool = True,
+) -> Decision:  # fmt: skip
+    """Save on this stop, or skip it: see the module docstring. `measured`: `part_bytes` are the
+    last checkpoint's; `write_s`: the seconds its save took; `uploaded`: the sync uploads it."""
+    needed = seconds_needed(part_bytes, write_s, uploaded)
     left = window_s - since_stop_s
     size = f"{part_bytes / 1e9:.2f} GB per host ({'as the last checkpoint' if measured else 'estimated'})"
-    rates = f"written at {WRITE_BYTES_PER_S / 1e6:.0f} MB/s, uploaded at {UPLOAD_BYTES_PER_S / 1e6:.0f} MB/s"
+    written = (
+        f"written in {write_s:.0f} s (the last save's time)"
+        if write_s is not None
+        else f"written at {WRITE_BYTES_PER_S / 1e6:.0f} MB/s"
+    )
+    rates = f"{written}, uploaded at {UPLOAD_BYTES_PER_S / 1e6:.0f} MB/s" if uploaded else f"{written}, not uploaded"
     if needed <= left:
         return Decision(True, f"saving a checkpoint: {size} takes ~{needed:.0f} s {rates}; {left:.0f} s left")
     return Decision(

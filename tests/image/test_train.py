@@ -205,9 +205,9 @@ def test_train_resumed_run_continues_data_stream_where_it_stopped(resumed_run: d
 @pytest.mark.slow
 def test_train_checkpoint_is_marked_complete_with_every_file_and_size(resumed_run: dict) -> None:
     _, path = train_module.list_checkpoints(resumed_run["opt_ml"] / "checkpoints")[-1]
-    marker = json.loads((path / "COMPLETE.json").read_text())
+    marker = json.loads((path / "COMPLETE.host-0.json").read_text())  # one host: its marker lists all
     on_disk = {p.relative_to(path).as_posix(): p.stat().st_size for p in path.rglob("*") if p.is_file()}
-    on_disk.pop("COMPLETE.json")
+    on_disk.pop("COMPLETE.host-0.json")
     assert marker["files"] == on_disk
     assert {"trainer_state.json", "data_state_rank0.json", "optimizer.bin", "lr_scheduler.pt", "ema.pt"} <= set(on_disk)
     assert not list((resumed_run["opt_ml"] / ".checkpoints-staging").iterdir()), "staging is emptied by the rename"

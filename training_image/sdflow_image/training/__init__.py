@@ -5,7 +5,9 @@
   files, in sdflow_image.backends).
 - `lora`: LoRA adapters on the denoiser: added, checkpointed, written in diffusers' format.
 - `loop`: the training steps, SIGTERM, resuming, over a backend (the process group is its).
-- `checkpoints`: complete-only checkpoints (staged, then renamed), pruned locally and in S3.
+- `checkpoints`: complete-only checkpoints (staged, then renamed; one marker per host, complete
+  once every host's part is there, as S3 merges them), pruned locally and in S3.
+- `stop_save`: whether a stop saves a checkpoint: only when it can be written and uploaded in time.
 - `outputs`: the fine-tuned pipeline, its metadata, the loss curve and the samples.
 
 `sdflow_image.training.train` is the entrypoint (flags, early checks, exit status). Nothing here is

@@ -6,16 +6,15 @@ another's. SageMaker gives a job only its own prefix: a redriven job started fro
 the failed one had saved a complete checkpoint (seen at step 8). The run document, and with it
 every training setting, is the same for all of a run's jobs, so before training starts the job
 looks at its siblings under `runs/<run>/checkpoints/`, takes the newest complete checkpoint
-(its COMPLETE.json lists every file and its size; each is checked in S3), and downloads it into
+(every host's marker is there, all of one save, and each file they list is in S3 with its size:
+checkpoints.s3_complete), and downloads the whole of it, every host's part, into
 its own checkpoints folder, which the trainer then resumes from as from its own. Its own
 checkpoints, when it has any (a spot restart of the same job), come first.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,51 +23,23 @@ from sdflow_image.training import checkpoints
 log = logging.getLogger("sdflow.train.checkpoints")
 
 
-@dataclass(frozen=True)
-class Found:
-    step: int
-    prefix: str  # the checkpoint's key prefix: runs/<run>/checkpoints/<job>/checkpoint-XXXXXXXX/
-    files: dict[str, int]  # relative path -> bytes, from its marker
-
-
 def _folders(s3: Any, bucket: str, prefix: str) -> list[str]:
     pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, Delimiter="/")
     return [common["Prefix"] for page in pages for common in page.get("CommonPrefixes", [])]
 
 
-def _complete(s3: Any, bucket: str, prefix: str, step: int) -> Found | None:
-    """The checkpoint at `prefix` when its marker is readable and every file it lists is in S3
-    with its size; else None."""
-    from botocore.exceptions import ClientError
-
-    try:
-        marker = json.loads(s3.get_object(Bucket=bucket, Key=prefix + checkpoints.MARKER)["Body"].read())
-    except (ClientError, ValueError):
-        return None
-    files = marker.get("files") if isinstance(marker, dict) else None
-    if marker.get("step") != step or not isinstance(files, dict) or not files:
-        return None
-    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-    sizes = {obj["Key"][len(prefix) :]: obj["Size"] for page in pages for obj in page.get("Contents", [])}
-    if any(sizes.get(rel) != size for rel, size in files.items()):
-        return None
-    return Found(step, prefix, {str(rel): int(size) for rel, size in files.items()})
-
-
-def newest(s3: Any, bucket: str, own_prefix: str) -> Found | None:
+def newest(s3: Any, bucket: str, own_prefix: str) -> checkpoints.InS3 | None:
     """The newest complete checkpoint in the sibling job folders of `own_prefix` (its own left out)."""
     parent = own_prefix.rstrip("/").rsplit("/", 1)[0] + "/"
-    best: Found | None = None
+    best: checkpoints.InS3 | None = None
     for job_prefix in _folders(s3, bucket, parent):
         if job_prefix == own_prefix:
             continue
-        candidates = []
-        for folder in _folders(s3, bucket, job_prefix):
-            step = checkpoints.step_of(folder[len(job_prefix) :].rstrip("/"))
-            if step is not None and (best is None or step > best.step):
-                candidates.append((step, folder))
-        for step, folder in sorted(candidates, reverse=True):
-            found = _complete(s3, bucket, folder, step)
+        folders = checkpoints.s3_folders(s3, bucket, job_prefix)
+        for step in sorted(folders, reverse=True):
+            if best is not None and step <= best.step:
+                break
+            found = checkpoints.s3_complete(s3, bucket, folders[step][0], step, folders[step][1])
             if found is not None:
                 best = found
                 break
@@ -93,7 +64,8 @@ def adopt(checkpoint_s3_uri: str | None, local_dir: str | Path, client: Any = No
         path = target / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         s3.download_file(bucket, found.prefix + rel, str(path))
-    s3.download_file(bucket, found.prefix + checkpoints.MARKER, str(target / checkpoints.MARKER))  # last
+    for marker in found.markers:  # last
+        s3.download_file(bucket, found.prefix + marker, str(target / marker))
     print(
         f"resuming from s3://{bucket}/{found.prefix} (step {found.step}): the newest complete checkpoint of an "
         "earlier training job of this run",

@@ -5,7 +5,9 @@ is `gradient_accumulation_steps` micro-batches; one all-reduce per step carries 
 rank's stop request, so every rank stops after the same step and saves the same checkpoint.
 A checkpoint holds the backend's model, optimizer and schedule (or the LoRA adapter), the EMA, the trainer's state
 and each rank's data position (`data_state_rank<r>.json`), so a resumed run continues the data
-stream exactly where it stopped.
+stream exactly where it stopped. On SIGTERM the ranks finish the step, then save only when the
+checkpoint can be written and uploaded within SageMaker's stop window (training.stop_save);
+otherwise the next attempt resumes from the last periodic checkpoint.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 from sdflow_image import families
 from sdflow_image.backends.base import Backend
 from sdflow_image.families.base import Encoded, detect_family
-from sdflow_image.training import checkpoints, lora, model
+from sdflow_image.training import checkpoints, lora, model, stop_save
 from sdflow_image.training.checkpoints import CheckpointError
 from sdflow_image.training.embedding_cache import EmbeddingCache
 from sdflow_image.training.encode_cache import EncodeCache
@@ -37,11 +39,13 @@ log = logging.getLogger("sdflow.train")
 
 
 class TrainingStopped(Exception):
-    """SIGTERM arrived; a checkpoint at `step` was saved."""
+    """SIGTERM arrived; training stopped after `step`, with a checkpoint of it when `saved`."""
 
-    def __init__(self, step: int) -> None:
-        super().__init__(f"stopped by SIGTERM at step {step}; checkpoint saved")
+    def __init__(self, step: int, saved: bool = True) -> None:
+        done = "checkpoint saved" if saved else "no checkpoint saved (it would not reach S3 in time)"
+        super().__init__(f"stopped by SIGTERM at step {step}; {done}")
         self.step = step
+        self.saved = saved
 
 
 @dataclass
@@ -65,11 +69,17 @@ class StopFlag:
 
     def __init__(self) -> None:
         self.requested = False
+        self.at: float | None = None  # time.monotonic() of the first signal: the stop window starts there
         self._previous: Any = None
 
     def _handle(self, signum: int, _frame: Any) -> None:
         self.requested = True
-        print(f"received signal {signum}: saving a checkpoint after this step", file=sys.stderr, flush=True)
+        if self.at is None:
+            self.at = time.monotonic()
+        print(f"received signal {signum}: stopping after this step", file=sys.stderr, flush=True)
+
+    def since_s(self) -> float:
+        return time.monotonic() - self.at if self.at is not None else 0.0
 
     def __enter__(self) -> StopFlag:
         import threading
@@ -121,6 +131,13 @@ class Trainer:
         if self.lora:
             self.text_adapters = lora.TextEncoderAdapters(lora.add_adapters(self.parts, args, self.family))
         denoiser = self.parts.denoiser
+        # Counted before the backend wraps (FSDP2 shards) them: what a checkpoint holds per parameter.
+        trainable = [p for p in denoiser.parameters() if p.requires_grad] + self.text_adapters.parameters()
+        self.trainable_parameters = sum(p.numel() for p in trainable)
+        # The most bytes one host wrote of the last checkpoint saved or resumed from, and the
+        # seconds the last save of this job took (stop_save).
+        self.last_part_bytes: int | None = None
+        self.last_save_s: float | None = None
         self.ema: Any = model.make_ema(denoiser, args.ema_decay, device) if args.use_ema and self.rank == 0 else None
         backend.wrap(denoiser, self.text_adapters.parameters(), name=self.family.denoiser_name, device=device)
         if self.rank == 0:
@@ -144,9 +161,10 @@ class Trainer:
         """Collective: a complete checkpoint of this step (see training.checkpoints)."""
         import torch.distributed as dist
 
+        started = time.perf_counter()
         data_states: list[Any] = [None] * self.world_size
         dist.all_gather_object(data_states, self.loader.state_dict())
-        path = checkpoints.save(
+        saved = checkpoints.save(
             self.args.checkpoints_dir,
             self.state.step,
             lambda folder: self._write(folder, data_states),
@@ -155,9 +173,41 @@ class Trainer:
             s3_uri=self.args.checkpoint_s3_uri,
             rank=self.rank,
         )
+        self.last_part_bytes, self.last_save_s = saved.largest_part_bytes, time.perf_counter() - started
         if self.rank == 0:
-            print(f"saved checkpoint {path}", flush=True)
-        return path
+            print(f"saved checkpoint {saved.path}", flush=True)
+        return saved.path
+
+    def saves_on_stop(self, stop: StopFlag) -> bool:
+        """Collective: whether this stop leaves a checkpoint (training.stop_save), timed from the
+        stop signal the earliest rank received; rank 0 decides for all (a save is collective)."""
+        import torch
+        import torch.distributed as dist
+
+        since = torch.tensor([stop.since_s(), 0.0], dtype=torch.float64, device=self.device)
+        if self.world_size > 1:
+            dist.all_reduce(since, op=dist.ReduceOp.MAX)
+        if self.rank == 0:
+            measured = self.last_part_bytes is not None
+            part = self.last_part_bytes if self.last_part_bytes is not None else self._estimated_part_bytes()
+            decision = stop_save.decide(
+                part,
+                float(since[0]),
+                stop_save.stop_window_s(),
+                measured=measured,
+                write_s=self.last_save_s,
+                uploaded=bool(self.args.checkpoint_s3_uri),
+            )
+            print(decision.reason, file=sys.stdout if decision.save else sys.stderr, flush=True)
+            since[1] = float(decision.save)
+        if self.world_size > 1:
+            dist.broadcast(since, src=0)
+        return bool(since[1] > 0)
+
+    def _estimated_part_bytes(self) -> int:
+        hosts = self.world_size // int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+        sharded, ema = not self.backend.replicated, bool(self.args.use_ema)
+        return stop_save.estimate_part_bytes(self.trainable_parameters, hosts, sharded=sharded, ema=ema)
 
     def _write(self, folder: Path, data_states: list[Any]) -> None:
         import torch
@@ -232,7 +282,7 @@ class Trainer:
         """Trainer state, EMA and each rank's data position: read by rank 0, sent to all."""
         import torch.distributed as dist
 
-        payload: list[Any] = [None, None]
+        payload: list[Any] = [None, None, None]
         if self.rank == 0:
             data_states = []
             for rank in range(self.world_size):
@@ -243,11 +293,12 @@ class Trainer:
                         f"another number of processes; resume with the same instance count, or start afresh"
                     )
                 data_states.append(checkpoints.read_json(data_file))
-            payload = [checkpoints.read_json(path / checkpoints.TRAINER_STATE), data_states]
+            trainer_state = checkpoints.read_json(path / checkpoints.TRAINER_STATE)
+            payload = [trainer_state, data_states, checkpoints.part_bytes(path)]
             if self.ema is not None:
                 self._resume_ema(path / "ema.pt")
         dist.broadcast_object_list(payload, src=0)
-        saved, data_states = payload
+        saved, data_states, self.last_part_bytes = payload
         self.state.step = int(saved["step"])
         self.state.samples_seen = int(saved["samples_seen"])
         self.state.losses = [(int(s), float(v)) for s, v in saved["losses"]]
@@ -337,7 +388,8 @@ class Trainer:
         return float(stats[0]) / self.world_size, float(stats[1]) > 0
 
     def train(self, stop: StopFlag) -> Timing:
-        """Steps up to max_train_steps; TrainingStopped after a checkpoint when asked to stop."""
+        """Steps up to max_train_steps; TrainingStopped when asked to stop (after a checkpoint when
+        one fits in the stop window: saves_on_stop)."""
         import torch
 
         args, state = self.args, self.state
@@ -364,12 +416,14 @@ class Trainer:
                 raise FloatingPointError(f"loss is {loss} at step {state.step}; lower learning_rate")
             # A stop on the last step just finishes: saving the model takes no longer than a checkpoint.
             stop_now = stop_now and state.step < args.max_train_steps
-            if stop_now or (state.step % args.checkpointing_steps == 0 and state.step < args.max_train_steps):
+            periodic = state.step % args.checkpointing_steps == 0 and state.step < args.max_train_steps
+            save = self.saves_on_stop(stop) if stop_now else periodic
+            if save:
                 t_ckpt = time.perf_counter()
                 self.save_checkpoint()
                 timing.checkpoint_s += time.perf_counter() - t_ckpt
             if stop_now:
-                raise TrainingStopped(state.step)
+                raise TrainingStopped(state.step, saved=save)
         return timing
 
     def summary(self, timing: Timing) -> dict[str, Any]:

@@ -17,9 +17,10 @@ Flags come from `$SDFLOW_OPT_ML/input/config/hyperparameters.json` (strings, as 
 writes them; each key is a flag's name) and the command line, which wins.
 
 Exit status (`cli`): 0 done; 1 failed (the reason is in `$SDFLOW_OPT_ML/output/failure`);
-143 stopped by SIGTERM after saving a checkpoint. A stop is not a failure, so it writes no
-failure file: SageMaker reports a stopped job itself, and the next run of the same job
-(spot restart, retry) resumes from that checkpoint.
+143 stopped by SIGTERM, after a checkpoint when one can reach S3 within the stop window
+(training.stop_save). A stop is not a failure, so it writes no failure file: SageMaker reports a
+stopped job itself, and the next run of the same job (spot restart, retry) resumes from the newest
+complete checkpoint.
 """
 
 from __future__ import annotations
@@ -169,7 +170,7 @@ FLAGS: list[flags.Flag] = [
     Flag("max_grad_norm", flags.non_negative_float, 1.0, "gradient clipping norm (0 disables)"),
     Flag("max_train_steps", flags.positive_int, 1000, "optimizer steps to train for (total, across resumes)"),
     Flag("checkpointing_steps", flags.positive_int, 500, "save a resumable checkpoint every N optimizer steps"),
-    Flag("checkpoints_total_limit", flags.positive_int, 2, "keep only the newest N checkpoints (S3: at least 2)"),
+    Flag("checkpoints_total_limit", flags.positive_int, 2, "keep the newest N checkpoints (in S3: complete ones)"),
     Flag("use_ema", flags.boolean, False, "keep an exponential moving average of the UNet and save that"),
     Flag("ema_decay", flags.number(float, 0), 0.9999, "EMA decay (< 1)"),
     Flag("seed", flags.non_negative_int, 0, "random seed"),

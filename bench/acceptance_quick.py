@@ -152,17 +152,13 @@ def driver_row(tiny: bool) -> QuickRow:
 
 
 def gpu_check_verdict() -> str:
-    """sdflow_image.gpu_check's verdict where the package has it."""
+    """sdflow_image.gpu_check's verdict, as the entrypoints reach it (without cuda-compat's restart)."""
     sys.path.insert(0, str(REPO / "training_image"))
-    try:
-        from sdflow_image import gpu_check  # type: ignore[attr-defined]
-    except ImportError:
-        return "ok (no sdflow_image.gpu_check in this checkout)"
-    try:
-        gpu_check.require_usable_gpu()
-    except Exception as exc:  # the check's own refusal is the verdict
-        return f"{type(exc).__name__}: {exc}"
-    return "ok"
+    from sdflow_image import gpu_check
+
+    found = gpu_check.problem()
+    seen = f"GPUs seen {gpu_check.visible_gpus() or 'none'}, driver {gpu_check.host_driver() or 'none'}"
+    return f"ok ({seen})" if found is None else f"refused: {found}"
 
 
 def run_plan(plan: Plan, work: Path, timeout_s: int) -> QuickRow:

@@ -85,14 +85,9 @@ class AccelerateBackend(Backend):
             return
         from accelerate import Accelerator
 
+        # A LoRA run's frozen base arrives in the training precision (loaded in it: model.part_dtypes)
+        # with its adapter in fp32 (lora.add_adapters): it moves as it will train, never in fp32.
         denoiser.to(device)
-        lora = getattr(args, "training_method", "full") == "lora"
-        if lora and args.mixed_precision == "bf16" and device.type == "cuda":
-            # The examples keep the frozen base in the training precision and the adapter in
-            # fp32 (training/lora.py cast it): half the memory of an fp32 base, same updates.
-            for param in denoiser.parameters():
-                if not param.requires_grad:
-                    param.data = param.data.to(torch.bfloat16)
         optimizer = torch.optim.AdamW(trainable(denoiser, extra_params), **adam_kwargs(args))
         self.lr_scheduler = schedule(args, optimizer)
         # cpu=True on a CPU: without it accelerate 1.15 sees torchrun's LOCAL_RANK, finds no GPU,

@@ -26,7 +26,7 @@ from typing import Any
 from sdflow_image import contract
 from sdflow_image.training.elastic_run import DEFAULT_STOP_GRACE_S
 
-TRAINING_IMAGE_DIR = Path(__file__).resolve().parent.parent
+TRAINING_IMAGE_DIR = Path(__file__).resolve().parents[2]  # training_image/: sdflow_image/training/launcher.py
 DEFAULT_MASTER_PORT = 29500
 TRAIN_MODULE = "sdflow_image.training.train"
 

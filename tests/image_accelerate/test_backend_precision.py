@@ -99,3 +99,28 @@ def test_trainer_sd35_bf16_vae_encodes_in_fp32_beside_bf16_text_encoders(
         encoded = trainer.family.encode_batch(batch, parts, torch.device("cpu"), torch.Generator(), 0.0)
     assert seen == [torch.float32]
     assert encoded.latents.dtype == torch.float32
+
+
+def test_fsdp2_bf16_sd35_transformer_embeds_fp32_timesteps_and_computes_its_blocks_in_bf16(
+    bases: Callable[[str], Path], dataset: Path
+) -> None:
+    import torch
+
+    args = run_args(bases("sd35"), dataset, plugin="fsdp2", mixed_precision="bf16")
+    with trainer_of(args) as trainer:
+        parts, family, model = trainer.parts, trainer.family, trainer.backend.model
+        timesteps: list[Any] = []
+        blocks: list[Any] = []
+        model.time_text_embed.register_forward_pre_hook(lambda _m, inputs: timesteps.append(inputs[0]))
+        model.transformer_blocks[0].register_forward_pre_hook(
+            lambda _m, args, kwargs: blocks.append(kwargs["hidden_states"].dtype), with_kwargs=True
+        )
+        ids = family.caption_ids(parts)("a red square")
+        batch = {"pixel_values": torch.zeros(2, 3, 32, 32), **{k: torch.stack([v, v]) for k, v in ids.items()}}
+        encoded = family.encode_batch(batch, parts, torch.device("cpu"), torch.Generator().manual_seed(0), 0.0)
+        loss = family.compute_loss(model, parts, encoded, torch.Generator().manual_seed(1))
+    assert torch.isfinite(loss)
+    [seen] = timesteps
+    assert seen.dtype == torch.float32, "FSDP2 cast the timesteps to bf16 (steps of 4 near 1000)"
+    assert torch.isin(seen, parts.noise_scheduler.timesteps).all(), "the schedule's own values, unrounded"
+    assert blocks == [torch.bfloat16]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,6 +47,30 @@ def shard_units(module: Any) -> list[Any]:
         else:
             found.extend(shard_units(child))
     return found
+
+
+# The denoiser's inputs that FSDP2 leaves in fp32 under bf16: SD 3/3.5's timesteps run from 0 to 1000
+# and bf16 (8 significant bits) rounds them to steps of 4 above 512 (999 -> 1000), where the SD 3
+# pipeline and diffusers' scripts pass them in fp32 to the sinusoidal embedding, which casts only
+# its output (CombinedTimestepTextProjEmbeddings). FLUX.2 and Qwen-Image cast theirs to the hidden
+# states' dtype inside the transformer, as at inference; a UNet's are integers, never cast.
+FP32_INPUTS = ("timestep", "guidance")
+
+
+def cast_inputs_except(keep: tuple[str, ...], dtype: Any) -> Any:
+    """A forward pre-hook (with_kwargs) casting the floating tensors among the arguments to `dtype`,
+    as FSDP2's cast_forward_inputs does (torch's _fsdp_state._cast_forward_inputs), but the keyword
+    arguments named in `keep`."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    def cast(value: Any) -> Any:
+        return value.to(dtype) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+    def hook(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        return tree_map(cast, args), {k: v if k in keep else tree_map(cast, v) for k, v in kwargs.items()}
+
+    return hook
 
 
 class AccelerateBackend(Backend):
@@ -109,14 +134,19 @@ class AccelerateBackend(Backend):
         # Imported by name: the first stack's torch 2.5.1 (whose mypy checks this package too)
         # keeps fully_shard in torch.distributed._composable.fsdp; this backend runs on 2.15 only.
         fsdp: Any = importlib.import_module("torch.distributed.fsdp")
+        bf16 = self.args.mixed_precision == "bf16"
         policy = (
             fsdp.MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            if self.args.mixed_precision == "bf16"
+            if bf16
             else fsdp.MixedPrecisionPolicy()
         )
         for unit in shard_units(denoiser):
             fsdp.fully_shard(unit, mp_policy=policy)
-        fsdp.fully_shard(denoiser, mp_policy=policy)
+        # The root casts its own inputs (`cast_inputs_except`), keeping the timesteps fp32: the
+        # policy's cast_forward_inputs (True by default) would cast every floating input to bf16.
+        fsdp.fully_shard(denoiser, mp_policy=dataclasses.replace(policy, cast_forward_inputs=False))
+        if bf16:
+            denoiser.register_forward_pre_hook(cast_inputs_except(FP32_INPUTS, torch.bfloat16), with_kwargs=True)
 
     def backward(self, loss: Any) -> None:
         if self.fsdp:

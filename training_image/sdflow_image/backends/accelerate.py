@@ -109,6 +109,7 @@ class AccelerateBackend(Backend):
             self.lr_scheduler = schedule(args, self.optimizer)
             return
         from accelerate import Accelerator
+        from accelerate.utils import DistributedDataParallelKwargs
 
         # A LoRA run's frozen base arrives in the training precision (loaded in it: model.part_dtypes)
         # with its adapter in fp32 (lora.add_adapters): it moves as it will train, never in fp32.
@@ -117,7 +118,16 @@ class AccelerateBackend(Backend):
         self.lr_scheduler = schedule(args, optimizer)
         # cpu=True on a CPU: without it accelerate 1.15 sees torchrun's LOCAL_RANK, finds no GPU,
         # and settles on DistributedType.NO, so `prepare` wraps nothing and each rank trains alone.
-        self.accelerator = Accelerator(mixed_precision=args.mixed_precision, cpu=device.type == "cpu")
+        # find_unused_parameters on every ddp run: which trainable weights no loss reaches depends on
+        # the family, the method and the targets (Qwen-Image's last block computes a text stream its
+        # output never reads: a full run's `to_add_out` and `txt_mlp` there, and any LoRA target
+        # among them), and torch's default (False) then fails at step 2's forward ("Expected to have
+        # finished reduction in the prior iteration"). Its cost is one walk of the autograd graph
+        # per forward, small beside a diffusion model's step.
+        unused = DistributedDataParallelKwargs(find_unused_parameters=True)
+        self.accelerator = Accelerator(
+            mixed_precision=args.mixed_precision, cpu=device.type == "cpu", kwargs_handlers=[unused]
+        )
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         if self.accelerator.num_processes != world_size:
             raise RuntimeError(

@@ -14,8 +14,10 @@ plugins `ddp` and `fsdp2`, behind `sdflow_image.backends.base.Backend`.
   accelerate 1.15's own FSDP path engages only on GPUs (on the CPU it silently trains DDP), so
   these are the calls its fsdp2 path makes, made here: the code the CPU tests run under gloo is
   the code that runs on GPUs. Checkpoints are torch.distributed.checkpoint (DCP) folders, each
-  rank writing its own shard (`get_state_dict` / `set_state_dict`); the exported model is the
-  full state dict gathered on rank 0 (`StateDictOptions(full_state_dict=True, cpu_offload=True)`).
+  rank writing its own shard (`get_state_dict` / `set_state_dict`); the exported model is gathered
+  one weight at a time and streamed into one safetensors file by rank 0 (`stream_safetensors`).
+- The root's forward inputs under bf16 are cast by `cast_inputs_except`, not the policy, so the
+  timesteps stay fp32; ddp runs find unused parameters (Qwen-Image's last text stream).
 """
 
 from __future__ import annotations
@@ -250,18 +252,22 @@ class AccelerateBackend(Backend):
         self.lr_scheduler.load_state_dict(torch.load(folder / LR_SCHEDULER_FILE, weights_only=False))
 
     def export(self, path: Path, rank: int) -> None:
-        from safetensors.torch import save_file
-
+        """Collective under fsdp2: one weight at a time, every rank sends its shard of it
+        (`DTensor.full_tensor`) and rank 0 appends the whole weight to the file, so rank 0 holds
+        one gathered weight at a time, never the whole model (torch's get_model_state_dict with
+        full_state_dict gathers them all first: measured 2.1x the model on rank 0 on the CPU).
+        ddp: rank 0 writes its replica the same way, one weight on the host at a time."""
         if self.fsdp:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+            from torch.distributed.tensor import DTensor
 
-            # Collective: every rank sends its shards; rank 0 gets the whole state on the CPU.
-            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            state = get_model_state_dict(self.model, options=options)
-        else:
-            state = self._unwrapped().state_dict() if rank == 0 else {}
-        if rank == 0:
-            save_file(_contiguous(state), str(path))
+            state = self.model.state_dict()  # sharded parameters as DTensors, buffers whole
+
+            def whole(tensor: Any) -> Any:
+                return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+            stream_safetensors(path, state, whole, write=rank == 0)
+        elif rank == 0:
+            stream_safetensors(path, self._unwrapped().state_dict(), lambda tensor: tensor, write=True)
 
     def _unwrapped(self) -> Any:
         return self.accelerator.unwrap_model(self.model)
@@ -271,6 +277,50 @@ class AccelerateBackend(Backend):
         if self.accelerator is not None:
             self.accelerator.free_memory()
         self.accelerator = None
+
+
+# safetensors' dtype names (the format's "dtype" field).
+SAFETENSORS_DTYPES = {
+    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
+    "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
+}  # fmt: skip
+
+
+def stream_safetensors(path: Path, state: dict[str, Any], whole: Any, *, write: bool) -> None:
+    """`state` as one safetensors file at `path`, each tensor made whole by `whole` (a collective
+    under FSDP2: every rank calls it, in the same order) and written before the next is made. The
+    format (safetensors' README: an 8-byte little-endian header size, the JSON header of every
+    tensor's dtype, shape and byte offsets, padded with spaces to 8 bytes, then the tensors' bytes
+    in those offsets' order) needs only shapes and dtypes up front, so the header comes first and
+    no tensor waits for another. safetensors' own save_file needs every tensor at once."""
+    import json
+    import math
+    import struct
+
+    header: dict[str, Any] = {}
+    offset = 0
+    for name, tensor in state.items():
+        size = math.prod(tensor.shape) * tensor.element_size()
+        dtype = SAFETENSORS_DTYPES[str(tensor.dtype).removeprefix("torch.")]
+        header[name] = {"dtype": dtype, "shape": list(tensor.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(open(path, "wb")) if write else None
+        if out is not None:
+            out.write(struct.pack("<Q", len(text)) + text)
+        for tensor in state.values():
+            append(out, whole(tensor))  # the whole tensor is freed when append returns
+
+
+def append(out: Any, tensor: Any) -> None:
+    """`tensor`'s bytes (on the host, in its dtype, row-major) at the end of `out` (None: nowhere)."""
+    import torch
+
+    if out is not None:
+        data = tensor.detach().cpu().contiguous().reshape(-1)
+        out.write(data.view(torch.uint8).numpy().data)  # the tensor's own bytes, no copy
 
 
 def _contiguous(state: dict[str, Any]) -> dict[str, Any]:

@@ -15,7 +15,8 @@ What it promises:
 - --model_dir may hold the training job's `model.tar.gz` as SageMaker downloads it: it is
   extracted (tarfile's "data" filter: no links or paths out of the folder) under --work_dir;
 - the evaluation itself is the training job's end-of-training one (adherence.compare), so the two
-  scores of a model agree for the same prompts and settings;
+  scores of a model agree for the same prompts and settings; on a GPU the models load in the
+  endpoint's dtype (`EVALUATION_DTYPE`), where the training job's own evaluation computes in fp32;
 - `<output_dir>/evaluation.json` is written last, after `adherence.png`.
 Any error goes to the processing job's ExitMessage file (and the failure file), and the exit
 status is non-zero."""

@@ -220,8 +220,8 @@ def test_evaluate_model_drawing_each_prompt_scores_one_against_random_base(
 ) -> None:
     real_load = adherence.load_pipeline
 
-    def load(path: Path, device: Any) -> Any:
-        return DrawingPipeline() if Path(path) == models["trained"] else real_load(path, device)
+    def load(path: Path, device: Any, **kwargs: Any) -> Any:
+        return DrawingPipeline() if Path(path) == models["trained"] else real_load(path, device, **kwargs)
 
     monkeypatch.setattr(adherence, "load_pipeline", load)
     out = tmp_path / "out"

@@ -14,14 +14,17 @@ plugins `ddp` and `fsdp2`, behind `sdflow_image.backends.base.Backend`.
   accelerate 1.15's own FSDP path engages only on GPUs (on the CPU it silently trains DDP), so
   these are the calls its fsdp2 path makes, made here: the code the CPU tests run under gloo is
   the code that runs on GPUs. Checkpoints are torch.distributed.checkpoint (DCP) folders, each
-  rank writing its own shard (`get_state_dict` / `set_state_dict`); the exported model is the
-  full state dict gathered on rank 0 (`StateDictOptions(full_state_dict=True, cpu_offload=True)`).
+  rank writing its own shard (`get_state_dict` / `set_state_dict`); the exported model is gathered
+  one weight at a time and streamed into one safetensors file by rank 0 (`stream_safetensors`).
+- The root's forward inputs under bf16 are cast by `cast_inputs_except`, not the policy, so the
+  timesteps stay fp32; ddp runs find unused parameters (Qwen-Image's last text stream).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,6 +49,30 @@ def shard_units(module: Any) -> list[Any]:
         else:
             found.extend(shard_units(child))
     return found
+
+
+# The denoiser's inputs that FSDP2 leaves in fp32 under bf16: SD 3/3.5's timesteps run from 0 to 1000
+# and bf16 (8 significant bits) rounds them to steps of 4 above 512 (999 -> 1000), where the SD 3
+# pipeline and diffusers' scripts pass them in fp32 to the sinusoidal embedding, which casts only
+# its output (CombinedTimestepTextProjEmbeddings). FLUX.2 and Qwen-Image cast theirs to the hidden
+# states' dtype inside the transformer, as at inference; a UNet's are integers, never cast.
+FP32_INPUTS = ("timestep", "guidance")
+
+
+def cast_inputs_except(keep: tuple[str, ...], dtype: Any) -> Any:
+    """A forward pre-hook (with_kwargs) casting the floating tensors among the arguments to `dtype`,
+    as FSDP2's cast_forward_inputs does (torch's _fsdp_state._cast_forward_inputs), but the keyword
+    arguments named in `keep`."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    def cast(value: Any) -> Any:
+        return value.to(dtype) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+    def hook(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        return tree_map(cast, args), {k: v if k in keep else tree_map(cast, v) for k, v in kwargs.items()}
+
+    return hook
 
 
 class AccelerateBackend(Backend):
@@ -84,20 +111,25 @@ class AccelerateBackend(Backend):
             self.lr_scheduler = schedule(args, self.optimizer)
             return
         from accelerate import Accelerator
+        from accelerate.utils import DistributedDataParallelKwargs
 
+        # A LoRA run's frozen base arrives in the training precision (loaded in it: model.part_dtypes)
+        # with its adapter in fp32 (lora.add_adapters): it moves as it will train, never in fp32.
         denoiser.to(device)
-        lora = getattr(args, "training_method", "full") == "lora"
-        if lora and args.mixed_precision == "bf16" and device.type == "cuda":
-            # The examples keep the frozen base in the training precision and the adapter in
-            # fp32 (training/lora.py cast it): half the memory of an fp32 base, same updates.
-            for param in denoiser.parameters():
-                if not param.requires_grad:
-                    param.data = param.data.to(torch.bfloat16)
         optimizer = torch.optim.AdamW(trainable(denoiser, extra_params), **adam_kwargs(args))
         self.lr_scheduler = schedule(args, optimizer)
         # cpu=True on a CPU: without it accelerate 1.15 sees torchrun's LOCAL_RANK, finds no GPU,
         # and settles on DistributedType.NO, so `prepare` wraps nothing and each rank trains alone.
-        self.accelerator = Accelerator(mixed_precision=args.mixed_precision, cpu=device.type == "cpu")
+        # find_unused_parameters on every ddp run: which trainable weights no loss reaches depends on
+        # the family, the method and the targets (Qwen-Image's last block computes a text stream its
+        # output never reads: a full run's `to_add_out` and `txt_mlp` there, and any LoRA target
+        # among them), and torch's default (False) then fails at step 2's forward ("Expected to have
+        # finished reduction in the prior iteration"). Its cost is one walk of the autograd graph
+        # per forward, small beside a diffusion model's step.
+        unused = DistributedDataParallelKwargs(find_unused_parameters=True)
+        self.accelerator = Accelerator(
+            mixed_precision=args.mixed_precision, cpu=device.type == "cpu", kwargs_handlers=[unused]
+        )
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         if self.accelerator.num_processes != world_size:
             raise RuntimeError(
@@ -114,14 +146,19 @@ class AccelerateBackend(Backend):
         # Imported by name: the first stack's torch 2.5.1 (whose mypy checks this package too)
         # keeps fully_shard in torch.distributed._composable.fsdp; this backend runs on 2.15 only.
         fsdp: Any = importlib.import_module("torch.distributed.fsdp")
+        bf16 = self.args.mixed_precision == "bf16"
         policy = (
             fsdp.MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            if self.args.mixed_precision == "bf16"
+            if bf16
             else fsdp.MixedPrecisionPolicy()
         )
         for unit in shard_units(denoiser):
             fsdp.fully_shard(unit, mp_policy=policy)
-        fsdp.fully_shard(denoiser, mp_policy=policy)
+        # The root casts its own inputs (`cast_inputs_except`), keeping the timesteps fp32: the
+        # policy's cast_forward_inputs (True by default) would cast every floating input to bf16.
+        fsdp.fully_shard(denoiser, mp_policy=dataclasses.replace(policy, cast_forward_inputs=False))
+        if bf16:
+            denoiser.register_forward_pre_hook(cast_inputs_except(FP32_INPUTS, torch.bfloat16), with_kwargs=True)
 
     def backward(self, loss: Any) -> None:
         if self.fsdp:
@@ -215,18 +252,22 @@ class AccelerateBackend(Backend):
         self.lr_scheduler.load_state_dict(torch.load(folder / LR_SCHEDULER_FILE, weights_only=False))
 
     def export(self, path: Path, rank: int) -> None:
-        from safetensors.torch import save_file
-
+        """Collective under fsdp2: one weight at a time, every rank sends its shard of it
+        (`DTensor.full_tensor`) and rank 0 appends the whole weight to the file, so rank 0 holds
+        one gathered weight at a time, never the whole model (torch's get_model_state_dict with
+        full_state_dict gathers them all first: measured 2.1x the model on rank 0 on the CPU).
+        ddp: rank 0 writes its replica the same way, one weight on the host at a time."""
         if self.fsdp:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+            from torch.distributed.tensor import DTensor
 
-            # Collective: every rank sends its shards; rank 0 gets the whole state on the CPU.
-            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            state = get_model_state_dict(self.model, options=options)
-        else:
-            state = self._unwrapped().state_dict() if rank == 0 else {}
-        if rank == 0:
-            save_file(_contiguous(state), str(path))
+            state = self.model.state_dict()  # sharded parameters as DTensors, buffers whole
+
+            def whole(tensor: Any) -> Any:
+                return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+            stream_safetensors(path, state, whole, write=rank == 0)
+        elif rank == 0:
+            stream_safetensors(path, self._unwrapped().state_dict(), lambda tensor: tensor, write=True)
 
     def _unwrapped(self) -> Any:
         return self.accelerator.unwrap_model(self.model)
@@ -236,6 +277,50 @@ class AccelerateBackend(Backend):
         if self.accelerator is not None:
             self.accelerator.free_memory()
         self.accelerator = None
+
+
+# safetensors' dtype names (the format's "dtype" field).
+SAFETENSORS_DTYPES = {
+    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
+    "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
+}  # fmt: skip
+
+
+def stream_safetensors(path: Path, state: dict[str, Any], whole: Any, *, write: bool) -> None:
+    """`state` as one safetensors file at `path`, each tensor made whole by `whole` (a collective
+    under FSDP2: every rank calls it, in the same order) and written before the next is made. The
+    format (safetensors' README: an 8-byte little-endian header size, the JSON header of every
+    tensor's dtype, shape and byte offsets, padded with spaces to 8 bytes, then the tensors' bytes
+    in those offsets' order) needs only shapes and dtypes up front, so the header comes first and
+    no tensor waits for another. safetensors' own save_file needs every tensor at once."""
+    import json
+    import math
+    import struct
+
+    header: dict[str, Any] = {}
+    offset = 0
+    for name, tensor in state.items():
+        size = math.prod(tensor.shape) * tensor.element_size()
+        dtype = SAFETENSORS_DTYPES[str(tensor.dtype).removeprefix("torch.")]
+        header[name] = {"dtype": dtype, "shape": list(tensor.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(open(path, "wb")) if write else None
+        if out is not None:
+            out.write(struct.pack("<Q", len(text)) + text)
+        for tensor in state.values():
+            append(out, whole(tensor))  # the whole tensor is freed when append returns
+
+
+def append(out: Any, tensor: Any) -> None:
+    """`tensor`'s bytes (on the host, in its dtype, row-major) at the end of `out` (None: nowhere)."""
+    import torch
+
+    if out is not None:
+        data = tensor.detach().cpu().contiguous().reshape(-1)
+        out.write(data.view(torch.uint8).numpy().data)  # the tensor's own bytes, no copy
 
 
 def _contiguous(state: dict[str, Any]) -> dict[str, Any]:

@@ -208,14 +208,16 @@ class Comparison:
         )
 
 
-def load_pipeline(model_dir: str | Path, device: Any, base_model_dir: str | Path | None = None) -> Any:
+def load_pipeline(
+    model_dir: str | Path, device: Any, base_model_dir: str | Path | None = None, dtype: str = "float32"
+) -> Any:
     """The model loaded as the serving container loads it (nothing from a hub, no safety checker,
-    no progress bars; a LoRA adapter on `base_model_dir`), in float32 on `device` so that scores
-    do not depend on the precision."""
+    no progress bars; a LoRA adapter on `base_model_dir`), on `device`, in float32 by default so
+    that scores do not depend on the precision ("auto": the endpoint's, serve_model.serving_dtype)."""
     from sdflow_image.serving.serve_model import ServeSettings
     from sdflow_image.serving.serve_model import load_pipeline as load_served
 
-    settings = ServeSettings(model_dir=Path(model_dir), device=str(device), dtype="float32")
+    settings = ServeSettings(model_dir=Path(model_dir), device=str(device), dtype=dtype)
     if base_model_dir is not None:
         settings = replace(settings, base_model_dir=Path(base_model_dir))
     return load_served(settings)

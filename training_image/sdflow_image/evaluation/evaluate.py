@@ -16,7 +16,8 @@ What it promises:
   output (OutputDataConfig.CompressionType NONE); an older job's `model.tar.gz` there is
   extracted (tarfile's "data" filter: no links or paths out of the folder) under --work_dir;
 - the evaluation itself is the training job's end-of-training one (adherence.compare), so the two
-  scores of a model agree for the same prompts and settings;
+  scores of a model agree for the same prompts and settings; on a GPU the models load in the
+  endpoint's dtype (`EVALUATION_DTYPE`), where the training job's own evaluation computes in fp32;
 - `<output_dir>/evaluation.json` is written last, after `adherence.png`.
 Any error goes to the processing job's ExitMessage file (and the failure file), and the exit
 status is non-zero."""
@@ -222,13 +223,20 @@ def trained_resolution(model_dir: Path) -> int:
         return serve_model.FALLBACK_IMAGE_SIZE
 
 
+# Both models load as the endpoint serves them: on a GPU in serve_model.serving_dtype of their family
+# (bf16 for FLUX.2, Qwen-Image and SD 3.5, whose fp16 overflows; half precision for SD), so the score
+# is the deployed model's and a model that fits the endpoint fits here (in float32, Qwen-Image's
+# transformer alone is 82 GB). On a CPU, float32 (the training job's own evaluation computes in it).
+EVALUATION_DTYPE = "auto"
+
+
 def _loader(path: Path, flag: str, fix: str, device: str, base: Path | None = None) -> Callable[[], Any]:
     def load() -> Any:
         try:
             # The base only for an adapter: a whole pipeline loads as it always did.
-            return (
-                adherence.load_pipeline(path, device) if base is None else adherence.load_pipeline(path, device, base)
-            )
+            if base is None:
+                return adherence.load_pipeline(path, device, dtype=EVALUATION_DTYPE)
+            return adherence.load_pipeline(path, device, base, dtype=EVALUATION_DTYPE)
         except Exception as exc:  # diffusers raises OSError, ValueError, KeyError... for a bad file
             raise EvaluationError(
                 f"{flag} {path}: the pipeline does not load ({type(exc).__name__}: {exc}); {fix}"

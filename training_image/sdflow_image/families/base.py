@@ -131,6 +131,35 @@ class Parts:
         return [e for e in (self.text_encoder, self.text_encoder_2, self.text_encoder_3) if e is not None]
 
 
+@dataclass(frozen=True)
+class PartDtypes:
+    """The dtype each part is loaded in (from_pretrained's torch_dtype), so that a part reaches the
+    device in the precision it runs in and never first in fp32 (diffusers' training scripts load or
+    cast the frozen parts to `weight_dtype` before they move). None: the loader's own default."""
+
+    denoiser: Any = None
+    text_encoders: Any = None
+    vae: Any = None
+
+
+LOADER_DTYPES = PartDtypes()  # every part as from_pretrained loads it by default
+
+
+def diffusers_dtype(dtype: Any) -> dict[str, Any]:
+    """A diffusers from_pretrained's dtype argument (0.29 and 0.42 both name it torch_dtype)."""
+    return {} if dtype is None else {"torch_dtype": dtype}
+
+
+def transformers_dtype(dtype: Any) -> dict[str, Any]:
+    """A transformers from_pretrained's dtype argument: `dtype` on transformers 5 (which warns that
+    `torch_dtype` is deprecated), `torch_dtype` on the first stack's 4.51."""
+    if dtype is None:
+        return {}
+    import transformers
+
+    return {"dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype": dtype}
+
+
 @dataclass
 class Encoded:
     """A batch through the frozen parts: latents and what conditions the denoiser on the prompt."""
@@ -169,8 +198,9 @@ class Family:
     pipeline_kwargs: dict[str, Any] = {}
     vae_fp32 = False  # whether the frozen VAE encodes in fp32 whatever the training precision
 
-    def load_parts(self, base: str, left_out: tuple[str, ...] = ()) -> Parts:
-        """The parts from a diffusers folder, without the optional components in `left_out`."""
+    def load_parts(self, base: str, left_out: tuple[str, ...] = (), dtypes: PartDtypes = LOADER_DTYPES) -> Parts:
+        """The parts from a diffusers folder, without the optional components in `left_out`, each
+        loaded in its `dtypes` entry."""
         raise NotImplementedError
 
     def left_out(self, args: Any) -> tuple[str, ...]:

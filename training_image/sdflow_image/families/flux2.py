@@ -35,7 +35,16 @@ from collections.abc import Callable
 from typing import Any
 
 from sdflow_image.families import flow
-from sdflow_image.families.base import Encoded, Family, Parts, second_stack
+from sdflow_image.families.base import (
+    LOADER_DTYPES,
+    Encoded,
+    Family,
+    PartDtypes,
+    Parts,
+    diffusers_dtype,
+    second_stack,
+    transformers_dtype,
+)
 
 MAX_SEQUENCE_LENGTH = 512  # Flux2KleinPipeline's max_sequence_length default
 TEXT_ENCODER_OUT_LAYERS = (9, 18, 27)  # Flux2KleinPipeline.encode_prompt's text_encoder_out_layers
@@ -76,7 +85,7 @@ class Flux2Klein(Family):
     text_encoder_lora = False  # Flux2LoraLoaderMixin loads the transformer's adapter only
     lora_diffusers_keys = False  # the script saves get_peft_model_state_dict's names
 
-    def load_parts(self, base: str, left_out: tuple[str, ...] = ()) -> Parts:
+    def load_parts(self, base: str, left_out: tuple[str, ...] = (), dtypes: PartDtypes = LOADER_DTYPES) -> Parts:
         from diffusers import FlowMatchEulerDiscreteScheduler
 
         new_diffusers = second_stack("diffusers")
@@ -89,10 +98,14 @@ class Flux2Klein(Family):
 
         return Parts(
             tokenizer=AutoTokenizer.from_pretrained(base, **sub("tokenizer")),
-            text_encoder=new_transformers.Qwen3ForCausalLM.from_pretrained(base, **sub("text_encoder")),
-            vae=new_diffusers.AutoencoderKLFlux2.from_pretrained(base, **sub("vae")),
+            text_encoder=new_transformers.Qwen3ForCausalLM.from_pretrained(
+                base, **sub("text_encoder"), **transformers_dtype(dtypes.text_encoders)
+            ),
+            vae=new_diffusers.AutoencoderKLFlux2.from_pretrained(base, **sub("vae"), **diffusers_dtype(dtypes.vae)),
             unet=None,
-            transformer=new_diffusers.Flux2Transformer2DModel.from_pretrained(base, **sub("transformer")),
+            transformer=new_diffusers.Flux2Transformer2DModel.from_pretrained(
+                base, **sub("transformer"), **diffusers_dtype(dtypes.denoiser)
+            ),
             noise_scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(base, **sub("scheduler")),
         )
 

@@ -28,7 +28,16 @@ from collections.abc import Callable
 from typing import Any
 
 from sdflow_image.families import flow
-from sdflow_image.families.base import Encoded, Family, Parts, second_stack
+from sdflow_image.families.base import (
+    LOADER_DTYPES,
+    Encoded,
+    Family,
+    PartDtypes,
+    Parts,
+    diffusers_dtype,
+    second_stack,
+    transformers_dtype,
+)
 
 # QwenImagePipeline.prompt_template_encode and prompt_template_encode_start_idx (diffusers 0.42.1).
 PROMPT_TEMPLATE = (
@@ -100,7 +109,7 @@ class QwenImage(Family):
     text_encoder_lora = False  # QwenImageLoraLoaderMixin loads the transformer's adapter only
     lora_diffusers_keys = False  # the script saves get_peft_model_state_dict's names
 
-    def load_parts(self, base: str, left_out: tuple[str, ...] = ()) -> Parts:
+    def load_parts(self, base: str, left_out: tuple[str, ...] = (), dtypes: PartDtypes = LOADER_DTYPES) -> Parts:
         from diffusers import FlowMatchEulerDiscreteScheduler
 
         new_diffusers = second_stack("diffusers")
@@ -114,11 +123,13 @@ class QwenImage(Family):
         return Parts(
             tokenizer=AutoTokenizer.from_pretrained(base, **sub("tokenizer")),
             text_encoder=new_transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(
-                base, **sub("text_encoder")
+                base, **sub("text_encoder"), **transformers_dtype(dtypes.text_encoders)
             ),
-            vae=new_diffusers.AutoencoderKLQwenImage.from_pretrained(base, **sub("vae")),
+            vae=new_diffusers.AutoencoderKLQwenImage.from_pretrained(base, **sub("vae"), **diffusers_dtype(dtypes.vae)),
             unet=None,
-            transformer=new_diffusers.QwenImageTransformer2DModel.from_pretrained(base, **sub("transformer")),
+            transformer=new_diffusers.QwenImageTransformer2DModel.from_pretrained(
+                base, **sub("transformer"), **diffusers_dtype(dtypes.denoiser)
+            ),
             noise_scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(base, **sub("scheduler")),
         )
 

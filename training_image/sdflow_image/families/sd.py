@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sdflow_image.families.base import Encoded, Family, Parts
+from sdflow_image.families.base import LOADER_DTYPES, Encoded, Family, PartDtypes, Parts
 
 
 class StableDiffusion(Family):
@@ -16,10 +16,10 @@ class StableDiffusion(Family):
     # one (SD 1.5's model_index lists it) would black out one side's images only.
     pipeline_kwargs = {"safety_checker": None, "feature_extractor": None, "requires_safety_checker": False}
 
-    def load_parts(self, base: str, left_out: tuple[str, ...] = ()) -> Parts:
+    def load_parts(self, base: str, left_out: tuple[str, ...] = (), dtypes: PartDtypes = LOADER_DTYPES) -> Parts:
         from sdflow_image.training import model
 
-        return model.load_parts(base)
+        return model.load_parts(base, dtypes)
 
     def encode_batch(
         self, batch: dict[str, Any], parts: Parts, device: Any, generator: Any, proportion_empty_prompts: float

@@ -17,7 +17,16 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from sdflow_image.families.base import CaptionIds, Encoded, Family, Parts
+from sdflow_image.families.base import (
+    LOADER_DTYPES,
+    CaptionIds,
+    Encoded,
+    Family,
+    PartDtypes,
+    Parts,
+    diffusers_dtype,
+    transformers_dtype,
+)
 
 
 class StableDiffusion3(Family):
@@ -27,13 +36,17 @@ class StableDiffusion3(Family):
     denoiser_class_name = "SD3Transformer2DModel"
     text_encoder_lora = False  # diffusers 0.29's SD3LoraLoaderMixin saves and loads the transformer's only
     lora_diffusers_keys = False
+    # train_dreambooth_sd3.py and train_dreambooth_lora_sd3.py (0.29 and 0.42 alike) keep the VAE in
+    # fp32 (`vae.to(accelerator.device, dtype=torch.float32)`) while the text encoders run in
+    # weight_dtype: its latents are what the transformer learns to produce.
+    vae_fp32 = True
 
     def left_out(self, args: Any) -> tuple[str, ...]:
         # T5-XXL is 4.7B of SD3 Medium's ~7B parameters: without it training and serving fit in
         # far less memory, at some cost to long prompts (the SD3 paper, section 5.3.2).
         return () if getattr(args, "sd3_t5", True) else ("text_encoder_3", "tokenizer_3")
 
-    def load_parts(self, base: str, left_out: tuple[str, ...] = ()) -> Parts:
+    def load_parts(self, base: str, left_out: tuple[str, ...] = (), dtypes: PartDtypes = LOADER_DTYPES) -> Parts:
         from pathlib import Path
 
         from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
@@ -43,16 +56,19 @@ class StableDiffusion3(Family):
             return {"subfolder": name, "local_files_only": True}
 
         with_t5 = (Path(base) / "text_encoder_3").is_dir() and "text_encoder_3" not in left_out
+        text = transformers_dtype(dtypes.text_encoders)
         return Parts(
             tokenizer=CLIPTokenizer.from_pretrained(base, **sub("tokenizer")),
-            text_encoder=CLIPTextModelWithProjection.from_pretrained(base, **sub("text_encoder")),
+            text_encoder=CLIPTextModelWithProjection.from_pretrained(base, **sub("text_encoder"), **text),
             tokenizer_2=CLIPTokenizer.from_pretrained(base, **sub("tokenizer_2")),
-            text_encoder_2=CLIPTextModelWithProjection.from_pretrained(base, **sub("text_encoder_2")),
+            text_encoder_2=CLIPTextModelWithProjection.from_pretrained(base, **sub("text_encoder_2"), **text),
             tokenizer_3=T5TokenizerFast.from_pretrained(base, **sub("tokenizer_3")) if with_t5 else None,
-            text_encoder_3=T5EncoderModel.from_pretrained(base, **sub("text_encoder_3")) if with_t5 else None,
-            vae=AutoencoderKL.from_pretrained(base, **sub("vae")),
+            text_encoder_3=T5EncoderModel.from_pretrained(base, **sub("text_encoder_3"), **text) if with_t5 else None,
+            vae=AutoencoderKL.from_pretrained(base, **sub("vae"), **diffusers_dtype(dtypes.vae)),
             unet=None,
-            transformer=SD3Transformer2DModel.from_pretrained(base, **sub("transformer")),
+            transformer=SD3Transformer2DModel.from_pretrained(
+                base, **sub("transformer"), **diffusers_dtype(dtypes.denoiser)
+            ),
             noise_scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(base, **sub("scheduler")),
         )
 

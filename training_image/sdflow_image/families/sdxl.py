@@ -12,7 +12,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from sdflow_image.families.base import Encoded, Family, Parts, grad_if_training
+from sdflow_image.families.base import (
+    LOADER_DTYPES,
+    Encoded,
+    Family,
+    PartDtypes,
+    Parts,
+    diffusers_dtype,
+    grad_if_training,
+    transformers_dtype,
+)
 from sdflow_image.families.sd import unet_loss
 
 
@@ -23,20 +32,22 @@ class StableDiffusionXL(Family):
     # unless given a fixed fp16 VAE.
     vae_fp32 = True
 
-    def load_parts(self, base: str, left_out: tuple[str, ...] = ()) -> Parts:
+    def load_parts(self, base: str, left_out: tuple[str, ...] = (), dtypes: PartDtypes = LOADER_DTYPES) -> Parts:
         from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
         from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
         def sub(name: str) -> dict[str, Any]:
             return {"subfolder": name, "local_files_only": True}
 
+        text = transformers_dtype(dtypes.text_encoders)
+
         return Parts(
             tokenizer=CLIPTokenizer.from_pretrained(base, **sub("tokenizer")),
-            text_encoder=CLIPTextModel.from_pretrained(base, **sub("text_encoder")),
+            text_encoder=CLIPTextModel.from_pretrained(base, **sub("text_encoder"), **text),
             tokenizer_2=CLIPTokenizer.from_pretrained(base, **sub("tokenizer_2")),
-            text_encoder_2=CLIPTextModelWithProjection.from_pretrained(base, **sub("text_encoder_2")),
-            vae=AutoencoderKL.from_pretrained(base, **sub("vae")),
-            unet=UNet2DConditionModel.from_pretrained(base, **sub("unet")),
+            text_encoder_2=CLIPTextModelWithProjection.from_pretrained(base, **sub("text_encoder_2"), **text),
+            vae=AutoencoderKL.from_pretrained(base, **sub("vae"), **diffusers_dtype(dtypes.vae)),
+            unet=UNet2DConditionModel.from_pretrained(base, **sub("unet"), **diffusers_dtype(dtypes.denoiser)),
             # The inference scheduler's betas read as DDPM's, as the example does.
             noise_scheduler=DDPMScheduler.from_pretrained(base, **sub("scheduler")),
         )

@@ -115,15 +115,36 @@ def read_model_info(model_dir: Path) -> ModelInfo | None:
 
 
 BF16_MIN_CAPABILITY = (8, 0)  # Ampere: the first GPUs with bf16 tensor cores (T4 and V100 have none)
+# The families a GPU serves in bfloat16 whatever their weights were saved in: released, trained and
+# documented in bf16 (their pipelines' examples load torch_dtype=torch.bfloat16), and their
+# activations overflow float16: FLUX gave NaN (black) images in fp16 (huggingface/diffusers#9096),
+# and diffusers 0.42's FLUX.2 and Qwen-Image transformers clip fp16 activations at +-65504 to hide
+# it (transformer_flux2.py, transformer_qwenimage.py), which saturates instead. A GPU without bf16
+# tensor cores runs them slowly, not wrongly.
+BF16_FAMILIES = ("sd35", "flux2", "qwenimage")
+
+
+def serving_dtype(family: str | None, saved: str | None, capability: tuple[int, int]) -> str:
+    """The dtype a GPU of `capability` serves (and evaluates) a model of `family` in, whose weights
+    were saved in `saved` (sdflow_model.json's dtype; None: not recorded): the one rule of the
+    endpoint and the evaluate job. bf16 for BF16_FAMILIES; for SD 1.x/2.x, SDXL and SD 3, half
+    precision whatever the training precision was: bf16 where the model was saved in bf16 and the
+    GPU has bf16 tensor cores (compute capability 8.0 on), else float16 (a bf16 model on a T4 or
+    V100 ran in emulation; a float32 one used twice the memory and time for nothing)."""
+    if family in BF16_FAMILIES:
+        return "bfloat16"
+    return "bfloat16" if saved == "bfloat16" and capability >= BF16_MIN_CAPABILITY else "float16"
 
 
 def torch_placement(
-    settings: ServeSettings, info: ModelInfo | None, capability: tuple[int, int] | None = None
+    settings: ServeSettings,
+    info: ModelInfo | None,
+    capability: tuple[int, int] | None = None,
+    family: str | None = None,
 ) -> tuple[str, Any]:
-    """(device, torch dtype). A CPU computes in float32 (it lacks fast half kernels). A GPU serves
-    in half precision whatever the training precision was: bf16 where the model was saved in bf16
-    and the GPU has bf16 tensor cores (compute capability 8.0 on), else float16 (a bf16 model on a
-    T4 or V100 ran in emulation; a float32 one used twice the memory and time for nothing)."""
+    """(device, torch dtype). A CPU computes in float32 (it lacks fast half kernels); a GPU in
+    `serving_dtype` of the model's family (`family`, else sdflow_model.json's); an explicit
+    `settings.dtype` wins."""
     import torch
 
     device = settings.device
@@ -135,8 +156,8 @@ def torch_placement(
             dtype_name = "float32"
         else:
             capability = capability or torch.cuda.get_device_capability(device)
-            saved_bf16 = info is not None and info.dtype == "bfloat16"
-            dtype_name = "bfloat16" if saved_bf16 and capability >= BF16_MIN_CAPABILITY else "float16"
+            family = family or (info.family if info is not None else None)
+            dtype_name = serving_dtype(family, info.dtype if info is not None else None, capability)
     return device, getattr(torch, dtype_name)
 
 
@@ -192,7 +213,7 @@ def load_pipeline(settings: ServeSettings) -> Any:
 
     # Progress bars are noise in a server's log (CloudWatch keeps every redraw).
     diffusers_logging.disable_progress_bar()
-    device, dtype = torch_placement(settings, info)
+    device, dtype = torch_placement(settings, info, family=family.name)
     pipe = family.pipeline_class().from_pretrained(
         str(folder),
         local_files_only=True,

@@ -119,7 +119,8 @@ class Trainer:
         base = args.pretrained_model_name_or_path
         self.family = families.get(getattr(args, "model_family", None) or detect_family(base))
         self.lora = getattr(args, "training_method", "full") == "lora"
-        self.parts = self.family.load_parts(base, self.family.left_out(args))
+        dtypes = model.part_dtypes(args.mixed_precision, lora=self.lora, vae_fp32=self.family.vae_fp32)
+        self.parts = self.family.load_parts(base, self.family.left_out(args), dtypes)
         model.prepare_parts(
             self.parts,
             mixed_precision=args.mixed_precision,

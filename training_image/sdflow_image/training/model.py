@@ -9,19 +9,31 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sdflow_image.families.base import Parts, grad_if_training  # the pipeline's parts as training uses them
+from sdflow_image.families.base import (  # the pipeline's parts as training uses them
+    LOADER_DTYPES,
+    PartDtypes,
+    Parts,
+    diffusers_dtype,
+    grad_if_training,
+    transformers_dtype,
+)
 
 
-def load_parts(base: str) -> Parts:
+def load_parts(base: str, dtypes: PartDtypes = LOADER_DTYPES) -> Parts:
     from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
     from transformers import CLIPTextModel, CLIPTokenizer
 
+    def sub(name: str) -> dict[str, Any]:
+        return {"subfolder": name, "local_files_only": True}
+
     return Parts(
-        tokenizer=CLIPTokenizer.from_pretrained(base, subfolder="tokenizer", local_files_only=True),
-        text_encoder=CLIPTextModel.from_pretrained(base, subfolder="text_encoder", local_files_only=True),
-        vae=AutoencoderKL.from_pretrained(base, subfolder="vae", local_files_only=True),
-        unet=UNet2DConditionModel.from_pretrained(base, subfolder="unet", local_files_only=True),
-        noise_scheduler=DDPMScheduler.from_pretrained(base, subfolder="scheduler", local_files_only=True),
+        tokenizer=CLIPTokenizer.from_pretrained(base, **sub("tokenizer")),
+        text_encoder=CLIPTextModel.from_pretrained(
+            base, **sub("text_encoder"), **transformers_dtype(dtypes.text_encoders)
+        ),
+        vae=AutoencoderKL.from_pretrained(base, **sub("vae"), **diffusers_dtype(dtypes.vae)),
+        unet=UNet2DConditionModel.from_pretrained(base, **sub("unet"), **diffusers_dtype(dtypes.denoiser)),
+        noise_scheduler=DDPMScheduler.from_pretrained(base, **sub("scheduler")),
     )
 
 
@@ -31,15 +43,35 @@ def precision_dtype(mixed_precision: str) -> Any:
     return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(mixed_precision, torch.float32)
 
 
+def part_dtypes(mixed_precision: str, *, lora: bool, vae_fp32: bool) -> PartDtypes:
+    """The dtype each part loads in. What does not train runs in the training precision, loaded in
+    it (diffusers' train_dreambooth_lora_flux2*.py load with `torch_dtype=weight_dtype`; the SD 3
+    and SDXL scripts cast to it before moving): the text encoders, the VAE (fp32 where the family
+    keeps it so: `vae_fp32`) and a LoRA run's base denoiser, whose adapter `lora.add_adapters`
+    then makes fp32 (the examples' cast_training_params). A full run's denoiser loads in fp32:
+    those are the master weights the optimizer updates (autocast or FSDP2's policy computes in
+    the training precision). So a LoRA base never reaches the GPU in fp32 (Qwen-Image's 20.4 B
+    parameters: 82 GB in fp32, 41 GB in bf16)."""
+    import torch
+
+    frozen = precision_dtype(mixed_precision)
+    return PartDtypes(
+        denoiser=frozen if lora else torch.float32,
+        text_encoders=frozen,
+        vae=torch.float32 if vae_fp32 else frozen,
+    )
+
+
 def prepare_parts(
     parts: Parts, *, mixed_precision: str, gradient_checkpointing: bool, device: Any, vae_fp32: bool = False
 ) -> None:
     """Freeze the VAE and the text encoders on `device`; the denoiser trains (the Booster moves it)."""
     import torch
 
-    # Frozen parts run in the training precision on GPU (as diffusers' example does); on CPU
-    # they stay fp32, which is what CPU kernels are fast at.
-    dtype = precision_dtype(mixed_precision) if device.type == "cuda" else torch.float32
+    # Frozen parts run in the training precision (as diffusers' examples do), on the CPU as on a
+    # GPU: one rule wherever the job runs, so the CPU tests see what a GPU run does (they were
+    # loaded in it by `part_dtypes`; the cast here is for parts loaded otherwise).
+    dtype = precision_dtype(mixed_precision)
     for frozen in (parts.vae, *parts.text_encoders):
         frozen.requires_grad_(False)
         frozen.eval()

@@ -5,9 +5,10 @@ one GPU counts, whatever the instance's count). What each holds at once (read fr
 
     evaluation  one whole pipeline at a time: sdflow_image.evaluation.adherence.compare renders the trained model,
                 drops it (`del pipe`, gc, torch.cuda.empty_cache) and only then loads the base; a LoRA model is the
-                base with its adapter attached. adherence.load_pipeline loads in float32 "so that scores do not
-                depend on the precision": 4 bytes a parameter (EVALUATION_BYTES).
-    endpoint    one pipeline, in the served dtype: bf16 or fp16 on a GPU (serving.serve_model.torch_placement),
+                base with its adapter attached. Both load as the endpoint serves them
+                (evaluation.evaluate.EVALUATION_DTYPE "auto": serving.serve_model.serving_dtype on a GPU, bf16 or
+                fp16): 2 bytes a parameter (EVALUATION_BYTES).
+    endpoint    one pipeline, in the served dtype: bf16 or fp16 on a GPU (serving.serve_model.serving_dtype),
                 2 bytes a parameter (SERVING_BYTES).
 
 The weights are the family's reference model (memory_estimate.FAMILIES: denoiser + text encoders + VAE; without
@@ -27,8 +28,8 @@ from dataclasses import dataclass
 from sdflow_common import memory_estimate
 from sdflow_common.memory_estimate import GIB, REFERENCE_RESOLUTION, SD3_T5, SD15_DENOISER, T5_FAMILIES
 
-EVALUATION_BYTES = 4  # adherence.load_pipeline: float32
-SERVING_BYTES = 2  # serve_model.torch_placement on a GPU: bf16 or fp16
+EVALUATION_BYTES = 2  # evaluate.EVALUATION_DTYPE "auto": the served dtype, bf16 or fp16 on a GPU
+SERVING_BYTES = 2  # serve_model.serving_dtype on a GPU: bf16 or fp16
 VAE_DECODE_GIB = 1.0  # assumed: the VAE decode's peak at 512 px in half precision
 DENOISER_STEP_GIB = 0.1  # assumed: one SD 1.5 UNet step over a guidance pair at 512 px, half precision
 

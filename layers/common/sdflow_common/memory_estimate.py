@@ -176,6 +176,7 @@ class Setup:
     gpus: int = 1  # every GPU of the job: the data-parallel group the sharding plugins shard across
     with_t5: bool = True  # SD 3 saved without T5 (model_index.json "text_encoder_3": [null, null])
     variant: str = ""  # the family's model: "" its largest, "medium" (SD 3.5), "4b" (FLUX.2 [klein])
+    gradient_accumulation_steps: int = 1
 
     @property
     def model(self) -> Family:
@@ -213,6 +214,20 @@ def state_bytes_per_param(plugin: str, precision: str, gpus: int) -> float:
     return HALF_BYTES + ADAM_AND_MASTER_BYTES / gpus
 
 
+def accumulated_gradient_bytes(setup: Setup) -> float:
+    """FSDP2's unsharded gradients kept between the micro-batches of one update: 4 B x every trained
+    parameter on every GPU, not divided by N. The backend skips the gradient sync on the micro-batches
+    before the last (backends/accelerate.py `no_sync`: `set_requires_gradient_sync(False)`, only with
+    more than one GPU, backends/base.py `skips_sync`); torch 2.15's `FSDPParamGroup.post_backward` then
+    neither reduce-scatters nor frees the gradients: `_set_unsharded_grad_dtypes(defer_upcast=False)`
+    upcasts each to the parameter's `unsharded_grad_dtype` (the policy's reduce_dtype, fp32) and the
+    whole-shaped gradient stays on `_unsharded_param.grad` (`FSDPParam.unsharded_accumulated_grad`)
+    after the parameters are resharded, until the last micro-batch reduces it."""
+    if setup.plugin != "fsdp2" or setup.gradient_accumulation_steps < 2 or setup.gpus < 2:
+        return 0.0
+    return FULL_BYTES * trained_parameters(setup)
+
+
 def trained_parameters(setup: Setup) -> float:
     family = setup.model
     if setup.method == "full":
@@ -231,6 +246,7 @@ def estimate(setup: Setup) -> Estimate:
         frozen -= SD3_T5
     states = trained * state_bytes_per_param(setup.plugin, setup.precision, setup.gpus)
     ema = trained * FULL_BYTES if setup.use_ema else 0.0
+    states += accumulated_gradient_bytes(setup)
     if setup.plugin == "fsdp2":
         states += FSDP_TRANSIENT_BLOCKS * (frozen_bytes + FULL_BYTES) * trained / max(family.blocks, 1)
 
@@ -292,15 +308,30 @@ def more_instances(setup: Setup, gpu: Gpu, instance_count: int) -> int | None:
     return None
 
 
+def _smaller_batch(setup: Setup, gpu: Gpu, batch: int) -> str:
+    """A smaller batch, with the accumulation steps that keep the samples per update where that still
+    fits: under fsdp2 on several GPUs accumulating keeps a whole fp32 gradient per GPU
+    (`accumulated_gradient_bytes`), which may not."""
+    samples = setup.batch * setup.gradient_accumulation_steps
+    steps = -(-samples // batch)
+    if fits(_with(setup, batch=batch, gradient_accumulation_steps=steps), gpu):
+        return (
+            f"training.train_batch_size {batch} with training.gradient_accumulation_steps {steps} (about the same "
+            "samples per update)"
+        )
+    kept = accumulated_gradient_bytes(_with(setup, gradient_accumulation_steps=steps)) / GIB
+    return (
+        f"training.train_batch_size {batch} (fewer samples per update: accumulating {steps} steps under fsdp2 "
+        f"keeps an unsharded fp32 gradient of {kept:.1f} GiB on every GPU, which does not fit)"
+    )
+
+
 def remedies(setup: Setup, gpu: Gpu, instance_count: int) -> list[str]:
     """What would make the run fit, each change alone, as run-document fields."""
     found: list[str] = []
     batch = largest_fitting_batch(setup, gpu)
     if batch > 0:
-        found.append(
-            f"training.train_batch_size {batch} (raise training.gradient_accumulation_steps to keep the samples "
-            "per update)"
-        )
+        found.append(_smaller_batch(setup, gpu, batch))
     if not setup.gradient_checkpointing and fits(_with(setup, gradient_checkpointing=True), gpu):
         found.append("training.gradient_checkpointing true")
     if setup.use_ema and fits(_with(setup, use_ema=False), gpu):

@@ -7,8 +7,9 @@ nothing). TorchTitan's scripts/estimate/estimation.py did the same for its model
 config rewrite removed it). The step is the training loop's (training/loop.py `_step`): the family's
 `encode_batch` through the frozen VAE and text encoder(s), its `compute_loss`, backward (with FSDP2's
 `set_requires_gradient_sync(False)` on the micro-batches before the last, as backends/accelerate.py
-`no_sync`), gradient clipping, AdamW over the trained parameters, zero_grad; twice, so that the second
-step runs with Adam's state. The models are the published configs' (builders/random_families_next.py),
+`no_sync`), gradient clipping, AdamW over the trained parameters, zero_grad: one step, after an untraced
+AdamW step on zero gradients that makes Adam's m and v, so that the traced step is any later step of a
+run. The models are the published configs' (builders/random_families_next.py),
 built on the meta device and made fake.
 
 What the trace is and is not, on a CPU:
@@ -23,9 +24,9 @@ What the trace is and is not, on a CPU:
 - The tracker counts tensors, not the caching allocator's blocks: like `torch.cuda.max_memory_allocated`
   (the GPU acceptance's figure), it leaves out the CUDA context and fragmentation (the estimate's
   CUDA_RESERVE_GIB), and NCCL's buffers.
-- DDP's gradient buckets are allocated by its C++ reducer, which the tracker does not see: they are
-  added as 4 B per trained parameter (torch's default `gradient_as_bucket_view=False` copies every
-  gradient into them), the bytes torch documents for them.
+- DDP itself is not built (its C++ reducer reads parameter data, which fake tensors do not have): the
+  step runs on the bare denoiser, and DDP's gradient buckets are added as one fp32 tensor of 4 B per
+  trained parameter (torch's default `gradient_as_bucket_view=False` copies every gradient into them).
 """
 
 from __future__ import annotations
@@ -128,6 +129,22 @@ def _shard(denoiser: Any, world_size: int) -> None:
     fully_shard(denoiser, mesh=mesh, mp_policy=policy)
 
 
+def _flux2_sizes_known(row: Row) -> None:
+    """FLUX.2's `_unpack_latents_with_ids` reads the latent grid's size off the position ids
+    (`torch.max(h_ids) + 1`, a value fake tensors do not have) unless given it: give it the row's."""
+    import functools
+
+    from sdflow_image.families.base import second_stack
+
+    pipeline = second_stack("diffusers").Flux2KleinPipeline
+    unpack = pipeline.__dict__["_unpack_latents_with_ids"]
+    original = getattr(unpack, "traced_from", unpack).__func__
+    side = row.resolution // 16  # the VAE's 8x, then 2x2 patches
+    patched = staticmethod(functools.partial(original, height=side, width=side))
+    patched.traced_from = staticmethod(original)  # type: ignore[attr-defined]
+    pipeline._unpack_latents_with_ids = patched
+
+
 def _fast(tracker_class: Any) -> Any:
     """`tracker_class` keeping the global peak only: the stock `_update_peak_stats` walks every module
     seen so far at every op (thousands of modules times thousands of ops: minutes per step)."""
@@ -139,6 +156,19 @@ def _fast(tracker_class: Any) -> Any:
                     self._peak_mem[dev] = snap["Total"]
                     self._peak_mem_snap[dev] = dict(snap)
                     self.peak_at = (sorted(self._mod_tracker.parents), self._mod_tracker.is_bw)
+
+        def _track_module_params_and_buffers(self, module: Any, install_grad_hooks: bool = True) -> Any:
+            # MemTracker hooks the gradient of every parameter of a module that runs, and torch refuses
+            # a hook on a frozen one (the VAE, the text encoders, a LoRA layer's base weight).
+            frozen = [p for p in module.parameters() if not p.requires_grad]
+            for param in frozen:
+                self._param_to_grad_hook_handles.setdefault(param, ())
+            try:
+                return super()._track_module_params_and_buffers(module, install_grad_hooks)
+            finally:
+                for param in frozen:
+                    if self._param_to_grad_hook_handles.get(param) == ():
+                        del self._param_to_grad_hook_handles[param]
 
     return PeakOnly
 
@@ -156,6 +186,7 @@ def trace(row: Row) -> Traced:
 
     started, cpu = time.perf_counter(), time.process_time()
     _process_group(row.gpus)
+    _flux2_sizes_known(row)
     family = families.get(random_families_next.FAMILY_OF[row.variant])
     parts = _parts(random_families_next.build_components(row.variant, device="meta"))
     device = torch.device("cpu")
@@ -184,7 +215,9 @@ def trace(row: Row) -> Traced:
     with FakeTensorMode(allow_non_fake_inputs=True):
         for module in (*frozen, denoiser):
             module.to_empty(device=device)
-        model = denoiser if row.plugin == "fsdp2" else torch.nn.parallel.DistributedDataParallel(denoiser)
+        # ddp: the bare denoiser. DistributedDataParallel cannot be built on fake tensors (its C++ reducer
+        # reads the parameters' data); what it adds to the step's memory is its buckets, counted below.
+        model = denoiser
         params = [p for p in denoiser.parameters() if p.requires_grad]
         trained = sum(p.numel() for p in params)  # a DTensor's numel is the whole parameter's
         optimizer = torch.optim.AdamW(params, lr=1e-4, weight_decay=1e-2, foreach=True)
@@ -194,7 +227,7 @@ def trace(row: Row) -> Traced:
         else:
             tracker = _fast(MemTracker)()
             # DDP's buckets, allocated by its C++ reducer out of the tracker's sight (module docstring).
-            tracker.track_external(model, optimizer, torch.empty(trained, dtype=torch.float32, device=device))
+            tracker.track_external(model, optimizer, *frozen, torch.empty(trained, dtype=torch.float32, device=device))
         # Adam's m and v made by one step on zero gradients, before the traced step: the traced step
         # is then every later step of a run (TorchTitan traced two steps for this; one is half the time).
         for param in params:
@@ -207,6 +240,8 @@ def trace(row: Row) -> Traced:
             _optimizer_step(tracker, optimizer, row, device)
     peak = tracker.get_tracker_snapshot("peak")[device]
     split = {str(getattr(k, "value", k)): int(v) for k, v in peak.items() if k != "Total" and v}
+    if row.plugin != "fsdp2":  # MemTracker counts them itself (track_external)
+        frozen_bytes = 0
     split["Frozen (VAE, text encoders)"] = frozen_bytes
     print("peak at", getattr(tracker, "peak_at", None), flush=True)
     return Traced(
@@ -215,20 +250,23 @@ def trace(row: Row) -> Traced:
 
 
 def _optimizer_step(tracker: Any, optimizer: Any, row: Row, device: Any) -> None:
-    """Clip, step, zero_grad (backends/accelerate.py `step`). Under fsdp2 the tracker overcounts the
-    step on fake DTensors (about 13 shard-sized temporaries where torch's foreach AdamW allocates
-    one: `_multi_tensor_adam`'s `exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)`; plain
-    tensors count right), so the step's peak is taken as what the step leaves (weights, gradients,
-    Adam's m and v) plus that one fp32 temporary of the local shards."""
+    """Clip, step, zero_grad (backends/accelerate.py `step`). On fake DTensors (fsdp2) the tracker counts
+    a shard-sized temporary for every foreach op of the clip and the step (seen here: 17 x the shards in
+    `clip_grad_norm_`, 13 x in AdamW's step), where torch's foreach AdamW allocates one
+    (`_multi_tensor_adam`: `exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)`) and the clip
+    none of that size; on plain tensors (ddp) it counts right. So under fsdp2 the two are left out of the
+    tracked peak, and the step's peak is taken as what the step leaves (weights, gradients, Adam's m and
+    v) plus that one fp32 temporary of the local shards."""
     import torch
 
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
     if row.plugin != "fsdp2":
+        torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
         optimizer.step()
         optimizer.zero_grad()
         return
     peak, snap = dict(tracker._peak_mem), dict(tracker._peak_mem_snap)
+    torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
     optimizer.step()
     tracker._peak_mem, tracker._peak_mem_snap = peak, snap
     after = dict(tracker.get_tracker_snapshot("current")[device])
@@ -241,8 +279,8 @@ def _optimizer_step(tracker: Any, optimizer: Any, row: Row, device: Any) -> None
 def _no_sync(model: Any, row: Row, last: bool) -> Any:
     if row.accumulation == 1 or row.gpus == 1 or last:  # backends.base.skips_sync
         return contextlib.nullcontext()
-    if row.plugin == "ddp":
-        return model.no_sync()
+    if row.plugin == "ddp":  # DDP's no_sync only skips the all-reduce: no memory of its own
+        return contextlib.nullcontext()
     return _fsdp_no_sync(model)
 
 

@@ -28,9 +28,13 @@ does not fit its instance type's GPUs, naming what to change. The estimate is pe
              the whole denoiser (UNet / SD 3 transformer).
              FSDP2 shards only what trains: the frozen text encoder(s) and VAE are whole on every GPU.
     EMA      an fp32 copy of the trained weights (use_ema; refused with fsdp2).
-    acts     activations: ACTIVATION_GIB_PER_SAMPLE x the denoiser's size relative to SD 1.5 x
-             (resolution / 512)² x batch; x GRADIENT_CHECKPOINTING_SHARE with gradient checkpointing;
-             x 2 in fp32.
+    acts     activations: per sample at 512 px, the family's traced figure (Family.activation_gib) where
+             there is one, else ACTIVATION_GIB_PER_SAMPLE x the denoiser's size relative to SD 1.5; x
+             (resolution / 512)² x batch; x TRACED_LORA_SHARE for LoRA (traced families); x the
+             gradient-checkpointing share (TRACED_CHECKPOINTING_SHARE, measured, for traced families;
+             GRADIENT_CHECKPOINTING_SHARE, assumed, for the rest); x 2 in fp32. Under ddp and fsdp2 at
+             least AdamW's foreach temporary (4 B per local trained parameter), which the step
+             allocates once the activations are freed.
 
 N is every GPU of the job (GPUs per instance x training.instance_count): both sharding plugins shard
 across the whole data-parallel group. The fit test keeps CUDA_RESERVE_GIB of each GPU for the CUDA
@@ -42,10 +46,15 @@ checkpointing): low_level_zero with EMA measured 20.01 GiB, gemini without EMA 1
 free constant, activations per sample, is fitted to those two rows (0.58 GiB), so they check the
 split between states and activations, not the model as a whole: the estimate gives 20.33 (+1.6 %)
 and 15.52 (-2.1 %). Nothing else here has been measured on a GPU: SDXL, SD 3, LoRA, torch_ddp,
-fp16, fp32 and gradient checkpointing are the rules above with stated assumptions, no more; so are the
-accelerate backend's families (SD 3.5, FLUX.2 [klein], Qwen-Image), whose activations follow the same
-per-parameter rule (at 512 px each of them runs 1,024 image tokens through its transformer, as SD 3
-does), and FSDP2's transient blocks."""
+fp16, fp32 and gradient checkpointing are the rules above with stated assumptions, no more.
+
+Traced, not measured (bench/trace_memory.py: torch's memory trackers count a step of the published
+model on fake tensors, on a CPU; README "Families x methods x plugins x precisions"): the accelerate
+backend's FLUX.2 [klein] 4B and 9B and SD 3.5 Medium rows. They set those families' activations, the
+LoRA and checkpointing shares and FSDP2's root and largest block, and the estimate stays within 0.9-1.15
+of them (tests/image_accelerate/test_memory_trace.py holds FLUX.2 [klein] 4B's two rows). SD 3.5 Large
+and Qwen-Image are not traced yet: their activations follow the SD 1.5 rule, which gave a third of
+FLUX.2's traced activations, so their estimates are likely low."""
 
 from __future__ import annotations
 
@@ -126,12 +135,17 @@ FAMILIES = {
 #   model), VAE AutoencoderKLQwenImage 126.9 M.
 # The text encoders are decoders of a chat model, not CLIP: their LoRA is not offered (text_lora_per_rank 0).
 SD3_VAE_AND_CLIP = 123.7e6 + 694.7e6 + 83.8e6
+# The traced activations (the last field, GiB at 512 px): FLUX.2's from its full fsdp2 rows; SD 3.5 Medium's
+# from its lora ddp row (2.01 GiB / TRACED_LORA_SHARE), since its fsdp2 trace peaks outside the backward with
+# 12.6 GiB the tracker files as activations, the signature of its overcount of foreach ops on fake DTensors
+# (bench/memory_trace.py), while one of its blocks keeps 158 MiB (24 blocks: 3.7 GiB). Not traced yet: SD 3.5
+# Large and Qwen-Image (0: the SD 1.5 rule).
 # Blocks as backends/accelerate.py `shard_units` finds them, on the meta device: the largest block's and the
 # root's parameters and the buffers' bytes (SD 3.5's pos_embed table, pos_embed_max_size² x width in fp32).
 FAMILIES |= {
     "sd35": Family("SD 3.5 Large", 8056.6e6, SD3_VAE_AND_CLIP + SD3_T5, 739_328, 0.0, 38, 213.0e6, 39.6e6, 358.6e6),
     "sd35-medium": Family(
-        "SD 3.5 Medium", 2243.2e6, SD3_VAE_AND_CLIP + SD3_T5, 454_656, 0.0, 24, 101.5e6, 19.5e6, 906.0e6, 12.73
+        "SD 3.5 Medium", 2243.2e6, SD3_VAE_AND_CLIP + SD3_T5, 454_656, 0.0, 24, 101.5e6, 19.5e6, 906.0e6, 4.9
     ),
     "flux2": Family("FLUX.2 [klein] 9B", 9078.6e6, 8190.7e6 + 84.0e6, 262_144, 0.0, 32, 436.2e6, 354.4e6, 0, 24.74),
     "flux2-4b": Family("FLUX.2 [klein] 4B", 3875.5e6, 4022.5e6 + 84.0e6, 122_880, 0.0, 25, 245.4e6, 195.0e6, 0, 13.64),

@@ -145,6 +145,30 @@ def _flux2_sizes_known(row: Row) -> None:
     pipeline._unpack_latents_with_ids = patched
 
 
+@contextlib.contextmanager
+def _qwen_rows_of_known_length(batch: dict[str, Any]) -> Any:
+    """Qwen-Image keeps each prompt's real tokens by boolean indexing with the attention mask
+    (families/qwenimage.py `prompt_rows`), an output size fake tensors do not have: for the trace, the
+    same slice with the length read off the real mask beforehand."""
+    from sdflow_image.families import qwenimage
+
+    original = qwenimage.prompt_rows
+    if "attention_mask" not in batch:
+        yield
+        return
+    length = int(batch["attention_mask"][0].sum()) - qwenimage.TEMPLATE_START
+
+    def rows(hidden: Any, mask: Any) -> list[Any]:
+        start = qwenimage.TEMPLATE_START
+        return [states[start : start + length] for states in hidden]
+
+    qwenimage.prompt_rows = rows
+    try:
+        yield
+    finally:
+        qwenimage.prompt_rows = original
+
+
 def _fast(tracker_class: Any) -> Any:
     """`tracker_class` keeping the global peak only: the stock `_update_peak_stats` walks every module
     seen so far at every op (thousands of modules times thousands of ops: minutes per step)."""
@@ -212,7 +236,8 @@ def trace(row: Row) -> Traced:
     # The frozen VAE and text encoders sit on the GPU for the whole step and never appear as an op's
     # output (FSDPMemTracker.track_external is a no-op): their bytes are added to every moment.
     frozen_bytes = sum(t.numel() * t.element_size() for m in frozen for t in (*m.parameters(), *m.buffers()))
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    batch = _batch(family, parts, row)  # real token ids: their mask is read below
+    with _qwen_rows_of_known_length(batch), FakeTensorMode(allow_non_fake_inputs=True):
         for module in (*frozen, denoiser):
             module.to_empty(device=device)
         # ddp: the bare denoiser. DistributedDataParallel cannot be built on fake tensors (its C++ reducer
@@ -221,7 +246,6 @@ def trace(row: Row) -> Traced:
         params = [p for p in denoiser.parameters() if p.requires_grad]
         trained = sum(p.numel() for p in params)  # a DTensor's numel is the whole parameter's
         optimizer = torch.optim.AdamW(params, lr=1e-4, weight_decay=1e-2, foreach=True)
-        batch = _batch(family, parts, row)
         if row.plugin == "fsdp2":
             tracker: Any = _fast(FSDPMemTracker)(model, optimizer)
         else:

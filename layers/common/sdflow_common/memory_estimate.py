@@ -138,8 +138,9 @@ SD3_VAE_AND_CLIP = 123.7e6 + 694.7e6 + 83.8e6
 # The traced activations (the last field, GiB at 512 px): FLUX.2's from its full fsdp2 rows; SD 3.5 Medium's
 # from its lora ddp row (2.01 GiB / TRACED_LORA_SHARE), since its fsdp2 trace peaks outside the backward with
 # 12.6 GiB the tracker files as activations, the signature of its overcount of foreach ops on fake DTensors
-# (bench/memory_trace.py), while one of its blocks keeps 158 MiB (24 blocks: 3.7 GiB). Not traced yet: SD 3.5
-# Large and Qwen-Image (0: the SD 1.5 rule).
+# (bench/memory_trace.py), while one of its blocks keeps 158 MiB (24 blocks: 3.7 GiB). Qwen-Image's fsdp2
+# trace (75.4 GiB on 8 GPUs) has the same signature; it and SD 3.5 Large (not traced yet) keep 0: the SD 1.5
+# rule.
 # Blocks as backends/accelerate.py `shard_units` finds them, on the meta device: the largest block's and the
 # root's parameters and the buffers' bytes (SD 3.5's pos_embed table, pos_embed_max_size² x width in fp32).
 FAMILIES |= {

@@ -138,9 +138,9 @@ SD3_VAE_AND_CLIP = 123.7e6 + 694.7e6 + 83.8e6
 # The traced activations (the last field, GiB at 512 px): FLUX.2's from its full fsdp2 rows; SD 3.5 Medium's
 # from its lora ddp row (2.01 GiB / TRACED_LORA_SHARE), since its fsdp2 trace peaks outside the backward with
 # 12.6 GiB the tracker files as activations, the signature of its overcount of foreach ops on fake DTensors
-# (bench/memory_trace.py), while one of its blocks keeps 158 MiB (24 blocks: 3.7 GiB). Qwen-Image's fsdp2
-# trace (75.4 GiB on 8 GPUs) has the same signature; it and SD 3.5 Large (not traced yet) keep 0: the SD 1.5
-# rule.
+# (bench/memory_trace.py), while one of its blocks keeps 158 MiB (24 blocks: 3.7 GiB). Qwen-Image's likewise
+# from its lora ddp row (7.23 GiB / TRACED_LORA_SHARE; its fsdp2 trace has the same signature). SD 3.5 Large,
+# not traced yet, keeps 0: the SD 1.5 rule.
 # Blocks as backends/accelerate.py `shard_units` finds them, on the meta device: the largest block's and the
 # root's parameters and the buffers' bytes (SD 3.5's pos_embed table, pos_embed_max_size² x width in fp32).
 FAMILIES |= {
@@ -150,7 +150,7 @@ FAMILIES |= {
     ),
     "flux2": Family("FLUX.2 [klein] 9B", 9078.6e6, 8190.7e6 + 84.0e6, 262_144, 0.0, 32, 436.2e6, 354.4e6, 0, 24.74),
     "flux2-4b": Family("FLUX.2 [klein] 4B", 3875.5e6, 4022.5e6 + 84.0e6, 122_880, 0.0, 25, 245.4e6, 195.0e6, 0, 13.64),
-    "qwenimage": Family("Qwen-Image", 20430.4e6, 8292.2e6 + 126.9e6, 1_474_560, 0.0, 60, 339.8e6, 40.5e6),
+    "qwenimage": Family("Qwen-Image", 20430.4e6, 8292.2e6 + 126.9e6, 1_474_560, 0.0, 60, 339.8e6, 40.5e6, 0, 17.6),
 }
 # Families saved with SD 3's optional T5 encoder ("text_encoder_3" in model_index.json).
 T5_FAMILIES = ("sd3", "sd35")

@@ -50,11 +50,11 @@ fp16, fp32 and gradient checkpointing are the rules above with stated assumption
 
 Traced, not measured (bench/trace_memory.py: torch's memory trackers count a step of the published
 model on fake tensors, on a CPU; README "Families x methods x plugins x precisions"): the accelerate
-backend's FLUX.2 [klein] 4B and 9B and SD 3.5 Medium rows. They set those families' activations, the
+backend's FLUX.2 [klein] 4B and 9B, SD 3.5 Medium and Qwen-Image rows. They set those families' activations, the
 LoRA and checkpointing shares and FSDP2's root and largest block, and the estimate stays within 0.9-1.15
 of them (tests/image_accelerate/test_memory_trace.py holds FLUX.2 [klein] 4B's two rows). SD 3.5 Large
-and Qwen-Image are not traced yet: their activations follow the SD 1.5 rule, which gave a third of
-FLUX.2's traced activations, so their estimates are likely low."""
+is not traced yet: its activations follow the SD 1.5 rule, which gave a third of FLUX.2's traced
+activations, so its estimate is likely low."""
 
 from __future__ import annotations
 

@@ -17,15 +17,24 @@ does not fit its instance type's GPUs, naming what to change. The estimate is pe
                            Adam's m and v, all sharded across the N GPUs; plus, unsharded for the
                            moment a block runs, two blocks' parameters in the training precision and
                            their fp32 gradients (the block that runs and the one prefetched:
-                           FSDP_TRANSIENT_BLOCKS x (2 + 4) B x the block's parameters).
-    frozen   what does not train, in the training precision (fp32 with "no"): VAE and text
+                           FSDP_TRANSIENT_BLOCKS x (2 + 4) B x the LARGEST block's parameters) and the
+                           root unit's (what no block holds: embedders, final layers), gathered for the
+                           whole step; with gradient_accumulation_steps > 1 on several GPUs, a whole
+                           fp32 gradient of every trained parameter (4 B/param, not divided by N:
+                           `accumulated_gradient_bytes`).
+    frozen   the denoiser's buffers (fp32, never sharded: SD 3.5's positional table, 0.9 GB in Medium);
+             what does not train, in the training precision (fp32 with "no"): VAE and text
              encoders (SD 3's T5, 4.8 B, only when model_index.json names one); with LoRA also
              the whole denoiser (UNet / SD 3 transformer).
              FSDP2 shards only what trains: the frozen text encoder(s) and VAE are whole on every GPU.
     EMA      an fp32 copy of the trained weights (use_ema; refused with fsdp2).
-    acts     activations: ACTIVATION_GIB_PER_SAMPLE x the denoiser's size relative to SD 1.5 x
-             (resolution / 512)² x batch; x GRADIENT_CHECKPOINTING_SHARE with gradient checkpointing;
-             x 2 in fp32.
+    acts     activations: per sample at 512 px, the family's traced figure (Family.activation_gib) where
+             there is one, else ACTIVATION_GIB_PER_SAMPLE x the denoiser's size relative to SD 1.5; x
+             (resolution / 512)² x batch; x TRACED_LORA_SHARE for LoRA (traced families); x the
+             gradient-checkpointing share (TRACED_CHECKPOINTING_SHARE, measured, for traced families;
+             GRADIENT_CHECKPOINTING_SHARE, assumed, for the rest); x 2 in fp32. Under ddp and fsdp2 at
+             least AdamW's foreach temporary (4 B per local trained parameter), which the step
+             allocates once the activations are freed.
 
 N is every GPU of the job (GPUs per instance x training.instance_count): both sharding plugins shard
 across the whole data-parallel group. The fit test keeps CUDA_RESERVE_GIB of each GPU for the CUDA
@@ -37,10 +46,15 @@ checkpointing): low_level_zero with EMA measured 20.01 GiB, gemini without EMA 1
 free constant, activations per sample, is fitted to those two rows (0.58 GiB), so they check the
 split between states and activations, not the model as a whole: the estimate gives 20.33 (+1.6 %)
 and 15.52 (-2.1 %). Nothing else here has been measured on a GPU: SDXL, SD 3, LoRA, torch_ddp,
-fp16, fp32 and gradient checkpointing are the rules above with stated assumptions, no more; so are the
-accelerate backend's families (SD 3.5, FLUX.2 [klein], Qwen-Image), whose activations follow the same
-per-parameter rule (at 512 px each of them runs 1,024 image tokens through its transformer, as SD 3
-does), and FSDP2's transient blocks."""
+fp16, fp32 and gradient checkpointing are the rules above with stated assumptions, no more.
+
+Traced, not measured (bench/trace_memory.py: torch's memory trackers count a step of the published
+model on fake tensors, on a CPU; README "Families x methods x plugins x precisions"): the accelerate
+backend's FLUX.2 [klein] 4B and 9B, SD 3.5 Medium and Qwen-Image rows. They set those families' activations, the
+LoRA and checkpointing shares and FSDP2's root and largest block, and the estimate stays within 0.9-1.15
+of them (tests/image_accelerate/test_memory_trace.py holds FLUX.2 [klein] 4B's two rows). SD 3.5 Large
+is not traced yet: its activations follow the SD 1.5 rule, which gave a third of FLUX.2's traced
+activations, so its estimate is likely low."""
 
 from __future__ import annotations
 
@@ -60,6 +74,14 @@ REFERENCE_RESOLUTION = 512
 # Assumed, not measured: the share of activation memory left with gradient checkpointing (diffusers'
 # models checkpoint each transformer / resnet block and keep only the block inputs).
 GRADIENT_CHECKPOINTING_SHARE = 0.35
+# Measured (bench/trace_memory.py --gradient-checkpointing): the share of the traced activations left
+# with gradient checkpointing in the transformer families (diffusers checkpoints each block and keeps
+# its inputs), where the trace gives them.
+TRACED_CHECKPOINTING_SHARE = 0.55  # FLUX.2 [klein] 4B, fsdp2, 512 px: 7.57 of 13.64 GiB
+# Measured likewise (the lora ddp row against the full fsdp2 row of FLUX.2 [klein] 4B, 512 px: 5.53 of 13.64
+# GiB): a frozen Linear keeps no input for the backward (only its weight's gradient would need it), so a
+# LoRA run keeps the adapted layers' inputs and the nonlinearities' only.
+TRACED_LORA_SHARE = 0.41
 # Kept free on every GPU: the CUDA context (~0.5 GiB) and the caching allocator's fragmentation.
 CUDA_RESERVE_GIB = 1.0
 ADAM_AND_MASTER_BYTES = 16  # fp32 master (or gradient) 4 + Adam m 4 + v 4 + fp32 gradient 4
@@ -68,6 +90,7 @@ HALF_BYTES, FULL_BYTES = 2, 4
 # two blocks unsharded at a time, each with its parameters in the training precision and fp32 gradients
 # until they are reduce-scattered. Assumed, not measured.
 FSDP_TRANSIENT_BLOCKS = 2
+ACCELERATE_PLUGINS = ("ddp", "fsdp2")
 
 
 @dataclass(frozen=True)
@@ -80,6 +103,13 @@ class Family:
     lora_per_rank: float  # LoRA parameters per unit of rank on the default targets (to_q/k/v/out.0)
     text_lora_per_rank: float  # the same on the CLIP text encoder(s) (q/k/v/out_proj)
     blocks: int = 0  # the denoiser's transformer blocks: FSDP2 shards (and gathers) one at a time
+    largest_block: float = 0.0  # parameters of the largest (FLUX.2's double blocks are twice its single ones)
+    root: float = 0.0  # parameters outside the blocks: FSDP2's root unit, gathered for the whole step
+    buffers: float = 0.0  # bytes of the denoiser's buffers (fp32, never sharded): SD 3.5's positional table
+    # Activations of one sample at 512 px in half precision without gradient checkpointing, in GiB, as
+    # traced (bench/trace_memory.py: the Activation and Temp of the full fsdp2 row's peak); 0: the SD 1.5
+    # calibration scaled by the denoiser's size (ACTIVATION_GIB_PER_SAMPLE).
+    activation_gib: float = 0.0
 
 
 # SD 1.5: UNet 859.5 M, CLIP ViT-L text encoder 123.1 M, VAE 83.7 M (SD 2.x: UNet 865.9 M and an
@@ -110,12 +140,22 @@ FAMILIES = {
 #   model), VAE AutoencoderKLQwenImage 126.9 M.
 # The text encoders are decoders of a chat model, not CLIP: their LoRA is not offered (text_lora_per_rank 0).
 SD3_VAE_AND_CLIP = 123.7e6 + 694.7e6 + 83.8e6
+# The traced activations (the last field, GiB at 512 px): FLUX.2's from its full fsdp2 rows; SD 3.5 Medium's
+# from its lora ddp row (2.01 GiB / TRACED_LORA_SHARE), since its fsdp2 trace peaks outside the backward with
+# 12.6 GiB the tracker files as activations, the signature of its overcount of foreach ops on fake DTensors
+# (bench/memory_trace.py), while one of its blocks keeps 158 MiB (24 blocks: 3.7 GiB). Qwen-Image's likewise
+# from its lora ddp row (7.23 GiB / TRACED_LORA_SHARE; its fsdp2 trace has the same signature). SD 3.5 Large,
+# not traced yet, keeps 0: the SD 1.5 rule.
+# Blocks as backends/accelerate.py `shard_units` finds them, on the meta device: the largest block's and the
+# root's parameters and the buffers' bytes (SD 3.5's pos_embed table, pos_embed_max_size² x width in fp32).
 FAMILIES |= {
-    "sd35": Family("SD 3.5 Large", 8056.6e6, SD3_VAE_AND_CLIP + SD3_T5, 739_328, 0.0, blocks=38),
-    "sd35-medium": Family("SD 3.5 Medium", 2243.2e6, SD3_VAE_AND_CLIP + SD3_T5, 454_656, 0.0, blocks=24),
-    "flux2": Family("FLUX.2 [klein] 9B", 9078.6e6, 8190.7e6 + 84.0e6, 262_144, 0.0, blocks=32),
-    "flux2-4b": Family("FLUX.2 [klein] 4B", 3875.5e6, 4022.5e6 + 84.0e6, 122_880, 0.0, blocks=25),
-    "qwenimage": Family("Qwen-Image", 20430.4e6, 8292.2e6 + 126.9e6, 1_474_560, 0.0, blocks=60),
+    "sd35": Family("SD 3.5 Large", 8056.6e6, SD3_VAE_AND_CLIP + SD3_T5, 739_328, 0.0, 38, 213.0e6, 39.6e6, 358.6e6),
+    "sd35-medium": Family(
+        "SD 3.5 Medium", 2243.2e6, SD3_VAE_AND_CLIP + SD3_T5, 454_656, 0.0, 24, 101.5e6, 19.5e6, 906.0e6, 4.9
+    ),
+    "flux2": Family("FLUX.2 [klein] 9B", 9078.6e6, 8190.7e6 + 84.0e6, 262_144, 0.0, 32, 436.2e6, 354.4e6, 0, 24.74),
+    "flux2-4b": Family("FLUX.2 [klein] 4B", 3875.5e6, 4022.5e6 + 84.0e6, 122_880, 0.0, 25, 245.4e6, 195.0e6, 0, 13.64),
+    "qwenimage": Family("Qwen-Image", 20430.4e6, 8292.2e6 + 126.9e6, 1_474_560, 0.0, 60, 339.8e6, 40.5e6, 0, 17.6),
 }
 # Families saved with SD 3's optional T5 encoder ("text_encoder_3" in model_index.json).
 T5_FAMILIES = ("sd3", "sd35")
@@ -145,6 +185,7 @@ class Setup:
     gpus: int = 1  # every GPU of the job: the data-parallel group the sharding plugins shard across
     with_t5: bool = True  # SD 3 saved without T5 (model_index.json "text_encoder_3": [null, null])
     variant: str = ""  # the family's model: "" its largest, "medium" (SD 3.5), "4b" (FLUX.2 [klein])
+    gradient_accumulation_steps: int = 1
 
     @property
     def model(self) -> Family:
@@ -182,6 +223,33 @@ def state_bytes_per_param(plugin: str, precision: str, gpus: int) -> float:
     return HALF_BYTES + ADAM_AND_MASTER_BYTES / gpus
 
 
+def accumulated_gradient_bytes(setup: Setup) -> float:
+    """FSDP2's unsharded gradients kept between the micro-batches of one update: 4 B x every trained
+    parameter on every GPU, not divided by N. The backend skips the gradient sync on the micro-batches
+    before the last (backends/accelerate.py `no_sync`: `set_requires_gradient_sync(False)`, only with
+    more than one GPU, backends/base.py `skips_sync`); torch 2.15's `FSDPParamGroup.post_backward` then
+    neither reduce-scatters nor frees the gradients: `_set_unsharded_grad_dtypes(defer_upcast=False)`
+    upcasts each to the parameter's `unsharded_grad_dtype` (the policy's reduce_dtype, fp32) and the
+    whole-shaped gradient stays on `_unsharded_param.grad` (`FSDPParam.unsharded_accumulated_grad`)
+    after the parameters are resharded, until the last micro-batch reduces it."""
+    if setup.plugin != "fsdp2" or setup.gradient_accumulation_steps < 2 or setup.gpus < 2:
+        return 0.0
+    return FULL_BYTES * trained_parameters(setup)
+
+
+def fsdp_transient_bytes(setup: Setup, half: int) -> float:
+    """What FSDP2 holds whole at its peak (early in the backward): the root unit's parameters (fully_shard's
+    root keeps them gathered from forward to backward) and FSDP_TRANSIENT_BLOCKS blocks (the one that runs
+    and the one prefetched) in the training precision, and one block's gradients, in that precision and
+    as the fp32 reduce-scatter input. Blocks are counted at the LARGEST block's size: FLUX.2's double
+    blocks are twice its single ones."""
+    family = setup.model
+    if setup.method != "full":  # LoRA under fsdp2 is refused before the estimate; an average share
+        return (half + FULL_BYTES) * FSDP_TRANSIENT_BLOCKS * trained_parameters(setup) / max(family.blocks, 1)
+    block = family.largest_block or family.denoiser / max(family.blocks, 1)
+    return half * (family.root + FSDP_TRANSIENT_BLOCKS * block) + (half + FULL_BYTES) * block
+
+
 def trained_parameters(setup: Setup) -> float:
     family = setup.model
     if setup.method == "full":
@@ -200,20 +268,33 @@ def estimate(setup: Setup) -> Estimate:
         frozen -= SD3_T5
     states = trained * state_bytes_per_param(setup.plugin, setup.precision, setup.gpus)
     ema = trained * FULL_BYTES if setup.use_ema else 0.0
+    # The kept gradients stand in for the sharded ones (4/N B/param, counted above), which appear only as
+    # the last micro-batch reduce-scatters them and frees the kept ones, block by block.
+    kept = accumulated_gradient_bytes(setup)
+    states += kept - (FULL_BYTES * trained / setup.gpus if kept else 0.0)
     if setup.plugin == "fsdp2":
-        states += FSDP_TRANSIENT_BLOCKS * (frozen_bytes + FULL_BYTES) * trained / max(family.blocks, 1)
+        states += fsdp_transient_bytes(setup, frozen_bytes)
 
+    traced = family.activation_gib > 0
+    share = TRACED_CHECKPOINTING_SHARE if traced else GRADIENT_CHECKPOINTING_SHARE
     activations = (
-        ACTIVATION_GIB_PER_SAMPLE
-        * (family.denoiser / SD15_DENOISER)
+        (family.activation_gib if traced else ACTIVATION_GIB_PER_SAMPLE * family.denoiser / SD15_DENOISER)
         * (setup.resolution / REFERENCE_RESOLUTION) ** 2
         * setup.batch
-        * (GRADIENT_CHECKPOINTING_SHARE if setup.gradient_checkpointing else 1.0)
+        * (share if setup.gradient_checkpointing else 1.0)
+        * (TRACED_LORA_SHARE if traced and setup.method == "lora" else 1.0)
         * (2.0 if setup.precision == "no" else 1.0)
     )
+    if setup.plugin in ACCELERATE_PLUGINS:
+        # torch's AdamW on CUDA parameters takes the foreach path, whose step allocates one fp32 temporary of
+        # the (local) trained parameters (torch/optim/adam.py `_multi_tensor_adam`: `exp_avg_sq_sqrt =
+        # torch._foreach_sqrt(device_exp_avg_sqs)`), once the backward has freed the activations: the peak
+        # is the larger of the two.
+        shards = setup.gpus if setup.plugin == "fsdp2" else 1
+        activations = max(activations, FULL_BYTES * trained / shards / GIB)
     return Estimate(
         states_gib=states / GIB,
-        frozen_gib=frozen * frozen_bytes / GIB,
+        frozen_gib=(frozen * frozen_bytes + family.buffers) / GIB,
         ema_gib=ema / GIB,
         activations_gib=activations,
     )
@@ -254,7 +335,6 @@ def bigger_instance(setup: Setup, current: Gpu, instance_count: int) -> str | No
     return candidates[0][2] if candidates else None
 
 
-ACCELERATE_PLUGINS = ("ddp", "fsdp2")
 MAX_INSTANCE_COUNT = 64  # training.instance_count's maximum
 
 
@@ -266,15 +346,30 @@ def more_instances(setup: Setup, gpu: Gpu, instance_count: int) -> int | None:
     return None
 
 
+def _smaller_batch(setup: Setup, gpu: Gpu, batch: int) -> str:
+    """A smaller batch, with the accumulation steps that keep the samples per update where that still
+    fits: under fsdp2 on several GPUs accumulating keeps a whole fp32 gradient per GPU
+    (`accumulated_gradient_bytes`), which may not."""
+    samples = setup.batch * setup.gradient_accumulation_steps
+    steps = -(-samples // batch)
+    if fits(_with(setup, batch=batch, gradient_accumulation_steps=steps), gpu):
+        return (
+            f"training.train_batch_size {batch} with training.gradient_accumulation_steps {steps} (about the same "
+            "samples per update)"
+        )
+    kept = accumulated_gradient_bytes(_with(setup, gradient_accumulation_steps=steps)) / GIB
+    return (
+        f"training.train_batch_size {batch} (fewer samples per update: accumulating {steps} steps under fsdp2 "
+        f"keeps an unsharded fp32 gradient of {kept:.1f} GiB on every GPU, which does not fit)"
+    )
+
+
 def remedies(setup: Setup, gpu: Gpu, instance_count: int) -> list[str]:
     """What would make the run fit, each change alone, as run-document fields."""
     found: list[str] = []
     batch = largest_fitting_batch(setup, gpu)
     if batch > 0:
-        found.append(
-            f"training.train_batch_size {batch} (raise training.gradient_accumulation_steps to keep the samples "
-            "per update)"
-        )
+        found.append(_smaller_batch(setup, gpu, batch))
     if not setup.gradient_checkpointing and fits(_with(setup, gradient_checkpointing=True), gpu):
         found.append("training.gradient_checkpointing true")
     if setup.use_ema and fits(_with(setup, use_ema=False), gpu):

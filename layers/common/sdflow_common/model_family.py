@@ -206,6 +206,7 @@ def setup_of(
         gpus=gpus_per_instance * training.instance_count,
         with_t5=with_t5,
         variant=variant,
+        gradient_accumulation_steps=training.gradient_accumulation_steps,
     )
 
 

@@ -13,7 +13,8 @@ Rows, in the order they run (what each settles that no CPU test can):
    the frozen base loaded in bf16 before it reaches the GPU (a 4B transformer and a 4B text encoder).
 3. **sd35-full-fsdp2**: SD 3.5 Medium's size, full on FSDP2 with one GPU, bf16, one uninterrupted
    run: its peak GPU memory beside the estimate (`sdflow_common.memory_estimate`) and the
-   fake-tensor trace of the same setup (`bench/trace_memory.py`, where present).
+   fake-tensor trace of the same setup (`bench/trace_memory.py`, run on the CPU from the start,
+   beside the GPU rows).
 4. **sd15-llz-resume**: SD 1.5's size on Colossal-AI's low_level_zero, bf16, stopped and resumed
    exactly. It needs the first stack (torch 2.5.1, Colossal-AI 0.5.0): run with that stack's Python,
    or name it in SDFLOW_COLOSSALAI_PYTHON; where neither has Colossal-AI the row says "not run" and
@@ -39,7 +40,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,27 +193,31 @@ def run_plan(plan: Plan, work: Path, timeout_s: int) -> QuickRow:
     return row
 
 
-def memory_figures(tiny: bool) -> dict[str, Any]:
+TRACE_ARGS = ["--variants", "sd35-medium", "--methods", "full", "--plugins", "fsdp2", "--gpus", "1", "--batch", "1",
+              "--resolution", str(QUICK_RESOLUTION), "--without-t5"]  # fmt: skip
+
+
+def start_trace(work: Path) -> subprocess.Popen[str]:
+    """The SD 3.5 Medium row's fake-tensor trace (bench/trace_memory.py), on the CPU beside the GPU rows."""
+    script = Path(__file__).resolve().parent / "trace_memory.py"
+    command = [sys.executable, str(script), *TRACE_ARGS, "--json", str(work / "trace.json")]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def memory_figures(trace: subprocess.Popen[str] | None, work: Path, timeout_s: float) -> dict[str, Any]:
     """The SD 3.5 Medium row's setup as the estimate and the trace see it (GiB per GPU)."""
-    if tiny:
+    if trace is None:
         return {"estimate_gib": "n/a (tiny model)", "trace_gib": "n/a (tiny model)"}
-    sys.path.insert(0, str(REPO / "layers" / "common"))
-    from sdflow_common import memory_estimate
-
-    setup = memory_estimate.Setup(family="sd35", variant="medium", method="full", plugin="fsdp2", precision="bf16",
-                                  batch=1, resolution=QUICK_RESOLUTION, gpus=1, with_t5=False)  # fmt: skip
-    figures: dict[str, Any] = {"estimate_gib": round(memory_estimate.estimate(setup).total_gib, 2)}
-    tracer = _optional("trace_memory", "traced_peak_gib")
-    figures["trace_gib"] = round(tracer(setup), 2) if tracer else "no bench/trace_memory.py"
-    return figures
-
-
-def _optional(module: str, name: str) -> Callable[..., Any] | None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     try:
-        return getattr(__import__(module), name, None)
-    except ImportError:
-        return None
+        output, _ = trace.communicate(timeout=max(timeout_s, 1))
+    except subprocess.TimeoutExpired:
+        trace.kill()
+        output = "past its time"
+    rows = json.loads((work / "trace.json").read_text()) if (work / "trace.json").is_file() else []
+    if not rows:
+        tail = output.strip().splitlines()[-1:] if output else []
+        return {"estimate_gib": "?", "trace_gib": f"failed: {' '.join(tail)[:200]}"}
+    return {"estimate_gib": round(rows[0]["estimated_gib"], 2), "trace_gib": round(rows[0]["traced_gib"], 2)}
 
 
 def table(rows: list[QuickRow]) -> str:
@@ -244,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     only = set(args.only.split(",")) if args.only else None
     started = time.perf_counter()
+    wanted = only is None or "sd35-full-fsdp2" in only
+    trace = start_trace(work) if wanted and not args.tiny else None  # CPU work: beside the GPU rows
     rows = [driver_row(args.tiny)]
     print(table(rows).splitlines()[2], flush=True)
     for plan in plans(args.tiny):
@@ -255,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         row = run_plan(plan, work, int(min(plan.timeout_s, left)))
         if plan.name == "sd35-full-fsdp2" and row.status != "not run":
-            row.figures |= memory_figures(args.tiny)
+            left = args.budget_s - (time.perf_counter() - started)
+            row.figures |= memory_figures(trace, work, left)
         rows.append(row)
         print(table([row]).splitlines()[2], flush=True)
     print(table(rows), flush=True)

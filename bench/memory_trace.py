@@ -54,6 +54,7 @@ class Row:
     accumulation: int = 1
     gradient_checkpointing: bool = False
     lora_rank: int = 4
+    with_t5: bool = True  # SD 3.5 with its T5-XXL encoder (the GPU acceptance's random models have none)
 
 
 @dataclass(frozen=True)
@@ -212,7 +213,7 @@ def trace(row: Row) -> Traced:
     _process_group(row.gpus)
     _flux2_sizes_known(row)
     family = families.get(random_families_next.FAMILY_OF[row.variant])
-    parts = _parts(random_families_next.build_components(row.variant, device="meta"))
+    parts = _parts(random_families_next.build_components(row.variant, device="meta", with_t5=row.with_t5))
     device = torch.device("cpu")
     # dtypes are set on the meta device (a fake tensor cannot be swapped for its cast copy), then
     # every module is made fake in place (`to_empty`).
@@ -357,4 +358,5 @@ def estimate_setup(row: Row) -> Any:
         gpus=row.gpus,
         variant=variant,
         gradient_accumulation_steps=row.accumulation,
+        with_t5=row.with_t5,
     )

@@ -39,12 +39,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--accumulation", type=int, default=1)
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--without-t5", action="store_true", help="SD 3.5 without its T5-XXL encoder")
     parser.add_argument("--json", type=Path, help="write the rows here too")
     args = parser.parse_args(argv)
     rows = [
         memory_trace.Row(
             variant, method, plugin, gpus=args.gpus, batch=args.batch, resolution=args.resolution,
             accumulation=args.accumulation, gradient_checkpointing=args.gradient_checkpointing,
+            with_t5=not args.without_t5,
         )
         for variant in args.variants
         for method, plugin in ROWS

@@ -25,6 +25,7 @@ from moto.core.exceptions import JsonRESTError
 
 QUOTE_LIMIT = 80  # characters of an offending value quoted in the message
 
+
 class SageMakerValidationError(JsonRESTError):
     """SageMaker's ValidationException (HTTP 400)."""
 

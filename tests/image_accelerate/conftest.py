@@ -54,16 +54,27 @@ def bases(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     return base
 
 
-@pytest.fixture(scope="session")
-def quick_bench() -> ModuleType:
-    """bench/acceptance_quick.py (gpu_acceptance --quick), loaded by path as the bench runs it."""
+def load_bench(name: str) -> ModuleType:
+    """A bench/ script as a module, loaded by path as the bench runs it."""
     import importlib.util
 
     sys.path.insert(0, str(REPO / "bench"))
-    spec = importlib.util.spec_from_file_location("acceptance_quick", REPO / "bench" / "acceptance_quick.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["acceptance_quick"] = module  # dataclasses resolve annotations through sys.modules
+    sys.modules[name] = module  # dataclasses resolve annotations through sys.modules
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def quick_bench() -> ModuleType:
+    """bench/acceptance_quick.py (gpu_acceptance --quick)."""
+    return load_bench("acceptance_quick")
+
+
+@pytest.fixture(scope="session")
+def acceptance_bench() -> ModuleType:
+    """bench/gpu_acceptance.py, whose parser and rules the quick plan's rows must pass."""
+    return load_bench("gpu_acceptance")

@@ -4,7 +4,6 @@ real row runs on the tiny model (--tiny) and comes back in the table."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -19,19 +18,11 @@ REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench" / "gpu_acceptance.py"
 
 
-def _acceptance() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_acceptance", BENCH)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_acceptance"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("tiny", [False, True])
-def test_quick_plan_rows_arguments_pass_the_acceptance_parser(quick_bench: ModuleType, tiny: bool) -> None:
-    acceptance = _acceptance()
+def test_quick_plan_rows_arguments_pass_the_acceptance_parser(
+    quick_bench: ModuleType, acceptance_bench: ModuleType, tiny: bool
+) -> None:
+    acceptance = acceptance_bench
     plans = quick_bench.plans(tiny)
     assert [p.name for p in plans] == ["flux2-lora-ddp", "sd35-full-fsdp2", "sd15-llz-resume"]
     for plan in plans:

@@ -27,9 +27,22 @@ def main(argv: list[str] | None = None) -> int:
         default="sd",
         help="model family (default sd; sd35, flux2 and qwenimage on the second stack)",
     )
+    parser.add_argument(
+        "--clip",
+        action="store_true",
+        help="build a tiny CLIPModel folder instead (the evaluation's CLIP score and KID; builders.tiny_clip)",
+    )
+    parser.add_argument(
+        "--clip_steps", type=int, default=0, help="with --clip: fit it to the scenes for N steps first (default 0)"
+    )
     args = parser.parse_args(argv)
-    if args.vae_steps < 0:
-        parser.error(f"--vae_steps must be >= 0, got {args.vae_steps}")
+    if args.vae_steps < 0 or args.clip_steps < 0:
+        parser.error(f"--vae_steps and --clip_steps must be >= 0, got {args.vae_steps} and {args.clip_steps}")
+    if args.clip:
+        from sdflow_image.builders.tiny_clip import build_tiny_clip
+
+        print(build_tiny_clip(args.out_dir, seed=args.seed, train_steps=args.clip_steps))
+        return 0
     path = build_tiny(args.family, args.out_dir, seed=args.seed, vae_steps=args.vae_steps)
     print(path)
     return 0

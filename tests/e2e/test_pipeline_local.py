@@ -36,6 +36,7 @@ SMALL = {
     "min_prompt_adherence": None,
     "eval_inference_steps": 2,
     "eval_in_training": False,
+    "clip_steps": None,  # no CLIP model, no held-out split
 }
 
 

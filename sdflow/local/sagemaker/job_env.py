@@ -73,12 +73,27 @@ def image_environment() -> dict[str, str]:
     return env
 
 
+def _build(command: list[str], what: str) -> Path:
+    """Run one of the image's builders (`python -m sdflow_image.builders …`) in the job environment;
+    the folder it printed last."""
+    result = subprocess.run(command, env=image_environment(), capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"building {what} failed ({' '.join(command)}):\n{result.stderr[-4000:]}")
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
 def build_tiny_pipeline(out_dir: Path, seed: int = 0, vae_steps: int = 0) -> Path:
     """A tiny Stable Diffusion pipeline built offline by the image's own code, in the job environment
     (`vae_steps` > 0 fits its VAE to scene images first: what the demo's base model needs to learn)."""
     command = [image_python(), "-m", "sdflow_image.builders", str(out_dir), "--seed", str(seed)]
     command += ["--vae_steps", str(vae_steps)]
-    result = subprocess.run(command, env=image_environment(), capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"building the tiny model failed ({' '.join(command)}):\n{result.stderr[-4000:]}")
-    return Path(result.stdout.strip().splitlines()[-1])
+    return _build(command, "the tiny model")
+
+
+def build_tiny_clip(out_dir: Path, seed: int = 0, train_steps: int = 0) -> Path:
+    """A tiny transformers CLIPModel folder (sdflow_image.builders.tiny_clip), built in the job environment:
+    the evaluation's CLIP model for its CLIP score and KID (`train_steps` > 0 fits it to the scenes first,
+    so that its scores mean something)."""
+    command = [image_python(), "-m", "sdflow_image.builders", str(out_dir), "--clip", "--seed", str(seed)]
+    command += ["--clip_steps", str(train_steps)]
+    return _build(command, "the tiny CLIP model")

@@ -12,6 +12,7 @@ from typing import Any
 from sdflow.local.cloud import LocalCloud
 from sdflow.local.sagemaker.noop import NoOpSageMaker
 from sdflow_common import names
+from sdflow_common.run_document import parse_s3_uri
 from tests.helpers import wait_for
 
 
@@ -183,3 +184,9 @@ def function_log_lines(cloud: LocalCloud, function: str) -> list[str]:
     group = next(g["logGroupName"] for g in groups if function in g["logGroupName"])
     pages = logs.get_paginator("filter_log_events").paginate(logGroupName=group)
     return [e["message"] for page in pages for e in page["events"]]
+
+
+def s3_object(cloud: LocalCloud, uri: str) -> bytes:
+    """The bytes of an object of the local cloud's S3, by its s3:// URI."""
+    bucket, key = parse_s3_uri(uri)
+    return bytes(cloud.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read())

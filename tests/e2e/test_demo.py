@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from sdflow.demo import DEMO_ENDPOINT
+from sdflow.demo import DEMO_ENDPOINT, DEMO_GATE, HOLDOUT_SAMPLES
 from tests.e2e.commands import SDFLOW
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.longest]
@@ -42,6 +42,21 @@ def test_demo_command_runs_pipeline_and_writes_endpoint_image(tmp_path: Path) ->
     assert base <= 0.3
     assert trained >= 0.8
     assert "model-package/sdf-demo/" in result.stdout
+    # The held-out rows (issue 31): the tiny CLIP fitted to the scenes scores the trained model's images
+    # against their captions far above the untrained base's, and their KID to the real images falls.
+    clip = re.search(
+        r"^clip_score ↑: base ([0-9.]+) → trained ([0-9.]+) \((\d+) held-out samples\)$", result.stdout, re.M
+    )
+    kid = re.search(
+        r"^kid ↓: base (-?[0-9.]+) ± [0-9.]+ → trained (-?[0-9.]+) ± [0-9.]+ \((\d+) held-out", result.stdout, re.M
+    )
+    assert clip and kid, result.stdout[-4000:]
+    # 32 asked for; the split holds ~47 of the 300 good rows out, by their URLs' hashes (the port changes).
+    assert 16 <= int(clip[3]) == int(kid[3]) <= HOLDOUT_SAMPLES
+    assert float(clip[2]) >= DEMO_GATE["clip_score"]["min"] > float(clip[1])
+    assert float(kid[2]) < float(kid[1])
+    assert re.search(r"^held-out grid \(real \| base \| trained per caption\): .*holdout\.png$", result.stdout, re.M)
+    assert (tmp_path / "work" / "demo" / "holdout.png").is_file()
     assert (tmp_path / "work" / "demo" / "adherence.png").is_file()
     with Image.open(output) as image:
         assert image.format == "PNG"

@@ -3,7 +3,9 @@ real image, the model package, the approval event of `update-model-package`, and
 that keeps its model when a run's model does not pass.
 
 One training run trains the tiny model; every later run resumes from it (`resume_from`: shards
-and model reused), so each only evaluates, registers and maybe deploys."""
+and model reused), so each only evaluates, registers and maybe deploys. The evaluation scores the held-out
+rows too (CLIP score and KID, base against trained, with a tiny CLIP model): the first run passes a gate
+on them, the strict run fails one."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 
 from sdflow import samples
@@ -22,20 +25,34 @@ from sdflow.demo import DEMO_ENDPOINT, DemoOptions, manifest, prepare_inputs, wa
 from sdflow.local.cloud import LocalCloud
 from sdflow.session import Session
 from tests.constants import TIME_SCALE
+from tests.e2e.runs import s3_object
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-# The model's quality is not under test here: 4 steps, a random VAE, 2 denoising steps per image.
+# Held-out rows asked for: a 62-row dataset holds at most 8 (evaluation.holdout_samples: the split's rate,
+# 1.5 x 8 / 62, at most 0.2). Which rows are held out hangs on their URLs, whose port changes each time;
+# ~12 of the 60 that download are expected, and the evaluation scores at most 8 of them.
+HOLDOUT = 8
+# The model's quality is not under test here: 4 steps, a random VAE, 2 denoising steps per image, a random
+# CLIP model (its metrics' plumbing is under test, not their values).
 SMALL = DemoOptions(
     shards=1,
-    images_per_shard=12,
+    images_per_shard=60,
     instance_count=1,
     max_train_steps=4,
     vae_steps=0,
     min_prompt_adherence=None,
     eval_inference_steps=2,
     eval_in_training=False,
+    clip_steps=0,
+    holdout_samples=HOLDOUT,
+    gate=None,
 )
+# Gates sure to pass and sure to fail whatever the random models draw: CLIP score lies in [0, 100], so
+# trained - base is never below -100, and no image reaches 99.9 with a random CLIP; the KIDs of the
+# random CLIP's features are far below 100.
+PASSING_GATE = {"clip_score": {"min_change": -100.0}, "kid": {"max": 100.0}}
+FAILING_GATE = {"clip_score": {"min": 99.9}}
 GROUP = "sdf-demo"
 
 
@@ -88,8 +105,8 @@ def _invoke_ok(cloud: LocalCloud) -> None:
 
 @pytest.fixture(scope="module")
 def first_run(cloud: LocalCloud) -> dict[str, Any]:
-    """Trains, passes a gate of 0 (any score), registers Approved and creates the endpoint."""
-    return _run(cloud, "first", evaluation={"min_prompt_adherence": 0.0})
+    """Trains, passes a gate of 0 (any score) and PASSING_GATE, registers Approved and creates the endpoint."""
+    return _run(cloud, "first", evaluation={"min_prompt_adherence": 0.0, "gate": PASSING_GATE})
 
 
 def test_gate_passed_registers_approved_package_and_deploys_from_it(
@@ -108,8 +125,7 @@ def test_gate_passed_registers_approved_package_and_deploys_from_it(
     deployed = cloud.client("sagemaker").describe_model(ModelName=output["endpoint"]["model_name"])
     assert deployed["PrimaryContainer"]["ModelPackageName"] == model["model_package_arn"]
     # evaluation.json and the grid are where the package says.
-    bucket, _, key = model["samples_uri"].removeprefix("s3://").partition("/")
-    grid = cloud.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
+    grid = s3_object(cloud, model["samples_uri"])
     assert grid[:8] == b"\x89PNG\r\n\x1a\n"
     text = first_run["message"]["message"]
     assert f"model-package/{GROUP}/" in text
@@ -118,19 +134,83 @@ def test_gate_passed_registers_approved_package_and_deploys_from_it(
     _invoke_ok(cloud)
 
 
+def _dataset_captions(cloud: LocalCloud) -> set[str]:
+    """The captions of the rows prepare_inputs wrote (the demo's parquet files)."""
+    return {str(c) for path in (cloud.workdir / "inputs").glob("*.parquet") for c in pq.read_table(path)["TEXT"]}
+
+
+def test_heldout_evaluation_scores_base_and_trained_in_evaluation_registry_and_notification(
+    cloud: LocalCloud, first_run: dict[str, Any]
+) -> None:
+    output = json.loads(first_run["described"]["output"])
+    held_out = output["dataset"]["holdout_samples"]
+    assert held_out >= 2, f"the split held out {held_out} of the 60 images: too few for KID"
+    scored = min(HOLDOUT, held_out)
+    model = output["registry"]["model"]
+    described = cloud.client("sagemaker").describe_model_package(ModelPackageName=model["model_package_arn"])
+    evaluation = json.loads(s3_object(cloud, described["ModelMetrics"]["ModelQuality"]["Statistics"]["S3Uri"]))
+
+    metrics = evaluation["metrics"]
+    clip, kid = metrics["clip_score"], metrics["kid"]
+    assert clip["samples"] == kid["samples"] == kid["subset_size"] == scored
+    assert all(0.0 <= clip[side] <= 100.0 for side in ("base", "trained"))
+    assert all(isinstance(kid[key], float) for key in ("base", "trained", "base_std", "trained_std"))
+    assert metrics["prompt_adherence"]["samples"] == 48
+    # 8 samples cannot estimate a covariance of the CLIP's 32 features: FID is named missing, never invented.
+    assert "fid" not in metrics
+    assert [m["metric"] for m in evaluation["missing"]] == ["fid"]
+    assert evaluation["holdout"]["samples"] == scored
+    assert set(evaluation["holdout"]["captions"]) <= _dataset_captions(cloud)
+    assert evaluation["clip_model"]["projection_dim"] == 32
+    grid_uri = model["holdout_grid_uri"]
+    assert grid_uri.endswith("/holdout.png")
+    assert s3_object(cloud, grid_uri)[:8] == b"\x89PNG\r\n\x1a\n"
+
+    properties = described["CustomerMetadataProperties"]
+    for name in ("clip_score", "kid"):
+        assert properties[f"sdflow:{name}"] == f"{metrics[name]['trained']:.4f}"
+        assert properties[f"sdflow:base_{name}"] == f"{metrics[name]['base']:.4f}"
+    assert properties["sdflow:holdout_samples"] == str(scored)
+    assert properties["sdflow:holdout_grid"] == grid_uri
+    assert properties["sdflow:gate"] == "clip_score min_change=-100 kid max=100 prompt_adherence min=0"
+
+    assert model["metrics"]["clip_score"] == clip
+    assert model["holdout_samples"] == scored
+    assert [(c["metric"], c["passed"]) for c in model["gate"]] == [
+        ("clip_score", True), ("kid", True), ("prompt_adherence", True),
+    ]  # fmt: skip
+    text = first_run["message"]["message"]
+    assert f"clip_score ↑: base {clip['base']:.2f} → trained {clip['trained']:.2f} ({scored} held-out samples)" in text
+    assert f"kid ↓: base {kid['base']:.4f} ± {kid['base_std']:.4f} → trained {kid['trained']:.4f}" in text
+    assert "fid: not computed" in text
+    assert grid_uri in text
+
+
 def test_gate_failed_fails_the_run_and_the_endpoint_keeps_its_model(
     cloud: LocalCloud, first_run: dict[str, Any]
 ) -> None:
     before = _serving_config(cloud)
 
-    failed = _run(cloud, "strict", evaluation={"min_prompt_adherence": 0.99}, resume_from=first_run["arn"])
+    failed = _run(
+        cloud, "strict", evaluation={"min_prompt_adherence": 0.99, "gate": FAILING_GATE}, resume_from=first_run["arn"]
+    )
 
     assert failed["progress"].status == "FAILED"
     assert failed["progress"].error == "QualityGateFailed"
     text = failed["message"]["message"]
+    # Every failed rule with its numbers: the held-out CLIP score and the scene adherence.
+    assert "failed 2 of 2 quality gate checks" in text
+    assert "below the quality gate 99.9" in text
     assert "below the quality gate 0.99" in text
+    assert "holdout.png" in text
     assert "adherence.png" in text
-    assert _packages(cloud)[-1]["ModelApprovalStatus"] == "Rejected"
+    rejected = _packages(cloud)[-1]
+    assert rejected["ModelApprovalStatus"] == "Rejected"
+    properties = cloud.client("sagemaker").describe_model_package(ModelPackageName=rejected["ModelPackageArn"])[
+        "CustomerMetadataProperties"
+    ]
+    assert properties["sdflow:gate"] == "clip_score min=99.9 prompt_adherence min=0.99"
+    assert float(properties["sdflow:clip_score"]) < 99.9
     assert _serving_config(cloud) == before, "the endpoint still serves the first run's model"
     _invoke_ok(cloud)
 

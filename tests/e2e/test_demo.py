@@ -50,7 +50,8 @@ def test_demo_command_runs_pipeline_and_writes_endpoint_image(tmp_path: Path) ->
     kid = re.search(
         r"^kid ↓: base (-?[0-9.]+) ± [0-9.]+ → trained (-?[0-9.]+) ± [0-9.]+ \((\d+) held-out", result.stdout, re.M
     )
-    assert clip and kid, result.stdout[-4000:]
+    assert clip, result.stdout[-4000:]
+    assert kid, result.stdout[-4000:]
     # 32 asked for; the split holds ~47 of the 300 good rows out, by their URLs' hashes (the port changes).
     assert 16 <= int(clip[3]) == int(kid[3]) <= HOLDOUT_SAMPLES
     assert float(clip[2]) >= DEMO_GATE["clip_score"]["min"] > float(clip[1])

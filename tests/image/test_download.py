@@ -79,6 +79,10 @@ def test_download_success_marker_totals_match_stats_and_good_count(finished_run:
     assert success["tar_files"] == ["00000.tar", "00001.tar"]
     assert (success["url_col"], success["caption_col"], success["image_size"]) == ("URL", "TEXT", 64)
     assert success["options"]["samples_per_shard"] == 20
+    # no held-out rate: nothing split, and the shards' options hash is the one from before the split
+    assert (success["holdout_rate"], success["holdout_samples"], success["holdout_tar_files"]) == (0.0, 0, [])
+    assert "holdout_rate" not in success["options"]
+    assert not any("holdout_samples" in s for s in stats)
     assert success["resumed_shards"] == 0
     # one img2dataset process: the shard it writes, and at most one finished shard awaiting upload
     assert 1 <= success["peak_local_tars"] <= 2

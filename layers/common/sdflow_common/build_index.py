@@ -112,7 +112,8 @@ def _relative_folder(result: ShardResult, bucket: str) -> str:
 def _holdout_block(config: RunConfig, results: list[ShardResult]) -> dict[str, Any]:
     """`{"rate", "samples", "tar_files"}`: every usable shard's held-out tars, relative to `runs/`.
     An old `_SUCCESS` (a reused shard downloaded before the split existed) counts 0."""
-    samples, tar_files = 0, []
+    samples = 0
+    tar_files: list[str] = []
     for result in results:
         if result.success is None or not int(result.success.get("holdout_samples", 0)):
             continue

@@ -39,14 +39,12 @@ class SplitCounts:
 
 def sample_url(key: str, metadata: bytes | None) -> str:
     """The URL img2dataset recorded in the sample's .json, else the sample's key."""
-    if metadata is not None:
-        try:
-            url = json.loads(metadata).get("url")
-        except (ValueError, AttributeError):
-            url = None  # not a JSON object: the key still identifies the sample
-        if isinstance(url, str) and url:
-            return url
-    return key
+    try:
+        meta = json.loads(metadata) if metadata is not None else None
+    except ValueError:
+        meta = None  # unreadable: the key still identifies the sample
+    url = meta.get("url") if isinstance(meta, dict) else None
+    return url if isinstance(url, str) and url else key
 
 
 Member = tuple[tarfile.TarInfo, bytes | None]  # a member and its data (None: not a regular file)

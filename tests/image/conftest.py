@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from download_fixtures import download_s3, image_server
 from family_fixtures import family_base, family_dataset
 
-__all__ = ["family_base", "family_dataset"]
+__all__ = ["download_s3", "family_base", "family_dataset", "image_server"]

@@ -34,6 +34,7 @@ CONTRACT_CONFIG_KEYS = {
     "run",
     "quota_check",
     "warnings",
+    "holdout_rate",
 }
 
 

@@ -120,7 +120,8 @@ class EvaluationOptions(_Strict):
     scene_adherence: bool | None = Field(
         default=None,
         description="Score the scene prompts' adherence (the demo's grammar); null: on when prompts, prompts_uri, "
-        "min_prompt_adherence or gate.prompt_adherence is given.",
+        "min_prompt_adherence or gate.prompt_adherence is given, or when the run computes no held-out metric (no "
+        "clip_model_uri, or holdout_samples 0); Validate run writes the value back into the run.",
     )
     gate: QualityGate = Field(
         default_factory=QualityGate,
@@ -186,11 +187,12 @@ class EvaluationOptions(_Strict):
 
     @property
     def scene_adherence_on(self) -> bool:
-        """scene_adherence as the job gets it: as given, or on when anything asks for scene prompts' scores."""
+        """scene_adherence as the job gets it: as given; null → on when scene prompts or a scene gate ask for it, or
+        when the run computes no held-out metric (no CLIP model, or holdout_samples 0), so the job scores something."""
         if self.scene_adherence is not None:
             return self.scene_adherence
         asked = (self.prompts, self.prompts_uri, self.min_prompt_adherence, self.gate.prompt_adherence)
-        return any(value is not None for value in asked)
+        return any(value is not None for value in asked) or self.clip_model_uri is None or self.holdout_samples == 0
 
     @property
     def effective_gate(self) -> QualityGate:

@@ -15,6 +15,7 @@ from sdflow_common.quality_gate import (
     GateCheck,
     MetricGate,
     QualityGate,
+    direction_text,
     evaluate_gate,
     gate_text,
     with_min_prompt_adherence,
@@ -157,3 +158,8 @@ def test_with_min_prompt_adherence_becomes_prompt_adherence_min() -> None:
 
 def test_bounds_cover_every_metric_gate_field() -> None:
     assert [name for name, _what, _op in BOUNDS] == list(MetricGate.model_fields)
+
+
+def test_direction_text_follows_each_metrics_direction() -> None:
+    assert [direction_text(metric) for metric in GATE_METRICS] == ["↑ better", "↓ better", "↓ better", "↑ better"]
+    assert direction_text("pickscore") == ""

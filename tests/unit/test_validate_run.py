@@ -35,6 +35,7 @@ CONTRACT_CONFIG_KEYS = {
     "run",
     "quota_check",
     "warnings",
+    "holdout_rate",
 }
 
 

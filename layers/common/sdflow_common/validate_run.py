@@ -60,8 +60,6 @@ class RunConfig(BaseModel):
     # TimeoutSeconds of the callback tasks (read by TimeoutSecondsPath): download, training, endpoint.
     timeouts: dict[str, int]
     run: RunDocument
-    # Share of URLs held out of training for the evaluation (docs/contracts.md "The download job").
-    holdout_rate: float = Field(default=0.0, ge=0, le=1)
     # Tolerated problems found at intake (a few unreadable parquet files), shown in the notification.
     warnings: list[dict[str, str]] = Field(default_factory=list)
     # The share of the dataset's samples held out of training for the evaluation (evaluation_checks.resolve_holdout;

@@ -28,7 +28,7 @@ from sdflow_common.errors import EvaluationJobFailed, QualityGateFailed
 from sdflow_common.evaluation import EVALUATION_FILE, GRID_FILE
 from sdflow_common.job_events import ModelPackageDetail, Resolution, TaskResolver
 from sdflow_common.job_starters import CallbackTask, TrainingResult
-from sdflow_common.quality_gate import GATE_METRICS, GateCheck, QualityGate, evaluate_gate, with_min_prompt_adherence
+from sdflow_common.quality_gate import GATE_METRICS, GateCheck, QualityGate, evaluate_gate
 from sdflow_common.run_document import parse_s3_uri
 from sdflow_common.settings import Settings
 from sdflow_common.token_store import TokenStore
@@ -126,8 +126,7 @@ def read_evaluation(s3: Any, evaluation: EvaluationResult) -> dict[str, Any]:
 def run_gate(task: RegisterTask) -> QualityGate:
     """The gate the run applies: `evaluation.gate`, with `evaluation.min_prompt_adherence` as its
     `prompt_adherence.min` (the run document refuses giving both)."""
-    options = task.config.run.evaluation
-    return with_min_prompt_adherence(options.gate, options.min_prompt_adherence)
+    return task.config.run.evaluation.effective_gate
 
 
 def gate_status(checks: list[GateCheck], mode: str) -> str:

@@ -350,6 +350,14 @@ def model_result(
     return result
 
 
+def _metric_lines(scores: dict[str, Any]) -> list[str]:
+    metrics = evaluation_report.metrics_of(scores)
+    missing = evaluation_report.missing_of(scores)
+    return [evaluation_report.metric_line(name, entry) for name, entry in metrics.items()] + [
+        evaluation_report.missing_line(item) for item in missing
+    ]
+
+
 def gate_failure(task: RegisterTask, checks: list[GateCheck], arn: str, scores: dict[str, Any]) -> str:
     """QualityGateFailed's message: every failed rule with base, trained and limit, the package, the endpoint,
     and where the held-out grid and the scores are."""
@@ -362,6 +370,8 @@ def gate_failure(task: RegisterTask, checks: list[GateCheck], arn: str, scores: 
         [
             f"the trained model failed {len(failed)} of {len(checks)} quality gate checks (evaluation.gate):",
             *(f"  {evaluation_report.gate_line(check)}" for check in failed),
+            "every metric, base → trained:",
+            *(f"  {line}" for line in _metric_lines(scores)),
             f"Model package {arn} is registered as Rejected and was not deployed; endpoint "
             f"{task.config.run.endpoint.name} keeps serving its current model.",
             *where,

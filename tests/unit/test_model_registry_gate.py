@@ -145,7 +145,7 @@ def test_register_model_relative_gate_failed_registers_rejected_and_lists_every_
     assert "✗ kid (trained - base ≤ 0): base 0.0120 → trained 0.0510, change +0.0390, above the quality gate 0" in (
         message
     )
-    assert "prompt_adherence" not in message.split("Model package")[0], "a passed check is not a failure"
+    assert "prompt_adherence" not in message.split("every metric")[0], "a passed check is not a failure"
     listed = mocked_aws.sagemaker.list_model_packages(ModelPackageGroupName="sdf-pokemon-sd15-v2")
     [package] = listed["ModelPackageSummaryList"]
     assert package["ModelApprovalStatus"] == "Rejected"

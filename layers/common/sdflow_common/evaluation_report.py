@@ -128,14 +128,33 @@ def samples_text(metric: str, entry: dict[str, Any]) -> str:
     return text
 
 
-def metric_line(metric: str, entry: dict[str, Any]) -> str:
-    """`clip_score ↑: base 21.30 → trained 27.90 (64 held-out samples)`; KID with its ± std."""
-    head = f"{metric} {arrow(metric)}".rstrip()
+def metric_label(metric: str) -> str:
+    """`clip_score ↑`: the metric's name and which way is better."""
+    return f"{metric} {arrow(metric)}".rstrip()
+
+
+def metric_values(metric: str, entry: dict[str, Any]) -> str:
+    """`base 21.30 → trained 27.90 (64 held-out samples)`; KID with its ± std."""
     trained = _value_text(metric, entry, "trained") or "?"
     base = _value_text(metric, entry, "base")
     values = f"base {base} → trained {trained}" if base is not None else f"trained {trained} (no base score)"
     samples = samples_text(metric, entry)
-    return f"{head}: {values}" + (f" ({samples})" if samples else "")
+    return values + (f" ({samples})" if samples else "")
+
+
+def metric_line(metric: str, entry: dict[str, Any]) -> str:
+    """`clip_score ↑: base 21.30 → trained 27.90 (64 held-out samples)`."""
+    return f"{metric_label(metric)}: {metric_values(metric, entry)}"
+
+
+def gate_checks(model: dict[str, Any]) -> list[GateCheck]:
+    """`$.registry.model.gate` as GateChecks (entries that are not one are left out)."""
+    found = model.get("gate")
+    return [check for item in (found if isinstance(found, list) else []) if (check := gate_check(item)) is not None]
+
+
+def gate_summary(checks: list[GateCheck]) -> str:
+    return f"{sum(check.passed for check in checks)} of {len(checks)} checks passed"
 
 
 def gate_check(item: Any) -> GateCheck | None:
@@ -193,10 +212,9 @@ def model_lines(model: dict[str, Any]) -> list[str]:
     reads through metrics_of too."""
     metrics = metrics_of(model)
     lines = [metric_line(name, entry) for name, entry in metrics.items()]
-    checks = [check for item in model.get("gate") or [] if (check := gate_check(item)) is not None]
+    checks = gate_checks(model)
     if checks:
-        passed = sum(check.passed for check in checks)
-        lines.append(f"quality gate: {passed} of {len(checks)} checks passed")
+        lines.append(f"quality gate: {gate_summary(checks)}")
         lines.extend(f"  {gate_line(check)}" for check in checks)
     elif isinstance(model.get("min_prompt_adherence"), int | float) and "prompt_adherence" in metrics:
         lines.append(f"quality gate: prompt_adherence ≥ {float(model['min_prompt_adherence']):.2f}")

@@ -92,7 +92,9 @@ def test_register_model_old_flat_file_reads_as_prompt_adherence_metric(mocked_aw
 
     assert result["metrics"] == {"prompt_adherence": {"trained": 0.86, "base": 0.11, "samples": 48}}
     assert (result["prompt_adherence"], result["base_prompt_adherence"], result["prompts"]) == (0.86, 0.11, 48)
-    assert result["missing"] == [] and result["gate"] == [] and "holdout_grid_uri" not in result
+    assert result["missing"] == []
+    assert result["gate"] == []
+    assert "holdout_grid_uri" not in result
 
 
 @pytest.mark.parametrize(

@@ -26,9 +26,7 @@ EVALUATION_DOCUMENT: dict[str, Any] = {
         },
         "prompt_adherence": {"base": 0.12, "trained": 0.85, "samples": 48},
     },
-    "missing": [
-        {"metric": "fid", "reason": "64 held-out samples, fewer than the 512 of the CLIP feature dimension"}
-    ],
+    "missing": [{"metric": "fid", "reason": "64 held-out samples, fewer than the 512 of the CLIP feature dimension"}],
     "holdout": {"samples": 64, "grid": "holdout.png", "captions": ["a red circle on a blue background"]},
     "clip_model": {"projection_dim": 512, "source": "--clip_model_dir"},
     "grid": "adherence.png",

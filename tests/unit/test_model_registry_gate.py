@@ -250,6 +250,11 @@ def test_model_package_description_names_the_headline_metrics_base_and_trained()
 
 def test_model_package_largest_gate_lora_and_every_metric_stays_within_entry_limit_and_patterns() -> None:
     event = _event(LARGEST_GATE)
+    event["config"]["run"]["evaluation"].pop("gate")
+    event["config"]["run"]["evaluation"] |= {
+        "min_prompt_adherence": 0.5,
+        "gate": {key: value for key, value in LARGEST_GATE.items() if key != "prompt_adherence"},
+    }
     run = event["config"]["run"]
     run["training"] = {**run["training"], "method": "lora", "plugin": "torch_ddp"}
     run["training"]["lora"] = {"rank": 64, "target_modules": ["to_q", "to_k", "to_v", "to_out.0", "proj_in"]}
@@ -260,7 +265,7 @@ def test_model_package_largest_gate_lora_and_every_metric_stays_within_entry_lim
 
     assert_valid_request("CreateModelPackage", request)  # every key and value pattern, each value ≤ 256
     metadata = request["CustomerMetadataProperties"]
-    assert len(metadata) <= METADATA_ENTRY_LIMIT
+    assert len(metadata) == 26 <= METADATA_ENTRY_LIMIT, sorted(metadata)  # every entry this code can write
     assert {f"sdflow:{name}" for name in ("clip_score", "kid", "fid", "prompt_adherence")} <= metadata.keys()
     assert len(metadata["sdflow:gate"]) <= METADATA_VALUE_LIMIT
     assert METADATA_VALUE.fullmatch(metadata["sdflow:gate"])

@@ -39,16 +39,20 @@ def _count(value: Any) -> int | None:
 
 
 def metric_rows(document: Any) -> list[dict[str, Any]]:
-    """One row per metric: its numbers, which way is better (`direction`, `arrow`), the decimals it is shown
-    with, and what it was computed on (`samples_text`)."""
+    """One row per metric: its numbers, which way is better (`direction`, `arrow`), the texts the notification
+    prints for them, and what it was computed on (`samples_text`)."""
     rows = []
     for name, entry in evaluation_report.metrics_of(document).items():
         row: dict[str, Any] = {"name": name, "direction": GATE_METRICS.get(name)}
         row["arrow"] = evaluation_report.arrow(name)
         row |= {key: evaluation_report.number(entry.get(key)) for key in METRIC_FIELDS}
         row |= {key: _count(entry.get(key)) for key in COUNT_FIELDS}
-        row["decimals"] = evaluation_report.DECIMALS.get(name, evaluation_report.DEFAULT_DECIMALS)
         row["samples_text"] = evaluation_report.samples_text(name, entry)
+        # The texts the notification prints, so the page rounds exactly as it does.
+        row["base_text"] = evaluation_report.value_text(name, entry, "base")
+        row["trained_text"] = evaluation_report.value_text(name, entry, "trained")
+        change = row["trained"] - row["base"] if row["base"] is not None and row["trained"] is not None else None
+        row["change_text"] = None if change is None else evaluation_report.signed(name, change)
         rows.append(row)
     return rows
 

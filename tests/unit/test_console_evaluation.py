@@ -27,9 +27,10 @@ def test_evaluation_view_new_document_gives_metric_rows_with_direction_and_sampl
     assert list(rows) == ["clip_score", "kid", "prompt_adherence"]
     assert rows["kid"] == {
         "name": "kid", "direction": "lower", "arrow": "↓", "base": 0.051, "trained": 0.012, "base_std": 0.004,
-        "trained_std": 0.002, "samples": 64, "subset_size": 64, "decimals": 4, "samples_text": "64 held-out samples",
+        "trained_std": 0.002, "samples": 64, "subset_size": 64, "samples_text": "64 held-out samples",
+        "base_text": "0.0510 ± 0.0040", "trained_text": "0.0120 ± 0.0020", "change_text": "-0.0390",
     }  # fmt: skip
-    assert (rows["clip_score"]["arrow"], rows["clip_score"]["decimals"]) == ("↑", 2)
+    assert (rows["clip_score"]["arrow"], rows["clip_score"]["change_text"]) == ("↑", "+6.60")
     assert view["missing"] == evaluation_document()["missing"]
     assert view["holdout_samples"] == 64
     assert not {"metrics", "missing", "holdout"} & {key.split(" ")[0] for key in view["scores"]}

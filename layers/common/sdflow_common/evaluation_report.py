@@ -101,7 +101,8 @@ def shown(metric: str, value: float) -> str:
     return f"{value:.{DECIMALS.get(metric, DEFAULT_DECIMALS)}f}"
 
 
-def _value_text(metric: str, entry: dict[str, Any], side: str) -> str | None:
+def value_text(metric: str, entry: dict[str, Any], side: str) -> str | None:
+    """One side's value (`base` or `trained`) with its decimals and ± its std where given (KID); None if absent."""
     value = number(entry.get(side))
     if value is None:
         return None
@@ -135,8 +136,8 @@ def metric_label(metric: str) -> str:
 
 def metric_values(metric: str, entry: dict[str, Any]) -> str:
     """`base 21.30 → trained 27.90 (64 held-out samples)`; KID with its ± std."""
-    trained = _value_text(metric, entry, "trained") or "?"
-    base = _value_text(metric, entry, "base")
+    trained = value_text(metric, entry, "trained") or "?"
+    base = value_text(metric, entry, "base")
     values = f"base {base} → trained {trained}" if base is not None else f"trained {trained} (no base score)"
     samples = samples_text(metric, entry)
     return values + (f" ({samples})" if samples else "")
@@ -172,7 +173,8 @@ def _rule_text(rule: str) -> str:
     return rule.replace(">=", "≥").replace("<=", "≤")
 
 
-def _signed(metric: str, value: float) -> str:
+def signed(metric: str, value: float) -> str:
+    """A change with its sign: `+6.60`, `-0.0390`."""
     return ("+" if value > 0 else "") + shown(metric, value)
 
 
@@ -188,7 +190,7 @@ def gate_line(check: GateCheck) -> str:
     trained = check.trained if check.trained is not None else check.value
     text = f"{head}: {base}trained {shown(check.metric, trained)}"
     if relative:
-        text += f", change {_signed(check.metric, check.value)}"
+        text += f", change {signed(check.metric, check.value)}"
     if not check.passed:
         side = "below" if ">=" in check.rule else "above"
         text += f", {side} the quality gate {check.limit:g}"

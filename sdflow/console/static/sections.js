@@ -66,23 +66,15 @@ function resultsTable(results) {
   ];
 }
 
-/** A metric's value with its decimals, and ± its standard deviation where the job gives one (KID). */
-function metricValue(row, side) {
-  const value = row[side];
-  if (value === null || value === undefined) return "—";
-  const std = row[`${side}_std`];
-  return value.toFixed(row.decimals) + (std === null || std === undefined ? "" : ` ± ${std.toFixed(row.decimals)}`);
-}
-
-/** trained − base, marked better or worse in the metric's own direction (↑: higher is better, ↓: lower). */
+/** trained − base as the notification prints it, marked better or worse in the metric's own direction
+ * (↑: higher is better, ↓: lower). */
 function change(row) {
-  if (row.base === null || row.base === undefined || row.trained === null || row.trained === undefined) return "—";
+  if (!row.change_text) return "—";
   const delta = row.trained - row.base;
+  if (!row.direction || delta === 0) return row.change_text;
   const better = row.direction === "lower" ? delta < 0 : delta > 0;
-  const text = `${delta > 0 ? "+" : ""}${delta.toFixed(row.decimals)}`;
-  if (!row.direction || delta === 0) return text;
   return h("span", { class: better ? "ok" : "miss", title: better ? "better than the base" : "worse than the base" },
-    text);
+    row.change_text);
 }
 
 const DIRECTIONS = { higher: "higher is better", lower: "lower is better" };
@@ -98,8 +90,8 @@ function metricTable(rows) {
       h("tbody", {}, rows.map((r) => h("tr", { "data-testid": "metric-row", "data-metric": r.name },
         h("td", {}, h("strong", {}, r.name), " ",
           r.arrow ? h("span", { title: DIRECTIONS[r.direction] || "" }, r.arrow) : null),
-        h("td", {}, metricValue(r, "base")), h("td", { class: "muted" }, "→"),
-        h("td", {}, metricValue(r, "trained")), h("td", {}, change(r)),
+        h("td", {}, r.base_text || "—"), h("td", { class: "muted" }, "→"),
+        h("td", {}, r.trained_text || "—"), h("td", {}, change(r)),
         h("td", { class: "small muted" }, r.samples_text || "—"))))),
     h("p", { class: "small muted" }, "↑ higher is better · ↓ lower is better"),
   ];
@@ -178,9 +170,10 @@ class EvaluationSection {
     this.holdout = new Part({ class: "part samples" });
     this.results = new Part({ class: "part" });
     this.grid = new Part({ class: "part samples" });
+    // The two grids side by side: each may be up to 560 px tall.
     this.el = h("section", { class: "card", "data-testid": "evaluation" },
-      h("h2", {}, "Evaluation"), this.info.el, this.metrics.el, this.gate.el, this.holdout.el, this.results.el,
-      this.grid.el);
+      h("h2", {}, "Evaluation"), this.info.el, this.metrics.el, this.gate.el,
+      h("div", { class: "grid-2" }, this.holdout.el, this.grid.el), this.results.el);
   }
 
   update(e) {

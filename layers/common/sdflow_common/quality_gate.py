@@ -30,6 +30,8 @@ GATE_METRICS: Final[dict[str, Literal["higher", "lower"]]] = {
     "fid": LOWER,
     "prompt_adherence": HIGHER,
 }
+# How a display says the direction (the notification, `sdflow status`, the SDK summary, the console).
+DIRECTION_TEXT: Final = {HIGHER: "↑ better", LOWER: "↓ better"}
 # The metrics the held-out split and the CLIP model give (the rest: scene adherence).
 HOLDOUT_METRICS: Final = ("clip_score", "kid", "fid")
 # A MetricGate's bounds, in the order checks are listed: (field, what it bounds, comparison).
@@ -97,6 +99,12 @@ class QualityGate(StrictOptions):
                 if limit is not None:
                     found.append((metric, name, float(limit)))
         return found
+
+
+def direction_text(metric: str) -> str:
+    """ "↑ better" or "↓ better" for a gate metric; "" for another name (a metric a newer job adds)."""
+    direction = GATE_METRICS.get(metric)
+    return DIRECTION_TEXT[direction] if direction else ""
 
 
 def gate_text(gate: QualityGate) -> str:

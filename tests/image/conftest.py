@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from evaluation_fixtures import evaluation_models, tiny_clip_dir
 from family_fixtures import family_base, family_dataset
 
-__all__ = ["family_base", "family_dataset"]
+__all__ = ["evaluation_models", "family_base", "family_dataset", "tiny_clip_dir"]

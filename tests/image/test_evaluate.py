@@ -9,7 +9,6 @@ import random
 import shutil
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,6 @@ import pytest
 from PIL import Image
 
 from sdflow_image import scenes
-from sdflow_image.builders.tiny_model import build_tiny_pipeline
 from sdflow_image.evaluation import adherence, evaluate
 
 pytestmark = pytest.mark.image
@@ -29,23 +27,6 @@ PROMPTS = [
     "a white triangle on a green background",
 ]
 ACCURACIES = {"foreground_accuracy", "background_accuracy", "shape_accuracy"}
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The tiny random base; a "trained" copy with training's sdflow_model.json; its model.tar.gz."""
-    root = tmp_path_factory.mktemp("models")
-    base = build_tiny_pipeline(root / "base", 0, 0)
-    trained = root / "trained"
-    shutil.copytree(base, trained)
-    (trained / "sdflow_model.json").write_text(json.dumps({"resolution": 32, "dtype": "float32", "steps": 1}))
-    archive = root / "artifact"
-    archive.mkdir()
-    # As training leaves it: the files at the archive's root, no folder around them.
-    with tarfile.open(archive / "model.tar.gz", "w:gz") as tar:
-        for path in sorted(trained.iterdir()):
-            tar.add(path, arcname=path.name)
-    return {"base": base, "trained": trained, "archive": archive}
 
 
 @pytest.fixture(autouse=True)
@@ -79,17 +60,27 @@ def assert_evaluation(out: Path, prompts: int) -> dict[str, Any]:
     for key in ACCURACIES:
         assert 0.0 <= document[key] <= 1.0
     assert len(document["results"]) == prompts
+    assert document["metrics"]["prompt_adherence"] == {
+        "base": document["base_prompt_adherence"], "trained": document["prompt_adherence"], "samples": prompts,
+    }  # fmt: skip
+    # No --holdout_dir, no --clip_model_dir: the held-out metrics are listed, not guessed.
+    assert [m["metric"] for m in document["missing"]] == ["clip_score", "kid", "fid"]
+    assert all(m["reason"].startswith("no held-out samples: ") for m in document["missing"])
+    assert document["holdout"]["samples"] == 0
+    assert document["holdout"]["grid"] is None
     with Image.open(out / "adherence.png") as grid:
         assert grid.size[0] > 0
     return document
 
 
 def test_evaluate_model_folder_writes_evaluation_and_grid(
-    models: dict[str, Path], tmp_path: Path, opt_ml: Path, capsys: pytest.CaptureFixture[str]
+    evaluation_models: dict[str, Path], tmp_path: Path, opt_ml: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "evaluation"
 
-    status = run_job(job_args(models["trained"], models["base"], out, "--prompts", json.dumps(PROMPTS)))
+    status = run_job(
+        job_args(evaluation_models["trained"], evaluation_models["base"], out, "--prompts", json.dumps(PROMPTS))
+    )
 
     assert status == 0
     document = assert_evaluation(out, len(PROMPTS))
@@ -99,15 +90,23 @@ def test_evaluate_model_folder_writes_evaluation_and_grid(
     assert f"eval:base_prompt_adherence={document['base_prompt_adherence']:.6f}" in printed
     assert "prompt adherence: base " in printed
     assert "(3 prompts)" in printed
-    assert exit_message(opt_ml).startswith("ok: prompt adherence")
+    message = exit_message(opt_ml)
+    assert message.startswith("ok: prompt_adherence (↑ better) base ")
+    assert message.endswith("(3 samples); missing: clip_score, kid, fid")
 
 
-def test_evaluate_model_tar_gz_is_extracted_and_scored_alike(models: dict[str, Path], tmp_path: Path) -> None:
+def test_evaluate_model_tar_gz_is_extracted_and_scored_alike(
+    evaluation_models: dict[str, Path], tmp_path: Path
+) -> None:
     prompts = ["--prompts", json.dumps(PROMPTS)]
     work = tmp_path / "work"
-    run_job(job_args(models["trained"], models["base"], tmp_path / "folder", *prompts))
+    run_job(job_args(evaluation_models["trained"], evaluation_models["base"], tmp_path / "folder", *prompts))
 
-    status = run_job(job_args(models["archive"], models["base"], tmp_path / "tar", *prompts, "--work_dir", str(work)))
+    status = run_job(
+        job_args(
+            evaluation_models["archive"], evaluation_models["base"], tmp_path / "tar", *prompts, "--work_dir", str(work)
+        )
+    )
 
     assert status == 0
     from_tar, from_folder = (json.loads((tmp_path / n / "evaluation.json").read_text()) for n in ("tar", "folder"))
@@ -143,11 +142,13 @@ def test_read_prompts_too_many_fails_naming_limit(tmp_path: Path) -> None:
 
 
 def test_evaluate_prompt_outside_grammar_exits_nonzero_naming_it(
-    models: dict[str, Path], tmp_path: Path, opt_ml: Path
+    evaluation_models: dict[str, Path], tmp_path: Path, opt_ml: Path
 ) -> None:
     prompts = tmp_path / "prompts.txt"
     prompts.write_text(f"{PROMPTS[0]}\na photo of a cat\n")
-    argv = job_args(models["trained"], models["base"], tmp_path / "out", "--prompts_file", str(prompts))
+    argv = job_args(
+        evaluation_models["trained"], evaluation_models["base"], tmp_path / "out", "--prompts_file", str(prompts)
+    )
 
     # Through bin/evaluate, as SageMaker starts it: it fails before any model is loaded.
     result = subprocess.run(
@@ -165,12 +166,14 @@ def test_evaluate_prompt_outside_grammar_exits_nonzero_naming_it(
 
 @pytest.mark.parametrize("flag", ["--model_dir", "--base_model_dir"])
 def test_evaluate_folder_without_model_index_fails_naming_flag_and_fix(
-    models: dict[str, Path], tmp_path: Path, opt_ml: Path, flag: str
+    evaluation_models: dict[str, Path], tmp_path: Path, opt_ml: Path, flag: str
 ) -> None:
     broken = tmp_path / "broken"
-    shutil.copytree(models["base"], broken)
+    shutil.copytree(evaluation_models["base"], broken)
     (broken / "model_index.json").unlink()
-    model_dir, base = (broken, models["base"]) if flag == "--model_dir" else (models["trained"], broken)
+    model_dir, base = (
+        (broken, evaluation_models["base"]) if flag == "--model_dir" else (evaluation_models["trained"], broken)
+    )
 
     status = run_job(job_args(model_dir, base, tmp_path / "out", "--prompts", json.dumps(PROMPTS)))
 
@@ -179,24 +182,28 @@ def test_evaluate_folder_without_model_index_fails_naming_flag_and_fix(
     assert f"{flag} {broken} holds no diffusers pipeline (model_index.json missing); mount" in message
 
 
-def test_evaluate_corrupt_model_tar_gz_fails_naming_flag(tmp_path: Path, models: dict[str, Path], opt_ml: Path) -> None:
+def test_evaluate_corrupt_model_tar_gz_fails_naming_flag(
+    tmp_path: Path, evaluation_models: dict[str, Path], opt_ml: Path
+) -> None:
     folder = tmp_path / "artifact"
     folder.mkdir()
     (folder / "model.tar.gz").write_bytes(b"not a tar file")
 
-    status = run_job(job_args(folder, models["base"], tmp_path / "out", "--prompts", json.dumps(PROMPTS)))
+    status = run_job(job_args(folder, evaluation_models["base"], tmp_path / "out", "--prompts", json.dumps(PROMPTS)))
 
     assert status == 1
     assert f"--model_dir {folder / 'model.tar.gz'} is not a readable tar.gz archive" in exit_message(opt_ml)
 
 
-def test_evaluate_corrupt_weights_fail_naming_flag(tmp_path: Path, models: dict[str, Path], opt_ml: Path) -> None:
+def test_evaluate_corrupt_weights_fail_naming_flag(
+    tmp_path: Path, evaluation_models: dict[str, Path], opt_ml: Path
+) -> None:
     broken = tmp_path / "broken"
-    shutil.copytree(models["trained"], broken)
+    shutil.copytree(evaluation_models["trained"], broken)
     for weights in (broken / "unet").glob("*.safetensors"):
         weights.write_bytes(b"truncated")
 
-    status = run_job(job_args(broken, models["base"], tmp_path / "out", "--prompts", json.dumps(PROMPTS)))
+    status = run_job(job_args(broken, evaluation_models["base"], tmp_path / "out", "--prompts", json.dumps(PROMPTS)))
 
     assert status == 1
     assert f"--model_dir {broken}: the pipeline does not load" in exit_message(opt_ml)
@@ -216,17 +223,19 @@ class DrawingPipeline:
 
 
 def test_evaluate_model_drawing_each_prompt_scores_one_against_random_base(
-    models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    evaluation_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real_load = adherence.load_pipeline
 
     def load(path: Path, device: Any, **kwargs: Any) -> Any:
-        return DrawingPipeline() if Path(path) == models["trained"] else real_load(path, device, **kwargs)
+        return DrawingPipeline() if Path(path) == evaluation_models["trained"] else real_load(path, device, **kwargs)
 
     monkeypatch.setattr(adherence, "load_pipeline", load)
     out = tmp_path / "out"
 
-    status = run_job(job_args(models["trained"], models["base"], out))  # the 48 held-out prompts
+    status = run_job(
+        job_args(evaluation_models["trained"], evaluation_models["base"], out, "--scene_adherence", "true")
+    )
 
     assert status == 0
     document = assert_evaluation(out, scenes.HELDOUT_COUNT)

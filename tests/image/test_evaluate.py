@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from evaluation_fixtures import scene_samples, write_holdout_tar
 from PIL import Image
 
-from sdflow_image import scenes
-from sdflow_image.evaluation import adherence, evaluate
+from sdflow_image import holdout, scenes
+from sdflow_image.evaluation import adherence, evaluate, grid
 
 pytestmark = pytest.mark.image
 
@@ -243,3 +244,142 @@ def test_evaluate_model_drawing_each_prompt_scores_one_against_random_base(
     assert document["shape_accuracy"] == 1.0
     assert document["base_prompt_adherence"] < 0.3  # chance is 1/8 per colour
     assert all(r["foreground_ok"] and r["background_ok"] for r in document["results"])
+
+
+# --- held-out metrics -------------------------------------------------------------------------
+
+
+def write_holdout(root: Path, count: int) -> list[str]:
+    """`count` scene samples in two tars under root/holdout/; the captions in selection order."""
+    samples = scene_samples(count)
+    write_holdout_tar(root / "holdout" / "00000.tar", samples[: count // 2])
+    write_holdout_tar(root / "holdout" / "00001.tar", samples[count // 2 :])
+    return [s.caption for s in sorted(samples, key=lambda s: holdout.holdout_fraction(s.url or s.key))]
+
+
+def test_evaluate_holdout_with_clip_writes_metrics_missing_and_grid(
+    evaluation_models: dict[str, Path], tiny_clip_dir: Path, tmp_path: Path, opt_ml: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    captions = write_holdout(tmp_path / "data", 6)
+    out = tmp_path / "evaluation"
+    extra = ["--holdout_dir", str(tmp_path / "data"), "--holdout_samples", "4", "--clip_model_dir", str(tiny_clip_dir)]
+
+    status = run_job(job_args(evaluation_models["trained"], evaluation_models["base"], out, *extra))
+
+    assert status == 0
+    document = json.loads((out / "evaluation.json").read_text())
+    assert list(document["metrics"]) == ["clip_score", "kid"]
+    clip, kid = document["metrics"]["clip_score"], document["metrics"]["kid"]
+    assert clip["samples"] == kid["samples"] == kid["subset_size"] == 4
+    assert 0.0 <= clip["base"] <= 100.0
+    assert set(kid) == {"base", "trained", "base_std", "trained_std", "samples", "subset_size"}
+    # The "trained" model is the base's copy: same weights, same seed per caption, same scores.
+    assert clip["trained"] == clip["base"]
+    assert kid["trained"] == kid["base"]
+    assert [m["metric"] for m in document["missing"]] == ["fid", "prompt_adherence"]
+    assert "4 held-out samples, fewer than the CLIP model's 32 feature dimensions" in document["missing"][0]["reason"]
+    assert document["holdout"]["captions"] == captions[:4]
+    assert document["holdout"]["grid"] == "holdout.png"
+    assert document["holdout"]["candidates"] == 6
+    assert document["clip_model"] == {"projection_dim": 32, "source": "--clip_model_dir"}
+    assert "grid" not in document  # no scene adherence, no adherence.png
+    assert not (out / "adherence.png").exists()
+    with Image.open(out / "holdout.png") as picture:
+        assert picture.height == grid.HEADER + 4 * (grid.CELL + grid.GAP)
+    assert f"eval:clip_score={clip['trained']:.6f}" in capsys.readouterr().out
+    message = exit_message(opt_ml)
+    clip_line = f"clip_score (↑ better) base {clip['base']:.2f} → trained {clip['trained']:.2f} (4 samples)"
+    assert message.startswith(f"ok: {clip_line}; kid (↓ better) base ")
+    assert message.endswith("; missing: fid, prompt_adherence")
+
+
+def test_evaluate_holdout_without_clip_lists_clip_metrics_missing(
+    evaluation_models: dict[str, Path], tmp_path: Path
+) -> None:
+    write_holdout(tmp_path / "data", 2)
+    out = tmp_path / "evaluation"
+    extra = ["--holdout_dir", str(tmp_path / "data"), "--scene_adherence", "true", "--prompts", json.dumps(PROMPTS[:1])]
+
+    status = run_job(job_args(evaluation_models["trained"], evaluation_models["base"], out, *extra))
+
+    assert status == 0
+    document = json.loads((out / "evaluation.json").read_text())
+    assert list(document["metrics"]) == ["prompt_adherence"]
+    assert document["missing"] == [
+        {"metric": name, "reason": "no CLIP model: set evaluation.clip_model_uri"}
+        for name in ("clip_score", "kid", "fid")
+    ]
+    assert document["holdout"]["samples"] == 2
+    assert document["clip_model"] is None
+    assert (out / "holdout.png").is_file()
+    assert (out / "adherence.png").is_file()
+
+
+def test_evaluate_drawing_model_scores_closer_to_held_out_than_random_base(
+    evaluation_models: dict[str, Path], tiny_clip_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_load = adherence.load_pipeline
+
+    def load(path: Path, device: Any, *args: Any, **kwargs: Any) -> Any:
+        return (
+            DrawingPipeline()
+            if Path(path) == evaluation_models["trained"]
+            else real_load(path, device, *args, **kwargs)
+        )
+
+    monkeypatch.setattr(adherence, "load_pipeline", load)
+    write_holdout(tmp_path / "data", 40)
+    out = tmp_path / "evaluation"
+    extra = ["--holdout_dir", str(tmp_path / "data"), "--holdout_samples", "32", "--clip_model_dir", str(tiny_clip_dir)]
+
+    status = run_job(job_args(evaluation_models["trained"], evaluation_models["base"], out, *extra))
+
+    assert status == 0
+    metrics = json.loads((out / "evaluation.json").read_text())["metrics"]
+    assert metrics["fid"]["samples"] == 32  # N == projection_dim: FID is computed
+    assert metrics["kid"]["trained"] < metrics["kid"]["base"]
+    assert metrics["fid"]["trained"] < metrics["fid"]["base"]
+
+
+def test_evaluate_neither_holdout_nor_scene_adherence_fails_naming_flags(
+    evaluation_models: dict[str, Path], tmp_path: Path, opt_ml: Path
+) -> None:
+    status = run_job(job_args(evaluation_models["trained"], evaluation_models["base"], tmp_path / "out"))
+
+    assert status == 1
+    message = exit_message(opt_ml)
+    assert message.startswith("EvaluationError: nothing to evaluate: pass --holdout_dir")
+    assert "--scene_adherence true" in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_evaluate_holdout_dir_without_tars_fails_when_nothing_else(
+    evaluation_models: dict[str, Path], tmp_path: Path, opt_ml: Path
+) -> None:
+    (tmp_path / "data").mkdir()
+    argv = job_args(
+        evaluation_models["trained"],
+        evaluation_models["base"],
+        tmp_path / "out",
+        "--holdout_dir",
+        str(tmp_path / "data"),
+    )
+
+    status = run_job(argv)
+
+    assert status == 1
+    assert f"nothing to evaluate: --holdout_dir {tmp_path / 'data'} holds no .tar file" in exit_message(opt_ml)
+
+
+def test_evaluate_bad_clip_folder_fails_before_rendering(
+    evaluation_models: dict[str, Path], tmp_path: Path, opt_ml: Path
+) -> None:
+    write_holdout(tmp_path / "data", 2)
+    extra = ["--holdout_dir", str(tmp_path / "data"), "--clip_model_dir", str(tmp_path / "no-clip")]
+
+    status = run_job(job_args(evaluation_models["trained"], evaluation_models["base"], tmp_path / "out", *extra))
+
+    assert status == 1
+    assert f"--clip_model_dir {tmp_path / 'no-clip'} does not exist" in exit_message(opt_ml)
+    assert not (tmp_path / "out").exists()

@@ -271,7 +271,6 @@ class Plan:
     """What the checks found: what to score, before anything heavy is loaded."""
 
     prompts: list[str] | None  # scene prompts; None: no scene adherence
-    holdout_tars: list[Path]
     clip: clip_model.ClipConfig | None
 
 
@@ -288,7 +287,7 @@ def plan(args: argparse.Namespace) -> Plan:
         )
     clip = clip_model.check_clip_dir(args.clip_model_dir) if args.clip_model_dir is not None else None
     check_pipeline_dir(args.base_model_dir, "--base_model_dir", BASE_FIX)
-    return Plan(prompts, tars, clip)
+    return Plan(prompts, clip)
 
 
 def _select(args: argparse.Namespace, checked: Plan, scores: report.Scores) -> heldout.Selection | None:

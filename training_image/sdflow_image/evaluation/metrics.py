@@ -29,7 +29,6 @@ returns the tensor; torchmetrics 1.9.0 expects the tensor, so the model goes to 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -98,17 +97,11 @@ def _batches(images: torch.Tensor) -> list[torch.Tensor]:
     return list(torch.split(images, BATCH))
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """One metric, base against trained."""
-
-    base: float
-    trained: float
-    samples: int
-    extra: dict[str, Any]
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"base": self.base, "trained": self.trained, **self.extra, "samples": self.samples}
+def _update(
+    metric: KernelInceptionDistance | FrechetInceptionDistance, images: torch.Tensor, real: bool, device: str
+) -> None:
+    for chunk in _batches(images):
+        metric.update(chunk.to(device), real=real)
 
 
 def clip_score(clip: ClipModel, images: torch.Tensor, captions: Sequence[str]) -> float:
@@ -134,11 +127,9 @@ def kid(
     ).to(device)
     results: dict[str, tuple[float, float]] = {}
     with torch.no_grad():
-        for chunk in _batches(real):
-            metric.update(chunk.to(device), real=True)
+        _update(metric, real, True, device)
         for name, images in generated.items():
-            for chunk in _batches(images):
-                metric.update(chunk.to(device), real=False)
+            _update(metric, images, False, device)
             # torchmetrics draws its subsets with torch.randperm on the global generator.
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
@@ -155,11 +146,9 @@ def fid(
     metric = FrechetInceptionDistance(feature=features, reset_real_features=False).to(device)
     results: dict[str, float] = {}
     with torch.no_grad():
-        for chunk in _batches(real):
-            metric.update(chunk.to(device), real=True)
+        _update(metric, real, True, device)
         for name, images in generated.items():
-            for chunk in _batches(images):
-                metric.update(chunk.to(device), real=False)
+            _update(metric, images, False, device)
             results[name] = float(metric.compute())
             metric.reset()
     return results

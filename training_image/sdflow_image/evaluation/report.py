@@ -97,4 +97,4 @@ def summary(document: dict[str, Any]) -> str:
         )
     missing = [m["metric"] for m in document["missing"]]
     tail = f"; missing: {', '.join(missing)}" if missing else ""
-    return "ok: " + "; ".join(parts) + tail
+    return "ok: " + ("; ".join(parts) or "no metric computed") + tail

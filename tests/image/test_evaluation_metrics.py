@@ -155,7 +155,7 @@ def test_fid_small_case_equals_hand_frechet_distance() -> None:
     assert result["real"] == pytest.approx(0.0, abs=1e-3)
 
 
-def test_clip_image_features_give_projection_dim_per_image(clip: clip_model.ClipModel) -> None:
+def test_clip_image_features_uint8_batch_gives_projection_dim_each(clip: clip_model.ClipModel) -> None:
     features = metrics.ClipImageFeatures(clip)(torch.zeros(3, 3, 48, 48, dtype=torch.uint8))
 
     assert features.shape == (3, clip.projection_dim)
@@ -208,7 +208,7 @@ def test_check_clip_dir_bad_folder_names_flag_and_fix(tmp_path: Path, config: ob
     assert "evaluation.clip_model_uri" in str(raised.value)
 
 
-def test_check_clip_dir_reads_projection_dim_default_512(tmp_path: Path, tiny_clip_dir: Path) -> None:
+def test_check_clip_dir_config_without_projection_dim_defaults_512(tmp_path: Path, tiny_clip_dir: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"text_config": {}, "vision_config": {}}))
 
     assert clip_model.check_clip_dir(tmp_path).projection_dim == 512
@@ -222,7 +222,7 @@ def test_load_clip_folder_without_weights_fails_naming_flag(tmp_path: Path, tiny
         clip_model.load_clip(clip_model.check_clip_dir(tmp_path), "cpu")
 
 
-def test_holdout_grid_rows_columns_and_header() -> None:
+def test_holdout_grid_more_rows_than_max_draws_sixteen_with_header_and_captions() -> None:
     red, green, blue = (scenes.draw(scenes.parse_prompt(f"a white circle on a {c} background"), 32, 32,
                                    random.Random(0)) for c in ("red", "green", "blue"))  # fmt: skip
     rows = grid.MAX_ROWS + 4

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sdflow import history
-from sdflow_common import causes, names
+from sdflow_common import causes, evaluation_report, names
 
 PIPELINE_STATES = (
     "Validate run",
@@ -140,9 +140,25 @@ def state_lines(progress: Progress) -> dict[str, str]:
     return lines
 
 
+def model_lines(output: dict[str, Any] | None) -> list[str]:
+    """The registered model and its evaluation (each metric base → trained, the gate's checks, what was not
+    computed, the grids), as the notification shows them (sdflow_common.evaluation_report)."""
+    registry = (output or {}).get("registry")
+    model = registry.get("model") if isinstance(registry, dict) else None
+    if not isinstance(model, dict) or not model.get("model_package_arn"):
+        return []
+    lines = [f"  model: {model['model_package_arn']} ({model.get('approval_status', '?')})"]
+    evaluation = evaluation_report.model_lines(model)
+    if evaluation:
+        lines.append("  evaluation, base → trained (↑ higher is better, ↓ lower is better):")
+        lines.extend(f"    {line}" for line in evaluation)
+    return lines
+
+
 def render_lines(progress: Progress) -> list[str]:
     lines = [f"execution {progress.execution_arn.rsplit(':', 1)[-1]}: {progress.status}"]
     lines += list(state_lines(progress).values())
+    lines += model_lines(progress.output)
     if progress.error:
         lines.append(f"  error: {progress.error}")
         if progress.cause:

@@ -16,6 +16,8 @@ from sdflow_common.settings import Settings
 logger = Logger()
 tracer = Tracer()
 metrics = Metrics()
+# evaluation.json's metric names as CloudWatch metric names (PromptAdherence as before).
+METRIC_NAMES = {"prompt_adherence": "PromptAdherence", "clip_score": "ClipScore", "kid": "KID", "fid": "FID"}
 
 
 @logger.inject_lambda_context(correlation_id_path="execution_arn")
@@ -25,5 +27,7 @@ metrics = Metrics()
 def lambda_handler(event: RegisterTask, context: LambdaContext) -> dict[str, Any]:
     result = register_model(event, Settings.from_env())
     metrics.add_dimension(name="ApprovalStatus", value=result["approval_status"])
-    metrics.add_metric(name="PromptAdherence", unit=MetricUnit.NoUnit, value=result["prompt_adherence"])
+    for name, scores in result["metrics"].items():
+        if name in METRIC_NAMES:  # the trained model's score, one CloudWatch metric per evaluation metric
+            metrics.add_metric(name=METRIC_NAMES[name], unit=MetricUnit.NoUnit, value=float(scores["trained"]))
     return result

@@ -5,7 +5,8 @@
   SageMaker applies to the same lines to make the job's CloudWatch metrics; loss.png, samples.png
   and training_summary.json from output/output.tar.gz (SageMaker's place for a job's small files), or,
   when the job's output is uncompressed (OutputDataConfig.CompressionType NONE), from the model's prefix;
-- evaluation: DescribeProcessingJob and the job's evaluation.json / adherence.png;
+- evaluation: DescribeProcessingJob and the job's evaluation.json / holdout.png / adherence.png
+  (sdflow.console.evaluation);
 - endpoint: DescribeEndpoint and DescribeEndpointConfig; a prompt through InvokeEndpoint;
 - notifications: the notify function's "notification published" log records (FilterLogEvents),
   since SNS has no API that reads a published message back."""
@@ -25,8 +26,9 @@ from botocore.exceptions import ClientError
 
 from sdflow import endpoints
 from sdflow.console.aws import Clients, ConsoleError, Recent, TtlCache, error_code
+from sdflow.console.evaluation import evaluation_view
 from sdflow.console.runs import iso
-from sdflow_common import names
+from sdflow_common import evaluation_report, names
 from sdflow_common.run_document import parse_s3_uri
 
 TRAINING_LOGS = "/aws/sagemaker/TrainingJobs"
@@ -39,8 +41,6 @@ MAX_MEMBER_BYTES = 32 * 1024 * 1024
 # The page waits on a busy endpoint's retries (sdflow.endpoints) this long before it shows the refusal.
 BUSY_RETRY_BUDGET_S = 30.0
 TERMINAL_JOB = {"Completed", "Failed", "Stopped"}
-RESULT_FIELDS = ("prompt", "foreground", "background", "shape", "foreground_ok", "background_ok", "shape_ok")
-MAX_RESULT_ROWS = 1000
 CONTENT_TYPES = {".png": "image/png", ".json": "application/json", ".jpg": "image/jpeg", ".txt": "text/plain"}
 
 
@@ -211,7 +211,14 @@ class JobReader:
         found = _latest_state(run).get("evaluation") or {}
         job_name = found.get("job_name") or self._newest_job("processing", _run_hash(run), names.EVALUATION_PREFIX)
         if not job_name:
-            return {"job_name": None, "status": "Starting", "scores": None, "grid_url": None, "log_url": None}
+            return {
+                "job_name": None,
+                "status": "Starting",
+                **evaluation_view(None),
+                "grid_url": None,
+                "holdout_grid_url": None,
+                "log_url": None,
+            }
         job = self._cache.get(
             ("processing", job_name),
             lambda: (self.clients("sagemaker").describe_processing_job(ProcessingJobName=job_name), False),
@@ -219,16 +226,22 @@ class JobReader:
         folder = found.get("evaluation_uri") or next(
             (o["S3Output"]["S3Uri"] for o in (job.get("ProcessingOutputConfig") or {}).get("Outputs", [])), None
         )
-        document, grid = None, None
+        document, grid, holdout_grid = None, None, None
         if job.get("ProcessingJobStatus") == "Completed" and folder:
             scores_uri = f"{folder.rstrip('/')}/evaluation.json"
             document = self._final.get(("scores", scores_uri), lambda: (_json_or_none(self, scores_uri), True))
-            grid = artifact_url(f"{folder.rstrip('/')}/adherence.png")
+            # The scene-adherence grid only when the job scored scene prompts (an older file: always).
+            if "prompt_adherence" in evaluation_report.metrics_of(document):
+                grid = artifact_url(f"{folder.rstrip('/')}/adherence.png")
+            holdout_name = evaluation_report.holdout_grid_name(document)
+            holdout_grid = artifact_url(f"{folder.rstrip('/')}/{holdout_name}") if holdout_name else None
+        options = ((_latest_state(run).get("config") or {}).get("run") or {}).get("evaluation")
         return {
             "job_name": job_name,
             "status": job.get("ProcessingJobStatus"),
-            **evaluation_view(document),
+            **evaluation_view(document, options),
             "grid_url": grid,
+            "holdout_grid_url": holdout_grid,
             "failure_reason": job.get("FailureReason"),
             "log_url": log_url(PROCESSING_LOGS, f"{job_name}/algo-1-"),
         }
@@ -432,29 +445,6 @@ def _notification(event: dict[str, Any]) -> dict[str, Any] | None:
         "subject": record.get("subject"),
         "message": record.get("notification"),
     }
-
-
-def evaluation_view(document: Any) -> dict[str, Any]:
-    """evaluation.json as the page shows it: the scores as flat name → number pairs (the base
-    model's beside the trained one's), the settings, and one row per prompt, never raw JSON."""
-    if not isinstance(document, dict):
-        return {"scores": None, "settings": {}, "results": []}
-    scores: dict[str, Any] = {}
-    for key, value in document.items():
-        if key in {"results", "settings", "grid"}:
-            continue
-        if isinstance(value, dict):
-            scores |= {f"{key} {k}": v for k, v in value.items() if isinstance(v, int | float | str | bool)}
-        elif isinstance(value, int | float | str | bool) or value is None:
-            scores[key] = value
-    settings = document.get("settings")
-    rows = document.get("results")
-    results = [
-        {key: row.get(key) for key in RESULT_FIELDS}
-        for row in (rows if isinstance(rows, list) else [])[:MAX_RESULT_ROWS]
-        if isinstance(row, dict)
-    ]
-    return {"scores": scores, "settings": settings if isinstance(settings, dict) else {}, "results": results}
 
 
 def _json_or_none(reader: JobReader, uri: str) -> Any:

@@ -5,13 +5,14 @@ the same sources as `sdflow status` and the notification."""
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from sdflow import history, progress
 from sdflow.runs import UNFINISHED
+from sdflow_common import evaluation_report
 
 LOSS_METRICS = ("train:loss", "loss")  # the trainer's metric name (model_registry.LOSS_METRIC_NAME), then a bare one
 
@@ -40,6 +41,14 @@ class RunSummary:
     base_prompt_adherence: float | None = None
     model_data_uri: str | None = None
     model_package_arn: str | None = None
+    approval_status: str | None = None
+    # The evaluation as Register model recorded it ($.registry.model): {metric: {"base", "trained", "samples",
+    # ...}}, the gate's checks ({"metric", "rule", "passed", "value", "limit", ...}), the metrics not computed.
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    gate: list[dict[str, Any]] = field(default_factory=list)
+    missing: list[dict[str, str]] = field(default_factory=list)
+    holdout_samples: int | None = None
+    holdout_grid_uri: str | None = None
     endpoint_name: str | None = None
     failed_state: str | None = None
     error: str | None = None
@@ -63,9 +72,7 @@ class RunSummary:
         if self.training_job_name:
             loss = f", final loss {self.final_loss:.4f}" if self.final_loss is not None else ""
             rows.append(("training", f"{self.training_job_name}{loss}"))
-        if self.prompt_adherence is not None:
-            base = f"base {self.base_prompt_adherence:.2f} → " if self.base_prompt_adherence is not None else ""
-            rows.append(("prompt adherence", f"{base}trained {self.prompt_adherence:.2f}"))
+        rows.extend(self._evaluation_rows())
         for label, value in (
             ("model", self.model_data_uri),
             ("model package", self.model_package_arn),
@@ -76,6 +83,30 @@ class RunSummary:
         if self.error or self.failed_state:
             parts = [f"in {self.failed_state}" if self.failed_state else "", self.error or "", self.cause or ""]
             rows.append(("error", ": ".join(part for part in parts if part)[:600]))
+        return rows
+
+    def _evaluation_rows(self) -> list[tuple[str, str]]:
+        """Each metric base → trained (its name and direction the label), the gate's checks, what was not
+        computed and the held-out grid; a run with no registered evaluation, the training job's own score."""
+        if not self.metrics:
+            if self.prompt_adherence is None:
+                return []
+            base = f"base {self.base_prompt_adherence:.2f} → " if self.base_prompt_adherence is not None else ""
+            return [("prompt adherence", f"{base}trained {self.prompt_adherence:.2f}")]
+        rows = [
+            (evaluation_report.metric_label(name), evaluation_report.metric_values(name, entry))
+            for name, entry in self.metrics.items()
+        ]
+        checks = evaluation_report.gate_checks({"gate": self.gate})
+        if checks:
+            rows.append(("quality gate", evaluation_report.gate_summary(checks)))
+            rows.extend(("", evaluation_report.gate_line(check)) for check in checks)
+        rows.extend(
+            (evaluation_report.metric_label(item["metric"]), f"not computed: {item['reason'] or 'no reason given'}")
+            for item in self.missing
+        )
+        if self.holdout_grid_uri:
+            rows.append(("held-out grid", f"{self.holdout_grid_uri} (real | base | trained per caption)"))
         return rows
 
     def __str__(self) -> str:
@@ -178,6 +209,12 @@ def summarize(
         base_prompt_adherence=_number(base),
         model_data_uri=training.get("model_data_url"),
         model_package_arn=model.get("model_package_arn"),
+        approval_status=model.get("approval_status"),
+        metrics=evaluation_report.metrics_of(model),
+        gate=[evaluation_report.check_record(check) for check in evaluation_report.gate_checks(model)],
+        missing=evaluation_report.missing_of(model),
+        holdout_samples=_int(model.get("holdout_samples")),
+        holdout_grid_uri=model.get("holdout_grid_uri") or None,
         endpoint_name=endpoint.get("endpoint_name"),
         failed_state=failed_state,
         error=described.get("error"),

@@ -9,6 +9,7 @@ validation, one whose job failed, then redriven, a stopped one, the Map's childr
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -72,11 +73,28 @@ def _full_evaluation(sagemaker: NoOpSageMaker, request: dict[str, Any]) -> None:
         "background_accuracy": 0.0, "shape_accuracy": 0.3}, "grid": "adherence.png",
         "settings": {"resolution": 32, "num_inference_steps": 4, "guidance_scale": 7.5, "seed": 0, "device": "cpu"},
         "results": results,
+        # The held-out metrics (docs/contracts.md "The evaluation job"), FID missing, and their grid.
+        "metrics": {"clip_score": {"base": 21.3, "trained": 27.9, "samples": 64},
+                    "kid": {"base": 0.051, "trained": 0.012, "base_std": 0.004, "trained_std": 0.002, "samples": 64,
+                            "subset_size": 64},
+                    "prompt_adherence": {"base": 0.125, "trained": 0.9, "samples": 48}},
+        "missing": [{"metric": "fid", "reason": "64 held-out samples, fewer than the 512 of the CLIP features"}],
+        "holdout": {"samples": 64, "grid": HOLDOUT_GRID},
     }  # fmt: skip
     sagemaker._put(bucket, key.rstrip("/") + "/" + EVALUATION_FILE, json.dumps(document).encode())
+    sagemaker._put(bucket, key.rstrip("/") + "/" + HOLDOUT_GRID, _png_of(3 * 32, 4 * 32))
 
 
 original = NoOpSageMaker._evaluation_output
+HOLDOUT_GRID = "holdout.png"
+
+
+def _png_of(width: int, height: int) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), "orange").save(out, format="PNG")
+    return out.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +170,8 @@ def test_console_upload_run_graph_follows_states_to_success_with_details(
     cloud.client("s3").put_object(
         Bucket=cloud.bucket,
         Key="manifests/console-ok.json",
-        Body=json.dumps(_document(cloud, "sdflow-console")).encode(),
+        # A gate the evaluation passes, for the panel's gate checks.
+        Body=json.dumps(_document(cloud, "sdflow-console") | {"evaluation": {"min_prompt_adherence": 0.5}}).encode(),
     )
     row = page.locator('[data-testid="run-row"]').first
     row.wait_for(timeout=WAIT_MS)
@@ -212,6 +231,20 @@ def test_console_upload_run_graph_follows_states_to_success_with_details(
     assert gaps
     assert max(gaps) < 300, f"labels far from their values: {gaps}"
     page.locator('img[data-testid="adherence-grid"]').wait_for(timeout=WAIT_MS)
+    # Each metric base → trained with its direction, the one not computed with its reason, the held-out grid.
+    metric_rows = page.locator('[data-testid="metric-row"]')
+    assert metric_rows.count() == 3
+    kid = page.locator('[data-testid="metric-row"][data-metric="kid"]').inner_text()
+    assert "kid ↓" in kid
+    assert "0.0510 ± 0.0040" in kid
+    assert "0.0120 ± 0.0020" in kid
+    assert "fid: 64 held-out samples" in page.locator('[data-testid="missing-metric"]').inner_text()
+    check = page.locator('[data-testid="gate-check"]')
+    assert check.count() == 1
+    assert check.inner_text() == "✓ prompt_adherence (trained ≥ 0.5): base 0.12 → trained 0.90"
+    holdout_img = page.locator('img[data-testid="holdout-grid"]')
+    holdout_img.wait_for(timeout=WAIT_MS)
+    page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=holdout_img.element_handle())
     durations_fixed(page)
     look(page, tmp_path, "succeeded-run", report)
     for panel in ("training", "evaluation", "endpoint"):

@@ -130,7 +130,7 @@ def test_gate_passed_registers_approved_package_and_deploys_from_it(
     text = first_run["message"]["message"]
     assert f"model-package/{GROUP}/" in text
     assert "(Approved)" in text
-    assert "prompt adherence: base" in text
+    assert "prompt_adherence ↑: base" in text  # the notification's evaluation block
     _invoke_ok(cloud)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from download_fixtures import download_s3, image_server
+from evaluation_fixtures import evaluation_models, tiny_clip_dir
 from family_fixtures import family_base, family_dataset
 
-__all__ = ["family_base", "family_dataset"]
+__all__ = ["download_s3", "evaluation_models", "family_base", "family_dataset", "image_server", "tiny_clip_dir"]

@@ -9,16 +9,14 @@ import os
 import signal
 import subprocess
 import sys
-import tarfile
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from io import BytesIO
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from download_fixtures import BUCKET, S3, captions_in_s3, job_args
 
 from sdflow.samples import ImageServer, LaionSample, SampleRow, make_images, make_laion_parquet, write_parquet
 from sdflow_image.download import download, shard_upload
@@ -27,68 +25,7 @@ pytestmark = pytest.mark.image
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GOOD, MISSING, CORRUPT, SLOW = 30, 2, 2, 2
-SLOW_SECONDS = 3.0
-BUCKET = "sdflow-data"
-REGION = "us-east-1"
 SHARD_NAMES = {f"0000{n}{suffix}" for n in (0, 1) for suffix in (".tar", ".parquet", "_stats.json")}
-
-
-def job_args(input_path: Path, output_uri: str, work: Path, *extra: str) -> list[str]:
-    # Small settings keep a run to a few seconds on a shared 2-core machine; 20 rows per
-    # shard over 36 rows gives two shards, so the totals are summed across shards.
-    return [
-        "--input", str(input_path), "--output_uri", output_uri, "--work_dir", str(work),
-        "--image_size", "64", "--samples_per_shard", "20",
-        "--processes", "1", "--threads", "8", "--url_timeout", "1",
-        *extra,
-    ]  # fmt: skip
-
-
-@dataclass
-class S3:
-    client: Any
-    endpoint: str
-    prefixes: list[str] = field(default_factory=list)
-
-    def uri(self, name: str) -> str:
-        return f"s3://{BUCKET}/runs/{name}/dataset/shards/00000/"
-
-    def names(self, uri: str) -> dict[str, dict[str, Any]]:
-        """name below the prefix -> the listing's entry."""
-        output = shard_upload.S3Prefix.parse(uri)
-        listing = self.client.list_objects_v2(Bucket=BUCKET, Prefix=output.prefix)
-        return {item["Key"][len(output.prefix) :]: item for item in listing.get("Contents", [])}
-
-    def read(self, uri: str, name: str) -> bytes:
-        key = shard_upload.S3Prefix.parse(uri).key(name)
-        return bytes(self.client.get_object(Bucket=BUCKET, Key=key)["Body"].read())
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[S3]:
-    """moto's S3 server, reached as the local runtime lets a job container reach it: boto3 with
-    AWS_ENDPOINT_URL and keys in the environment."""
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in {
-            "AWS_ENDPOINT_URL": endpoint,
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": REGION,
-        }.items():
-            mp.setenv(key, value)
-        client = boto3.client("s3", region_name=REGION)
-        client.create_bucket(Bucket=BUCKET)
-        try:
-            yield S3(client, endpoint)
-        finally:
-            server.stop()
 
 
 @dataclass
@@ -102,18 +39,12 @@ class Run:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[ImageServer]:
-    with ImageServer(slow_seconds=SLOW_SECONDS) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def finished_run(server: ImageServer, s3: S3, tmp_path_factory: pytest.TempPathFactory) -> Run:
+def finished_run(image_server: ImageServer, download_s3: S3, tmp_path_factory: pytest.TempPathFactory) -> Run:
     root = tmp_path_factory.mktemp("download")
     sample = make_laion_parquet(
-        root / "input" / "part-00000.parquet", server, good=GOOD, missing=MISSING, corrupt=CORRUPT, slow=SLOW
+        root / "input" / "part-00000.parquet", image_server, good=GOOD, missing=MISSING, corrupt=CORRUPT, slow=SLOW
     )
-    output_uri = s3.uri("finished")
+    output_uri = download_s3.uri("finished")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SDFLOW_OPT_ML", str(root / "opt_ml"))
         started = time.monotonic()
@@ -129,45 +60,18 @@ def opt_ml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
-def read_tar(data: bytes) -> dict[str, dict[str, bytes]]:
-    """key -> {extension: bytes} of a webdataset tar."""
-    samples: dict[str, dict[str, bytes]] = {}
-    with tarfile.open(fileobj=BytesIO(data)) as tar:
-        for member in tar.getmembers():
-            key, _, ext = member.name.partition(".")
-            extracted = tar.extractfile(member)
-            assert extracted is not None, member.name
-            samples.setdefault(key, {})[ext] = extracted.read()
-    return samples
-
-
-def captions_in_s3(s3: S3, uri: str) -> dict[str, str]:
-    """url -> caption over every tar under the prefix; each sample complete and a real JPEG."""
-    seen: dict[str, str] = {}
-    for name in sorted(n for n in s3.names(uri) if n.endswith(".tar")):
-        for key, members in read_tar(s3.read(uri, name)).items():
-            assert set(members) == {"jpg", "txt", "json"}, key
-            assert members["jpg"][:3] == b"\xff\xd8\xff", f"{key}.jpg is not a JPEG"
-            meta = json.loads(members["json"])
-            assert meta["status"] == "success"
-            assert members["txt"].decode() == meta["caption"]
-            assert meta["url"] not in seen, f"{meta['url']} is in two samples"
-            seen[meta["url"]] = members["txt"].decode()
-    return seen
-
-
 @pytest.mark.slow
-def test_download_mixed_urls_writes_shards_with_captions_to_s3(finished_run: Run, s3: S3) -> None:
+def test_download_mixed_urls_writes_shards_with_captions_to_s3(finished_run: Run, download_s3: S3) -> None:
     assert finished_run.status == 0
-    assert set(s3.names(finished_run.output_uri)) == SHARD_NAMES | {"_SUCCESS"}
+    assert set(download_s3.names(finished_run.output_uri)) == SHARD_NAMES | {"_SUCCESS"}
     # every good URL is there once with its own caption; no broken or slow URL slipped in
-    assert captions_in_s3(s3, finished_run.output_uri) == finished_run.sample.good
+    assert captions_in_s3(download_s3, finished_run.output_uri) == finished_run.sample.good
 
 
 @pytest.mark.slow
-def test_download_success_marker_totals_match_stats_and_good_count(finished_run: Run, s3: S3) -> None:
-    success = json.loads(s3.read(finished_run.output_uri, "_SUCCESS"))
-    stats = [json.loads(s3.read(finished_run.output_uri, f"0000{n}_stats.json")) for n in (0, 1)]
+def test_download_success_marker_totals_match_stats_and_good_count(finished_run: Run, download_s3: S3) -> None:
+    success = json.loads(download_s3.read(finished_run.output_uri, "_SUCCESS"))
+    stats = [json.loads(download_s3.read(finished_run.output_uri, f"0000{n}_stats.json")) for n in (0, 1)]
     assert success["samples"] == sum(s["successes"] for s in stats) == GOOD
     assert success["failed"] == MISSING + CORRUPT + SLOW
     assert success["failed_to_download"] == MISSING + SLOW  # 404s and timeouts
@@ -175,6 +79,10 @@ def test_download_success_marker_totals_match_stats_and_good_count(finished_run:
     assert success["tar_files"] == ["00000.tar", "00001.tar"]
     assert (success["url_col"], success["caption_col"], success["image_size"]) == ("URL", "TEXT", 64)
     assert success["options"]["samples_per_shard"] == 20
+    # no held-out rate: nothing split, and the shards' options hash is the one from before the split
+    assert (success["holdout_rate"], success["holdout_samples"], success["holdout_tar_files"]) == (0.0, 0, [])
+    assert "holdout_rate" not in success["options"]
+    assert not any("holdout_samples" in s for s in stats)
     assert success["resumed_shards"] == 0
     # one img2dataset process: the shard it writes, and at most one finished shard awaiting upload
     assert 1 <= success["peak_local_tars"] <= 2
@@ -187,17 +95,21 @@ def test_download_success_marker_totals_match_stats_and_good_count(finished_run:
 
 @pytest.mark.slow
 def test_download_prefix_with_success_marker_rerun_is_noop(
-    finished_run: Run, server: ImageServer, s3: S3, opt_ml: Path, tmp_path: Path
+    finished_run: Run, image_server: ImageServer, download_s3: S3, opt_ml: Path, tmp_path: Path
 ) -> None:
-    before = {name: (item["ETag"], item["LastModified"]) for name, item in s3.names(finished_run.output_uri).items()}
-    hits_before = sum(server.hits.values())
+    before = {
+        name: (item["ETag"], item["LastModified"]) for name, item in download_s3.names(finished_run.output_uri).items()
+    }
+    hits_before = sum(image_server.hits.values())
     started = time.monotonic()
     argv = job_args(finished_run.sample.path, finished_run.output_uri, tmp_path / "work")
     assert download.main(download.parse_args(argv)) == 0
     assert time.monotonic() - started < 2.0
-    after = {name: (item["ETag"], item["LastModified"]) for name, item in s3.names(finished_run.output_uri).items()}
+    after = {
+        name: (item["ETag"], item["LastModified"]) for name, item in download_s3.names(finished_run.output_uri).items()
+    }
     assert after == before
-    assert sum(server.hits.values()) == hits_before  # not a single URL fetched again
+    assert sum(image_server.hits.values()) == hits_before  # not a single URL fetched again
     assert "already complete" in (opt_ml / "output" / "message").read_text()
 
 
@@ -212,7 +124,7 @@ class Interrupted:
     failure: str
 
 
-def stop_after_first_shard(s3: S3, uri: str, work: Path, run: Any) -> Interrupted:
+def stop_after_first_shard(download_s3: S3, uri: str, work: Path, run: Any) -> Interrupted:
     """Run the job; once shard 00000 is complete in S3 while 00001 is being written locally,
     send this process SIGTERM, as SageMaker does to stop a job."""
     seen: dict[str, Any] = {}
@@ -220,7 +132,7 @@ def stop_after_first_shard(s3: S3, uri: str, work: Path, run: Any) -> Interrupte
     def watch() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            names = set(s3.names(uri))
+            names = set(download_s3.names(uri))
             partial = work / "img2dataset" / "00001.tar"
             if "00000_stats.json" in names and partial.exists():
                 seen["keys"], seen["partial"] = names, partial.stat().st_size
@@ -238,7 +150,9 @@ def stop_after_first_shard(s3: S3, uri: str, work: Path, run: Any) -> Interrupte
 
 
 @pytest.mark.slow
-def test_download_stopped_job_retry_resumes_from_s3_with_same_set(s3: S3, tmp_path: Path, opt_ml: Path) -> None:
+def test_download_stopped_job_retry_resumes_from_s3_with_same_set(
+    download_s3: S3, tmp_path: Path, opt_ml: Path
+) -> None:
     # Shard 00000: 20 fast images. Shard 00001: 5 fast images and one URL that takes 10 s, so
     # the job is still writing 00001.tar when 00000 must already be in S3.
     with ImageServer(slow_seconds=10.0) as server:
@@ -247,15 +161,15 @@ def test_download_stopped_job_retry_resumes_from_s3_with_same_set(s3: S3, tmp_pa
         rows = [SampleRow(server.url_for(i.name), i.caption, i.width, i.height) for i in images]
         rows.insert(20, SampleRow(server.slow_url(0), "the slow one"))
         parquet = write_parquet(tmp_path / "in" / "part.parquet", rows)
-        uri, work = s3.uri("resumed"), tmp_path / "work"
+        uri, work = download_s3.uri("resumed"), tmp_path / "work"
         argv = [*job_args(parquet, uri, work), "--url_timeout", "30", "--deadline_seconds", "60"]
 
-        stopped = stop_after_first_shard(s3, uri, work, lambda: download.main(download.parse_args(argv)))
+        stopped = stop_after_first_shard(download_s3, uri, work, lambda: download.main(download.parse_args(argv)))
         assert stopped.status == 1
         assert stopped.failure.startswith("Terminated")
         # shard 00000 was in S3 before the job ended; the unfinished 00001.tar never got there
         assert stopped.keys_at_stop == {"00000.tar", "00000.parquet", "00000_stats.json"}
-        assert set(s3.names(uri)) == stopped.keys_at_stop
+        assert set(download_s3.names(uri)) == stopped.keys_at_stop
         first_shard_hits = {f"/images/{i.name}": server.hits[f"/images/{i.name}"] for i in images[:20]}
         assert all(count == 1 for count in first_shard_hits.values())
 
@@ -266,16 +180,16 @@ def test_download_stopped_job_retry_resumes_from_s3_with_same_set(s3: S3, tmp_pa
     # the retry fetched none of shard 00000's URLs again, only shard 00001's
     assert {path: server.hits[path] for path in first_shard_hits} == first_shard_hits
     assert all(server.hits[f"/images/{i.name}"] == 2 for i in images[20:])
-    assert set(s3.names(uri)) == SHARD_NAMES | {"_SUCCESS"}
-    success = json.loads(s3.read(uri, "_SUCCESS"))
+    assert set(download_s3.names(uri)) == SHARD_NAMES | {"_SUCCESS"}
+    success = json.loads(download_s3.read(uri, "_SUCCESS"))
     assert success["resumed_shards"] == 1
     assert success["samples"] == 26
     assert success["failed"] == 0
     assert success["tar_files"] == ["00000.tar", "00001.tar"]
-    assert set(captions_in_s3(s3, uri)) == {row.url for row in rows}
+    assert set(captions_in_s3(download_s3, uri)) == {row.url for row in rows}
 
 
-def test_shard_uploader_incomplete_stats_uploads_nothing(s3: S3, tmp_path: Path) -> None:
+def test_shard_uploader_incomplete_stats_uploads_nothing(download_s3: S3, tmp_path: Path) -> None:
     shards = tmp_path / "shards"
     shards.mkdir()
     (shards / "00000.tar").write_bytes(b"tar being written")
@@ -283,21 +197,21 @@ def test_shard_uploader_incomplete_stats_uploads_nothing(s3: S3, tmp_path: Path)
     stats = {"count": 3, "successes": 2, "failed_to_download": 1, "failed_to_resize": 0}
     full = json.dumps(stats, indent=4)
     (shards / "00000_stats.json").write_text(full[: len(full) // 2])  # img2dataset mid-write
-    uri = s3.uri("sweep")
+    uri = download_s3.uri("sweep")
     uploader = shard_upload.ShardUploader(shard_upload.S3Prefix.parse(uri), {"image_size": 64})
     assert uploader.sweep(shards) == []
-    assert s3.names(uri) == {}
+    assert download_s3.names(uri) == {}
     (shards / "00000_stats.json").write_text(full)
     assert uploader.sweep(shards) == [0]
-    assert set(s3.names(uri)) == {"00000.tar", "00000.parquet", "00000_stats.json"}
-    assert s3.read(uri, "00000.tar") == b"tar being written"
+    assert set(download_s3.names(uri)) == {"00000.tar", "00000.parquet", "00000_stats.json"}
+    assert download_s3.read(uri, "00000.tar") == b"tar being written"
     # the disk keeps only the stats file, which img2dataset needs to skip the shard
     assert sorted(p.name for p in shards.iterdir()) == ["00000_stats.json"]
     assert uploader.sweep(shards) == []  # uploaded once
 
 
-def test_shard_uploader_resume_skips_incomplete_and_foreign_shards(s3: S3, tmp_path: Path) -> None:
-    uri = s3.uri("resume-rules")
+def test_shard_uploader_resume_skips_incomplete_and_foreign_shards(download_s3: S3, tmp_path: Path) -> None:
+    uri = download_s3.uri("resume-rules")
     prefix = shard_upload.S3Prefix.parse(uri)
     stats = json.dumps({"count": 1, "successes": 1, "failed_to_download": 0, "failed_to_resize": 0})
     ours = shard_upload.options_hash({"image_size": 64})
@@ -308,7 +222,7 @@ def test_shard_uploader_resume_skips_incomplete_and_foreign_shards(s3: S3, tmp_p
         ("00002", (".tar", ".parquet", "_stats.json"), theirs),  # other options
     ):
         for suffix in parts:
-            s3.client.put_object(
+            download_s3.client.put_object(
                 Bucket=BUCKET, Key=prefix.key(stem + suffix), Body=stats.encode(), Metadata={"sdflow-options": digest}
             )
     shards = tmp_path / "shards"
@@ -320,17 +234,17 @@ def test_shard_uploader_resume_skips_incomplete_and_foreign_shards(s3: S3, tmp_p
 
 
 def test_download_missing_bucket_fails_naming_output_uri(
-    server: ImageServer, s3: S3, tmp_path: Path, opt_ml: Path
+    image_server: ImageServer, download_s3: S3, tmp_path: Path, opt_ml: Path
 ) -> None:
-    sample = make_laion_parquet(tmp_path / "in.parquet", server, good=2, seed=11)
-    hits_before = sum(server.hits.values())
+    sample = make_laion_parquet(tmp_path / "in.parquet", image_server, good=2, seed=11)
+    hits_before = sum(image_server.hits.values())
     argv = job_args(sample.path, "s3://no-such-bucket/runs/x/", tmp_path / "work")
     assert download.main(download.parse_args(argv)) == 1
     failure = (opt_ml / "output" / "failure").read_text()
     assert failure.startswith("OutputError")
     assert "s3://no-such-bucket/runs/x/ (--output_uri)" in failure
     assert "NoSuchBucket" in failure
-    assert sum(server.hits.values()) == hits_before  # failed before downloading anything
+    assert sum(image_server.hits.values()) == hits_before  # failed before downloading anything
 
 
 def test_download_output_uri_not_s3_fails_naming_flag(tmp_path: Path) -> None:
@@ -340,13 +254,13 @@ def test_download_output_uri_not_s3_fails_naming_flag(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_download_deadline_exceeded_fails_within_bound(
-    server: ImageServer, s3: S3, tmp_path: Path, opt_ml: Path
+    image_server: ImageServer, download_s3: S3, tmp_path: Path, opt_ml: Path
 ) -> None:
     # Only slow URLs, a per-URL timeout longer than they take, and a deadline shorter than
     # that: only the deadline can end this run.
-    sample = make_laion_parquet(tmp_path / "slow.parquet", server, good=0, slow=4, seed=7)
+    sample = make_laion_parquet(tmp_path / "slow.parquet", image_server, good=0, slow=4, seed=7)
     deadline = 2.0
-    uri = s3.uri("deadline")
+    uri = download_s3.uri("deadline")
     started = time.monotonic()
     status = download.main(
         download.parse_args(
@@ -363,7 +277,7 @@ def test_download_deadline_exceeded_fails_within_bound(
     assert failure.startswith("DeadlineExceeded")
     assert "--deadline_seconds" in failure
     assert (opt_ml / "output" / "message").read_text() == failure
-    assert s3.names(uri) == {}  # neither a partial shard nor _SUCCESS
+    assert download_s3.names(uri) == {}  # neither a partial shard nor _SUCCESS
 
 
 def _spawn_grandchild_and_hang(pid_file: str) -> None:

@@ -9,16 +9,15 @@ import random
 import shutil
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from evaluation_fixtures import scene_samples, write_holdout_tar
 from PIL import Image
 
-from sdflow_image import scenes
-from sdflow_image.builders.tiny_model import build_tiny_pipeline
-from sdflow_image.evaluation import adherence, evaluate
+from sdflow_image import holdout, scenes
+from sdflow_image.evaluation import adherence, evaluate, grid
 
 pytestmark = pytest.mark.image
 
@@ -29,23 +28,6 @@ PROMPTS = [
     "a white triangle on a green background",
 ]
 ACCURACIES = {"foreground_accuracy", "background_accuracy", "shape_accuracy"}
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The tiny random base; a "trained" copy with training's sdflow_model.json; its model.tar.gz."""
-    root = tmp_path_factory.mktemp("models")
-    base = build_tiny_pipeline(root / "base", 0, 0)
-    trained = root / "trained"
-    shutil.copytree(base, trained)
-    (trained / "sdflow_model.json").write_text(json.dumps({"resolution": 32, "dtype": "float32", "steps": 1}))
-    archive = root / "artifact"
-    archive.mkdir()
-    # As training leaves it: the files at the archive's root, no folder around them.
-    with tarfile.open(archive / "model.tar.gz", "w:gz") as tar:
-        for path in sorted(trained.iterdir()):
-            tar.add(path, arcname=path.name)
-    return {"base": base, "trained": trained, "archive": archive}
 
 
 @pytest.fixture(autouse=True)
@@ -79,17 +61,27 @@ def assert_evaluation(out: Path, prompts: int) -> dict[str, Any]:
     for key in ACCURACIES:
         assert 0.0 <= document[key] <= 1.0
     assert len(document["results"]) == prompts
+    assert document["metrics"]["prompt_adherence"] == {
+        "base": document["base_prompt_adherence"], "trained": document["prompt_adherence"], "samples": prompts,
+    }  # fmt: skip
+    # No --holdout_dir, no --clip_model_dir: the held-out metrics are listed, not guessed.
+    assert [m["metric"] for m in document["missing"]] == ["clip_score", "kid", "fid"]
+    assert all(m["reason"].startswith("no held-out samples: ") for m in document["missing"])
+    assert document["holdout"]["samples"] == 0
+    assert document["holdout"]["grid"] is None
     with Image.open(out / "adherence.png") as grid:
         assert grid.size[0] > 0
     return document
 
 
 def test_evaluate_model_folder_writes_evaluation_and_grid(
-    models: dict[str, Path], tmp_path: Path, opt_ml: Path, capsys: pytest.CaptureFixture[str]
+    evaluation_models: dict[str, Path], tmp_path: Path, opt_ml: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "evaluation"
 
-    status = run_job(job_args(models["trained"], models["base"], out, "--prompts", json.dumps(PROMPTS)))
+    status = run_job(
+        job_args(evaluation_models["trained"], evaluation_models["base"], out, "--prompts", json.dumps(PROMPTS))
+    )
 
     assert status == 0
     document = assert_evaluation(out, len(PROMPTS))
@@ -99,15 +91,23 @@ def test_evaluate_model_folder_writes_evaluation_and_grid(
     assert f"eval:base_prompt_adherence={document['base_prompt_adherence']:.6f}" in printed
     assert "prompt adherence: base " in printed
     assert "(3 prompts)" in printed
-    assert exit_message(opt_ml).startswith("ok: prompt adherence")
+    message = exit_message(opt_ml)
+    assert message.startswith("ok: prompt_adherence (↑ better) base ")
+    assert message.endswith("(3 samples); missing: clip_score, kid, fid")
 
 
-def test_evaluate_model_tar_gz_is_extracted_and_scored_alike(models: dict[str, Path], tmp_path: Path) -> None:
+def test_evaluate_model_tar_gz_is_extracted_and_scored_alike(
+    evaluation_models: dict[str, Path], tmp_path: Path
+) -> None:
     prompts = ["--prompts", json.dumps(PROMPTS)]
     work = tmp_path / "work"
-    run_job(job_args(models["trained"], models["base"], tmp_path / "folder", *prompts))
+    run_job(job_args(evaluation_models["trained"], evaluation_models["base"], tmp_path / "folder", *prompts))
 
-    status = run_job(job_args(models["archive"], models["base"], tmp_path / "tar", *prompts, "--work_dir", str(work)))
+    status = run_job(
+        job_args(
+            evaluation_models["archive"], evaluation_models["base"], tmp_path / "tar", *prompts, "--work_dir", str(work)
+        )
+    )
 
     assert status == 0
     from_tar, from_folder = (json.loads((tmp_path / n / "evaluation.json").read_text()) for n in ("tar", "folder"))
@@ -143,11 +143,13 @@ def test_read_prompts_too_many_fails_naming_limit(tmp_path: Path) -> None:
 
 
 def test_evaluate_prompt_outside_grammar_exits_nonzero_naming_it(
-    models: dict[str, Path], tmp_path: Path, opt_ml: Path
+    evaluation_models: dict[str, Path], tmp_path: Path, opt_ml: Path
 ) -> None:
     prompts = tmp_path / "prompts.txt"
     prompts.write_text(f"{PROMPTS[0]}\na photo of a cat\n")
-    argv = job_args(models["trained"], models["base"], tmp_path / "out", "--prompts_file", str(prompts))
+    argv = job_args(
+        evaluation_models["trained"], evaluation_models["base"], tmp_path / "out", "--prompts_file", str(prompts)
+    )
 
     # Through bin/evaluate, as SageMaker starts it: it fails before any model is loaded.
     result = subprocess.run(
@@ -165,12 +167,14 @@ def test_evaluate_prompt_outside_grammar_exits_nonzero_naming_it(
 
 @pytest.mark.parametrize("flag", ["--model_dir", "--base_model_dir"])
 def test_evaluate_folder_without_model_index_fails_naming_flag_and_fix(
-    models: dict[str, Path], tmp_path: Path, opt_ml: Path, flag: str
+    evaluation_models: dict[str, Path], tmp_path: Path, opt_ml: Path, flag: str
 ) -> None:
     broken = tmp_path / "broken"
-    shutil.copytree(models["base"], broken)
+    shutil.copytree(evaluation_models["base"], broken)
     (broken / "model_index.json").unlink()
-    model_dir, base = (broken, models["base"]) if flag == "--model_dir" else (models["trained"], broken)
+    model_dir, base = (
+        (broken, evaluation_models["base"]) if flag == "--model_dir" else (evaluation_models["trained"], broken)
+    )
 
     status = run_job(job_args(model_dir, base, tmp_path / "out", "--prompts", json.dumps(PROMPTS)))
 
@@ -179,24 +183,28 @@ def test_evaluate_folder_without_model_index_fails_naming_flag_and_fix(
     assert f"{flag} {broken} holds no diffusers pipeline (model_index.json missing); mount" in message
 
 
-def test_evaluate_corrupt_model_tar_gz_fails_naming_flag(tmp_path: Path, models: dict[str, Path], opt_ml: Path) -> None:
+def test_evaluate_corrupt_model_tar_gz_fails_naming_flag(
+    tmp_path: Path, evaluation_models: dict[str, Path], opt_ml: Path
+) -> None:
     folder = tmp_path / "artifact"
     folder.mkdir()
     (folder / "model.tar.gz").write_bytes(b"not a tar file")
 
-    status = run_job(job_args(folder, models["base"], tmp_path / "out", "--prompts", json.dumps(PROMPTS)))
+    status = run_job(job_args(folder, evaluation_models["base"], tmp_path / "out", "--prompts", json.dumps(PROMPTS)))
 
     assert status == 1
     assert f"--model_dir {folder / 'model.tar.gz'} is not a readable tar.gz archive" in exit_message(opt_ml)
 
 
-def test_evaluate_corrupt_weights_fail_naming_flag(tmp_path: Path, models: dict[str, Path], opt_ml: Path) -> None:
+def test_evaluate_corrupt_weights_fail_naming_flag(
+    tmp_path: Path, evaluation_models: dict[str, Path], opt_ml: Path
+) -> None:
     broken = tmp_path / "broken"
-    shutil.copytree(models["trained"], broken)
+    shutil.copytree(evaluation_models["trained"], broken)
     for weights in (broken / "unet").glob("*.safetensors"):
         weights.write_bytes(b"truncated")
 
-    status = run_job(job_args(broken, models["base"], tmp_path / "out", "--prompts", json.dumps(PROMPTS)))
+    status = run_job(job_args(broken, evaluation_models["base"], tmp_path / "out", "--prompts", json.dumps(PROMPTS)))
 
     assert status == 1
     assert f"--model_dir {broken}: the pipeline does not load" in exit_message(opt_ml)
@@ -216,17 +224,19 @@ class DrawingPipeline:
 
 
 def test_evaluate_model_drawing_each_prompt_scores_one_against_random_base(
-    models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    evaluation_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real_load = adherence.load_pipeline
 
     def load(path: Path, device: Any, **kwargs: Any) -> Any:
-        return DrawingPipeline() if Path(path) == models["trained"] else real_load(path, device, **kwargs)
+        return DrawingPipeline() if Path(path) == evaluation_models["trained"] else real_load(path, device, **kwargs)
 
     monkeypatch.setattr(adherence, "load_pipeline", load)
     out = tmp_path / "out"
 
-    status = run_job(job_args(models["trained"], models["base"], out))  # the 48 held-out prompts
+    status = run_job(
+        job_args(evaluation_models["trained"], evaluation_models["base"], out, "--scene_adherence", "true")
+    )
 
     assert status == 0
     document = assert_evaluation(out, scenes.HELDOUT_COUNT)
@@ -234,3 +244,142 @@ def test_evaluate_model_drawing_each_prompt_scores_one_against_random_base(
     assert document["shape_accuracy"] == 1.0
     assert document["base_prompt_adherence"] < 0.3  # chance is 1/8 per colour
     assert all(r["foreground_ok"] and r["background_ok"] for r in document["results"])
+
+
+# --- held-out metrics -------------------------------------------------------------------------
+
+
+def write_holdout(root: Path, count: int) -> list[str]:
+    """`count` scene samples in two tars under root/holdout/; the captions in selection order."""
+    samples = scene_samples(count)
+    write_holdout_tar(root / "holdout" / "00000.tar", samples[: count // 2])
+    write_holdout_tar(root / "holdout" / "00001.tar", samples[count // 2 :])
+    return [s.caption for s in sorted(samples, key=lambda s: holdout.holdout_fraction(s.url or s.key))]
+
+
+def test_evaluate_holdout_with_clip_writes_metrics_missing_and_grid(
+    evaluation_models: dict[str, Path], tiny_clip_dir: Path, tmp_path: Path, opt_ml: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    captions = write_holdout(tmp_path / "data", 6)
+    out = tmp_path / "evaluation"
+    extra = ["--holdout_dir", str(tmp_path / "data"), "--holdout_samples", "4", "--clip_model_dir", str(tiny_clip_dir)]
+
+    status = run_job(job_args(evaluation_models["trained"], evaluation_models["base"], out, *extra))
+
+    assert status == 0
+    document = json.loads((out / "evaluation.json").read_text())
+    assert list(document["metrics"]) == ["clip_score", "kid"]
+    clip, kid = document["metrics"]["clip_score"], document["metrics"]["kid"]
+    assert clip["samples"] == kid["samples"] == kid["subset_size"] == 4
+    assert 0.0 <= clip["base"] <= 100.0
+    assert set(kid) == {"base", "trained", "base_std", "trained_std", "samples", "subset_size"}
+    # The "trained" model is the base's copy: same weights, same seed per caption, same scores.
+    assert clip["trained"] == clip["base"]
+    assert kid["trained"] == kid["base"]
+    assert [m["metric"] for m in document["missing"]] == ["fid", "prompt_adherence"]
+    assert "4 held-out samples, fewer than the CLIP model's 32 feature dimensions" in document["missing"][0]["reason"]
+    assert document["holdout"]["captions"] == captions[:4]
+    assert document["holdout"]["grid"] == "holdout.png"
+    assert document["holdout"]["candidates"] == 6
+    assert document["clip_model"] == {"projection_dim": 32, "source": "--clip_model_dir"}
+    assert "grid" not in document  # no scene adherence, no adherence.png
+    assert not (out / "adherence.png").exists()
+    with Image.open(out / "holdout.png") as picture:
+        assert picture.height == grid.HEADER + 4 * (grid.CELL + grid.GAP)
+    assert f"eval:clip_score={clip['trained']:.6f}" in capsys.readouterr().out
+    message = exit_message(opt_ml)
+    clip_line = f"clip_score (↑ better) base {clip['base']:.2f} → trained {clip['trained']:.2f} (4 samples)"
+    assert message.startswith(f"ok: {clip_line}; kid (↓ better) base ")
+    assert message.endswith("; missing: fid, prompt_adherence")
+
+
+def test_evaluate_holdout_without_clip_lists_clip_metrics_missing(
+    evaluation_models: dict[str, Path], tmp_path: Path
+) -> None:
+    write_holdout(tmp_path / "data", 2)
+    out = tmp_path / "evaluation"
+    extra = ["--holdout_dir", str(tmp_path / "data"), "--scene_adherence", "true", "--prompts", json.dumps(PROMPTS[:1])]
+
+    status = run_job(job_args(evaluation_models["trained"], evaluation_models["base"], out, *extra))
+
+    assert status == 0
+    document = json.loads((out / "evaluation.json").read_text())
+    assert list(document["metrics"]) == ["prompt_adherence"]
+    assert document["missing"] == [
+        {"metric": name, "reason": "no CLIP model: set evaluation.clip_model_uri"}
+        for name in ("clip_score", "kid", "fid")
+    ]
+    assert document["holdout"]["samples"] == 2
+    assert document["clip_model"] is None
+    assert (out / "holdout.png").is_file()
+    assert (out / "adherence.png").is_file()
+
+
+def test_evaluate_drawing_model_scores_closer_to_held_out_than_random_base(
+    evaluation_models: dict[str, Path], tiny_clip_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_load = adherence.load_pipeline
+
+    def load(path: Path, device: Any, *args: Any, **kwargs: Any) -> Any:
+        return (
+            DrawingPipeline()
+            if Path(path) == evaluation_models["trained"]
+            else real_load(path, device, *args, **kwargs)
+        )
+
+    monkeypatch.setattr(adherence, "load_pipeline", load)
+    write_holdout(tmp_path / "data", 40)
+    out = tmp_path / "evaluation"
+    extra = ["--holdout_dir", str(tmp_path / "data"), "--holdout_samples", "32", "--clip_model_dir", str(tiny_clip_dir)]
+
+    status = run_job(job_args(evaluation_models["trained"], evaluation_models["base"], out, *extra))
+
+    assert status == 0
+    metrics = json.loads((out / "evaluation.json").read_text())["metrics"]
+    assert metrics["fid"]["samples"] == 32  # N == projection_dim: FID is computed
+    assert metrics["kid"]["trained"] < metrics["kid"]["base"]
+    assert metrics["fid"]["trained"] < metrics["fid"]["base"]
+
+
+def test_evaluate_neither_holdout_nor_scene_adherence_fails_naming_flags(
+    evaluation_models: dict[str, Path], tmp_path: Path, opt_ml: Path
+) -> None:
+    status = run_job(job_args(evaluation_models["trained"], evaluation_models["base"], tmp_path / "out"))
+
+    assert status == 1
+    message = exit_message(opt_ml)
+    assert message.startswith("EvaluationError: nothing to evaluate: pass --holdout_dir")
+    assert "--scene_adherence true" in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_evaluate_holdout_dir_without_tars_fails_when_nothing_else(
+    evaluation_models: dict[str, Path], tmp_path: Path, opt_ml: Path
+) -> None:
+    (tmp_path / "data").mkdir()
+    argv = job_args(
+        evaluation_models["trained"],
+        evaluation_models["base"],
+        tmp_path / "out",
+        "--holdout_dir",
+        str(tmp_path / "data"),
+    )
+
+    status = run_job(argv)
+
+    assert status == 1
+    assert f"nothing to evaluate: --holdout_dir {tmp_path / 'data'} holds no .tar file" in exit_message(opt_ml)
+
+
+def test_evaluate_bad_clip_folder_fails_before_rendering(
+    evaluation_models: dict[str, Path], tmp_path: Path, opt_ml: Path
+) -> None:
+    write_holdout(tmp_path / "data", 2)
+    extra = ["--holdout_dir", str(tmp_path / "data"), "--clip_model_dir", str(tmp_path / "no-clip")]
+
+    status = run_job(job_args(evaluation_models["trained"], evaluation_models["base"], tmp_path / "out", *extra))
+
+    assert status == 1
+    assert f"--clip_model_dir {tmp_path / 'no-clip'} does not exist" in exit_message(opt_ml)
+    assert not (tmp_path / "out").exists()

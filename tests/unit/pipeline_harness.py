@@ -165,6 +165,7 @@ def validate_run_behaviour(
             "dataset_prefix_uri": f"s3://{DATA_BUCKET}/runs/{run_id}/dataset/",
             "timeouts": {"evaluation": 4 * HOUR + 3, "approval": 4 * HOUR + 4, **timeouts},
             "run": run,
+            "holdout_rate": 0.0,
         }
         if resume is not None:
             config["resume"] = resume
@@ -182,6 +183,8 @@ def build_index_behaviour(payload: dict[str, Any]) -> dict[str, Any]:
         "shards_failed": 0,
         "failed_shards": [],
         "manifest_uri": f"s3://{DATA_BUCKET}/runs/{payload['config']['run_id']}/dataset/manifest.json",
+        "holdout_samples": 0,
+        "holdout_manifest_uri": None,
     }
 
 

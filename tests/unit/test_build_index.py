@@ -21,11 +21,12 @@ from tests.unit.parquet_files import parquet_bytes
 RUN_ID = "demo-0123456789abcdef"
 EARLIER_RUN = "demo-fedcba9876543210"
 CONTRACT_SUMMARY_KEYS = {
-    "index_uri", "manifest_uri", "total_samples", "shards_ok", "shards_empty", "shards_failed", "failed_shards"
+    "index_uri", "manifest_uri", "total_samples", "shards_ok", "shards_empty", "shards_failed", "failed_shards",
+    "holdout_samples", "holdout_manifest_uri",
 }  # fmt: skip
 
 
-def make_config(world: AwsWorld, shard_count: int, tolerated: float = 10.0) -> RunConfig:
+def make_config(world: AwsWorld, shard_count: int, tolerated: float = 10.0, holdout_rate: float = 0.0) -> RunConfig:
     """A run whose shards.json lists `shard_count` shards (as validate_run writes it)."""
     uris = [f"s3://{DATA_BUCKET}/datasets/part-{i:05d}.parquet" for i in range(shard_count)]
     document = parse_run_document(
@@ -48,12 +49,21 @@ def make_config(world: AwsWorld, shard_count: int, tolerated: float = 10.0) -> R
         dataset_prefix_uri=f"s3://{DATA_BUCKET}/runs/{RUN_ID}/dataset/",
         timeouts=task_timeouts(document),
         run=document,
+        holdout_rate=holdout_rate,
     )
 
 
 def finish_shard(
-    world: AwsWorld, shard_id: str, samples: int = 10, tars: int = 1, with_id: bool = True, run_id: str = RUN_ID
+    world: AwsWorld,
+    shard_id: str,
+    samples: int = 10,
+    tars: int = 1,
+    with_id: bool = True,
+    run_id: str = RUN_ID,
+    held_out: dict[str, int] | None = None,
 ) -> None:
+    """A shard's _SUCCESS; `held_out` (holdout tar -> samples) adds the split's fields, as the
+    download job writes them since the held-out split (without it: a marker of an earlier version)."""
     success: dict[str, Any] = {
         "samples": samples,
         "failed": 2,
@@ -65,6 +75,12 @@ def finish_shard(
     }
     if with_id:
         success["shard_id"] = shard_id
+    if held_out is not None:
+        success |= {
+            "holdout_rate": 0.1,
+            "holdout_samples": sum(held_out.values()),
+            "holdout_tar_files": [name for name, count in held_out.items() if count],
+        }
     world.put_json(f"runs/{run_id}/dataset/shards/{shard_id}/_SUCCESS", success)
 
 
@@ -75,6 +91,11 @@ def index_of(world: AwsWorld) -> dict[str, Any]:
 def manifest_of(world: AwsWorld) -> list[Any]:
     manifest: list[Any] = world.get_json(f"runs/{RUN_ID}/dataset/manifest.json")
     return manifest
+
+
+def holdout_manifest_written(world: AwsWorld) -> bool:
+    listing = world.s3.list_objects_v2(Bucket=DATA_BUCKET, Prefix=f"runs/{RUN_ID}/dataset/holdout.json")
+    return bool(listing.get("KeyCount"))
 
 
 def test_build_index_all_shards_ok_writes_contract_index(mocked_aws: AwsWorld) -> None:
@@ -94,6 +115,8 @@ def test_build_index_all_shards_ok_writes_contract_index(mocked_aws: AwsWorld) -
         "shards_empty": 0,
         "shards_failed": 0,
         "failed_shards": [],
+        "holdout_samples": 0,
+        "holdout_manifest_uri": None,
     }
     index = index_of(mocked_aws)
     assert index["version"] == 1
@@ -108,6 +131,8 @@ def test_build_index_all_shards_ok_writes_contract_index(mocked_aws: AwsWorld) -
         "samples": 10,
     }
     assert [s["shard_id"] for s in index["shards"]] == ["00000", "00001", "00002"]
+    assert index["holdout"] == {"rate": 0.0, "samples": 0, "tar_files": []}
+    assert not holdout_manifest_written(mocked_aws)
     assert manifest_of(mocked_aws) == [
         {"prefix": f"s3://{DATA_BUCKET}/runs/"},
         f"{RUN_ID}/dataset/index.json",
@@ -145,6 +170,78 @@ def test_build_index_reused_shards_of_earlier_run_are_in_index_and_manifest(mock
         f"{EARLIER_RUN}/dataset/shards/00000/00000.tar",
         f"{RUN_ID}/dataset/shards/00002/00000.tar",
     ]
+
+
+def test_build_index_held_out_samples_go_to_holdout_block_and_manifest_only(mocked_aws: AwsWorld) -> None:
+    config = make_config(mocked_aws, 3, holdout_rate=0.1)
+    finish_shard(mocked_aws, "00000", samples=18, tars=2, held_out={"holdout/00000.tar": 1, "holdout/00001.tar": 0})
+    finish_shard(mocked_aws, "00001", samples=9, held_out={"holdout/00000.tar": 2})
+    finish_shard(mocked_aws, "00002", samples=0, tars=1, held_out={"holdout/00000.tar": 3})  # every image held out
+
+    summary = build_index(BuildIndexRequest(config=config))
+
+    holdout_uri = f"s3://{DATA_BUCKET}/runs/{RUN_ID}/dataset/holdout.json"
+    assert (summary["total_samples"], summary["holdout_samples"]) == (27, 6)
+    assert summary["holdout_manifest_uri"] == holdout_uri
+    assert summary["shards_empty"] == 1  # 00002: nothing left to train on
+    held_tars = [
+        f"{RUN_ID}/dataset/shards/00000/holdout/00000.tar",
+        f"{RUN_ID}/dataset/shards/00001/holdout/00000.tar",
+        f"{RUN_ID}/dataset/shards/00002/holdout/00000.tar",
+    ]
+    index = index_of(mocked_aws)
+    assert index["holdout"] == {"rate": 0.1, "samples": 6, "tar_files": held_tars}
+    assert mocked_aws.get_json(f"runs/{RUN_ID}/dataset/holdout.json") == [
+        {"prefix": f"s3://{DATA_BUCKET}/runs/"},
+        *held_tars,
+    ]
+    # what training reads (shards[*].tar_files, the dataset manifest) holds no held-out tar
+    training_tars = [name for shard in index["shards"] for name in shard["tar_files"]]
+    assert not any("/holdout/" in name for name in training_tars + manifest_of(mocked_aws)[1:])
+    assert [s["samples"] for s in index["shards"]] == [18, 9]
+
+
+def test_build_index_old_markers_without_holdout_fields_count_zero_held_out(mocked_aws: AwsWorld) -> None:
+    """A resumed run reuses shards downloaded before the split: their _SUCCESS has no held-out fields."""
+    config = make_config(mocked_aws, 2, holdout_rate=0.1)
+    items = mocked_aws.get_json(config.shard_list_key)
+    items[0] |= {"cached": True, "output_uri": f"s3://{DATA_BUCKET}/runs/{EARLIER_RUN}/dataset/shards/00000/"}
+    mocked_aws.put_json(config.shard_list_key, items)
+    finish_shard(mocked_aws, "00000", samples=10, run_id=EARLIER_RUN)  # old marker
+    finish_shard(mocked_aws, "00001", samples=8, held_out={"holdout/00000.tar": 2})
+
+    summary = build_index(BuildIndexRequest(config=config))
+
+    assert (summary["shards_ok"], summary["total_samples"], summary["holdout_samples"]) == (2, 18, 2)
+    assert index_of(mocked_aws)["holdout"]["tar_files"] == [f"{RUN_ID}/dataset/shards/00001/holdout/00000.tar"]
+
+
+def test_build_index_only_old_markers_write_no_holdout_manifest(mocked_aws: AwsWorld) -> None:
+    config = make_config(mocked_aws, 1, holdout_rate=0.1)
+    finish_shard(mocked_aws, "00000", samples=10)
+
+    summary = build_index(BuildIndexRequest(config=config))
+
+    assert (summary["holdout_samples"], summary["holdout_manifest_uri"]) == (0, None)
+    assert index_of(mocked_aws)["holdout"] == {"rate": 0.1, "samples": 0, "tar_files": []}
+    assert not holdout_manifest_written(mocked_aws)
+
+
+@pytest.mark.parametrize(
+    "fields", [{"holdout_samples": -1}, {"holdout_samples": None}, {"holdout_tar_files": "holdout/00000.tar"}]
+)
+def test_build_index_malformed_holdout_fields_count_shard_as_failed(
+    mocked_aws: AwsWorld, fields: dict[str, Any]
+) -> None:
+    config = make_config(mocked_aws, 2, tolerated=50)
+    finish_shard(mocked_aws, "00000")
+    marker = {"samples": 5, "tar_files": ["00000.tar"], "holdout_samples": 1, "holdout_tar_files": []} | fields
+    mocked_aws.put_json(f"runs/{RUN_ID}/dataset/shards/00001/_SUCCESS", marker)
+
+    summary = build_index(BuildIndexRequest(config=config))
+
+    assert summary["shards_failed"] == 1
+    assert index_of(mocked_aws)["failed_shards"][0]["reason"].startswith("corrupt _SUCCESS")
 
 
 def test_build_index_shard_outside_runs_folder_raises_naming_shard(mocked_aws: AwsWorld) -> None:

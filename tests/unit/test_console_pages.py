@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from sdflow.console import maps
-from sdflow.console.jobs import evaluation_view
+from sdflow.console.evaluation import evaluation_view
 from sdflow_common import causes, names
 from tests.unit.console_fakes import (
     ASL_PATH,
@@ -190,7 +190,10 @@ def test_evaluation_view_48_results_become_rows_and_scores_flat_numbers() -> Non
 
 
 def test_evaluation_view_unreadable_document_gives_no_scores() -> None:
-    assert evaluation_view(None) == {"scores": None, "settings": {}, "results": []}
+    assert evaluation_view(None) == {
+        "scores": None, "settings": {}, "results": [], "metrics": [], "missing": [], "gate": [],
+        "holdout_samples": None,
+    }  # fmt: skip
 
 
 # ---------------------------------------------------------------------- 4. the Map's inner states

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 from sdflow_common import parquet_schema
+from sdflow_common.dataset_files import check_parquet_objects
 from sdflow_common.errors import DatasetNotFound, InvalidRunDocument
 from sdflow_common.parquet_schema import NotParquet, parse_file_metadata, read_schema
 from sdflow_common.run_document import parse_run_document
@@ -198,3 +199,14 @@ def test_validate_run_config_carries_tolerated_warnings(world: AwsWorld) -> None
 
     assert config["shard_count"] == 2
     assert [w["field"] for w in config["warnings"]] == ["dataset.parquet_uris"]
+
+
+def test_check_parquet_objects_sums_the_rows_of_the_usable_objects_only(world: AwsWorld) -> None:
+    uris = [put(world, "datasets/a.parquet", parquet_bytes(300)), put(world, "datasets/b.parquet", parquet_bytes(20))]
+    uris.append(put(world, "datasets/c.parquet", parquet_bytes(50, url_column="link")))  # tolerated, not downloaded
+
+    dataset = parse_run_document({"dataset": {"parquet_uris": uris}, "base_model_uri": MODEL_URI}).dataset
+    found = check_parquet_objects(uris, dataset, "dataset.parquet_uris", 50)
+
+    assert found.rows == 320
+    assert [w["field"] for w in found.warnings] == ["dataset.url_column"]

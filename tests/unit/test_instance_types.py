@@ -232,9 +232,14 @@ def test_check_instances_bf16_training_on_a10g_is_accepted() -> None:
 def test_check_instances_big_family_evaluation_on_g5_xlarge_is_refused_with_a_fitting_type(
     family: str, variant: str
 ) -> None:
-    run = document(family, training={"instance_type": "ml.m5.xlarge"}, endpoint={"instance_type": "ml.m5.large"})
+    run = document(
+        family,
+        training={"instance_type": "ml.m5.xlarge"},
+        evaluation={"instance_type": "ml.g5.xlarge"},
+        endpoint={"instance_type": "ml.m5.large"},
+    )
     message = refused(run, family, variant=variant)["evaluation.instance_type"]
-    assert "float32" in message
+    assert "pipeline at a time in bf16/fp16" in message
     assert "ml.g5.xlarge" in message
     suggested = message.split("set evaluation.instance_type to e.g. ")[1].split(" ")[0]
     need = inference_memory.estimate(family, 512, inference_memory.EVALUATION_BYTES, variant=variant).total_gib

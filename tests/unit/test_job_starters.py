@@ -74,6 +74,7 @@ def test_start_download_creates_named_job_and_claims_token(
     # the container writes the shard to its output_uri itself (no ProcessingOutput)
     arguments = job["AppSpecification"]["ContainerArguments"]
     assert arguments[arguments.index("--output_uri") + 1] == event["shard"]["output_uri"]
+    assert arguments[arguments.index("--holdout_rate") + 1] == "0.05"  # the run's $.config.holdout_rate
     assert "ProcessingOutputConfig" not in job
     assert tags_of(mocked_aws, job["ProcessingJobArn"]) == {
         "sdflow:execution": event["run_id"],
@@ -86,6 +87,16 @@ def test_start_download_creates_named_job_and_claims_token(
     assert record.kind == "download"
     assert record.context["shard_id"] == "00001"
     assert record.deadline - record.created_at == event["timeout_seconds"]
+
+
+def test_start_download_task_without_holdout_rate_passes_zero(mocked_aws: AwsWorld, context: FakeLambdaContext) -> None:
+    """A task from a state machine deployed before the held-out split: no split."""
+    event = load_event("start_download_task.json")
+    del event["holdout_rate"]
+    load_function_module("start_download").lambda_handler(event, context)
+    job = mocked_aws.sagemaker.describe_processing_job(ProcessingJobName=download_name(event))
+    arguments = job["AppSpecification"]["ContainerArguments"]
+    assert arguments[arguments.index("--holdout_rate") + 1] == "0.0"
 
 
 def test_start_download_reinvoked_same_attempt_creates_one_job(
@@ -303,7 +314,11 @@ def test_start_download_run_status_unreadable_stops_the_job_and_fails_the_step(
 
 @pytest.mark.parametrize(
     ("field", "value", "message"),
-    [("start_time", "last tuesday", "start_time"), ("timeout_seconds", 0, "timeout_seconds")],
+    [
+        ("start_time", "last tuesday", "start_time"),
+        ("timeout_seconds", 0, "timeout_seconds"),
+        ("holdout_rate", 1.5, "holdout_rate"),
+    ],
 )
 def test_start_download_bad_payload_field_is_named(
     mocked_aws: AwsWorld, context: FakeLambdaContext, field: str, value: Any, message: str

@@ -238,7 +238,7 @@ def test_register_model_below_gate_registers_rejected_and_raises_with_score_and_
         register_model(RegisterTask.model_validate(event), _settings())
 
     message = str(failure.value)
-    assert "0.86 is below the quality gate 0.90" in message
+    assert "✗ prompt_adherence (trained ≥ 0.9): base 0.11 → trained 0.86, below the quality gate 0.9" in message
     assert "adherence.png" in message
     assert "keeps serving its current model" in message
     listed = mocked_aws.sagemaker.list_model_packages(ModelPackageGroupName="sdf-pokemon-sd15-v2")

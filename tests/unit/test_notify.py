@@ -126,8 +126,13 @@ def test_notify_success_with_registered_model_names_package_score_gate_and_sampl
     text = notify.compose(_request("succeeded", {**SUCCESS_STATE, "registry": REGISTRY}), now=NOW).message
 
     assert "Model:     arn:aws:sagemaker:us-east-1:123456789012:model-package/sdf-cats-v1/3 (Approved)" in text
-    assert "prompt adherence: base 0.12 → trained 0.88 (48 prompts, gate ≥ 0.80)" in text
-    assert "samples (base | trained per prompt) s3://b/runs/cats-v1-abc/evaluation/sdf-ev-job/adherence.png" in text
+    # An older run's result (flat prompt adherence only) reads as the prompt_adherence metric.
+    assert "prompt_adherence ↑: base 0.12 → trained 0.88 (48 scene prompts)" in text
+    assert "quality gate: prompt_adherence ≥ 0.80" in text
+    assert (
+        "scene prompts grid (base | trained per prompt): s3://b/runs/cats-v1-abc/evaluation/sdf-ev-job/adherence.png"
+        in (text)
+    )
 
 
 def test_notify_quality_gate_failed_gives_score_and_suggests_a_resumed_run_not_a_redrive() -> None:

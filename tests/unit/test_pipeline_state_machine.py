@@ -131,6 +131,21 @@ def test_pipeline_callback_payloads_carry_the_execution_identity_and_the_timeout
     assert calls["download"][0]["child_redrive_count"] == 0
 
 
+def test_pipeline_download_payload_carries_config_holdout_rate(pipeline: Pipeline) -> None:
+    """Validate run chooses the held-out rate; every shard's download job must split by the same one."""
+    validate = pipeline.behaviours["ValidateRunFunction"]
+    pipeline.behaviours["ValidateRunFunction"] = lambda payload: {**validate(payload), "holdout_rate": 0.05}
+
+    result = pipeline.run(answer_all_success)
+
+    assert result["status"] == "SUCCEEDED"
+    assert [call["holdout_rate"] for call in pipeline.calls["StartDownloadFunction"]] == [0.05] * len(
+        pipeline.calls["StartDownloadFunction"]
+    )
+    dataset = final_state(result)["dataset"]
+    assert (dataset["holdout_samples"], dataset["holdout_manifest_uri"]) == (0, None)
+
+
 def test_pipeline_state_stays_small_whatever_the_shard_count(pipeline: Pipeline) -> None:
     pipeline.behaviours["ValidateRunFunction"] = validate_run_behaviour(pipeline.s3, 40, HOURS_4)
     result = pipeline.run(answer_all_success)

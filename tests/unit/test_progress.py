@@ -6,6 +6,7 @@ from pathlib import Path
 
 from sdflow import progress
 from sdflow_common import names
+from tests.unit.evaluation_documents import EVALUATION_URI, PACKAGE_ARN, registered_model
 from tests.unit.helpers import DATA_BUCKET, AwsWorld
 
 EXECUTION = "arn:aws:states:us-east-1:123456789012:execution:sdflow-pipeline:demo-1"
@@ -43,3 +44,25 @@ def test_progress_shards_counts_markers_then_takes_the_index(mocked_aws: AwsWorl
     mocked_aws.put_json("runs/demo-1/dataset/index.json", index)
     progress._shards(mocked_aws.s3, DATA_BUCKET, "demo-1", snap)
     assert (snap.shards_total, snap.shards_done, snap.shards_failed) == (3, 2, 1)
+
+
+def test_render_lines_succeeded_run_shows_model_metrics_gate_missing_and_grid() -> None:
+    snap = progress.Progress(
+        execution_arn=EXECUTION, status="SUCCEEDED", output={"registry": {"model": registered_model()}}
+    )
+
+    text = "\n".join(progress.render_lines(snap))
+
+    assert f"  model: {PACKAGE_ARN} (Approved)" in text
+    assert "    clip_score ↑: base 21.30 → trained 27.90 (64 held-out samples)" in text
+    assert "    kid ↓: base 0.0510 ± 0.0040 → trained 0.0120 ± 0.0020 (64 held-out samples)" in text
+    assert "    quality gate: 2 of 2 checks passed" in text
+    assert "      ✓ kid (trained - base ≤ 0): base 0.0510 → trained 0.0120, change -0.0390" in text
+    assert "    fid: not computed: 64 held-out samples" in text
+    assert f"    held-out grid (real | base | trained per caption): {EVALUATION_URI}holdout.png" in text
+
+
+def test_render_lines_run_without_registered_model_shows_no_evaluation() -> None:
+    snap = progress.Progress(execution_arn=EXECUTION, status="RUNNING", output=None)
+
+    assert not any("model" in line or "evaluation" in line for line in progress.render_lines(snap))

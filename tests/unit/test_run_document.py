@@ -405,3 +405,71 @@ def test_parse_resume_from_that_is_not_an_execution_arn_names_field_and_form(val
     [problem] = errors_of({**minimal(), "resume_from": value})
     assert problem["field"] == "resume_from"
     assert "arn:aws:states:<region>:<account>:execution:<pipeline>:<name>" in problem["message"]
+
+
+# --- the evaluation block (held-out split, CLIP model, scene adherence, gate) ----------------------------------
+
+
+def test_parse_minimal_document_evaluation_defaults_resolve_at_validation() -> None:
+    evaluation = parse_run_document(minimal()).evaluation
+    assert evaluation.holdout_samples is None  # automatic: Validate run writes the number back
+    assert evaluation.clip_model_uri is None
+    assert evaluation.scene_adherence is None
+    assert evaluation.instance_type is None  # per family: Validate run picks it
+    assert evaluation.gate.metrics() == []
+    assert evaluation.effective_gate.rules() == []
+
+
+def test_parse_evaluation_min_prompt_adherence_and_gate_prompt_adherence_together_is_refused() -> None:
+    raw = {**minimal(), "evaluation": {"min_prompt_adherence": 0.5, "gate": {"prompt_adherence": {"min": 0.6}}}}
+    [error] = errors_of(raw)
+    assert error["field"] == "evaluation.gate"
+    assert "remove min_prompt_adherence" in error["message"]
+
+
+def test_parse_evaluation_min_prompt_adherence_is_the_gates_prompt_adherence_min() -> None:
+    raw = {**minimal(), "evaluation": {"min_prompt_adherence": 0.5, "gate": {"kid": {"max_change": 0}}}}
+    gate = parse_run_document(raw).evaluation.effective_gate
+    assert gate.rules() == [("kid", "max_change", 0.0), ("prompt_adherence", "min", 0.5)]
+
+
+@pytest.mark.parametrize(
+    ("evaluation", "field", "expected"),
+    [
+        ({"gate": {"kid": {}}}, "evaluation.gate.kid", "sets no bound"),
+        ({"gate": {"kid": {"max": 1, "min": 2}}}, "evaluation.gate.kid", "min=2.0 is above max=1.0"),
+        ({"gate": {"pickscore": {"min": 1}}}, "evaluation.gate.pickscore", "unknown field"),
+        ({"gate": {"kid": {"max_chnage": 0}}}, "evaluation.gate.kid.max_chnage", "did you mean `max_change`"),
+        ({"holdout_samples": 10_001}, "evaluation.holdout_samples", "less than or equal to 10000"),
+        ({"holdout_samples": -1}, "evaluation.holdout_samples", "greater than or equal to 0"),
+        ({"clip_model_uri": "clip-vit-l"}, "evaluation.clip_model_uri", "is not an S3 URI"),
+        (
+            {"scene_adherence": False, "prompts": ["a red circle on a blue background"]},
+            "evaluation.scene_adherence",
+            "set scene_adherence to true",
+        ),
+    ],
+)
+def test_parse_evaluation_bad_new_fields_name_their_field(
+    evaluation: dict[str, Any], field: str, expected: str
+) -> None:
+    errors = {error["field"]: error["message"] for error in errors_of({**minimal(), "evaluation": evaluation})}
+    assert expected in errors[field]
+
+
+@pytest.mark.parametrize(
+    ("evaluation", "on"),
+    [
+        ({}, True),  # no CLIP model: the scene prompts are all there is to score
+        ({"clip_model_uri": f"s3://{BUCKET}/models/clip/"}, False),
+        ({"clip_model_uri": f"s3://{BUCKET}/models/clip/", "holdout_samples": 0}, True),
+        ({"clip_model_uri": f"s3://{BUCKET}/models/clip/", "min_prompt_adherence": 0.5}, True),
+        ({"clip_model_uri": f"s3://{BUCKET}/models/clip/", "gate": {"prompt_adherence": {"min": 0.5}}}, True),
+        ({"clip_model_uri": f"s3://{BUCKET}/models/clip/", "prompts": ["a red circle on a blue background"]}, True),
+        ({"clip_model_uri": f"s3://{BUCKET}/models/clip/", "prompts_uri": f"s3://{BUCKET}/p.json"}, True),
+        ({"scene_adherence": False, "min_prompt_adherence": 0.5}, False),
+        ({"clip_model_uri": f"s3://{BUCKET}/models/clip/", "scene_adherence": True}, True),
+    ],
+)
+def test_evaluation_scene_adherence_resolution(evaluation: dict[str, Any], on: bool) -> None:
+    assert parse_run_document({**minimal(), "evaluation": evaluation}).evaluation.scene_adherence_on is on

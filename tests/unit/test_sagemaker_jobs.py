@@ -79,6 +79,7 @@ def test_processing_job_request_follows_download_contract() -> None:
         "--threads": "8",
         "--url_timeout": "10",
         "--deadline_seconds": "3300",
+        "--holdout_rate": "0.0",
     }
     s3_input = request["ProcessingInputs"][0]["S3Input"]
     assert s3_input["S3Uri"].endswith("part-00003.parquet")
@@ -90,6 +91,13 @@ def test_processing_job_request_follows_download_contract() -> None:
     assert request["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 1
     assert {"Key": "sdflow:execution", "Value": RUN_ID} in request["Tags"]
     assert {"Key": "sdflow:run", "Value": RUN_HASH} in request["Tags"]
+
+
+def test_processing_job_request_carries_holdout_rate() -> None:
+    request = sagemaker_jobs.processing_job_request(**PROCESSING_KWARGS, options=DownloadOptions(), holdout_rate=0.0375)
+    args = request["AppSpecification"]["ContainerArguments"]
+    assert args[-2:] == ["--holdout_rate", "0.0375"]
+    assert_valid_request("CreateProcessingJob", request)
 
 
 @pytest.mark.parametrize("execution_name", ["cats (copy)!", "it's-mine", "a/b:c=d+e@f", "Zürich 東京"])

@@ -24,6 +24,7 @@ from sdflow.sdk.summary import RunSummary
 from sdflow.session import LOCAL_STACK_NAME, STATE_FILE, Session
 from sdflow_common.start_pipeline import ManifestRef, handle_manifest
 from tests.constants import ACCOUNT, REGION
+from tests.unit.evaluation_documents import EVALUATION_URI, registered_model
 from tests.unit.helpers import DATA_BUCKET, STATE_MACHINE_ARN, STATE_MACHINE_NAME, AwsWorld
 from tests.unit.parquet_files import parquet_bytes
 
@@ -363,3 +364,38 @@ def test_summary_shard_with_no_image_not_counted_as_downloaded() -> None:
         shards_total=4, shards_succeeded=4, shards_failed=0, shards_empty=1,
     )  # fmt: skip
     assert dict(summary.rows())["shards"] == "3 of 4 downloaded, 1 held no image"
+
+
+def test_summary_rows_registered_evaluation_show_each_metric_gate_missing_and_grid() -> None:
+    started = datetime(2026, 11, 27, tzinfo=UTC)
+    model = registered_model()
+    summary = RunSummary(
+        name="r", execution_arn="arn", status="SUCCEEDED", started=started, stopped=started, duration_s=60.0,
+        metrics=model["metrics"], gate=model["gate"], missing=model["missing"], holdout_samples=64,
+        holdout_grid_uri=model["holdout_grid_uri"],
+    )  # fmt: skip
+
+    rows = summary.rows()
+
+    assert ("clip_score ↑", "base 21.30 → trained 27.90 (64 held-out samples)") in rows
+    assert ("kid ↓", "base 0.0510 ± 0.0040 → trained 0.0120 ± 0.0020 (64 held-out samples)") in rows
+    assert ("prompt_adherence ↑", "base 0.12 → trained 0.85 (48 scene prompts)") in rows
+    assert ("quality gate", "2 of 2 checks passed") in rows
+    assert ("", "✓ kid (trained - base ≤ 0): base 0.0510 → trained 0.0120, change -0.0390") in rows
+    assert ("fid ↓", "not computed: 64 held-out samples, fewer than the 512 of the CLIP feature dimension") in rows
+    assert ("held-out grid", f"{EVALUATION_URI}holdout.png (real | base | trained per caption)") in rows
+    assert "prompt adherence" not in dict(rows), "the registered metrics replace the training job's own score"
+    assert "<td style='text-align:left'>base 21.30 → trained 27.90 (64 held-out samples)</td>" in summary._repr_html_()
+
+
+def test_summary_of_run_reads_registered_evaluation_from_its_output(executing: AwsWorld) -> None:
+    steps = [(n, p, registered_model() if n == "Register model" else r) for n, p, r in STEPS]
+    run = _run_of(executing, _machine(steps), "evaluated")
+
+    summary = run.wait(poll_s=0.05, timeout_s=20)
+
+    assert summary.metrics["clip_score"] == {"base": 21.3, "trained": 27.9, "samples": 64}
+    assert [check["passed"] for check in summary.gate] == [True, True]
+    assert summary.missing[0]["metric"] == "fid"
+    assert (summary.holdout_samples, summary.holdout_grid_uri) == (64, f"{EVALUATION_URI}holdout.png")
+    assert (summary.prompt_adherence, summary.approval_status) == (0.85, "Approved")

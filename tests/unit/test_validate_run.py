@@ -24,6 +24,7 @@ EXECUTION_ARN = f"arn:aws:states:{REGION}:{ACCOUNT}:execution:{STATE_MACHINE_NAM
 MODEL_URI = f"s3://{DATA_BUCKET}/models/tiny-sd/"
 CONTRACT_CONFIG_KEYS = {
     "timeouts",
+    "holdout_rate",
     "run_id",
     "execution_arn",
     "started_at",
@@ -34,6 +35,7 @@ CONTRACT_CONFIG_KEYS = {
     "run",
     "quota_check",
     "warnings",
+    "holdout_rate",
 }
 
 

@@ -7,7 +7,12 @@ applied: a shard counts as done exactly when its download job wrote `_SUCCESS`, 
 
 It also writes `dataset/manifest.json`, the training job's `dataset` channel (sdflow_common.dataset_manifest):
 a resumed run's reused shards stay in the earlier run's folder, and the manifest lists them next to
-this run's own, so every tar path is relative to `s3://<bucket>/runs/`."""
+this run's own, so every tar path is relative to `s3://<bucket>/runs/`.
+
+The held-out samples (the download job's `holdout/NNNNN.tar`, docs/contracts.md "The download job")
+are recorded apart: index.json's `holdout` block, which the training reader never reads (it reads
+`shards[*].tar_files` only), and `dataset/holdout.json`, the evaluation's manifest of them. A reused
+shard of a run made before the split has no held-out fields in its `_SUCCESS`: it holds none."""
 
 from __future__ import annotations
 
@@ -75,7 +80,10 @@ def _read_success(item: dict[str, str]) -> ShardResult:
         tar_files = success.get("tar_files", [])
         if samples < 0 or not isinstance(tar_files, list):
             raise ValueError("samples must be ≥ 0 and tar_files a list")
-    except ValueError as exc:
+        held_out = int(success.get("holdout_samples", 0))
+        if held_out < 0 or not isinstance(success.get("holdout_tar_files", []), list):
+            raise ValueError("holdout_samples must be ≥ 0 and holdout_tar_files a list")
+    except (TypeError, ValueError) as exc:  # TypeError: int(None), a count that is null
         # A corrupt marker is the shard's own failure; the run tolerates it like any other.
         log.warning("shard %s: unreadable %s (%s); counted as failed", shard_id, marker_key, exc)
         return ShardResult(shard_id, parquet_uri, output_uri, None, f"corrupt _SUCCESS: {exc}")
@@ -101,6 +109,20 @@ def _relative_folder(result: ShardResult, bucket: str) -> str:
         ) from None
 
 
+def _holdout_block(config: RunConfig, results: list[ShardResult]) -> dict[str, Any]:
+    """`{"rate", "samples", "tar_files"}`: every usable shard's held-out tars, relative to `runs/`.
+    An old `_SUCCESS` (a reused shard downloaded before the split existed) counts 0."""
+    samples = 0
+    tar_files: list[str] = []
+    for result in results:
+        if result.success is None or not int(result.success.get("holdout_samples", 0)):
+            continue
+        folder = _relative_folder(result, config.bucket)
+        samples += int(result.success["holdout_samples"])
+        tar_files.extend(folder + str(name) for name in result.success.get("holdout_tar_files", []))
+    return {"rate": config.holdout_rate, "samples": samples, "tar_files": tar_files}
+
+
 def build_index_document(config: RunConfig, results: list[ShardResult]) -> dict[str, Any]:
     shards = []
     image_size = None
@@ -112,7 +134,7 @@ def build_index_document(config: RunConfig, results: list[ShardResult]) -> dict[
         if image_size is None and result.success.get("image_size"):
             image_size = int(result.success["image_size"])
         if samples == 0 or not tar_files:
-            continue  # the job succeeded but every URL failed: nothing to train on
+            continue  # the job succeeded but every URL failed (or was held out): nothing to train on
         folder = _relative_folder(result, config.bucket)
         shards.append(
             {
@@ -130,6 +152,7 @@ def build_index_document(config: RunConfig, results: list[ShardResult]) -> dict[
             {"shard_id": r.shard_id, "parquet_uri": r.parquet_uri, "reason": r.reason} for r in results if not r.ok
         ],
         "image_size": image_size or config.run.download.image_size,
+        "holdout": _holdout_block(config, results),
     }
 
 
@@ -156,15 +179,27 @@ def check_tolerance(results: list[ShardResult], tolerated_percent: float, total_
         )
 
 
-def write_manifest(config: RunConfig, index: dict[str, Any]) -> str:
-    """`runs/<run>/dataset/manifest.json`: index.json first, then every tar file of every usable shard."""
-    keys = [dataset_manifest.index_in_channel(config.dataset_prefix_uri, config.bucket)]
-    keys.extend(name for shard in index["shards"] for name in shard["tar_files"])
-    uri = dataset_manifest.manifest_uri(config.dataset_prefix_uri)
+def _put_manifest(config: RunConfig, uri: str, keys: list[str]) -> str:
     bucket, key = parse_s3_uri(uri)
     body = json.dumps(dataset_manifest.manifest_document(config.bucket, keys)).encode()
     aws.client("s3").put_object(Bucket=bucket, Key=key, Body=body, ContentType="application/json")
     return uri
+
+
+def write_manifest(config: RunConfig, index: dict[str, Any]) -> str:
+    """`runs/<run>/dataset/manifest.json`: index.json first, then every tar file of every usable shard."""
+    keys = [dataset_manifest.index_in_channel(config.dataset_prefix_uri, config.bucket)]
+    keys.extend(name for shard in index["shards"] for name in shard["tar_files"])
+    return _put_manifest(config, dataset_manifest.manifest_uri(config.dataset_prefix_uri), keys)
+
+
+def write_holdout_manifest(config: RunConfig, index: dict[str, Any]) -> str | None:
+    """`runs/<run>/dataset/holdout.json`, the evaluation's ManifestFile input: every held-out tar.
+    None, and nothing written, when the run holds no sample out."""
+    if not index["holdout"]["samples"]:
+        return None
+    uri = dataset_manifest.holdout_manifest_uri(config.dataset_prefix_uri)
+    return _put_manifest(config, uri, list(index["holdout"]["tar_files"]))
 
 
 def build_index(request: BuildIndexRequest) -> dict[str, Any]:
@@ -178,13 +213,15 @@ def build_index(request: BuildIndexRequest) -> dict[str, Any]:
     # Written before the tolerance check, so a failed run still leaves a record of which shards failed.
     s3.put_object(Bucket=index_bucket, Key=index_key, Body=json.dumps(index).encode(), ContentType="application/json")
     manifest_uri = write_manifest(config, index)
+    holdout_manifest_uri = write_holdout_manifest(config, index)
     failed = index["failed_shards"]
     log.info(
-        "run %s: %d shards ok, %d failed, %d samples",
+        "run %s: %d shards ok, %d failed, %d samples, %d held out",
         config.run_id,
         len(results) - len(failed),
         len(failed),
         index["total_samples"],
+        index["holdout"]["samples"],
     )
     check_tolerance(results, config.run.download.tolerated_failure_percent, index["total_samples"])
     return {
@@ -199,4 +236,7 @@ def build_index(request: BuildIndexRequest) -> dict[str, Any]:
         "failed_shards": [
             {"shard_id": f["shard_id"], "parquet_uri": f["parquet_uri"]} for f in failed[:FAILED_SHARDS_IN_SUMMARY]
         ],
+        # The evaluation's held-out samples (its ManifestFile input); None when the run holds none out.
+        "holdout_samples": index["holdout"]["samples"],
+        "holdout_manifest_uri": holdout_manifest_uri,
     }

@@ -38,13 +38,32 @@ class Findings:
     no_url: list[tuple[str, list[str]]] = field(default_factory=list)
     url_not_text: list[tuple[str, str]] = field(default_factory=list)
     no_caption: list[tuple[str, list[str]]] = field(default_factory=list)
+    # num_rows of every parquet footer read, by URI (an object with an unchecked, too large schema has none).
+    rows: dict[str, int] = field(default_factory=dict)
 
-    def unusable(self) -> int:
-        """How many objects a download job would fail on."""
+    def bad(self) -> set[str]:
+        """The objects a download job would fail on."""
         bad = {uri for uri, _ in self.not_parquet} | set(self.empty)
         bad |= {uri for uri, _ in self.no_url} | {uri for uri, _ in self.url_not_text}
         bad |= {uri for uri, _ in self.no_caption}
-        return len(bad)
+        return bad
+
+    def unusable(self) -> int:
+        """How many objects a download job would fail on."""
+        return len(self.bad())
+
+    def usable_rows(self) -> int:
+        """The rows of the objects the run downloads (the held-out split is sized from them)."""
+        bad = self.bad()
+        return sum(rows for uri, rows in self.rows.items() if uri not in bad)
+
+
+@dataclass(frozen=True)
+class ParquetCheck:
+    """What check_parquet_objects found: the problems the run tolerates, and the rows it will download."""
+
+    warnings: list[dict[str, str]]
+    rows: int
 
 
 def missing_or_unreadable(exc: ClientError) -> bool:
@@ -80,6 +99,7 @@ def inspect(uris: list[str], dataset: Dataset) -> Findings:
                 found.not_parquet.append((uri, schema))
             elif schema.columns:  # an unchecked (too large) schema has none and passes
                 _check_columns(found, uri, schema, dataset)
+                found.rows[uri] = schema.num_rows
     return found
 
 
@@ -170,9 +190,10 @@ def problems(found: Findings, dataset: Dataset, source_field: str) -> list[dict[
 
 def check_parquet_objects(
     uris: list[str], dataset: Dataset, source_field: str, tolerated_percent: float
-) -> list[dict[str, str]]:
+) -> ParquetCheck:
     """DatasetNotFound when objects are missing; InvalidRunDocument when more objects cannot be
-    downloaded than the run tolerates (or all of them). Returns the problems it tolerated."""
+    downloaded than the run tolerates (or all of them). Returns the problems it tolerated and the sum of
+    the usable objects' rows (num_rows of the footers it read anyway)."""
     found = inspect(uris, dataset)
     if found.missing:
         count = len(found.missing)
@@ -194,4 +215,4 @@ def check_parquet_objects(
             f"{tolerated_percent:g}% this run tolerates; fix or remove them (or raise the percentage)",
         }
         raise invalid([*found_problems, tolerance])
-    return found_problems
+    return ParquetCheck(warnings=found_problems, rows=found.usable_rows())

@@ -15,7 +15,10 @@ followed by suffixes appended to it): the list of every object the run's trainin
      "<old run>/dataset/shards/00003/00000.tar", ...]
 
 kept as the `$.dataset.manifest_uri` record (and ready as a ManifestFile channel, should File or
-FastFile input ever be wanted again)."""
+FastFile input ever be wanted again).
+
+`dataset/holdout.json`, in the same format, lists the held-out tars (`<shard folder>holdout/NNNNN.tar`),
+when the run holds samples out: the evaluation job's ManifestFile input (`$.dataset.holdout_manifest_uri`)."""
 
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from typing import Any
 RUNS_FOLDER = "runs/"
 INDEX_NAME = "index.json"
 MANIFEST_NAME = "manifest.json"
+HOLDOUT_MANIFEST_NAME = "holdout.json"
 # Default of the training container's `dataset_index` hyperparameter: an index at the dataset root.
 DEFAULT_INDEX_IN_CHANNEL = INDEX_NAME
 
@@ -40,6 +44,11 @@ def runs_prefix_uri(bucket: str) -> str:
 def manifest_uri(dataset_prefix_uri: str) -> str:
     """`s3://<bucket>/runs/<run>/dataset/manifest.json`: every object the run's training reads."""
     return f"{_folder(dataset_prefix_uri)}{MANIFEST_NAME}"
+
+
+def holdout_manifest_uri(dataset_prefix_uri: str) -> str:
+    """`s3://<bucket>/runs/<run>/dataset/holdout.json`: every held-out tar of the run's shards."""
+    return f"{_folder(dataset_prefix_uri)}{HOLDOUT_MANIFEST_NAME}"
 
 
 def index_uri(dataset_prefix_uri: str) -> str:

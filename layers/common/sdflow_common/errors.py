@@ -68,12 +68,14 @@ class ReconcileIncomplete(SdflowError):
 
 
 class EvaluationJobFailed(SdflowError):
-    """The evaluation processing job (prompt adherence of the trained model) ended Failed or Stopped."""
+    """The evaluation processing job (the base and the trained model's metrics) ended Failed or Stopped,
+    or wrote no usable evaluation.json."""
 
 
 class QualityGateFailed(SdflowError):
-    """The trained model scored below the run's `evaluation.min_prompt_adherence`: it was registered
-    as Rejected and not deployed; the endpoint keeps serving its current model."""
+    """The trained model failed a check of the run's quality gate (`evaluation.gate`, or
+    `evaluation.min_prompt_adherence`): it was registered as Rejected and not deployed; the endpoint
+    keeps serving its current model."""
 
 
 class ModelRejected(SdflowError):

@@ -104,6 +104,7 @@ class DownloadTask(CallbackTask):
     shard: ShardItem
     download: DownloadOptions = Field(default_factory=DownloadOptions)
     dataset: DatasetColumns = Field(default_factory=DatasetColumns)
+    holdout_rate: float = Field(default=0.0, ge=0, le=1)  # $.config.holdout_rate
 
 
 class TrainingTask(CallbackTask):
@@ -186,6 +187,7 @@ def start_download(
         caption_column=task.dataset.caption_column,
         image_uri=settings.training_image_uri,
         role_arn=settings.sagemaker_role_arn,
+        holdout_rate=task.holdout_rate,
     )
     return start_job(
         JobStart(

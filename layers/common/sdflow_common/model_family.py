@@ -310,12 +310,42 @@ def _image_problems(document: RunDocument) -> list[dict[str, str]]:
 
 
 def _field_value(document: RunDocument, field: str) -> str:
+    """The instance type at `field`; "" when unresolved (evaluation.instance_type before Validate run picks it)."""
     block, name = field.split(".")
-    return str(getattr(getattr(document, block), name))
+    value = getattr(getattr(document, block), name)
+    return "" if value is None else str(value)
 
 
-def _inference_problems(document: RunDocument, family: str, *, with_t5: bool, variant: str) -> list[dict[str, str]]:
-    """Evaluation and endpoint GPUs too small for one pipeline of the family (inference_memory)."""
+def _inference_need(
+    document: RunDocument, family: str, endpoint: bool, *, with_t5: bool, variant: str, clip_bytes: int
+) -> tuple[inference_memory.InferenceEstimate, str]:
+    """The evaluation's or the endpoint's peak on one GPU, and what it holds, in words."""
+    resolution, label = document.training.resolution, memory_estimate.reference(family, variant).label
+    if endpoint:
+        found = inference_memory.estimate(
+            family, resolution, inference_memory.SERVING_BYTES, variant=variant, with_t5=with_t5
+        )
+        return found, f"one {label} pipeline in bf16/fp16"
+    found = inference_memory.evaluation_estimate(
+        family, resolution, clip_bytes=clip_bytes, variant=variant, with_t5=with_t5
+    )
+    clip = " and the CLIP model in float32" if clip_bytes else ""
+    return found, f"one {label} pipeline at a time in bf16/fp16{clip}"
+
+
+def evaluation_instance(
+    document: RunDocument, family: str, *, with_t5: bool = True, variant: str = "", clip_bytes: int = 0
+) -> tuple[str | None, float]:
+    """The smallest GPU instance type (fewest GPUs, then least memory) the run's image starts on whose GPU holds the
+    evaluation (one pipeline at a time and the CLIP model), and the estimate in GiB; None when none does."""
+    found, _holds = _inference_need(document, family, False, with_t5=with_t5, variant=variant, clip_bytes=clip_bytes)
+    return working_instance(document.training.backend, endpoint=False, need_gib=found.total_gib), found.total_gib
+
+
+def _inference_problems(
+    document: RunDocument, family: str, *, with_t5: bool, variant: str, clip_bytes: int
+) -> list[dict[str, str]]:
+    """Evaluation and endpoint GPUs too small for one pipeline of the family (and the evaluation's CLIP model)."""
     backend, resolution = document.training.backend, document.training.resolution
     problems: list[dict[str, str]] = []
     for field, job, endpoint in INSTANCE_FIELDS[1:]:
@@ -323,21 +353,17 @@ def _inference_problems(document: RunDocument, family: str, *, with_t5: bool, va
         gpu = instance_types.gpu_of(instance_type)
         if gpu is None:
             continue
-        precision, size = (
-            ("bf16/fp16", inference_memory.SERVING_BYTES)
-            if endpoint
-            else ("float32", inference_memory.EVALUATION_BYTES)
+        found, holds = _inference_need(
+            document, family, endpoint, with_t5=with_t5, variant=variant, clip_bytes=clip_bytes
         )
-        found = inference_memory.estimate(family, resolution, size, variant=variant, with_t5=with_t5)
         usable = memory_estimate.usable_gib(gpu)
         if found.total_gib <= usable:
             continue
         other = working_instance(backend, endpoint=endpoint, need_gib=found.total_gib)
-        label = memory_estimate.reference(family, variant).label
         problems.append(
             {
                 "field": field,
-                "message": f"the {job} holds one {label} pipeline in {precision} on one GPU, about "
+                "message": f"the {job} holds {holds} on one GPU, about "
                 f"{found.total_gib:.1f} GiB ({found.breakdown()}) at {resolution} px, and a GPU of {instance_type} "
                 f"({gpu.name}) has {usable:.1f} GiB to give after {memory_estimate.CUDA_RESERVE_GIB:.0f} GiB for "
                 f'CUDA: set {field} to {_instead(other)} (docs/run-document.md "Memory before money")',
@@ -346,10 +372,15 @@ def _inference_problems(document: RunDocument, family: str, *, with_t5: bool, va
     return problems
 
 
-def check_instances(document: RunDocument, family: str, *, with_t5: bool = True, variant: str = "") -> None:
+def check_instances(
+    document: RunDocument, family: str, *, with_t5: bool = True, variant: str = "", clip_bytes: int = 0
+) -> None:
     """Refuse the training, evaluation and endpoint instance types the run's image cannot start on or whose GPU
-    cannot hold the evaluation's or the endpoint's pipeline, and bf16 training on GPUs without bf16, each
-    naming its field and an instance type that works (InvalidRunDocument). CPU and unknown types pass."""
-    problems = _image_problems(document) + _inference_problems(document, family, with_t5=with_t5, variant=variant)
+    cannot hold the evaluation's (with its CLIP model's `clip_bytes`) or the endpoint's pipeline, and bf16 training
+    on GPUs without bf16, each naming its field and an instance type that works (InvalidRunDocument). CPU, unknown
+    and unresolved (null) types pass."""
+    problems = _image_problems(document) + _inference_problems(
+        document, family, with_t5=with_t5, variant=variant, clip_bytes=clip_bytes
+    )
     if problems:
         raise invalid(problems)

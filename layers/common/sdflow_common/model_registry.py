@@ -1,11 +1,12 @@
 """Register model and Wait for approval: every trained model becomes a SageMaker model package.
 
 Register model reads the evaluation job's `evaluation.json`, registers the model as a new version
-in the model package group of its run_name (`sdf-<run name>`) with its metrics (final loss,
-prompt adherence of the base and the trained model) and its lineage (the run, the training job,
-the evaluation job, the dataset index), and applies the quality gate:
-- below `evaluation.min_prompt_adherence`: registered Rejected, then QualityGateFailed (the run
-  fails before Deploy endpoint, so the endpoint keeps serving its current model);
+in the model package group of its run_name (`sdf-<run name>`) with its metrics (final loss, every
+metric of evaluation.json for the base and the trained model) and its lineage (the run, the training job,
+the evaluation job, the dataset index), and applies the quality gate (`evaluation.gate`, with the
+older `evaluation.min_prompt_adherence` as its `prompt_adherence.min`; quality_gate.evaluate_gate):
+- any check failed: registered Rejected, then QualityGateFailed naming every failed rule with its
+  numbers (the run fails before Deploy endpoint, so the endpoint keeps serving its current model);
 - passed, `approval.mode` auto: registered Approved, deployed next;
 - passed, `approval.mode` manual: registered PendingManualApproval; Wait for approval parks a task
   token keyed by the package ARN, and the "SageMaker Model Package State Change" event of a
@@ -22,11 +23,12 @@ from aws_lambda_powertools import Logger
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, Field
 
-from sdflow_common import aws, model_artifact, names, sagemaker_jobs
+from sdflow_common import aws, evaluation_report, model_artifact, names, sagemaker_jobs
 from sdflow_common.errors import EvaluationJobFailed, QualityGateFailed
 from sdflow_common.evaluation import EVALUATION_FILE, GRID_FILE
 from sdflow_common.job_events import ModelPackageDetail, Resolution, TaskResolver
 from sdflow_common.job_starters import CallbackTask, TrainingResult
+from sdflow_common.quality_gate import GATE_METRICS, GateCheck, QualityGate, evaluate_gate
 from sdflow_common.run_document import parse_s3_uri
 from sdflow_common.settings import Settings
 from sdflow_common.token_store import TokenStore
@@ -38,8 +40,11 @@ APPROVED, REJECTED, PENDING = "Approved", "Rejected", "PendingManualApproval"
 # What the endpoint serves: JSON in, JSON (base64 PNGs) or a PNG out (docs/contracts.md "Serving").
 CONTENT_TYPES = ["application/json"]
 RESPONSE_TYPES = ["application/json", "image/png"]
-# CustomerMetadataProperties values are at most 256 characters.
+# CustomerMetadataProperties values are at most 256 characters, and a package has at most 50 of them
+# (SageMaker API Reference, CreateModelPackage: CustomerMetadataProperties, "Maximum number of 50 items").
 METADATA_VALUE_LIMIT = 256
+METADATA_ENTRY_LIMIT = 50
+MODEL_DESCRIPTION_LIMIT = 1024
 # The training job's loss metric (sagemaker_jobs.LOSS_METRIC).
 LOSS_METRIC_NAME = "train:loss"
 # A LoRA model's archive holds only the adapter; the serving container finds the base model in the
@@ -96,30 +101,44 @@ class ApprovalTask(CallbackTask):
 
 
 def read_evaluation(s3: Any, evaluation: EvaluationResult) -> dict[str, Any]:
-    """evaluation.json of the evaluation job; EvaluationJobFailed when it is missing or unreadable."""
+    """evaluation.json of the evaluation job; EvaluationJobFailed when it is missing, unreadable or holds no
+    metric (neither `metrics` nor an older file's flat `prompt_adherence`)."""
     bucket, key = parse_s3_uri(evaluation.scores_uri)
     try:
         body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
         scores = json.loads(body)
-        float(scores["prompt_adherence"])
     except ClientError as exc:
         raise EvaluationJobFailed(
             f"the evaluation job wrote no s3://{bucket}/{key} ({sagemaker_jobs.error_code(exc)}); see its log"
         ) from exc
-    except (ValueError, KeyError, TypeError) as exc:
-        raise EvaluationJobFailed(f"s3://{bucket}/{key} holds no prompt_adherence score ({exc})") from exc
+    except ValueError as exc:
+        raise EvaluationJobFailed(f"s3://{bucket}/{key} is not JSON ({exc}); see the evaluation job's log") from exc
+    if not evaluation_report.metrics_of(scores):
+        missing = "; ".join(evaluation_report.missing_line(item) for item in evaluation_report.missing_of(scores))
+        raise EvaluationJobFailed(
+            f"s3://{bucket}/{key} holds no metric: neither `metrics` with a trained score nor `prompt_adherence`"
+            + (f" ({missing})" if missing else "")
+            + "; see the evaluation job's log"
+        )
     return dict(scores)
 
 
-def gate_status(score: float, minimum: float | None, mode: str) -> str:
-    if minimum is not None and score < minimum:
+def run_gate(task: RegisterTask) -> QualityGate:
+    """The gate the run applies: `evaluation.gate`, with `evaluation.min_prompt_adherence` as its
+    `prompt_adherence.min` (the run document refuses giving both)."""
+    return task.config.run.evaluation.effective_gate
+
+
+def gate_status(checks: list[GateCheck], mode: str) -> str:
+    if any(not check.passed for check in checks):
         return REJECTED
     return PENDING if mode == "manual" else APPROVED
 
 
-def _clip(value: Any) -> str:
+def _clip(value: Any, limit: int = METADATA_VALUE_LIMIT) -> str:
+    # Three dots, not an ellipsis character: CustomerMetadataValue's pattern allows `.` but no `…`.
     text = str(value)
-    return text if len(text) <= METADATA_VALUE_LIMIT else text[: METADATA_VALUE_LIMIT - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _lora_summary(task: RegisterTask) -> str:
@@ -146,26 +165,81 @@ def _model_metadata(task: RegisterTask) -> dict[str, Any]:
     return values
 
 
+def gate_metadata(gate: QualityGate) -> str:
+    """The gate in CustomerMetadataValue's characters (letters, digits, spaces, `_.:/=+-@`), e.g.
+    `kid max_change=0 clip_score min_change=-1`; a long gate names each metric once
+    (`kid max=0.1 max_change=0`), and one still over 256 characters is cut (the run document has it whole)."""
+    rules = gate.rules()
+    text = " ".join(f"{metric} {bound}={limit:g}" for metric, bound, limit in rules)
+    if len(text) <= METADATA_VALUE_LIMIT:
+        return text
+    grouped = " ".join(
+        " ".join([metric, *(f"{bound}={limit:g}" for name, bound, limit in rules if name == metric)])
+        for metric in gate.metrics()
+    )
+    return _clip(grouped)
+
+
+def _metric_metadata(scores: dict[str, Any]) -> dict[str, str]:
+    """`sdflow:<metric>` and `sdflow:base_<metric>` (4 decimals) for each known metric evaluation.json holds:
+    at most two entries per metric of GATE_METRICS, so the package stays within METADATA_ENTRY_LIMIT."""
+    values = {}
+    for name, entry in evaluation_report.metrics_of(scores).items():
+        if name not in GATE_METRICS:
+            continue
+        values[f"sdflow:{name}"] = f"{float(entry['trained']):.4f}"
+        base = evaluation_report.number(entry.get("base"))
+        if base is not None:
+            values[f"sdflow:base_{name}"] = f"{base:.4f}"
+    return values
+
+
+def holdout_grid_uri(task: RegisterTask, scores: dict[str, Any]) -> str | None:
+    name = evaluation_report.holdout_grid_name(scores)
+    return f"{task.evaluation.evaluation_uri.rstrip('/')}/{name}" if name else None
+
+
 def _metadata(task: RegisterTask, scores: dict[str, Any], image: str) -> dict[str, str]:
     """Metrics and lineage where the console's model registry shows them (CustomerMetadataProperties)."""
     options = task.config.run.evaluation
-    values: dict[str, Any] = _model_metadata(task) | {
-        "sdflow:image": sagemaker_jobs.tag_value(image),
-        "sdflow:run_id": task.config.run_id,
-        "sdflow:execution": task.execution_arn,
-        "sdflow:training_job": task.training.job_name,
-        "sdflow:evaluation_job": task.evaluation.job_name,
-        "sdflow:dataset_index": task.dataset.get("index_uri", ""),
-        "sdflow:prompt_adherence": f"{float(scores['prompt_adherence']):.4f}",
-        "sdflow:base_prompt_adherence": f"{float(scores.get('base_prompt_adherence', 0.0)):.4f}",
-        "sdflow:evaluation_prompts": scores.get("prompts", ""),
-        "sdflow:min_prompt_adherence": "" if options.min_prompt_adherence is None else options.min_prompt_adherence,
-        "sdflow:samples": task.evaluation.grid_uri,
-    }
+    adherence = "prompt_adherence" in evaluation_report.metrics_of(scores)
+    holdout_samples = evaluation_report.holdout_samples_of(scores)
+    values: dict[str, Any] = (
+        _model_metadata(task)
+        | {
+            "sdflow:image": sagemaker_jobs.tag_value(image),
+            "sdflow:run_id": task.config.run_id,
+            "sdflow:execution": task.execution_arn,
+            "sdflow:training_job": task.training.job_name,
+            "sdflow:evaluation_job": task.evaluation.job_name,
+            "sdflow:dataset_index": task.dataset.get("index_uri", ""),
+        }
+        | _metric_metadata(scores)
+        | {
+            "sdflow:holdout_samples": "" if holdout_samples is None else holdout_samples,
+            "sdflow:holdout_grid": holdout_grid_uri(task, scores) or "",
+            "sdflow:gate": gate_metadata(run_gate(task)),
+            "sdflow:evaluation_prompts": scores.get("prompts", "") if adherence else "",
+            "sdflow:min_prompt_adherence": "" if options.min_prompt_adherence is None else options.min_prompt_adherence,
+            "sdflow:samples": task.evaluation.grid_uri if adherence else "",
+        }
+    )
     loss = task.training.final_metrics.get(LOSS_METRIC_NAME)
     if loss is not None:
         values["sdflow:final_loss"] = f"{loss:.6f}"
     return {key: _clip(value) for key, value in values.items() if value != ""}
+
+
+def _description(task: RegisterTask, scores: dict[str, Any]) -> str:
+    """The package's description: the run, the training job and the headline metrics base -> trained."""
+    metrics = evaluation_report.metrics_of(scores)
+    shown = []
+    for name, entry in metrics.items():
+        base = evaluation_report.number(entry.get("base"))
+        base_text = f"base {evaluation_report.shown(name, base)} → " if base is not None else ""
+        shown.append(f"{name} {base_text}trained {evaluation_report.shown(name, float(entry['trained']))}")
+    text = f"run {task.config.run_id}: training job {task.training.job_name}; " + "; ".join(shown)
+    return _clip(text, MODEL_DESCRIPTION_LIMIT)
 
 
 def base_model_folder(base_model_uri: str) -> str:
@@ -207,10 +281,7 @@ def model_package_request(
     container = serving_container(task, settings)
     return {
         "ModelPackageGroupName": group,
-        "ModelPackageDescription": _clip(
-            f"run {task.config.run_id}: training job {task.training.job_name}, prompt adherence "
-            f"{float(scores['prompt_adherence']):.2f}"
-        ),
+        "ModelPackageDescription": _description(task, scores),
         "InferenceSpecification": {
             "Containers": [container],
             "SupportedContentTypes": CONTENT_TYPES,
@@ -248,38 +319,83 @@ def ensure_group(sagemaker: Any, group: str, run_name: str | None) -> None:
             raise
 
 
+def model_result(
+    task: RegisterTask, scores: dict[str, Any], checks: list[GateCheck], arn: str, group: str, status: str
+) -> dict[str, Any]:
+    """`$.registry.model` (docs/contracts.md): every metric, the missing ones, the gate's checks, the held-out
+    grid; and, when the scene adherence ran, the older flat keys (`prompt_adherence`, ...)."""
+    metrics = evaluation_report.metrics_of(scores)
+    result: dict[str, Any] = {
+        "model_package_arn": arn,
+        "model_package_group": group,
+        "approval_status": status,
+        "evaluation_uri": task.evaluation.evaluation_uri,
+        "metrics": metrics,
+        "missing": evaluation_report.missing_of(scores),
+        "gate": [evaluation_report.check_record(check) for check in checks],
+        "holdout_samples": evaluation_report.holdout_samples_of(scores) or 0,
+    }
+    grid = holdout_grid_uri(task, scores)
+    if grid:
+        result["holdout_grid_uri"] = grid
+    adherence = metrics.get("prompt_adherence")
+    if adherence is not None:
+        result |= {
+            "prompt_adherence": float(adherence["trained"]),
+            "base_prompt_adherence": float(adherence.get("base", 0.0)),
+            "min_prompt_adherence": task.config.run.evaluation.min_prompt_adherence,
+            "prompts": int(adherence.get("samples", 0)),
+            "samples_uri": task.evaluation.grid_uri,
+        }
+    return result
+
+
+def _metric_lines(scores: dict[str, Any]) -> list[str]:
+    metrics = evaluation_report.metrics_of(scores)
+    missing = evaluation_report.missing_of(scores)
+    return [evaluation_report.metric_line(name, entry) for name, entry in metrics.items()] + [
+        evaluation_report.missing_line(item) for item in missing
+    ]
+
+
+def gate_failure(task: RegisterTask, checks: list[GateCheck], arn: str, scores: dict[str, Any]) -> str:
+    """QualityGateFailed's message: every failed rule with base, trained and limit, the package, the endpoint,
+    and where the held-out grid and the scores are."""
+    failed = [check for check in checks if not check.passed]
+    grid = holdout_grid_uri(task, scores)
+    where = [f"held-out grid (real | base | trained per caption): {grid}"] if grid else []
+    if "prompt_adherence" in evaluation_report.metrics_of(scores):
+        where.append(f"scene prompts grid (base | trained per prompt): {task.evaluation.grid_uri}")
+    return "\n".join(
+        [
+            f"the trained model failed {len(failed)} of {len(checks)} quality gate checks (evaluation.gate):",
+            *(f"  {evaluation_report.gate_line(check)}" for check in failed),
+            "every metric, base → trained:",
+            *(f"  {line}" for line in _metric_lines(scores)),
+            f"Model package {arn} is registered as Rejected and was not deployed; endpoint "
+            f"{task.config.run.endpoint.name} keeps serving its current model.",
+            *where,
+            f"scores: {task.evaluation.scores_uri}",
+        ]
+    )
+
+
 def register_model(task: RegisterTask, settings: Settings, *, sagemaker: Any = None, s3: Any = None) -> dict[str, Any]:
     """Register the trained model and apply the quality gate (see the module docstring)."""
     settings.image_uri(task.config.run.training.backend)  # fails fast when the function lacks the run's image
     sagemaker = sagemaker or aws.client("sagemaker")
     scores = read_evaluation(s3 or aws.client("s3"), task.evaluation)
-    score = float(scores["prompt_adherence"])
     run = task.config.run
-    minimum = run.evaluation.min_prompt_adherence
-    status = gate_status(score, minimum, run.approval.mode)
+    checks = evaluate_gate(run_gate(task), evaluation_report.metrics_of(scores))
+    status = gate_status(checks, run.approval.mode)
     group = names.model_package_group_name(run.run_name)
     ensure_group(sagemaker, group, run.run_name)
     request = model_package_request(task, settings, group, status, scores)
     arn = str(sagemaker.create_model_package(**request)["ModelPackageArn"])
-    result = {
-        "model_package_arn": arn,
-        "model_package_group": group,
-        "approval_status": status,
-        "prompt_adherence": score,
-        "base_prompt_adherence": float(scores.get("base_prompt_adherence", 0.0)),
-        "min_prompt_adherence": minimum,
-        "prompts": int(scores.get("prompts", 0)),
-        "samples_uri": task.evaluation.grid_uri,
-        "evaluation_uri": task.evaluation.evaluation_uri,
-    }
+    result = model_result(task, scores, checks, arn, group, status)
     logger.info("model registered", extra=result)
     if status == REJECTED:
-        raise QualityGateFailed(
-            f"prompt adherence {score:.2f} is below the quality gate {minimum:.2f} "
-            f"(evaluation.min_prompt_adherence): model package {arn} is registered as Rejected and was not "
-            f"deployed; endpoint {run.endpoint.name} keeps serving its current model. Samples (base | trained "
-            f"per prompt): {task.evaluation.grid_uri}; scores: {task.evaluation.scores_uri}"
-        )
+        raise QualityGateFailed(gate_failure(task, checks, arn, scores))
     return result
 
 

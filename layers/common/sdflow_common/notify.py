@@ -22,7 +22,7 @@ from typing import Any, Literal
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from pydantic import BaseModel, ConfigDict, Field
 
-from sdflow_common import aws, causes, execution_history, model_artifact, run_cleanup
+from sdflow_common import aws, causes, evaluation_report, execution_history, model_artifact, run_cleanup
 from sdflow_common.run_document import RUN_NAME, printable
 from sdflow_common.token_store import TokenStore
 
@@ -263,18 +263,13 @@ def _registered_model(state: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _model_lines(model: dict[str, Any]) -> list[str]:
-    """The registered package, its approval and the evaluation's score, and where the samples are."""
+    """The registered package and its approval, then the evaluation (evaluation_report): each metric base →
+    trained with its direction and sample count, the gate's checks, the metrics not computed, the grids."""
     lines = [f"Model:     {model['model_package_arn']} ({model.get('approval_status', '?')})"]
-    try:
-        score, base = float(model["prompt_adherence"]), float(model.get("base_prompt_adherence", 0.0))
-    except (KeyError, TypeError, ValueError):
-        return lines
-    gate = model.get("min_prompt_adherence")
-    gate_text = f", gate ≥ {float(gate):.2f}" if isinstance(gate, int | float) else ""
-    prompts = model.get("prompts")
-    lines.append(f"           prompt adherence: base {base:.2f} → trained {score:.2f} ({prompts} prompts{gate_text})")
-    if model.get("samples_uri"):
-        lines.append(f"           samples (base | trained per prompt) {model['samples_uri']}")
+    evaluation = evaluation_report.model_lines(model)
+    if evaluation:
+        lines.append("Evaluation: base → trained (↑ higher is better, ↓ lower is better)")
+        lines.extend(f"           {line}" for line in evaluation)
     return lines
 
 

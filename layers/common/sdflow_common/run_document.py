@@ -12,13 +12,23 @@ import difflib
 import json
 import re
 import sys
-import unicodedata
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from sdflow_common.document_values import QUOTE_LIMIT as QUOTE_LIMIT
+from sdflow_common.document_values import S3_URI as S3_URI
+from sdflow_common.document_values import parse_s3_uri as parse_s3_uri
+from sdflow_common.document_values import printable as printable
 from sdflow_common.errors import InvalidRunDocument
+from sdflow_common.evaluation_options import MAX_EVALUATION_PROMPTS as MAX_EVALUATION_PROMPTS
+from sdflow_common.evaluation_options import SCENE_COLOURS as SCENE_COLOURS
+from sdflow_common.evaluation_options import SCENE_GRAMMAR as SCENE_GRAMMAR
+from sdflow_common.evaluation_options import SCENE_PROMPT as SCENE_PROMPT
+from sdflow_common.evaluation_options import SCENE_SHAPES as SCENE_SHAPES
+from sdflow_common.evaluation_options import EvaluationOptions as EvaluationOptions
+from sdflow_common.evaluation_options import scene_prompt_problem as scene_prompt_problem
 from sdflow_common.training_options import (
     AUTO,
     BACKEND_OF_FAMILY,
@@ -32,7 +42,6 @@ from sdflow_common.training_options import HYPERPARAMETER_VALUE_LIMIT as HYPERPA
 from sdflow_common.training_options import LoraOptions as LoraOptions
 from sdflow_common.training_options import StrictOptions as _Strict
 
-S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])/(?P<key>.*)$")
 ENDPOINT_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 RUN_NAME = r"^[a-zA-Z0-9\-_]{1,40}$"
 # A Standard execution's ARN: arn:<partition>:states:<region>:<account>:execution:<state machine>:<name>.
@@ -52,24 +61,12 @@ PATTERN_HELP = {
 # A report lists at most this many problems: its text travels as a Step Functions error cause
 # (kept in 256 KB state) and an SNS message (256 KB), and a few are enough to start fixing.
 MAX_PROBLEMS = 20
-# Field names and values quoted in a message are cut to this many characters.
-QUOTE_LIMIT = 80
-# Escaped when quoted: control and format characters, lone surrogates (JSON allows them, UTF-8
-# encoders refuse them), line and paragraph separators (they would break a report's lines).
-UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 # Step Functions state data is capped at 256 KB, and the run document travels twice in it (the
 # execution input and `$.config.run`), so a document must stay well under half of that. Large
 # datasets use `dataset.prefix`, which costs a few bytes whatever the number of shards.
 MAX_DOCUMENT_BYTES = 96 * 1024
-# HYPERPARAMETER_VALUE_LIMIT and LoraOptions are imported `X as X` above: re-exported, as they were defined here.
-
-
-def parse_s3_uri(uri: str) -> tuple[str, str]:
-    """`s3://bucket/key` → (bucket, key); ValueError naming the expected form otherwise."""
-    match = S3_URI.match(uri)
-    if not match:
-        raise ValueError(f"'{uri}' is not an S3 URI; write it as s3://<bucket>/<key>")
-    return match["bucket"], match["key"]
+# HYPERPARAMETER_VALUE_LIMIT, LoraOptions, the S3 and text helpers (document_values) and the evaluation block
+# (evaluation_options) are imported `X as X` above: re-exported, as they were defined here.
 
 
 class Dataset(_Strict):
@@ -151,91 +148,6 @@ class EndpointOptions(_Strict):
     )
 
 
-# The scene grammar of the prompt-adherence score (training_image/sdflow_image/scenes.py, which the
-# layer cannot import; tests/unit/test_run_document.py checks the two agree).
-SCENE_COLOURS = ("red", "green", "blue", "yellow", "white", "black", "orange", "purple")
-SCENE_SHAPES = ("square", "circle", "triangle")
-SCENE_PROMPT = re.compile(r"^an? (?P<fg>[a-z]+) (?P<shape>[a-z]+) on an? (?P<bg>[a-z]+) background$")
-SCENE_GRAMMAR = "a <colour> <shape> on a <colour> background"
-MAX_EVALUATION_PROMPTS = 256
-
-
-def scene_prompt_problem(prompt: str) -> str | None:
-    """Why the adherence score cannot read `prompt`, or None when it follows the grammar."""
-    match = SCENE_PROMPT.match(prompt)
-    if match is None:
-        return f"'{printable(prompt)}' does not follow '{SCENE_GRAMMAR}'"
-    for word, allowed, what in (
-        (match["fg"], SCENE_COLOURS, "colour"),
-        (match["shape"], SCENE_SHAPES, "shape"),
-        (match["bg"], SCENE_COLOURS, "colour"),
-    ):
-        if word not in allowed:
-            return f"'{printable(prompt)}': unknown {what} '{printable(word)}'; use one of {', '.join(allowed)}"
-    return None
-
-
-class EvaluationOptions(_Strict):
-    """Evaluate model: a processing job of the training image scores prompt adherence of the base and
-    the trained model on held-out scene prompts and renders them side by side (adherence.png)."""
-
-    min_prompt_adherence: float | None = Field(
-        default=None,
-        ge=0,
-        le=1,
-        description="Quality gate: deploy only when the trained model scores at least this (0-1); "
-        "null: no gate, the score is only reported.",
-    )
-    prompts: list[Annotated[str, Field(min_length=1, max_length=300)]] | None = Field(
-        default=None,
-        max_length=MAX_EVALUATION_PROMPTS,
-        description="Prompts to score, each 'a <colour> <shape> on a <colour> background'; default: the 48 "
-        "held-out scene prompts.",
-    )
-    prompts_uri: str | None = Field(
-        default=None,
-        description="Or an S3 object in this stack's bucket with the prompts: a JSON list, or one prompt a line.",
-    )
-    num_inference_steps: int = Field(default=20, ge=1, le=200, description="Denoising steps per image.")
-    guidance_scale: float = Field(default=5.0, ge=0, le=50, description="Classifier-free guidance scale.")
-    instance_type: str = Field(
-        default="ml.g5.xlarge", pattern=INSTANCE_TYPE, description="Processing instance of the evaluation job."
-    )
-    max_runtime_seconds: int = Field(
-        default=3600,
-        ge=60,
-        le=PROCESSING_MAX_RUNTIME_LIMIT,
-        description="Stopping condition of the evaluation job; SageMaker allows 9 days.",
-    )
-
-    @field_validator("prompts")
-    @classmethod
-    def _prompts_follow_grammar(cls, prompts: list[str] | None) -> list[str] | None:
-        if prompts is None:
-            return None
-        if not prompts:
-            raise ValueError("is empty; list at least one prompt, or leave it out for the 48 held-out prompts")
-        problems = [problem for prompt in prompts if (problem := scene_prompt_problem(prompt))]
-        if problems:
-            raise ValueError(f"{problems[0]} (the adherence score reads only that grammar)")
-        return prompts
-
-    @field_validator("prompts_uri")
-    @classmethod
-    def _prompts_uri_is_s3(cls, uri: str | None) -> str | None:
-        if uri is not None:
-            _bucket, key = parse_s3_uri(uri)
-            if not key or key.endswith("/"):
-                raise ValueError(f"'{uri}' names a folder; give the object that lists the prompts")
-        return uri
-
-    @model_validator(mode="after")
-    def _one_prompt_source(self) -> EvaluationOptions:
-        if self.prompts is not None and self.prompts_uri is not None:
-            raise ValueError("give `prompts` or `prompts_uri`, not both")
-        return self
-
-
 class ApprovalOptions(_Strict):
     """Who approves the registered model package before it is deployed."""
 
@@ -277,7 +189,9 @@ class RunDocument(_Strict):
         default_factory=EndpointOptions, description="The SageMaker endpoint created or updated."
     )
     evaluation: EvaluationOptions = Field(
-        default_factory=EvaluationOptions, description="Prompt-adherence evaluation and the quality gate."
+        default_factory=EvaluationOptions,
+        description="The evaluation of the trained model against the base (held-out split, CLIP score, KID/FID, "
+        "scene adherence) and the quality gate.",
     )
     approval: ApprovalOptions = Field(
         default_factory=ApprovalOptions, description="Approval of the registered model package before deploy."
@@ -326,19 +240,6 @@ class RunDocument(_Strict):
                 f"to at most {size}"
             )
         return self
-
-
-def printable(text: str, limit: int = QUOTE_LIMIT) -> str:
-    """`text` safe to quote in a report, an error cause and an SNS message: control characters and
-    lone surrogates (legal in JSON, refused by UTF-8 encoders) escaped, cut to `limit` characters."""
-    out = []
-    for char in text:
-        if unicodedata.category(char) in UNSAFE_CATEGORIES:
-            out.append(char.encode("unicode_escape", "backslashreplace").decode("ascii"))
-        else:
-            out.append(char)
-    shown = "".join(out)
-    return shown if len(shown) <= limit else shown[: limit - 1] + "…"
 
 
 def _model_at(path: tuple[Any, ...]) -> type[BaseModel] | None:

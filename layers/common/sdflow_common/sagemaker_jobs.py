@@ -252,10 +252,17 @@ def download_volume_gb(options: DownloadOptions) -> int:
 
 
 def download_container_arguments(
-    options: DownloadOptions, url_column: str, caption_column: str, *, output_uri: str, shard_id: str
+    options: DownloadOptions,
+    url_column: str,
+    caption_column: str,
+    *,
+    output_uri: str,
+    shard_id: str,
+    holdout_rate: float = 0.0,
 ) -> list[str]:
     """`ContainerArguments` of docs/contracts.md "The download job", in that order: the flag names
-    of sdflow_image.download.download.FLAGS (snake_case, as the shared flags module spells them)."""
+    of sdflow_image.download.download.FLAGS (snake_case, as the shared flags module spells them).
+    `holdout_rate` is the run's `$.config.holdout_rate` (Validate run chose it)."""
     return [
         "--input", PROCESSING_INPUT_DIR,
         "--output_uri", output_uri,
@@ -270,6 +277,7 @@ def download_container_arguments(
         "--threads", str(options.threads),
         "--url_timeout", str(options.url_timeout_seconds),
         "--deadline_seconds", str(download_deadline_seconds(options.max_runtime_seconds)),
+        "--holdout_rate", str(holdout_rate),
     ]  # fmt: skip
 
 
@@ -286,6 +294,7 @@ def processing_job_request(
     caption_column: str,
     image_uri: str,
     role_arn: str,
+    holdout_rate: float = 0.0,
 ) -> CreateProcessingJobRequestTypeDef:
     """CreateProcessingJob for one shard. No network isolation: it downloads from the internet,
     and it writes each finished shard to `output_uri` itself (boto3 with the job's role), so there
@@ -318,7 +327,7 @@ def processing_job_request(
             "ImageUri": image_uri,
             "ContainerEntrypoint": list(DOWNLOAD_ENTRYPOINT),
             "ContainerArguments": download_container_arguments(
-                options, url_column, caption_column, output_uri=output_uri, shard_id=shard_id
+                options, url_column, caption_column, output_uri=output_uri, shard_id=shard_id, holdout_rate=holdout_rate
             ),
         },
         "NetworkConfig": {"EnableNetworkIsolation": False},

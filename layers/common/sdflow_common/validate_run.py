@@ -16,7 +16,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
-from sdflow_common import aws, dataset_files, model_family, names, quotas
+from sdflow_common import aws, dataset_files, evaluation_checks, model_family, names, quotas
 from sdflow_common.errors import DatasetNotFound, InvalidRunDocument
 from sdflow_common.resume import ResumeInfo, add_cache_keys, apply_resume
 from sdflow_common.run_document import RunDocument, invalid, parse_run_document, parse_s3_uri
@@ -62,6 +62,9 @@ class RunConfig(BaseModel):
     run: RunDocument
     # Tolerated problems found at intake (a few unreadable parquet files), shown in the notification.
     warnings: list[dict[str, str]] = Field(default_factory=list)
+    # The share of the dataset's samples held out of training for the evaluation (evaluation_checks.resolve_holdout;
+    # the download job's --holdout_rate): 0, no held-out split.
+    holdout_rate: float = Field(default=0.0, ge=0, le=1)
     # Only when the document resumes an earlier run: absent, not null, otherwise (the state machine's
     # Choice tests `$.config.resume.training` IsPresent).
     resume: ResumeInfo | None = None
@@ -184,6 +187,10 @@ def check_locations(document: RunDocument, data_bucket: str, endpoint_name_prefi
     prompts_uri = document.evaluation.prompts_uri
     if prompts_uri is not None and parse_s3_uri(prompts_uri)[0] != data_bucket:
         problems.append(_outside_bucket("evaluation.prompts_uri", prompts_uri, data_bucket, "datasets"))
+    # The evaluation job reads the CLIP model through a ProcessingInput, with the same role as the base model.
+    clip_model_uri = document.evaluation.clip_model_uri
+    if clip_model_uri is not None and parse_s3_uri(clip_model_uri)[0] != data_bucket:
+        problems.append(_outside_bucket("evaluation.clip_model_uri", clip_model_uri, data_bucket, "models"))
     problems += _endpoint_problems(document, endpoint_name_prefix)
     if problems:
         raise _invalid(problems)
@@ -274,21 +281,34 @@ class CheckedInputs:
     parquet_uris: list[str]
     # Problems with a few parquet files that the run tolerates (download.tolerated_failure_percent).
     warnings: list[dict[str, str]]
-    # The document with base_model_family resolved from the model (model_family.resolve_family).
+    # The document with base_model_family resolved from the model (model_family.resolve_family), and the evaluation's
+    # instance_type, holdout_samples and scene_adherence (evaluation_checks).
     document: RunDocument
+    # The held-out share of the dataset (RunConfig.holdout_rate).
+    holdout_rate: float = 0.0
 
 
 def check_inputs(document: RunDocument, *, data_bucket: str, max_shards: int) -> CheckedInputs:
     """The document's inputs checked against the stack and S3.
 
-    Locations first (no request leaves the bucket), then the model, then every parquet object's
-    existence and schema (dataset_files). Both doors run this: start_pipeline before StartExecution,
-    Validate run again at the start of the execution (the data may change in between)."""
+    Locations first (no request leaves the bucket), then the base and the CLIP model, the instances, then every
+    parquet object's existence and schema (dataset_files), and last the evaluation's held-out split and gate,
+    which depend on the dataset's rows. Both doors run this: start_pipeline before StartExecution, Validate run
+    again at the start of the execution (the data may change in between)."""
     check_locations(document, data_bucket)
     index = check_base_model(document.base_model_uri)
     document = model_family.resolve_family(document, index.family)
     model_family.check_family_settings(document, index.family)
-    model_family.check_instances(document, index.family, with_t5=index.with_t5, variant=index.variant)
+    clip_uri = document.evaluation.clip_model_uri
+    clip = evaluation_checks.read_clip_model(clip_uri) if clip_uri is not None else None
+    document = evaluation_checks.resolve_instance(document, index, clip)
+    model_family.check_instances(
+        document,
+        index.family,
+        with_t5=index.with_t5,
+        variant=index.variant,
+        clip_bytes=clip.weight_bytes if clip else 0,
+    )
     model_family.check_memory(document, index.family, with_t5=index.with_t5, variant=index.variant)
     prompts_uri = document.evaluation.prompts_uri
     if prompts_uri is not None and not _exists(prompts_uri):
@@ -300,8 +320,14 @@ def check_inputs(document: RunDocument, *, data_bucket: str, max_shards: int) ->
     parquet_uris = resolve_dataset(document, max_shards)
     source = "dataset.parquet_uris" if document.dataset.parquet_uris is not None else "dataset.prefix"
     tolerated = document.download.tolerated_failure_percent
-    warnings = dataset_files.check_parquet_objects(parquet_uris, document.dataset, source, tolerated)
-    return CheckedInputs(parquet_uris=parquet_uris, warnings=warnings, document=document)
+    parquet = dataset_files.check_parquet_objects(parquet_uris, document.dataset, source, tolerated)
+    document, holdout = evaluation_checks.resolve_evaluation(document, parquet.rows, clip)
+    return CheckedInputs(
+        parquet_uris=parquet_uris,
+        warnings=parquet.warnings + holdout.warnings,
+        document=document,
+        holdout_rate=holdout.rate,
+    )
 
 
 def _same_start(stored: Any, current: str) -> bool:
@@ -399,6 +425,7 @@ def validate_run(request: ValidateRunRequest, *, data_bucket: str, max_shards: i
         timeouts=task_timeouts(document),
         run=document,
         warnings=checked.warnings,
+        holdout_rate=checked.holdout_rate,
         resume=resume,
     )
     return quotas.apply_instance_quotas(config.model_dump(mode="json"))

@@ -66,6 +66,56 @@ function resultsTable(results) {
   ];
 }
 
+/** trained − base as the notification prints it, marked better or worse in the metric's own direction
+ * (↑: higher is better, ↓: lower). */
+function change(row) {
+  if (!row.change_text) return "—";
+  const delta = row.trained - row.base;
+  if (!row.direction || delta === 0) return row.change_text;
+  const better = row.direction === "lower" ? delta < 0 : delta > 0;
+  return h("span", { class: better ? "ok" : "miss", title: better ? "better than the base" : "worse than the base" },
+    row.change_text);
+}
+
+const DIRECTIONS = { higher: "higher is better", lower: "lower is better" };
+
+/** One row per metric: base → trained with the direction, what it was computed on. */
+function metricTable(rows) {
+  if (!rows.length) return null;
+  return [
+    h("h3", {}, "Metrics, base → trained"),
+    h("table", { class: "table metrics-table", "data-testid": "metrics" },
+      h("thead", {}, h("tr", {}, ["Metric", "Base", "", "Trained", "Change", "Computed on"].map((t) =>
+        h("th", { scope: "col" }, t)))),
+      h("tbody", {}, rows.map((r) => h("tr", { "data-testid": "metric-row", "data-metric": r.name },
+        h("td", {}, h("strong", {}, r.name), " ",
+          r.arrow ? h("span", { title: DIRECTIONS[r.direction] || "" }, r.arrow) : null),
+        h("td", {}, r.base_text || "—"), h("td", { class: "muted" }, "→"),
+        h("td", {}, r.trained_text || "—"), h("td", {}, change(r)),
+        h("td", { class: "small muted" }, r.samples_text || "—"))))),
+    h("p", { class: "small muted" }, "↑ higher is better · ↓ lower is better"),
+  ];
+}
+
+/** The quality gate's checks (✓/✗ with the numbers each was judged on) and the metrics not computed. */
+function gateAndMissing(gate, missing) {
+  const parts = [];
+  if (gate.length) {
+    const passed = gate.filter((c) => c.passed).length;
+    parts.push(h("h3", {}, "Quality gate"),
+      h("p", { class: "small", "data-testid": "gate-summary" }, `${passed} of ${gate.length} checks passed`),
+      h("ul", { class: "plain-list", "data-testid": "gate" }, gate.map((c) =>
+        h("li", { class: c.passed ? "ok" : "miss", "data-testid": "gate-check", "data-passed": String(c.passed) },
+          c.text))));
+  }
+  if (missing.length) {
+    parts.push(h("h3", {}, "Not computed"),
+      h("ul", { class: "plain-list", "data-testid": "missing" }, missing.map((m) =>
+        h("li", { "data-testid": "missing-metric" }, h("strong", {}, m.metric), `: ${m.reason || "no reason given"}`))));
+  }
+  return parts.length ? parts : null;
+}
+
 function image(src, testid, alt) {
   if (!src) return null;
   return h("a", { href: src, target: "_blank", rel: "noopener noreferrer", class: "image-link" },
@@ -115,14 +165,19 @@ class TrainingSection {
 class EvaluationSection {
   constructor() {
     this.info = new Part({ class: "part" });
+    this.metrics = new Part({ class: "part" });
+    this.gate = new Part({ class: "part" });
+    this.holdout = new Part({ class: "part samples" });
     this.results = new Part({ class: "part" });
     this.grid = new Part({ class: "part samples" });
+    // The two grids side by side: each may be up to 560 px tall.
     this.el = h("section", { class: "card", "data-testid": "evaluation" },
-      h("h2", {}, "Evaluation"), this.info.el, this.results.el, this.grid.el);
+      h("h2", {}, "Evaluation"), this.info.el, this.metrics.el, this.gate.el,
+      h("div", { class: "grid-2" }, this.holdout.el, this.grid.el), this.results.el);
   }
 
   update(e) {
-    const info = { ...e, results: undefined };
+    const info = { ...e, results: undefined, metrics: undefined, gate: undefined, missing: undefined };
     this.info.set(info, () => h("div", { class: "grid-2" },
       kvTable([
         ["Job", e.job_name || "—"],
@@ -130,10 +185,18 @@ class EvaluationSection {
         e.failure_reason ? ["Failure", h("span", { class: "failure" }, e.failure_reason)] : null,
         ["Logs", link(e.log_url, "Evaluation log", { "data-testid": "evaluation-log" })],
       ]),
-      h("div", {}, h("h3", {}, "Scores"), metricsTable(e.scores, "scores"),
+      // With the metrics in their own table below, the rest of evaluation.json is detail.
+      h("div", {}, h("h3", {}, e.metrics && e.metrics.length ? "Details" : "Scores"), metricsTable(e.scores, "scores"),
         e.settings && Object.keys(e.settings).length ? h("p", { class: "small muted" }, "Settings: ",
           Object.entries(e.settings).map(([k, v]) => `${words(k).toLowerCase()} ${fmtValue(v)}`).join(" · "))
           : null)));
+    this.metrics.set(Array.isArray(e.metrics) ? e.metrics : [], metricTable);
+    this.gate.set([e.gate || [], e.missing || []], ([gate, missing]) => gateAndMissing(gate, missing));
+    this.holdout.set([e.holdout_grid_url, e.holdout_samples], ([url, n]) => (url ? [
+      h("h3", {}, "Held-out captions: real | base | trained"),
+      n ? h("p", { class: "small muted" }, `A sample of the ${n} held-out images and captions the metrics were computed on.`)
+        : null,
+      image(url, "holdout-grid", "Held-out grid: real image, base model, trained model per caption")] : null));
     this.results.set(Array.isArray(e.results) ? e.results : [], resultsTable);
     this.grid.set(e.grid_url, (url) => (url ? [h("h3", {}, "Prompt adherence"),
       image(url, "adherence-grid", "Prompt adherence grid")] : null));

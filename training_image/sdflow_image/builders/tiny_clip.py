@@ -67,7 +67,8 @@ def build_clip_model(seed: int = 0) -> tuple[Any, Any]:
         },
         projection_dim=EMBED_DIM,
     )
-    model = CLIPModel(config).eval()
+    model: Any = CLIPModel(config)
+    model.eval()
     image_processor = CLIPImageProcessor(
         size={"shortest_edge": IMAGE_SIZE},
         crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},

@@ -15,7 +15,10 @@ docs/contracts.md, "The download job"). What it promises:
 - `_SUCCESS` (JSON totals) is written last, after every shard is in S3, and a run on a prefix
   that already has it does nothing: retries and reruns are free;
 - a retried job (SageMaker starts it on an empty volume) lists --output_uri and skips every
-  shard that is complete there: it downloads only what is missing.
+  shard that is complete there: it downloads only what is missing;
+- with --holdout_rate r > 0, each finished tar is split before its upload: the samples whose URL
+  is held out (sdflow_image.holdout) go to `holdout/NNNNN.tar`, never into the training tar, and
+  `_SUCCESS` counts them apart (sdflow_image.download.holdout_split).
 Any error goes to the SageMaker failure file (and the processing job's ExitMessage file),
 and the exit status is non-zero."""
 
@@ -38,7 +41,14 @@ from pathlib import Path
 from typing import Any
 
 from sdflow_image import contract, flags
-from sdflow_image.download.shard_upload import SUCCESS_FILE, S3Prefix, ShardUploader, read_stats
+from sdflow_image.download.shard_upload import (
+    SUCCESS_FILE,
+    S3Prefix,
+    ShardUploader,
+    holdout_name,
+    holdout_samples,
+    read_stats,
+)
 
 LOG = logging.getLogger("sdflow.download")
 
@@ -139,6 +149,12 @@ FLAGS: list[flags.Flag] = [
     ),
     flags.Flag("retries", flags.non_negative_int, 0, "extra attempts per failed URL"),
     flags.Flag("shard_id", flags.text, None, "recorded in _SUCCESS when given (the index uses the folder name)"),
+    flags.Flag(
+        "holdout_rate",
+        flags.number(float, 0, maximum=1),
+        0.0,
+        "share of URLs held out of training (0..1): their samples go to holdout/NNNNN.tar; 0: no split",
+    ),
 ]
 
 
@@ -331,8 +347,9 @@ def _read_stats(folder: Path) -> dict[int, dict[str, Any]]:
 
 def _job_options(args: argparse.Namespace, parquet: Path) -> dict[str, Any]:
     """What decides a shard's content and boundaries: a retry takes from S3 only shards made
-    with these. (The URL timeout and retries change which URLs succeed, not the shard format.)"""
-    return {
+    with these. (The URL timeout and retries change which URLs succeed, not the shard format.)
+    The held-out rate is one only when set, so that shards made without a split keep their hash."""
+    options = {
         "input": parquet.name,
         "input_bytes": parquet.stat().st_size,
         "url_col": args.url_col,
@@ -341,6 +358,9 @@ def _job_options(args: argparse.Namespace, parquet: Path) -> dict[str, Any]:
         "resize_mode": args.resize_mode,
         "samples_per_shard": args.samples_per_shard,
     }
+    if args.holdout_rate > 0:
+        options["holdout_rate"] = args.holdout_rate
+    return options
 
 
 def work_dir(args: argparse.Namespace) -> Path:
@@ -365,7 +385,7 @@ def download(args: argparse.Namespace, *, uploader: ShardUploader | None = None)
     parquet = resolve_input(args.input)
     rows = validate_parquet(parquet, args.url_col, args.caption_col)
     options = _job_options(args, parquet)
-    uploader = uploader or ShardUploader(output, options)
+    uploader = uploader or ShardUploader(output, options, holdout_rate=args.holdout_rate)
     if uploader.has_success():
         LOG.info("%s%s exists: this shard was finished by an earlier run, nothing to do", output.uri, SUCCESS_FILE)
         return None
@@ -410,15 +430,20 @@ def download(args: argparse.Namespace, *, uploader: ShardUploader | None = None)
             f"(a worker failed after retries); rerun the job to resume"
         )
     stats = {shard: stats[shard] for shard in range(expected)}
-    samples = sum(int(s["successes"]) for s in stats.values())
+    held_out = {shard: holdout_samples(s) for shard, s in stats.items()}
+    successes = sum(int(s["successes"]) for s in stats.values())
+    samples = successes - sum(held_out.values())  # the training samples
     count = sum(int(s["count"]) for s in stats.values())
     summary: dict[str, Any] = {"shard_id": args.shard_id} if args.shard_id is not None else {}
     summary |= {
         "samples": samples,
-        "failed": count - samples,
+        "failed": count - successes,
         "failed_to_download": sum(int(s.get("failed_to_download", 0)) for s in stats.values()),
         "failed_to_resize": sum(int(s.get("failed_to_resize", 0)) for s in stats.values()),
         "tar_files": [f"{shard:05d}.tar" for shard in sorted(stats)],
+        "holdout_rate": args.holdout_rate,
+        "holdout_samples": sum(held_out.values()),
+        "holdout_tar_files": [holdout_name(f"{shard:05d}") for shard in sorted(stats) if held_out[shard] > 0],
         "url_col": args.url_col,
         "caption_col": args.caption_col,
         "image_size": args.image_size,
@@ -431,9 +456,10 @@ def download(args: argparse.Namespace, *, uploader: ShardUploader | None = None)
     uploader.put_success(summary)
     shutil.rmtree(work, ignore_errors=True)
     LOG.info(
-        "done: %d samples, %d failed, %d tar files (%d resumed) in %.1f s",
+        "done: %d samples, %d held out, %d failed, %d tar files (%d resumed) in %.1f s",
         samples,
-        count - samples,
+        summary["holdout_samples"],
+        count - successes,
         len(stats),
         len(resumed),
         summary["duration_s"],
@@ -451,7 +477,10 @@ def main(args: argparse.Namespace | None = None) -> int:
         summary = download(args if args is not None else parse_args())
         if summary is None:
             return "already complete: _SUCCESS was present, nothing done"
-        return f"ok: {summary['samples']} samples, {summary['failed']} failed, {len(summary['tar_files'])} tar files"
+        return (
+            f"ok: {summary['samples']} samples, {summary['holdout_samples']} held out, {summary['failed']} failed, "
+            f"{len(summary['tar_files'])} tar files"
+        )
 
     return contract.run_processing_job(
         work, lambda signum: Terminated(f"stopped by signal {signum} (SageMaker stops jobs with SIGTERM)")

@@ -10,6 +10,12 @@ three are listed. A single PutObject, and a multipart upload until CompleteMulti
 no object visible before the whole body is there, so a killed job never leaves a partial tar at
 its key (S3 User Guide, "Uploading and copying objects using multipart upload").
 
+With a held-out rate (--holdout_rate > 0) each finished tar is split before its upload
+(sdflow_image.download.holdout_split): the held-out samples go to `holdout/NNNNN.tar`, uploaded
+after the tar and before the stats, and the stats file records their count (`holdout_samples`,
+a key img2dataset does not write). The stats object stays the last one, and a retry counts the
+shard as done only when its held-out tar is listed too (if it holds any).
+
 The stats object carries `x-amz-meta-sdflow-options` (a hash of the options that decide what a
 shard holds): a retry with other options does not take shards made with the old ones.
 
@@ -29,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sdflow_image.download.holdout_split import split_tar
 from sdflow_image.s3_uri import S3Prefix
 
 SUCCESS_FILE = "_SUCCESS"
@@ -36,6 +43,8 @@ SHARD_FILE = re.compile(r"^(\d{5,})(\.tar|_stats\.json|\.parquet)$")
 SHARD_SUFFIXES = (".tar", ".parquet", "_stats.json")  # upload order: the stats file last
 OPTIONS_METADATA = "sdflow-options"  # user metadata: S3 returns it as x-amz-meta-sdflow-options
 STATS_KEYS = ("count", "successes", "failed_to_download", "failed_to_resize")
+HOLDOUT_FOLDER = "holdout/"  # below the shard's prefix, and below img2dataset's folder locally
+HOLDOUT_STATS_KEY = "holdout_samples"  # added to img2dataset's stats by the split
 
 
 class OutputError(RuntimeError):
@@ -58,6 +67,15 @@ def read_stats(path: Path) -> dict[str, Any] | None:
     return stats
 
 
+def holdout_samples(stats: dict[str, Any]) -> int:
+    """The shard's held-out samples: 0 for a shard made without a split."""
+    return int(stats.get(HOLDOUT_STATS_KEY, 0))
+
+
+def holdout_name(stem: str) -> str:
+    return f"{HOLDOUT_FOLDER}{stem}.tar"
+
+
 def s3_client() -> Any:
     import boto3
     from botocore.config import Config
@@ -78,11 +96,13 @@ def _describe(exc: BaseException) -> str:
 class ShardUploader:
     """Uploads finished shards from img2dataset's folder and deletes the local tar and parquet.
     The local stats files stay (a few hundred bytes each): img2dataset's incremental mode skips
-    every shard whose stats file is in its folder, and `download` sums them for `_SUCCESS`."""
+    every shard whose stats file is in its folder, and `download` sums them for `_SUCCESS`.
+    With `holdout_rate` > 0 each tar is split into its training and held-out parts first."""
 
     output: S3Prefix
     options: dict[str, Any]
     client: Any = None
+    holdout_rate: float = 0.0
     uploaded: set[int] = field(default_factory=set)
     peak_local_tars: int = 0
 
@@ -106,11 +126,12 @@ class ShardUploader:
     # --- what S3 already holds ----------------------------------------------------------------
 
     def _list(self) -> dict[str, int]:
+        """Every object below the prefix (holdout/ ones as `holdout/NNNNN.tar`): name -> size."""
         paginator = self.client.get_paginator("list_objects_v2")
         names: dict[str, int] = {}
 
         def pages() -> list[dict[str, Any]]:
-            return list(paginator.paginate(Bucket=self.output.bucket, Prefix=self.output.prefix, Delimiter="/"))
+            return list(paginator.paginate(Bucket=self.output.bucket, Prefix=self.output.prefix))
 
         for page in self._call("list", pages):
             for item in page.get("Contents", []):
@@ -137,9 +158,10 @@ class ShardUploader:
                 continue  # made with other options: redone and overwritten
             body = response["Body"].read()
             (shards_dir / name).write_bytes(body)
-            if read_stats(shards_dir / name) is None:
+            stats = read_stats(shards_dir / name)
+            if stats is None or (holdout_samples(stats) > 0 and holdout_name(stem) not in listed):
                 (shards_dir / name).unlink()
-                continue
+                continue  # unreadable, or its held-out part never reached S3: redo it
             done.append(int(stem))
         self.uploaded.update(done)
         return done
@@ -155,20 +177,45 @@ class ShardUploader:
             match = SHARD_FILE.match(stats_path.name)
             if match is None or int(match.group(1)) in self.uploaded:
                 continue
-            if read_stats(stats_path) is None:
+            stats = read_stats(stats_path)
+            if stats is None:
                 continue  # img2dataset is still writing it
+            if self.holdout_rate > 0 and HOLDOUT_STATS_KEY not in stats:
+                self._split_shard(shards_dir, match.group(1), stats_path, stats)
             self._upload_shard(shards_dir, match.group(1))
             self.uploaded.add(int(match.group(1)))
             now.append(int(match.group(1)))
         return now
 
+    def _split_shard(self, shards_dir: Path, stem: str, stats_path: Path, stats: dict[str, Any]) -> None:
+        """Split `NNNNN.tar` into itself (training) and `holdout/NNNNN.tar`; record the count in
+        the stats file (kept only when it holds samples)."""
+        tar = shards_dir / f"{stem}.tar"
+        if not tar.exists():
+            raise OutputError(f"img2dataset finished shard {stem} without {tar.name}; rerun the job")
+        held_tar = shards_dir / holdout_name(stem)
+        held_tar.parent.mkdir(exist_ok=True)
+        train_tar = shards_dir / f"{stem}.tar.training"  # not *.tar: no reader or count takes it as a shard
+        counts = split_tar(tar, train_tar, held_tar, self.holdout_rate)
+        train_tar.replace(tar)
+        if counts.held_out == 0:
+            held_tar.unlink()
+        # The stats file is img2dataset's, finished (it parsed); the count rides along to S3 and a
+        # retry. Replaced whole: img2dataset's logger reads every *.json of the folder as it runs.
+        partial = stats_path.with_name(stats_path.name + ".partial")
+        partial.write_text(json.dumps({**stats, HOLDOUT_STATS_KEY: counts.held_out}))
+        partial.replace(stats_path)
+
     def _upload_shard(self, shards_dir: Path, stem: str) -> None:
-        for suffix in SHARD_SUFFIXES:
-            path = shards_dir / (stem + suffix)
+        parts = [stem + suffix for suffix in SHARD_SUFFIXES]
+        if (shards_dir / holdout_name(stem)).exists():
+            parts.insert(1, holdout_name(stem))  # after the tar, before the stats: the stats stay last
+        for name in parts:
+            path = shards_dir / name
             if not path.exists():
                 raise OutputError(f"img2dataset finished shard {stem} without {path.name}; rerun the job")
-            key = self.output.key(path.name)
-            if suffix == "_stats.json":
+            key = self.output.key(name)
+            if name.endswith("_stats.json"):
                 self._call(
                     "write to",
                     self.client.put_object,
@@ -182,8 +229,8 @@ class ShardUploader:
                 # upload_file: multipart above 8 MB, parts in parallel, completed only when whole
                 self._call("write to", self.client.upload_file, Filename=str(path), Bucket=self.output.bucket, Key=key)
         # The disk holds only shards in progress: the uploaded tar and parquet go at once.
-        for suffix in (".tar", ".parquet"):
-            (shards_dir / (stem + suffix)).unlink()
+        for name in parts[:-1]:
+            (shards_dir / name).unlink()
 
     def put_success(self, summary: dict[str, Any]) -> None:
         self._call(

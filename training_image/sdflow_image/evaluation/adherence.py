@@ -223,9 +223,13 @@ def load_pipeline(
     return load_served(settings)
 
 
-def _render_with(load: Callable[[], Any], prompts: Sequence[str], **options: Any) -> list[Image.Image]:
+def render_with(
+    load: Callable[[], Any], prompt_lists: Sequence[Sequence[str]], **options: Any
+) -> list[list[Image.Image]]:
+    """Load one model, render each list of prompts (each list's prompt i from seed + i), free the
+    model: the evaluation renders its held-out captions and its scene prompts in one load."""
     pipe = load()
-    images = render(pipe, prompts, **options)
+    images = [render(pipe, prompts, **options) if prompts else [] for prompts in prompt_lists]
     # Drop this model before the next one loads, so a GPU holds one model's weights at a time.
     del pipe
     gc.collect()
@@ -234,6 +238,24 @@ def _render_with(load: Callable[[], Any], prompts: Sequence[str], **options: Any
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return images
+
+
+def compare_images(
+    trained_images: list[Image.Image], base_images: list[Image.Image], prompts: Sequence[str], *, out_dir: str | Path
+) -> Comparison:
+    """Score both models' renders of the prompts; save the grid (each prompt: base | trained) as
+    `out_dir/GRID_FILE`; print the scores as the metric lines SageMaker's metric definitions read."""
+    result = Comparison(
+        base=score_images(base_images, prompts),
+        trained=score_images(trained_images, prompts),
+        base_images=base_images,
+        trained_images=trained_images,
+    )
+    make_grid([base_images, trained_images]).save(Path(out_dir) / GRID_FILE)
+    print(f"eval:base_prompt_adherence={result.base.score:.6f}", flush=True)
+    print(f"eval:prompt_adherence={result.trained.score:.6f}", flush=True)
+    print(result.summary_line(), flush=True)
+    return result
 
 
 def compare(
@@ -260,16 +282,6 @@ def compare(
         "guidance_scale": guidance_scale,
         "seed": seed,
     }
-    trained_images = _render_with(load_trained, prompts, **options)
-    base_images = _render_with(load_base, prompts, **options)
-    result = Comparison(
-        base=score_images(base_images, prompts),
-        trained=score_images(trained_images, prompts),
-        base_images=base_images,
-        trained_images=trained_images,
-    )
-    make_grid([base_images, trained_images]).save(Path(out_dir) / GRID_FILE)
-    print(f"eval:base_prompt_adherence={result.base.score:.6f}", flush=True)
-    print(f"eval:prompt_adherence={result.trained.score:.6f}", flush=True)
-    print(result.summary_line(), flush=True)
-    return result
+    (trained_images,) = render_with(load_trained, [prompts], **options)
+    (base_images,) = render_with(load_base, [prompts], **options)
+    return compare_images(trained_images, base_images, prompts, out_dir=out_dir)

@@ -1,26 +1,37 @@
-"""The evaluate job: score a trained model's prompt adherence against its base model.
+"""The evaluate job: score a trained model against its base model on the run's held-out data
+(CLIP score, KID, FID) and, for the demo's scenes, on prompt adherence.
 
 SageMaker runs it as a processing job after training (`ContainerEntrypoint = ["evaluate"]`, the
-flags as ContainerArguments), so the pipeline can gate deployment on the score:
+flags as ContainerArguments), so the pipeline can gate registration on the scores:
 
     evaluate --model_dir /opt/ml/processing/model --base_model_dir /opt/ml/processing/base_model
-             --output_dir /opt/ml/processing/evaluation [--prompts_file FILE | --prompts JSON]
+             --output_dir /opt/ml/processing/evaluation
+             [--holdout_dir /opt/ml/processing/holdout --holdout_samples 256]
+             [--clip_model_dir /opt/ml/processing/clip_model]
+             [--scene_adherence true] [--prompts_file FILE | --prompts JSON]
              [--num_inference_steps 20] [--guidance_scale 5.0] [--seed 0] [--resolution 0]
 
 What it promises:
-- the prompts and both model folders are checked before anything is loaded or rendered, and a
-  bad one fails in seconds with a message naming the flag and the fix;
+- every flag and folder is checked before a model is loaded or an image rendered (the held-out
+  tars are listed, the CLIP config read, the prompts parsed), and a bad one fails in seconds with a
+  message naming the flag and the fix; with neither held-out samples nor scene adherence there is
+  nothing to score, and the job says what to pass;
+- the held-out samples are the --holdout_samples of smallest holdout fraction (evaluation.heldout):
+  each caption is rendered by the trained model, then (that model freed) by the base, from the same
+  seed (seed + i), one pipeline in memory at a time; the scene prompts ride in the same two loads;
 - --model_dir may hold a LoRA run's adapter (sdflow_model.json says `"method": "lora"`): it is
   scored loaded on --base_model_dir, so the comparison is base against base + adapter;
 - --model_dir holds the trained model's files as SageMaker downloads the training job's uncompressed
   output (OutputDataConfig.CompressionType NONE); an older job's `model.tar.gz` there is
   extracted (tarfile's "data" filter: no links or paths out of the folder) under --work_dir;
-- the evaluation itself is the training job's end-of-training one (adherence.compare), so the two
-  scores of a model agree for the same prompts and settings; on a GPU the models load in the
-  endpoint's dtype (`EVALUATION_DTYPE`), where the training job's own evaluation computes in fp32;
-- `<output_dir>/evaluation.json` is written last, after `adherence.png`.
+- the CLIP model loads only after both pipelines are gone (evaluation.holdout_scores, metrics);
+- scene adherence is the training job's end-of-training score (adherence), so the two scores of a
+  model agree for the same prompts and settings; on a GPU the models load in the endpoint's dtype
+  (`EVALUATION_DTYPE`), where the training job's own evaluation computes in fp32;
+- `<output_dir>/evaluation.json` (evaluation.report) is written last, after `holdout.png` and
+  `adherence.png`; a metric not computed is listed in its `missing` with the reason, never guessed.
 Any error goes to the processing job's ExitMessage file (and the failure file), and the exit
-status is non-zero."""
+status is non-zero; on success the ExitMessage sums up each metric base → trained."""
 
 from __future__ import annotations
 
@@ -31,11 +42,13 @@ import sys
 import tarfile
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sdflow_image import contract, flags, gpu_check, scenes
-from sdflow_image.evaluation import adherence
+from sdflow_image.evaluation import adherence, clip_model, heldout, holdout_scores, report
+from sdflow_image.evaluation.errors import EvaluationError
 from sdflow_image.serving import serve_model
 from sdflow_image.serving.serve_request import SIZE_MULTIPLE
 
@@ -46,10 +59,6 @@ LORA_WEIGHTS = "pytorch_lora_weights.safetensors"  # training.lora.LORA_WEIGHTS,
 MAX_PROMPTS = 256
 MODEL_FIX = "mount the training job's model there: the files of its uncompressed output (or its model.tar.gz)"
 BASE_FIX = "mount the base diffusers model the training job started from there"
-
-
-class EvaluationError(RuntimeError):
-    """The evaluation cannot run; the message says why and what to change."""
 
 
 class Terminated(EvaluationError):
@@ -72,9 +81,13 @@ def _resolution(text: str) -> int:
 FLAGS: list[flags.Flag] = [
     flags.Flag("model_dir", _path, None, "the trained model: diffusers files or the job's model.tar.gz", required=True),
     flags.Flag("base_model_dir", _path, None, "the base diffusers model the training started from", required=True),
-    flags.Flag("output_dir", _path, None, "where evaluation.json and adherence.png go", required=True),
-    flags.Flag("prompts_file", _path, None, "a JSON list of prompts, or one prompt per line (# comments)"),
-    flags.Flag("prompts", flags.prompt_list, None, "JSON list of scene prompts; neither flag: the 48 held-out ones"),
+    flags.Flag("output_dir", _path, None, "where evaluation.json, holdout.png, adherence.png go", required=True),
+    flags.Flag("holdout_dir", _path, None, "a folder whose *.tar files (at any depth) hold the held-out samples"),
+    flags.Flag("holdout_samples", flags.positive_int, 256, "how many held-out samples to score (smallest fraction)"),
+    flags.Flag("clip_model_dir", _path, None, "a transformers CLIPModel folder with its processor files"),
+    flags.Flag("scene_adherence", flags.boolean, False, "score the scene prompts' adherence (demo's grammar)"),
+    flags.Flag("prompts_file", _path, None, "a JSON list of scene prompts, or one per line (# comments); implies it"),
+    flags.Flag("prompts", flags.prompt_list, None, "JSON list of scene prompts (implies --scene_adherence true)"),
     flags.Flag("num_inference_steps", flags.positive_int, 20, "denoising steps per image"),
     flags.Flag("guidance_scale", flags.non_negative_float, 5.0, "classifier-free guidance scale"),
     flags.Flag("seed", flags.non_negative_int, 0, "seed of the first prompt's generator (prompt i: seed + i)"),
@@ -84,7 +97,7 @@ FLAGS: list[flags.Flag] = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    return flags.build_parser("evaluate", "Score a trained model's prompt adherence against its base.", FLAGS)
+    return flags.build_parser("evaluate", "Score a trained model against its base.", FLAGS)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -247,27 +260,63 @@ def _loader(path: Path, flag: str, fix: str, device: str, base: Path | None = No
 
 # --- the job ------------------------------------------------------------------------------
 
+NOTHING_TO_EVALUATE = (
+    "pass --holdout_dir (the run's held-out tars: set evaluation.holdout_samples) or "
+    "--scene_adherence true (or --prompts / --prompts_file) for the demo's scene prompts"
+)
 
-def evaluation_document(result: adherence.Comparison, settings: dict[str, Any]) -> dict[str, Any]:
-    def accuracies(report: adherence.AdherenceReport) -> dict[str, float]:
-        return {key: getattr(report, key) for key in ("foreground_accuracy", "background_accuracy", "shape_accuracy")}
 
-    return {
-        "prompt_adherence": result.trained.score,
-        "base_prompt_adherence": result.base.score,
-        "prompts": result.trained.prompts,
-        **accuracies(result.trained),
-        "base": accuracies(result.base),
-        "grid": adherence.GRID_FILE,
-        "settings": settings,
-        "results": result.trained.results,
-    }
+@dataclass
+class Plan:
+    """What the checks found: what to score, before anything heavy is loaded."""
+
+    prompts: list[str] | None  # scene prompts; None: no scene adherence
+    clip: clip_model.ClipConfig | None
+
+
+def plan(args: argparse.Namespace) -> Plan:
+    """Check every input; raises EvaluationError naming the flag and the fix."""
+    scene = args.scene_adherence or args.prompts is not None or args.prompts_file is not None
+    prompts = read_prompts(args) if scene else None
+    if args.holdout_dir is None and prompts is None:
+        raise EvaluationError(f"nothing to evaluate: {NOTHING_TO_EVALUATE}")
+    tars = heldout.tar_files(args.holdout_dir) if args.holdout_dir is not None else []
+    if args.holdout_dir is not None and not tars and prompts is None:
+        raise EvaluationError(
+            f"nothing to evaluate: --holdout_dir {args.holdout_dir} holds no .tar file; {heldout.HOLDOUT_FIX}"
+        )
+    clip = clip_model.check_clip_dir(args.clip_model_dir) if args.clip_model_dir is not None else None
+    check_pipeline_dir(args.base_model_dir, "--base_model_dir", BASE_FIX)
+    return Plan(prompts, clip)
+
+
+def _select(args: argparse.Namespace, checked: Plan, scores: report.Scores) -> heldout.Selection | None:
+    if args.holdout_dir is None:
+        holdout_scores.lack_all(scores, report.NO_HOLDOUT, *([report.NO_CLIP] if checked.clip is None else []))
+        return None
+    selection = heldout.select(args.holdout_dir, args.holdout_samples)
+    if not selection.samples:
+        found = f"--holdout_dir {args.holdout_dir} holds no held-out sample with an image and a caption"
+        if checked.prompts is None:
+            raise EvaluationError(f"nothing to evaluate: {found}; {heldout.HOLDOUT_FIX}")
+        holdout_scores.lack_all(scores, f"no held-out samples: {found}")
+    LOG.info(
+        "held-out: %d of %d candidates in %d tar files",
+        len(selection.samples),
+        selection.candidates,
+        selection.tar_files,
+    )
+    return selection
 
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     """Do the job; return the evaluation.json document."""
-    prompts = read_prompts(args)
-    check_pipeline_dir(args.base_model_dir, "--base_model_dir", BASE_FIX)
+    checked = plan(args)
+    scores = report.Scores()
+    selection = _select(args, checked, scores)
+    samples = selection.samples if selection is not None else []
+    captions = [sample.caption for sample in samples]
+    prompts = checked.prompts or []
     work_root = args.work_dir if args.work_dir is not None else contract.opt_ml() / "processing" / "work"
     work_root.mkdir(parents=True, exist_ok=True)
     # On the job's volume (not the image's small root disk): a real model is gigabytes.
@@ -282,22 +331,43 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             "guidance_scale": args.guidance_scale,
             "seed": args.seed,
         }
-        LOG.info("scoring %d prompts on %s with %s", len(prompts), device, json.dumps(settings))
+        LOG.info("rendering %d held-out captions and %d scene prompts on %s with %s",
+                 len(captions), len(prompts), device, json.dumps(settings))  # fmt: skip
         args.output_dir.mkdir(parents=True, exist_ok=True)
-        result = adherence.compare(
-            # A LoRA adapter is evaluated on the base it was trained on: base vs base + adapter.
-            _loader(
-                model_dir, "--model_dir", MODEL_FIX, device, args.base_model_dir if is_adapter(model_dir) else None
-            ),
-            _loader(args.base_model_dir, "--base_model_dir", BASE_FIX, device),
-            prompts,
-            out_dir=args.output_dir,
-            **settings,
-        )
-    document = evaluation_document(result, {**settings, "device": device})
-    # Written last: its presence means the grid is in place too.
+        # A LoRA adapter is evaluated on the base it was trained on: base vs base + adapter.
+        adapter_base = args.base_model_dir if is_adapter(model_dir) else None
+        loaders = {
+            "trained": _loader(model_dir, "--model_dir", MODEL_FIX, device, adapter_base),
+            "base": _loader(args.base_model_dir, "--base_model_dir", BASE_FIX, device),
+        }
+        # Trained first, then the base, each freed before the next loads (adherence.render_with).
+        renders = {name: adherence.render_with(load, [captions, prompts], **settings) for name, load in loaders.items()}
+    scene = None
+    if checked.prompts is not None:
+        scene = adherence.compare_images(renders["trained"][1], renders["base"][1], prompts, out_dir=args.output_dir)
+        scores.metrics["prompt_adherence"] = report.adherence_metric(scene)
+    else:
+        scores.lack("prompt_adherence", report.NO_SCENES)
+    clip_entry = None
+    if samples:
+        clip_entry = holdout_scores.score(
+            samples, {name: images[0] for name, images in renders.items()}, checked.clip, scores,
+            resolution=settings["resolution"], seed=args.seed, device=device, out_dir=args.output_dir,
+        )  # fmt: skip
+    holdout_record = {"holdout_samples_asked": args.holdout_samples, **_selection_record(selection)}
+    document = report.evaluation_document(
+        scores, captions=captions, holdout=holdout_record, clip_model=clip_entry, scene=scene,
+        settings={**settings, "device": device},
+    )  # fmt: skip
+    # Written last: its presence means the grids are in place too.
     (args.output_dir / EVALUATION_FILE).write_text(json.dumps(document, indent=2), encoding="utf-8")
     return document
+
+
+def _selection_record(selection: heldout.Selection | None) -> dict[str, Any]:
+    if selection is None:
+        return {}
+    return {"candidates": selection.candidates, "tar_files": selection.tar_files, "skipped": selection.skipped}
 
 
 def main(args: argparse.Namespace | None = None) -> int:
@@ -305,11 +375,7 @@ def main(args: argparse.Namespace | None = None) -> int:
 
     def work() -> str:
         gpu_check.require_cuda()  # a GPU torch cannot use fails the job here, naming the driver
-        document = evaluate(args if args is not None else parse_args())
-        return (
-            f"ok: prompt adherence base {document['base_prompt_adherence']:.4f} → trained "
-            f"{document['prompt_adherence']:.4f} ({document['prompts']} prompts)"
-        )
+        return report.summary(evaluate(args if args is not None else parse_args()))
 
     return contract.run_processing_job(
         work, lambda signum: Terminated(f"stopped by signal {signum} (SageMaker stops jobs with SIGTERM)")

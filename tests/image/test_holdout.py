@@ -138,3 +138,41 @@ def test_select_truncated_tar_fails_naming_file(tmp_path: Path) -> None:
 def test_select_missing_folder_fails_naming_flag_and_fix(tmp_path: Path) -> None:
     with pytest.raises(HoldoutError, match=r"--holdout_dir .* does not exist or is not a folder; mount the run's"):
         heldout.select(tmp_path / "nowhere", 3)
+
+
+def test_select_fit_large_n_keeps_grid_candidates_whole_and_shrinks_the_rest(tmp_path: Path) -> None:
+    from sdflow_image.evaluation import holdout_scores
+
+    samples = scene_samples(holdout_scores.FULL_SIZE_CANDIDATES + 8, size=64)
+    write_holdout_tar(tmp_path / "00000.tar", samples)
+
+    selection = heldout.select(tmp_path, len(samples), holdout_scores.real_fit(48, 16))
+
+    sizes = [sample.image.size for sample in selection.samples]
+    assert sizes[: holdout_scores.FULL_SIZE_CANDIDATES] == [(48, 48)] * holdout_scores.FULL_SIZE_CANDIDATES
+    assert sizes[holdout_scores.FULL_SIZE_CANDIDATES :] == [(16, 16)] * 8
+
+
+def test_render_keep_beyond_grid_rows_shrinks_to_metric_side() -> None:
+    from PIL import Image
+
+    from sdflow_image.evaluation import holdout_scores
+    from sdflow_image.evaluation.grid import MAX_ROWS
+
+    keep = holdout_scores.render_keep(24)
+    image = Image.new("RGB", (96, 96), (200, 10, 10))
+
+    assert keep(MAX_ROWS - 1, image).size == (96, 96)
+    assert keep(MAX_ROWS, image).size == (24, 24)
+
+
+def test_clip_input_side_both_processor_layouts_read_crop_size(tmp_path: Path, tiny_clip_dir: Path) -> None:
+    import json
+
+    from sdflow_image.evaluation import clip_model
+
+    assert clip_model.check_clip_dir(tiny_clip_dir).input_side == 32  # the tiny CLIP's processor crop
+    (tmp_path / "processor_config.json").write_text(json.dumps({"image_processor": {"crop_size": {"height": 336}}}))
+    assert clip_model.input_side(tmp_path) == 336  # transformers 5's layout (ViT-L/14-336)
+    (tmp_path / "processor_config.json").unlink()
+    assert clip_model.input_side(tmp_path) == clip_model.DEFAULT_INPUT_SIDE

@@ -35,7 +35,6 @@ CONTRACT_CONFIG_KEYS = {
     "run",
     "quota_check",
     "warnings",
-    "holdout_rate",
 }
 
 

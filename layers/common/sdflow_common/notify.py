@@ -274,14 +274,15 @@ def _model_lines(model: dict[str, Any]) -> list[str]:
 
 
 def _warning_lines(config: dict[str, Any] | None) -> list[str]:
-    """Problems Validate run tolerated (a few unreadable parquet files): the shards they explain."""
+    """What Validate run accepted but the user should know: a few unreadable parquet files (the shards they
+    explain), a dataset too small for an automatic held-out split."""
     warnings = (config or {}).get("warnings") or []
     lines = []
     for warning in warnings if isinstance(warnings, list) else []:
         if isinstance(warning, dict):
             lines.append(f"           {warning.get('field', '?')}: {warning.get('message', '')}")
     return (
-        ["Warnings:  found when the run was validated (within download.tolerated_failure_percent)", *lines]
+        ["Warnings:  found when the run was validated", *lines]
         if lines
         else []
     )

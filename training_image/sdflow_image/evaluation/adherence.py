@@ -149,9 +149,11 @@ def render(
     guidance_scale: float = 5.0,
     seed: int = 0,
     batch_size: int = 16,
+    keep: Callable[[int, Image.Image], Image.Image] | None = None,
 ) -> list[Image.Image]:
     """One image per prompt, each from its own seeded generator (the same prompt and seed give
-    the same image whatever the batch), with the pipeline's own scheduler."""
+    the same image whatever the batch), with the pipeline's own scheduler. `keep(i, image)` shapes
+    prompt i's image as soon as it is drawn (the evaluation shrinks all but its grid's rows)."""
     import torch
 
     from sdflow_image import families
@@ -169,7 +171,7 @@ def render(
                 generator=generators,
                 output_type="pil",
             )
-        images.extend(out.images)
+        images.extend(out.images if keep is None else [keep(start + i, im) for i, im in enumerate(out.images)])
     return images
 
 
@@ -224,12 +226,20 @@ def load_pipeline(
 
 
 def render_with(
-    load: Callable[[], Any], prompt_lists: Sequence[Sequence[str]], **options: Any
+    load: Callable[[], Any],
+    prompt_lists: Sequence[Sequence[str]],
+    keeps: Sequence[Callable[[int, Image.Image], Image.Image] | None] | None = None,
+    **options: Any,
 ) -> list[list[Image.Image]]:
-    """Load one model, render each list of prompts (each list's prompt i from seed + i), free the
-    model: the evaluation renders its held-out captions and its scene prompts in one load."""
+    """Load one model, render each list of prompts (each list's prompt i from seed + i; `keeps`: each
+    list's `render(keep=)`), free the model: the evaluation renders its held-out captions and its scene
+    prompts in one load."""
     pipe = load()
-    images = [render(pipe, prompts, **options) if prompts else [] for prompts in prompt_lists]
+    keeps = list(keeps) if keeps is not None else [None] * len(prompt_lists)
+    images = [
+        render(pipe, prompts, keep=keep, **options) if prompts else []
+        for prompts, keep in zip(prompt_lists, keeps, strict=True)
+    ]
     # Drop this model before the next one loads, so a GPU holds one model's weights at a time.
     del pipe
     gc.collect()
@@ -276,7 +286,7 @@ def compare(
     before anything is rendered when a prompt is outside the grammar."""
     for prompt in prompts:
         scenes.parse_prompt(prompt)
-    options = {
+    options: dict[str, Any] = {
         "resolution": resolution,
         "num_inference_steps": num_inference_steps,
         "guidance_scale": guidance_scale,

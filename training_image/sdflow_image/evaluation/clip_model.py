@@ -20,12 +20,45 @@ CLIP_FIX = (
     "set evaluation.clip_model_uri"
 )
 DEFAULT_PROJECTION_DIM = 512  # transformers.CLIPConfig's default
+DEFAULT_INPUT_SIDE = 224  # CLIPImageProcessor's default crop (openai's ViT-B and ViT-L/14)
+# The processor's settings: preprocessor_config.json (transformers 4), or the image_processor entry of
+# processor_config.json (transformers 5 saves them there).
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 
 
 @dataclass(frozen=True)
 class ClipConfig:
     path: Path
     projection_dim: int
+    input_side: int = DEFAULT_INPUT_SIDE  # the square the processor feeds the vision tower
+
+
+def _side(settings: dict[str, Any]) -> int | None:
+    crop = settings.get("crop_size")
+    if isinstance(crop, dict):
+        crop = crop.get("height")
+    if isinstance(crop, int) and not isinstance(crop, bool) and crop > 0:
+        return crop
+    size = settings.get("size")
+    if isinstance(size, dict):
+        size = size.get("shortest_edge", size.get("height"))
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
+def input_side(path: Path) -> int:
+    """The side of the images the CLIP processor feeds its vision tower (its crop size): what the
+    evaluation shrinks images to beyond the grid's rows, since the processor would anyway."""
+    for name in PROCESSOR_FILES:
+        try:
+            settings = json.loads((path / name).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue
+        if isinstance(settings, dict):
+            nested = settings.get("image_processor")
+            side = _side(nested if isinstance(nested, dict) else settings)
+            if side is not None:
+                return side
+    return DEFAULT_INPUT_SIDE
 
 
 @dataclass
@@ -58,7 +91,7 @@ def check_clip_dir(path: Path) -> ClipConfig:
     dim = config.get("projection_dim", DEFAULT_PROJECTION_DIM)
     if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
         raise ClipModelError(f"{flag}: config.json's projection_dim {dim!r} is not a positive integer; {CLIP_FIX}")
-    return ClipConfig(path, dim)
+    return ClipConfig(path, dim, input_side(path))
 
 
 def load_clip(config: ClipConfig, device: str) -> ClipModel:

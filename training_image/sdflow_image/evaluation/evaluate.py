@@ -290,11 +290,13 @@ def plan(args: argparse.Namespace) -> Plan:
     return Plan(prompts, clip)
 
 
-def _select(args: argparse.Namespace, checked: Plan, scores: report.Scores) -> heldout.Selection | None:
+def _select(
+    args: argparse.Namespace, checked: Plan, scores: report.Scores, fit: Callable[[int, Any], Any]
+) -> heldout.Selection | None:
     if args.holdout_dir is None:
         holdout_scores.lack_all(scores, report.NO_HOLDOUT, *([report.NO_CLIP] if checked.clip is None else []))
         return None
-    selection = heldout.select(args.holdout_dir, args.holdout_samples)
+    selection = heldout.select(args.holdout_dir, args.holdout_samples, fit)
     if not selection.samples:
         found = f"--holdout_dir {args.holdout_dir} holds no held-out sample with an image and a caption"
         if checked.prompts is None:
@@ -313,9 +315,6 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     """Do the job; return the evaluation.json document."""
     checked = plan(args)
     scores = report.Scores()
-    selection = _select(args, checked, scores)
-    samples = selection.samples if selection is not None else []
-    captions = [sample.caption for sample in samples]
     prompts = checked.prompts or []
     work_root = args.work_dir if args.work_dir is not None else contract.opt_ml() / "processing" / "work"
     work_root.mkdir(parents=True, exist_ok=True)
@@ -331,6 +330,11 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             "guidance_scale": args.guidance_scale,
             "seed": args.seed,
         }
+        # Selected once the resolution is known: each image is fitted to it as it is decoded.
+        side = holdout_scores.metric_side(checked.clip, settings["resolution"])
+        selection = _select(args, checked, scores, holdout_scores.real_fit(settings["resolution"], side))
+        samples = selection.samples if selection is not None else []
+        captions = [sample.caption for sample in samples]
         LOG.info("rendering %d held-out captions and %d scene prompts on %s with %s",
                  len(captions), len(prompts), device, json.dumps(settings))  # fmt: skip
         args.output_dir.mkdir(parents=True, exist_ok=True)
@@ -341,7 +345,10 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             "base": _loader(args.base_model_dir, "--base_model_dir", BASE_FIX, device),
         }
         # Trained first, then the base, each freed before the next loads (adherence.render_with).
-        renders = {name: adherence.render_with(load, [captions, prompts], **settings) for name, load in loaders.items()}
+        keeps = [holdout_scores.render_keep(side), None]
+        renders = {
+            name: adherence.render_with(load, [captions, prompts], keeps, **settings) for name, load in loaders.items()
+        }
     scene = None
     if checked.prompts is not None:
         scene = adherence.compare_images(renders["trained"][1], renders["base"][1], prompts, out_dir=args.output_dir)
@@ -352,7 +359,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     if samples:
         clip_entry = holdout_scores.score(
             samples, {name: images[0] for name, images in renders.items()}, checked.clip, scores,
-            resolution=settings["resolution"], seed=args.seed, device=device, out_dir=args.output_dir,
+            resolution=settings["resolution"], seed=args.seed, device=device, out_dir=args.output_dir, fitted=True,
         )  # fmt: skip
     holdout_record = {"holdout_samples_asked": args.holdout_samples, **_selection_record(selection)}
     document = report.evaluation_document(

@@ -19,7 +19,7 @@ import json
 import logging
 import tarfile
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,11 +127,15 @@ def _decode(raw: bytes) -> Image.Image:
     return image.convert("RGB")
 
 
-def _read_images(holdout_dir: Path, wanted: Sequence[Candidate]) -> dict[tuple[str, str], Image.Image | str]:
-    """The wanted candidates' images (or why one did not decode), reading only their tars."""
+def _read_images(
+    holdout_dir: Path, wanted: Sequence[Candidate], fit: Callable[[Candidate, Image.Image], Image.Image]
+) -> dict[tuple[str, str], Image.Image | str]:
+    """The wanted candidates' images (or why one did not decode), reading only their tars; each image
+    passes through `fit` as soon as it is decoded, so memory holds fitted images, not originals."""
     keys: dict[str, set[str]] = defaultdict(set)
     for candidate in wanted:
         keys[candidate.tar].add(candidate.key)
+    by_key = {(candidate.tar, candidate.key): candidate for candidate in wanted}
     found: dict[tuple[str, str], Image.Image | str] = {}
     for relative, tar_keys in sorted(keys.items()):
         for sample in _samples(holdout_dir / relative):
@@ -139,23 +143,30 @@ def _read_images(holdout_dir: Path, wanted: Sequence[Candidate]) -> dict[tuple[s
             if raw is None:
                 continue
             try:
-                found[(relative, sample.key)] = _decode(raw)
+                candidate = by_key[(relative, sample.key)]
+                found[(relative, sample.key)] = fit(candidate, _decode(raw))
             except (OSError, ValueError, Image.DecompressionBombError) as exc:
                 found[(relative, sample.key)] = f"does not decode ({exc})"
     return found
 
 
-def select(holdout_dir: Path, count: int) -> Selection:
+def select(holdout_dir: Path, count: int, fit: Callable[[int, Image.Image], Image.Image] | None = None) -> Selection:
     """The `count` held-out samples of smallest holdout fraction, images decoded (fewer when the
-    folder holds fewer; none when it holds no tar)."""
+    folder holds fewer; none when it holds no tar). `fit(rank, image)` shapes each decoded image (rank:
+    its candidate's place in the selection order), so a large N need not hold N originals."""
     tars = tar_files(holdout_dir)
     ordered = read_candidates(holdout_dir, tars)
+    rank = {(candidate.tar, candidate.key): place for place, candidate in enumerate(ordered)}
+
+    def fitted(candidate: Candidate, image: Image.Image) -> Image.Image:
+        return fit(rank[(candidate.tar, candidate.key)], image) if fit is not None else image
+
     selection = Selection(samples=[], candidates=len(ordered), tar_files=len(tars))
     position = 0
     while len(selection.samples) < count and position < len(ordered):
         batch = ordered[position : position + count - len(selection.samples)]
         position += len(batch)
-        images = _read_images(holdout_dir, batch)
+        images = _read_images(holdout_dir, batch, fitted)
         for candidate in batch:
             image = images.get((candidate.tar, candidate.key), "vanished between two reads")
             if isinstance(image, str):

@@ -406,7 +406,7 @@ def run_demo(
     t0 = time.monotonic()
     # The base model (its VAE is fitted, tens of seconds) and then the CLIP model (fitted too) are built
     # while the local cloud starts: one after the other, the machine may have two cores.
-    builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sdflow-base-model")
+    builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sdflow-tiny-models")
     base_model = builder.submit(build_tiny_pipeline, demo_dir / "tiny-sd", 0, options.vae_steps)
     clip_model = builder.submit(build_clip, demo_dir, options)
     builder.shutdown(wait=False)

@@ -60,6 +60,9 @@ class DemoOptions:
     clip_steps: int | None = CLIP_STEPS
     holdout_samples: int = HOLDOUT_SAMPLES
     gate: dict[str, dict[str, float]] | None = field(default_factory=lambda: {k: dict(v) for k, v in DEMO_GATE.items()})
+    # The data: "scenes" (the scene grammar the demo's adherence reads) or "photos" (photo-like landscapes with
+    # free-form captions, where only the held-out metrics mean something; sdflow.samples).
+    image_kind: str = "scenes"
 
 
 # The LoRA demo's adapter. The tiny base UNet is random (sdflow_image.builders.tiny_model): adapting only the
@@ -188,7 +191,7 @@ def prepare_inputs(
         sample = samples.make_laion_parquet(
             data_dir / f"part-{shard:05d}.parquet", server, good=options.images_per_shard,
             missing=options.broken_per_shard, seed=shard, url_col=url_col, caption_col="TEXT",
-            min_size=64, max_size=64,
+            min_size=64, max_size=64, kind=options.image_kind,
         )  # fmt: skip
         s3.upload_file(str(sample.path), bucket, f"datasets/demo/{sample.path.name}")
     if model_dir is None:

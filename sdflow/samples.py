@@ -20,7 +20,7 @@ from types import TracebackType
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from PIL import Image
+from PIL import Image, ImageDraw
 
 from sdflow_image import scenes
 
@@ -82,6 +82,48 @@ def _draw(rnd: random.Random, width: int, height: int) -> tuple[Image.Image, str
     return scenes.draw(scene, width, height, rnd), scene.caption
 
 
+# Photo-like images: no real photograph can be fetched here, so these stand in for a user's own data
+# where the scene grammar does not apply: a landscape (sky gradient, horizon, sun, textured ground,
+# pixel noise as a camera adds) and a free-form caption in LAION's style, longer than the tiny CLIP's
+# 16 tokens, as real captions often outrun CLIP's 77.
+_SKIES = {"dawn": ((255, 170, 120), (120, 140, 200)), "noon": ((120, 180, 255), (200, 230, 255)),
+          "dusk": ((60, 40, 110), (240, 120, 60)), "overcast": ((150, 150, 160), (200, 200, 205))}  # fmt: skip
+_GROUNDS = {"meadow": (70, 140, 60), "desert": (210, 180, 110), "lake": (40, 90, 150), "snowfield": (235, 240, 245)}
+
+
+def _mix(a: tuple[int, int, int], b: tuple[int, int, int], t: float) -> tuple[int, int, int]:
+    return (round(a[0] + (b[0] - a[0]) * t), round(a[1] + (b[1] - a[1]) * t), round(a[2] + (b[2] - a[2]) * t))
+
+
+def _draw_photo(rnd: random.Random, width: int, height: int) -> tuple[Image.Image, str]:
+    # PIL only: this runs in the orchestration venv, which has no numpy.
+    sky, ground = rnd.choice(sorted(_SKIES)), rnd.choice(sorted(_GROUNDS))
+    top, bottom = _SKIES[sky]
+    horizon = rnd.randint(height // 3, 2 * height // 3)
+    image = Image.new("RGB", (width, height))
+    draw = ImageDraw.Draw(image)
+    for y in range(horizon):
+        draw.line([(0, y), (width, y)], fill=_mix(top, bottom, y / max(1, horizon - 1)))
+    sun = rnd.random() < 0.5
+    if sun:
+        cx, cy, r = rnd.randint(0, width - 1), rnd.randint(0, max(0, horizon - 1)), max(2, width // 10)
+        draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=(255, 240, 180))
+    # Textured ground: seeded noise (Image.effect_noise is not: the images must repeat for a seed), tinted
+    # with the ground's colour, over everything below the horizon.
+    texture = Image.frombytes("L", (width, height - horizon), rnd.randbytes(width * (height - horizon))).convert("RGB")
+    tint = Image.new("RGB", texture.size, _GROUNDS[ground])
+    image.paste(Image.blend(tint, texture, 0.25), (0, horizon))
+    article = "an" if sky[0] in "aeiou" else "a"
+    caption = f"a wide landscape photo of a {ground} under {article} {sky} sky" + (
+        ", the sun low and bright" if sun else ""
+    )
+    caption += rnd.choice(["", ", shot on film", ", high resolution stock photography, 4k wallpaper"])
+    return image, caption
+
+
+KINDS = {"scenes": _draw, "photos": _draw_photo}
+
+
 def make_images(
     count: int,
     *,
@@ -90,9 +132,11 @@ def make_images(
     max_size: int = 192,
     formats: Sequence[str] = ("png", "jpeg"),
     prefix: str = "img",
+    kind: str = "scenes",
 ) -> list[SampleImage]:
-    """`count` small images of a coloured shape on a coloured background, with a caption that
-    describes them; deterministic for a given seed. Formats alternate over `formats`."""
+    """`count` small images with a caption that describes them; deterministic for a given seed. `kind`:
+    "scenes" (a coloured shape on a coloured background, the scene grammar) or "photos" (photo-like
+    landscapes with free-form captions). Formats alternate over `formats`."""
     if count < 0:
         raise SampleDataError(f"count must be >= 0, got {count}")
     if not 8 <= min_size <= max_size:
@@ -100,11 +144,14 @@ def make_images(
     unknown = [f for f in formats if f not in FORMATS]
     if unknown or not formats:
         raise SampleDataError(f"formats must be a non-empty subset of {sorted(FORMATS)}, got {list(formats)}")
+    if kind not in KINDS:
+        raise SampleDataError(f"kind must be one of {sorted(KINDS)}, got {kind!r}")
+    draw = KINDS[kind]
     rnd = random.Random(seed)
     images = []
     for i in range(count):
         width, height = rnd.randint(min_size, max_size), rnd.randint(min_size, max_size)
-        image, caption = _draw(rnd, width, height)
+        image, caption = draw(rnd, width, height)
         fmt = formats[i % len(formats)]
         pil_format, content_type = FORMATS[fmt]
         buffer = io.BytesIO()
@@ -273,10 +320,13 @@ def make_laion_parquet(
     formats: Sequence[str] = ("png", "jpeg"),
     min_size: int = 64,
     max_size: int = 192,
+    kind: str = "scenes",
 ) -> LaionSample:
-    """Generate `good` images, serve them from the running `server`, and write a parquet that
-    lists them mixed (deterministically shuffled) with missing, corrupt and slow URLs."""
-    images = make_images(good, seed=seed, formats=formats, min_size=min_size, max_size=max_size, prefix=f"s{seed}")
+    """Generate `good` images (`kind`: make_images'), serve them from the running `server`, and write a
+    parquet that lists them mixed (deterministically shuffled) with missing, corrupt and slow URLs."""
+    images = make_images(
+        good, seed=seed, formats=formats, min_size=min_size, max_size=max_size, prefix=f"s{seed}", kind=kind
+    )
     server.add(images)
     good_rows = [SampleRow(server.url_for(i.name), i.caption, i.width, i.height) for i in images]
     missing_urls = tuple(server.missing_url(n) for n in range(missing))

@@ -281,11 +281,7 @@ def _warning_lines(config: dict[str, Any] | None) -> list[str]:
     for warning in warnings if isinstance(warnings, list) else []:
         if isinstance(warning, dict):
             lines.append(f"           {warning.get('field', '?')}: {warning.get('message', '')}")
-    return (
-        ["Warnings:  found when the run was validated", *lines]
-        if lines
-        else []
-    )
+    return ["Warnings:  found when the run was validated", *lines] if lines else []
 
 
 def sns_subject(text: str) -> str:

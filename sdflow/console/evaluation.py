@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sdflow_common import evaluation_report
-from sdflow_common.quality_gate import GATE_METRICS, QualityGate, evaluate_gate
+from sdflow_common.quality_gate import GATE_METRICS, QualityGate, evaluate_gate, number
 from sdflow_common.run_document import EvaluationOptions
 
 RESULT_FIELDS = ("prompt", "foreground", "background", "shape", "foreground_ok", "background_ok", "shape_ok")
@@ -45,7 +45,7 @@ def metric_rows(document: Any) -> list[dict[str, Any]]:
     for name, entry in evaluation_report.metrics_of(document).items():
         row: dict[str, Any] = {"name": name, "direction": GATE_METRICS.get(name)}
         row["arrow"] = evaluation_report.arrow(name)
-        row |= {key: evaluation_report.number(entry.get(key)) for key in METRIC_FIELDS}
+        row |= {key: number(entry.get(key)) for key in METRIC_FIELDS}
         row |= {key: _count(entry.get(key)) for key in COUNT_FIELDS}
         row["samples_text"] = evaluation_report.samples_text(name, entry)
         # The texts the notification prints, so the page rounds exactly as it does.

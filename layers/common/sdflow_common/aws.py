@@ -32,3 +32,10 @@ def reset_clients() -> None:
     """Forget cached clients and their session (tests call this between moto mocks)."""
     client.cache_clear()
     _session.cache_clear()
+
+
+def read_range(bucket: str, key: str, first: int, last: int) -> bytes:
+    """Bytes `first`..`last` (inclusive, HTTP Range) of an S3 object: what intake reads of a model's
+    config files and weight headers, without fetching the weights."""
+    body = client("s3").get_object(Bucket=bucket, Key=key, Range=f"bytes={first}-{last}")
+    return bytes(body["Body"].read())

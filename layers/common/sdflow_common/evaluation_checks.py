@@ -74,15 +74,19 @@ def _folder(uri: str) -> tuple[str, str]:
     return bucket, key if not key or key.endswith("/") else f"{key}/"
 
 
-def _read_range(bucket: str, key: str, first: int, last: int) -> bytes:
-    body = aws.client("s3").get_object(Bucket=bucket, Key=key, Range=f"bytes={first}-{last}")
-    return bytes(body["Body"].read())
+def _json_object(raw: bytes) -> dict[str, Any] | None:
+    """The JSON object `raw` holds, or None (not JSON, or JSON but no object)."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _clip_config(bucket: str, folder: str) -> dict[str, Any]:
     uri = f"s3://{bucket}/{folder}{CLIP_CONFIG}"
     try:
-        body = _read_range(bucket, f"{folder}{CLIP_CONFIG}", 0, CONFIG_BYTES)
+        body = aws.read_range(bucket, f"{folder}{CLIP_CONFIG}", 0, CONFIG_BYTES)
     except ClientError as exc:
         if not dataset_files.missing_or_unreadable(exc):
             raise
@@ -93,11 +97,8 @@ def _clip_config(bucket: str, folder: str) -> dict[str, Any]:
             "tokenizer's files), e.g. saved with CLIPModel.save_pretrained() and CLIPProcessor.save_pretrained() "
             "and copied with `aws s3 sync`",
         ) from None
-    try:
-        config: Any = json.loads(body)
-    except ValueError:
-        config = None
-    if not isinstance(config, dict):
+    config = _json_object(body)
+    if config is None:
         raise _problem("evaluation.clip_model_uri", f"{uri} is not a JSON object; give a CLIPModel's folder")
     is_clip = config.get("model_type") == "clip" or (
         isinstance(config.get("text_config"), dict) and isinstance(config.get("vision_config"), dict)
@@ -122,18 +123,15 @@ def _projection_dim(config: dict[str, Any], uri: str) -> int:
 def _safetensors_parameters(bucket: str, key: str) -> int:
     """The parameter count a safetensors file's header lists (its tensors' shapes), from one or two ranged GETs."""
     uri = f"s3://{bucket}/{key}"
-    head = _read_range(bucket, key, 0, HEADER_PEEK - 1)
+    head = aws.read_range(bucket, key, 0, HEADER_PEEK - 1)
     size = struct.unpack("<Q", head[:8])[0] if len(head) >= 8 else -1
     if not 0 < size <= MAX_HEADER_BYTES:
         raise _problem(
             "evaluation.clip_model_uri", f"{uri} is not a safetensors file (its header length is unreadable)"
         )
-    text = head[8 : 8 + size] if len(head) >= 8 + size else _read_range(bucket, key, 8, 8 + size - 1)
-    try:
-        header: Any = json.loads(text)
-    except ValueError:
-        header = None
-    if not isinstance(header, dict):
+    text = head[8 : 8 + size] if len(head) >= 8 + size else aws.read_range(bucket, key, 8, 8 + size - 1)
+    header = _json_object(text)
+    if header is None:
         raise _problem("evaluation.clip_model_uri", f"{uri} is not a safetensors file (its header is no JSON object)")
     count = 0
     for name, tensor in header.items():

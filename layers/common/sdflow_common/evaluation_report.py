@@ -12,10 +12,9 @@ its direction (quality_gate.GATE_METRICS):
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
-from sdflow_common.quality_gate import GATE_METRICS, HIGHER, HOLDOUT_METRICS, GateCheck
+from sdflow_common.quality_gate import GATE_METRICS, HIGHER, HOLDOUT_METRICS, GateCheck, number
 
 ARROWS = {HIGHER: "↑"}
 LOWER_ARROW = "↓"
@@ -24,13 +23,6 @@ LOWER_ARROW = "↓"
 DECIMALS = {"clip_score": 2, "kid": 4, "fid": 2, "prompt_adherence": 2}
 DEFAULT_DECIMALS = 4
 _GATE_CHECK_FIELDS = frozenset(field.name for field in dataclasses.fields(GateCheck))
-
-
-def number(value: Any) -> float | None:
-    """A finite number, or None (absent, null, text, bool, NaN: not a measurement)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def _flat_adherence(document: dict[str, Any]) -> dict[str, Any] | None:

@@ -28,7 +28,7 @@ from sdflow_common.errors import EvaluationJobFailed, QualityGateFailed
 from sdflow_common.evaluation import EVALUATION_FILE, GRID_FILE
 from sdflow_common.job_events import ModelPackageDetail, Resolution, TaskResolver
 from sdflow_common.job_starters import CallbackTask, TrainingResult
-from sdflow_common.quality_gate import GATE_METRICS, GateCheck, QualityGate, evaluate_gate
+from sdflow_common.quality_gate import GATE_METRICS, GateCheck, QualityGate, evaluate_gate, number
 from sdflow_common.run_document import parse_s3_uri
 from sdflow_common.settings import Settings
 from sdflow_common.token_store import TokenStore
@@ -188,7 +188,7 @@ def _metric_metadata(scores: dict[str, Any]) -> dict[str, str]:
         if name not in GATE_METRICS:
             continue
         values[f"sdflow:{name}"] = f"{float(entry['trained']):.4f}"
-        base = evaluation_report.number(entry.get("base"))
+        base = number(entry.get("base"))
         if base is not None:
             values[f"sdflow:base_{name}"] = f"{base:.4f}"
     return values
@@ -235,7 +235,7 @@ def _description(task: RegisterTask, scores: dict[str, Any]) -> str:
     metrics = evaluation_report.metrics_of(scores)
     shown = []
     for name, entry in metrics.items():
-        base = evaluation_report.number(entry.get("base"))
+        base = number(entry.get("base"))
         base_text = f"base {evaluation_report.shown(name, base)} → " if base is not None else ""
         shown.append(f"{name} {base_text}trained {evaluation_report.shown(name, float(entry['trained']))}")
     text = f"run {task.config.run_id}: training job {task.training.job_name}; " + "; ".join(shown)

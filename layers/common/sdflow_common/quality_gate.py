@@ -159,8 +159,8 @@ class GateCheck:
         return f"{self.metric}: {shown} {bound} {mark}"
 
 
-def _number(value: Any) -> float | None:
-    """A finite number from evaluation.json, or None (absent, null, text, NaN: not a measurement)."""
+def number(value: Any) -> float | None:
+    """A finite number from evaluation.json, or None (absent, null, text, bool, NaN: not a measurement)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value) if math.isfinite(value) else None
@@ -169,7 +169,7 @@ def _number(value: Any) -> float | None:
 def _check(metric: str, bound: str, limit: float, scores: Any) -> GateCheck:
     what, op = next((what, op) for name, what, op in BOUNDS if name == bound)
     scores = scores if isinstance(scores, dict) else {}
-    trained, base = _number(scores.get("trained")), _number(scores.get("base"))
+    trained, base = number(scores.get("trained")), number(scores.get("base"))
     relative = bound.endswith("_change")
     value = (trained - base if trained is not None and base is not None else None) if relative else trained
     # Within float rounding of the limit counts as on it: 0.3 - 0.1 is "at least 0.2" as the user means it.

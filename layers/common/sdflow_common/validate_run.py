@@ -210,8 +210,7 @@ def _exists(uri: str) -> bool:
 def _read_small(bucket: str, key: str) -> bytes:
     """A config file of the model: a few hundred bytes, or a few kB; a larger object is no config (it would be
     refused anyway)."""
-    body = aws.client("s3").get_object(Bucket=bucket, Key=key, Range="bytes=0-65535")
-    return bytes(body["Body"].read())
+    return aws.read_range(bucket, key, 0, 65535)
 
 
 def check_base_model(base_model_uri: str) -> model_family.BaseModelIndex:

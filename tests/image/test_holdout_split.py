@@ -22,8 +22,8 @@ from download_fixtures import BUCKET, S3, captions_in_s3, job_args, read_tar
 
 from sdflow.samples import ImageServer, LaionSample, make_laion_parquet
 from sdflow_image.download import download, shard_upload
-from sdflow_image.download.holdout_split import HoldoutSplitError, sample_url, split_tar
-from sdflow_image.holdout import holdout_fraction, is_held_out
+from sdflow_image.download.holdout_split import HoldoutSplitError, split_tar
+from sdflow_image.holdout import holdout_fraction, is_held_out, sample_url
 from sdflow_image.training.data import make_dataloader
 from sdflow_image.training.data_source import KEYS_KEY, iter_samples
 

@@ -16,6 +16,7 @@ No torch here: the download job and the early checks import it."""
 from __future__ import annotations
 
 import hashlib
+import json
 
 _SCALE = 2**64
 
@@ -28,3 +29,15 @@ def holdout_fraction(url: str) -> float:
 def is_held_out(url: str, rate: float) -> bool:
     """True when the sample with this URL (or key) is held out of training at `rate` (0: none, 1: all)."""
     return holdout_fraction(url) < rate
+
+
+def sample_url(key: str, metadata: bytes | None) -> str:
+    """The URL that decides a sample's side: the one img2dataset recorded in the sample's .json, else
+    the sample's key (no .json, or one unreadable or without a url). The download's split and the
+    evaluation's choice both read it here, so they never disagree on a sample."""
+    try:
+        meta = json.loads(metadata) if metadata is not None else None
+    except ValueError:
+        meta = None  # unreadable: the key still identifies the sample
+    url = meta.get("url") if isinstance(meta, dict) else None
+    return url if isinstance(url, str) and url else key

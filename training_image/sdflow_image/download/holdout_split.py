@@ -14,13 +14,12 @@ disk briefly holds the original and its two parts."""
 from __future__ import annotations
 
 import io
-import json
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sdflow_image.holdout import is_held_out
+from sdflow_image.holdout import is_held_out, sample_url
 
 # webdataset's key rule, as the training reader applies it (one rule, so the split's samples are
 # the reader's): the key is the member's path up to the first dot of its file name.
@@ -35,16 +34,6 @@ class HoldoutSplitError(RuntimeError):
 class SplitCounts:
     kept: int  # samples left in the training tar
     held_out: int  # samples moved to the held-out tar
-
-
-def sample_url(key: str, metadata: bytes | None) -> str:
-    """The URL img2dataset recorded in the sample's .json, else the sample's key."""
-    try:
-        meta = json.loads(metadata) if metadata is not None else None
-    except ValueError:
-        meta = None  # unreadable: the key still identifies the sample
-    url = meta.get("url") if isinstance(meta, dict) else None
-    return url if isinstance(url, str) and url else key
 
 
 Member = tuple[tarfile.TarInfo, bytes | None]  # a member and its data (None: not a regular file)

@@ -15,7 +15,6 @@ checks its inputs before it imports it."""
 from __future__ import annotations
 
 import io
-import json
 import logging
 import tarfile
 from collections import defaultdict
@@ -74,16 +73,7 @@ def _first(files: dict[str, bytes], extensions: Sequence[str]) -> bytes | None:
 
 
 def _url(sample: TarSample) -> str:
-    """img2dataset's "url" from the sample's .json; the key when there is none (contract §1)."""
-    raw = sample.files.get("json")
-    if raw is not None:
-        try:
-            url = json.loads(raw).get("url")
-        except (ValueError, AttributeError):  # not JSON, or JSON but not an object
-            url = None
-        if isinstance(url, str) and url:
-            return url
-    return sample.key
+    return holdout.sample_url(sample.key, sample.files.get("json"))
 
 
 def tar_files(holdout_dir: Path) -> list[Path]:

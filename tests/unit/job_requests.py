@@ -11,8 +11,7 @@ from botocore.exceptions import ClientError
 from botocore.validate import validate_parameters
 from moto.sagemaker.models import sagemaker_backends
 
-from sdflow.local.sagemaker import limits
-from sdflow_common import aws, names
+from sdflow_common import aws, names, request_limits
 from tests.constants import ACCOUNT, REGION
 from tests.unit.helpers import AwsWorld
 
@@ -24,7 +23,7 @@ def assert_valid_request(operation: str, request: dict[str, Any]) -> None:
     patterns SageMaker checks on the server, as the local cloud enforces them."""
     shape = SAGEMAKER_MODEL.operation_model(operation).input_shape
     validate_parameters(request, shape)
-    assert limits.problems(shape, request) == []
+    assert request_limits.problems(shape, request) == []
 
 
 def run_hash(event: dict[str, Any]) -> str:

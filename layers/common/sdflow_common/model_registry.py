@@ -135,10 +135,22 @@ def gate_status(checks: list[GateCheck], mode: str) -> str:
     return PENDING if mode == "manual" else APPROVED
 
 
+CLIPPED = "..."  # three dots, not "…": CustomerMetadataValue's pattern allows `.`, no ellipsis character
+
+
 def _clip(value: Any, limit: int = METADATA_VALUE_LIMIT) -> str:
-    # Three dots, not an ellipsis character: CustomerMetadataValue's pattern allows `.` but no `…`.
     text = str(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - len(CLIPPED)] + CLIPPED
+
+
+def metadata_value(value: Any) -> str:
+    """`value` as a CustomerMetadataValue: at most 256 of letters, spaces, digits and `_.:/=+-@`
+    (`[\\p{L}\\p{Z}\\p{N}_.:\\/=+\\-@]*`, TagValue's pattern too). An execution name may hold what it refuses
+    (Step Functions allows `( ) ! '`), and every URI and ARN under runs/<name>/ with it: each such character
+    becomes `_` (sagemaker_jobs.tag_value), and a longer value ends in "..." (the run document keeps it whole)."""
+    text = str(value)
+    shaped = sagemaker_jobs.tag_value(text)  # at most TAG_VALUE_MAX = METADATA_VALUE_LIMIT characters
+    return shaped if len(text) <= METADATA_VALUE_LIMIT else shaped[: -len(CLIPPED)] + CLIPPED
 
 
 def _lora_summary(task: RegisterTask) -> str:
@@ -158,7 +170,7 @@ def _model_metadata(task: RegisterTask) -> dict[str, Any]:
         "sdflow:model_family": run.base_model_family,
         "sdflow:training_method": run.training.method,
         "sdflow:training_backend": run.training.backend,
-        "sdflow:base_model_uri": sagemaker_jobs.tag_value(run.base_model_uri),
+        "sdflow:base_model_uri": run.base_model_uri,
     }
     if run.training.method == "lora":
         values["sdflow:lora"] = _lora_summary(task)
@@ -177,7 +189,7 @@ def gate_metadata(gate: QualityGate) -> str:
         " ".join([metric, *(f"{bound}={limit:g}" for name, bound, limit in rules if name == metric)])
         for metric in gate.metrics()
     )
-    return _clip(grouped)
+    return metadata_value(grouped)
 
 
 def _metric_metadata(scores: dict[str, Any]) -> dict[str, str]:
@@ -207,7 +219,7 @@ def _metadata(task: RegisterTask, scores: dict[str, Any], image: str) -> dict[st
     values: dict[str, Any] = (
         _model_metadata(task)
         | {
-            "sdflow:image": sagemaker_jobs.tag_value(image),
+            "sdflow:image": image,
             "sdflow:run_id": task.config.run_id,
             "sdflow:execution": task.execution_arn,
             "sdflow:training_job": task.training.job_name,
@@ -227,7 +239,7 @@ def _metadata(task: RegisterTask, scores: dict[str, Any], image: str) -> dict[st
     loss = task.training.final_metrics.get(LOSS_METRIC_NAME)
     if loss is not None:
         values["sdflow:final_loss"] = f"{loss:.6f}"
-    return {key: _clip(value) for key, value in values.items() if value != ""}
+    return {key: metadata_value(value) for key, value in values.items() if value != ""}
 
 
 def _description(task: RegisterTask, scores: dict[str, Any]) -> str:

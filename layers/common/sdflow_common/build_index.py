@@ -28,8 +28,8 @@ from pydantic import BaseModel, ConfigDict
 from sdflow_common import aws, dataset_manifest
 from sdflow_common.dataset_manifest import OutsideRunsFolder
 from sdflow_common.errors import NoUsableShards
+from sdflow_common.run_config import RunConfig
 from sdflow_common.run_document import parse_s3_uri
-from sdflow_common.validate_run import RunConfig
 
 log = logging.getLogger(__name__)
 

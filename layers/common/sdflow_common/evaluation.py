@@ -20,10 +20,10 @@ from sdflow_common import aws, job_control, model_family, names, sagemaker_jobs
 from sdflow_common.errors import EvaluationJobFailed, InvalidRunDocument
 from sdflow_common.job_start import JobStart, start_job
 from sdflow_common.job_starters import CallbackTask, TrainingResult, require_job_settings
+from sdflow_common.run_config import RunConfig
 from sdflow_common.run_document import EvaluationOptions, RunDocument
 from sdflow_common.settings import Settings
 from sdflow_common.token_store import TokenStore
-from sdflow_common.validate_run import RunConfig
 
 logger = Logger(child=True)
 

@@ -28,10 +28,10 @@ from sdflow_common.errors import (
 )
 from sdflow_common.job_start import JobStart, refusal_text, start_job, translate
 from sdflow_common.rollback import PREVIOUS_CONFIG_KEY
+from sdflow_common.run_config import RunConfig
 from sdflow_common.run_document import DownloadOptions
 from sdflow_common.settings import Settings
 from sdflow_common.token_store import MAX_TIMEOUT_SECONDS, TokenRecord, TokenStore
-from sdflow_common.validate_run import RunConfig
 
 logger = Logger(child=True)
 

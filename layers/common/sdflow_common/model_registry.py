@@ -17,6 +17,7 @@ first attempt created instead of adding a version."""
 from __future__ import annotations
 
 import json
+import unicodedata
 from typing import Any
 
 from aws_lambda_powertools import Logger
@@ -29,10 +30,10 @@ from sdflow_common.evaluation import EVALUATION_FILE, GRID_FILE
 from sdflow_common.job_events import ModelPackageDetail, Resolution, TaskResolver
 from sdflow_common.job_starters import CallbackTask, TrainingResult
 from sdflow_common.quality_gate import GATE_METRICS, GateCheck, QualityGate, evaluate_gate, number
+from sdflow_common.run_config import RunConfig
 from sdflow_common.run_document import parse_s3_uri
 from sdflow_common.settings import Settings
 from sdflow_common.token_store import TokenStore
-from sdflow_common.validate_run import RunConfig
 
 logger = Logger(child=True)
 
@@ -163,6 +164,13 @@ def _lora_summary(task: RegisterTask) -> str:
     )
 
 
+def description_value(text: str, limit: int = MODEL_DESCRIPTION_LIMIT) -> str:
+    """`text` as an EntityDescription (`[\\p{L}\\p{M}\\p{Z}\\p{S}\\p{N}\\p{P}]*`, at most 1,024): a character of none
+    of those classes (a format or private-use character an execution name may hold) becomes `_`."""
+    shaped = "".join(c if unicodedata.category(c)[0] in "LMZSNP" else "_" for c in text)
+    return _clip(shaped, limit)
+
+
 def _model_metadata(task: RegisterTask) -> dict[str, Any]:
     """What the model is: its family, how it was trained, on which base (a LoRA model needs that base)."""
     run = task.config.run
@@ -251,7 +259,7 @@ def _description(task: RegisterTask, scores: dict[str, Any]) -> str:
         base_text = f"base {evaluation_report.shown(name, base)} → " if base is not None else ""
         shown.append(f"{name} {base_text}trained {evaluation_report.shown(name, float(entry['trained']))}")
     text = f"run {task.config.run_id}: training job {task.training.job_name}; " + "; ".join(shown)
-    return _clip(text, MODEL_DESCRIPTION_LIMIT)
+    return description_value(text)
 
 
 def base_model_folder(base_model_uri: str) -> str:
@@ -312,6 +320,13 @@ def model_package_request(
     }
 
 
+def model_package_group_request(group: str, run_name: str | None) -> dict[str, str]:
+    return {
+        "ModelPackageGroupName": group,
+        "ModelPackageGroupDescription": _clip(f"sdflow models of run_name {run_name or '(none)'}"),
+    }
+
+
 def ensure_group(sagemaker: Any, group: str, run_name: str | None) -> None:
     """The run_name's package group, created by its first run; later runs add versions to it."""
     try:
@@ -321,10 +336,7 @@ def ensure_group(sagemaker: Any, group: str, run_name: str | None) -> None:
         if sagemaker_jobs.error_code(exc) != "ValidationException":
             raise
     try:
-        sagemaker.create_model_package_group(
-            ModelPackageGroupName=group,
-            ModelPackageGroupDescription=_clip(f"sdflow models of run_name {run_name or '(none)'}"),
-        )
+        sagemaker.create_model_package_group(**model_package_group_request(group, run_name))
     except ClientError as exc:
         # Another run of the same run_name created it since the describe: fine, it is shared.
         if "already exists" not in sagemaker_jobs.error_message(exc).lower():

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, ConfigDict, Field
 
-from sdflow_common import aws, dataset_files, evaluation_checks, model_family, names, quotas
+from sdflow_common import aws, dataset_files, evaluation_checks, model_family, names, quotas, request_plan
 from sdflow_common.errors import DatasetNotFound, InvalidRunDocument
-from sdflow_common.resume import ResumeInfo, add_cache_keys, apply_resume
+from sdflow_common.resume import add_cache_keys, apply_resume
+from sdflow_common.run_config import RunConfig
 from sdflow_common.run_document import RunDocument, invalid, parse_run_document, parse_s3_uri
 from sdflow_common.sagemaker_jobs import task_timeouts
 from sdflow_common.settings import Settings
@@ -41,44 +42,6 @@ class ValidateRunRequest(BaseModel):
     execution_name: str = Field(min_length=1, max_length=80)
     execution_arn: str = Field(min_length=1)
     start_time: str = Field(min_length=1)
-
-
-class RunConfig(BaseModel):
-    """`$.config`: what every later state needs to know about the run, without the shard list.
-
-    Later functions parse it with this model; extra keys are ignored so the state machine may grow it."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    run_id: str
-    execution_arn: str
-    started_at: str
-    bucket: str
-    shard_list_key: str
-    shard_count: int = Field(ge=1)
-    dataset_prefix_uri: str
-    # TimeoutSeconds of the callback tasks (read by TimeoutSecondsPath): download, training, endpoint.
-    timeouts: dict[str, int]
-    run: RunDocument
-    # Tolerated problems found at intake (a few unreadable parquet files), shown in the notification.
-    warnings: list[dict[str, str]] = Field(default_factory=list)
-    # The share of the dataset's samples held out of training for the evaluation (evaluation_checks.resolve_holdout;
-    # the download job's --holdout_rate): 0, no held-out split.
-    holdout_rate: float = Field(default=0.0, ge=0, le=1)
-    # Only when the document resumes an earlier run: absent, not null, otherwise (the state machine's
-    # Choice tests `$.config.resume.training` IsPresent).
-    resume: ResumeInfo | None = None
-
-    @model_serializer(mode="wrap")
-    def _omit_absent_resume(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
-        if data.get("resume") is None:
-            data.pop("resume", None)
-        return data
-
-    @property
-    def run_prefix(self) -> str:
-        return f"runs/{self.run_id}/"
 
 
 def run_prefix(execution_name: str) -> str:
@@ -379,27 +342,62 @@ def run_record(request: ValidateRunRequest, document: RunDocument) -> dict[str, 
     return record
 
 
-def validate_run(request: ValidateRunRequest, *, data_bucket: str, max_shards: int) -> dict[str, Any]:
-    """Validate, resolve, write run.json and shards.json; return `$.config` (docs/contracts.md)."""
+@dataclass(frozen=True)
+class PreparedRun:
+    """What Validate run decided, before it writes anything: `$.config`, the shard list, run.json's record and
+    every SageMaker request the run will make (checked)."""
+
+    config: dict[str, Any]
+    shards: list[dict[str, Any]]
+    record: dict[str, Any]
+    requests: list[request_plan.PlannedRequest]
+
+
+def prepare_run(
+    request: ValidateRunRequest, *, data_bucket: str, max_shards: int, settings: Settings | None = None
+) -> PreparedRun:
+    """Every check of Validate run, reading only: the document, the run's prefix, the inputs, the instance quotas,
+    then every request the run will make (request_plan.check_requests). `sdflow plan` runs this too."""
     document = parse_run_document(request.run, max_shards=max_shards)
     check_run_prefix(request, data_bucket)
     checked = check_inputs(document, data_bucket=data_bucket, max_shards=max_shards)
     document = checked.document  # base_model_family as the model says: every later state reads it here
-    parquet_uris = checked.parquet_uris
-    shards = shard_items(parquet_uris, data_bucket, request.execution_name)
+    shards = shard_items(checked.parquet_uris, data_bucket, request.execution_name)
     add_cache_keys(shards, document)
     resume = apply_resume(document, shards, bucket=data_bucket, execution_arn=request.execution_arn)
+    config = RunConfig(
+        run_id=request.execution_name,
+        execution_arn=request.execution_arn,
+        started_at=request.start_time,
+        bucket=data_bucket,
+        shard_list_key=f"{run_prefix(request.execution_name)}shards.json",
+        shard_count=len(shards),
+        dataset_prefix_uri=f"s3://{data_bucket}/{run_prefix(request.execution_name)}dataset/",
+        timeouts=task_timeouts(document),
+        run=document,
+        warnings=checked.warnings,
+        holdout_rate=checked.holdout_rate,
+        resume=resume,
+    )
+    dumped = quotas.apply_instance_quotas(config.model_dump(mode="json"))
+    requests = request_plan.check_requests(dumped, settings or Settings.from_env(), shards=shards)
+    return PreparedRun(config=dumped, shards=shards, record=run_record(request, document), requests=requests)
 
-    prefix = run_prefix(request.execution_name)
-    run_json = run_record(request, document)
+
+def validate_run(
+    request: ValidateRunRequest, *, data_bucket: str, max_shards: int, settings: Settings | None = None
+) -> dict[str, Any]:
+    """Validate, resolve, write run.json and shards.json; return `$.config` (docs/contracts.md)."""
+    prepared = prepare_run(request, data_bucket=data_bucket, max_shards=max_shards, settings=settings)
+    config, shards = prepared.config, prepared.shards
     s3 = aws.client("s3")
     s3.put_object(
         Bucket=data_bucket,
-        Key=f"{prefix}run.json",
-        Body=json.dumps(run_json, indent=2).encode(),
+        Key=f"{run_prefix(request.execution_name)}run.json",
+        Body=json.dumps(prepared.record, indent=2).encode(),
         ContentType="application/json",
     )
-    shard_list_key = f"{prefix}shards.json"
+    shard_list_key = config["shard_list_key"]
     s3.put_object(
         Bucket=data_bucket,
         Key=shard_list_key,
@@ -413,18 +411,4 @@ def validate_run(request: ValidateRunRequest, *, data_bucket: str, max_shards: i
         data_bucket,
         shard_list_key,
     )
-    config = RunConfig(
-        run_id=request.execution_name,
-        execution_arn=request.execution_arn,
-        started_at=request.start_time,
-        bucket=data_bucket,
-        shard_list_key=shard_list_key,
-        shard_count=len(shards),
-        dataset_prefix_uri=f"s3://{data_bucket}/{prefix}dataset/",
-        timeouts=task_timeouts(document),
-        run=document,
-        warnings=checked.warnings,
-        holdout_rate=checked.holdout_rate,
-        resume=resume,
-    )
-    return quotas.apply_instance_quotas(config.model_dump(mode="json"))
+    return config

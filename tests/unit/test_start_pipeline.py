@@ -251,6 +251,11 @@ INVALID_MANIFESTS = {
     "deeply-nested-field": (lambda: b'{"dataset": ' + b'{"a": ' * 5000 + b"1" + b"}" * 5001, "(document)"),
     "huge-integer": (lambda: b'{"download": {"image_size": ' + b"9" * 5000 + b"}}", "(document)"),
     "misspelt-field": (lambda: {**manifest(), "trainning": {}}, "trainning"),
+    # A form the document takes that SageMaker hosts on no instance: refused at CreateEndpointConfig otherwise.
+    "endpoint-type-not-hosted": (
+        lambda: {**manifest(), "endpoint": {**manifest().get("endpoint", {}), "instance_type": "ml.c5.3xlarge"}},
+        "endpoint.instance_type",
+    ),
     "empty-prefix": (
         lambda: {**manifest(), "dataset": {"prefix": f"s3://{DATA_BUCKET}/datasets/none/"}},
         "dataset.prefix",

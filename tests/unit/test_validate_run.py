@@ -368,3 +368,30 @@ def test_validate_endpoint_prefix_comes_from_the_function_environment(
     assert "does not start with 'team-a-'" in problems(caught)["endpoint.name"]
     monkeypatch.delenv("ENDPOINT_NAME_PREFIX")  # the template's default, sdflow
     assert run(raw)["shard_count"] == 1
+
+
+def test_validate_parquet_uri_sagemaker_would_refuse_is_refused_before_anything_is_written(world: AwsWorld) -> None:
+    """S3 takes a 1,010-character key; CreateProcessingJob's S3Uri takes at most 1,024 characters in all."""
+    uris = put_parquet(world, "datasets/a.parquet", "datasets/" + "k" * 993 + ".parquet")
+
+    with pytest.raises(InvalidRunDocument) as caught:
+        run(document(parquet_uris=uris))
+
+    found = problems(caught)
+    assert set(found) == {"dataset.parquet_uris.1"}
+    assert "CreateProcessingJob" in found["dataset.parquet_uris.1"]
+    assert "length less than or equal to 1024" in found["dataset.parquet_uris.1"]
+    assert world.s3.list_objects_v2(Bucket=DATA_BUCKET, Prefix="runs/").get("KeyCount") == 0
+
+
+def test_validate_execution_name_with_marks_step_functions_allows_is_accepted(world: AwsWorld) -> None:
+    uris = put_parquet(world, "datasets/a.parquet")
+    name = "my(run)!it's"
+    arn = EXECUTION_ARN.replace(EXECUTION, name)
+    raw = ValidateRunRequest(
+        run=document(parquet_uris=uris), execution_name=name, execution_arn=arn, start_time="2025-06-02T09:15:43.512Z"
+    )
+
+    config = validate_run(raw, data_bucket=DATA_BUCKET, max_shards=50)
+
+    assert config["run_id"] == name

@@ -415,7 +415,25 @@ def _fix(field_name: str) -> str:
     return f"change {field_name} so that the value fits"
 
 
+_ENUM = re.compile(r"^(?P<head>Value '(?P<value>[^']*)'.* enum value set: )\[(?P<values>[^\]]*)\]$")
+ENUM_SHOWN = 8
+
+
+def _short_enum(text: str) -> str:
+    """An enum refusal with the values nearest the one given (same family: `ml.c5.` for ml.c5.3xlarge), not the
+    hundreds an instance type's enum holds."""
+    match = _ENUM.match(text)
+    if match is None:
+        return text
+    values = match["values"].split(", ")
+    family = match["value"].rsplit(".", 1)[0] + "."
+    near = [value for value in values if value.startswith(family)] or values
+    shown = ", ".join(near[:ENUM_SHOWN]) + (", ..." if len(near) > ENUM_SHOWN else "")
+    return f"{match['head']}[{shown}] ({len(values)} values in all)"
+
+
 def _problem(planned: PlannedRequest, text: str) -> dict[str, str]:
+    text = _short_enum(text)
     match = _AT.search(text)
     field_name = planned.field_of(match.group(1)) if match else planned.default_field
     return {

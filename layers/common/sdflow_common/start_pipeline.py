@@ -4,10 +4,10 @@ Triggered by S3's EventBridge "Object Created" event for `manifests/*.json`. The
 is derived from the object's identity (bucket, key, version or ETag), so a redelivered event
 maps to the same name and Step Functions refuses to start the run twice.
 
-A manifest starts a run only after the checks Validate run makes (validate_run.check_inputs:
-the bucket, the model, every parquet object): whatever fails them is rejected here, with a report
-and a notification, and starts nothing. Any problem with the bytes themselves (not UTF-8, not JSON,
-nested too deeply, numbers too long to convert) is a rejection too, never an exception: an
+A manifest starts a run only after the checks Validate run makes (validate_run.prepare_run: the bucket, the
+model, every parquet object, every SageMaker request the run will make): whatever fails them is rejected
+here, with a report and a notification, and starts nothing. Any problem with the bytes themselves (not UTF-8,
+not JSON, nested too deeply, numbers too long to convert) is a rejection too, never an exception: an
 exception would send the event to the dead-letter queue and leave the user without an answer."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from sdflow_common import aws
 from sdflow_common.errors import DatasetNotFound, InvalidRunDocument
 from sdflow_common.notify import sns_subject
 from sdflow_common.run_document import MAX_DOCUMENT_BYTES, bounded, parse_run_document, printable, problems_of
-from sdflow_common.validate_run import check_inputs, run_prefix
+from sdflow_common.validate_run import ValidateRunRequest, prepare_run, run_prefix
 
 log = logging.getLogger(__name__)
 
@@ -327,15 +327,17 @@ def handle_manifest(
         return _reject(large.ref, _problem(message), topic_arn)
     try:
         raw = decode_manifest(body)
-        document = parse_run_document(raw, max_shards=max_shards)
-        checked = check_inputs(document, data_bucket=data_bucket, max_shards=max_shards)
+        name = execution_name(ref, parse_run_document(raw, max_shards=max_shards).run_name)
+        arn = _execution_arn(state_machine_arn, name)
+        # Validate run's own checks, every request the run will make included, under the name it will run as.
+        start = datetime.now(UTC).isoformat(timespec="milliseconds")
+        request = ValidateRunRequest(run=raw, execution_name=name, execution_arn=arn, start_time=start)
+        prepared = prepare_run(request, data_bucket=data_bucket, max_shards=max_shards)
     except (InvalidRunDocument, DatasetNotFound) as exc:
         return _reject(ref, problems_of(exc), topic_arn)
-    for warning in checked.warnings:
+    for warning in prepared.config["warnings"]:
         log.warning("manifest %s: tolerated: %s: %s", ref.uri, warning["field"], warning["message"])
 
-    name = execution_name(ref, document.run_name)
-    arn = _execution_arn(state_machine_arn, name)
     if _already_started(arn):
         log.info("manifest %s already started %s; duplicate event ignored", ref.uri, arn)
         return Outcome("duplicate", execution_name=name, execution_arn=arn)

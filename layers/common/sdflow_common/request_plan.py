@@ -69,13 +69,32 @@ class PlannedRequest:
         return self.default_field
 
 
+def worst_scores() -> dict[str, Any]:
+    """evaluation.json with every gate metric, each number the longest text it can be, a held-out grid."""
+    metrics = {name: {"trained": WORST_NUMBER, "base": WORST_NUMBER, "samples": WORST_COUNT} for name in GATE_METRICS}
+    return {"metrics": metrics, "prompts": WORST_COUNT, "holdout": {"grid": "holdout.png", "samples": WORST_COUNT}}
+
+
+@dataclass(frozen=True)
+class Unknowns:
+    """What Validate run cannot know yet: the counters a name will carry, the evaluation's scores, the final loss,
+    the model package's version. The defaults are the worst; a test draws others (what a later call will carry)."""
+
+    redrive: int = WORST_REDRIVE
+    attempt: int = WORST_ATTEMPT
+    scores: dict[str, Any] = field(default_factory=worst_scores)
+    loss: float = WORST_NUMBER
+    package_version: int = WORST_PACKAGE_VERSION
+
+
 @dataclass(frozen=True)
 class _Worst:
-    """The run's identity with the worst counters: what every name and URI is built from."""
+    """The run's identity and the unknowns: what every name and URI is built from."""
 
     config: RunConfig
     settings: Settings
     run_hash: str
+    unknowns: Unknowns = field(default_factory=Unknowns)
 
     @property
     def run(self) -> RunDocument:
@@ -139,7 +158,9 @@ def _download(worst: _Worst, shards: list[dict[str, Any]] | None) -> PlannedRequ
     shard, source = _longest_shard(config, shards)
     shard_id = str(shard["shard_id"])
     request = sagemaker_jobs.processing_job_request(
-        job_name=names.download_job_name(worst.run_hash, config.run_id, shard_id, WORST_REDRIVE, WORST_ATTEMPT),
+        job_name=names.download_job_name(
+            worst.run_hash, config.run_id, shard_id, worst.unknowns.redrive, worst.unknowns.attempt
+        ),
         run_id=config.run_id,
         run_hash=worst.run_hash,
         shard_id=shard_id,
@@ -170,7 +191,7 @@ def _download(worst: _Worst, shards: list[dict[str, Any]] | None) -> PlannedRequ
 
 
 def _training_job_name(worst: _Worst) -> str:
-    return names.training_job_name(worst.run_hash, worst.config.run_id, WORST_REDRIVE, WORST_ATTEMPT)
+    return names.training_job_name(worst.run_hash, worst.config.run_id, worst.unknowns.redrive, worst.unknowns.attempt)
 
 
 def _training(worst: _Worst) -> PlannedRequest:
@@ -209,12 +230,14 @@ def _training_result(worst: _Worst) -> job_starters.TrainingResult:
     return job_starters.TrainingResult(
         job_name=name,
         model_data_url=model_artifact.expected_location(output, name, model_artifact.UNCOMPRESSED),
-        final_metrics={model_registry.LOSS_METRIC_NAME: WORST_NUMBER},
+        final_metrics={model_registry.LOSS_METRIC_NAME: worst.unknowns.loss},
     )
 
 
 def _evaluation_job_name(worst: _Worst) -> str:
-    return names.evaluation_job_name(worst.run_hash, worst.config.run_id, WORST_REDRIVE, WORST_ATTEMPT)
+    return names.evaluation_job_name(
+        worst.run_hash, worst.config.run_id, worst.unknowns.redrive, worst.unknowns.attempt
+    )
 
 
 def _prompts_uri(config: RunConfig) -> str | None:
@@ -269,18 +292,12 @@ def _evaluation(worst: _Worst) -> PlannedRequest:
     return PlannedRequest("CreateProcessingJob", "evaluation job", request, fields, EXECUTION_FIELD)
 
 
-def worst_scores() -> dict[str, Any]:
-    """evaluation.json with every gate metric, each number the longest text it can be, a held-out grid."""
-    metrics = {name: {"trained": WORST_NUMBER, "base": WORST_NUMBER, "samples": WORST_COUNT} for name in GATE_METRICS}
-    return {"metrics": metrics, "prompts": WORST_COUNT, "holdout": {"grid": "holdout.png", "samples": WORST_COUNT}}
-
-
 def _register_task(worst: _Worst) -> model_registry.RegisterTask:
     config, job = worst.config, _evaluation_job_name(worst)
     return model_registry.RegisterTask(
         execution_arn=config.execution_arn,
         start_time=config.started_at,
-        redrive_count=WORST_REDRIVE,
+        redrive_count=worst.unknowns.redrive,
         config=config,
         training=_training_result(worst),
         evaluation=model_registry.EvaluationResult(
@@ -293,7 +310,7 @@ def _register_task(worst: _Worst) -> model_registry.RegisterTask:
 def _registry(worst: _Worst) -> list[PlannedRequest]:
     group = names.model_package_group_name(worst.run.run_name)
     package = model_registry.model_package_request(
-        _register_task(worst), worst.settings, group, model_registry.PENDING, worst_scores()
+        _register_task(worst), worst.settings, group, model_registry.PENDING, worst.unknowns.scores
     )
     fields = (
         ("modelPackageGroupName", "run_name"),
@@ -321,12 +338,12 @@ def _package_arn(worst: _Worst) -> str:
     parts = worst.config.execution_arn.split(":")
     region, account = (parts[3], parts[4]) if len(parts) > 4 else ("us-east-1", "000000000000")
     group = names.model_package_group_name(worst.run.run_name)
-    return f"arn:aws:sagemaker:{region}:{account}:model-package/{group}/{WORST_PACKAGE_VERSION}"
+    return f"arn:aws:sagemaker:{region}:{account}:model-package/{group}/{worst.unknowns.package_version}"
 
 
 def _deployment(worst: _Worst) -> list[PlannedRequest]:
     config, options = worst.config, worst.run.endpoint
-    name = names.deployment_name(options.name, worst.run_hash, WORST_REDRIVE, WORST_ATTEMPT)
+    name = names.deployment_name(options.name, worst.run_hash, worst.unknowns.redrive, worst.unknowns.attempt)
     model = sagemaker_jobs.model_request(
         model_name=name,
         run_id=config.run_id,
@@ -382,13 +399,17 @@ def _deployment(worst: _Worst) -> list[PlannedRequest]:
 
 
 def planned_requests(
-    config: dict[str, Any], settings: Settings, *, shards: list[dict[str, Any]] | None = None
+    config: dict[str, Any],
+    settings: Settings,
+    *,
+    shards: list[dict[str, Any]] | None = None,
+    unknowns: Unknowns | None = None,
 ) -> list[PlannedRequest]:
     """Every request the run of `config` (`$.config`, as Validate run returns it) will make, in the order it makes
     them; the download job for the shard of `shards` (shards.json's items) with the longest URI (default: the
-    document's parquet_uris, or one file under its prefix)."""
+    document's parquet_uris, or one file under its prefix); what is unknown yet at its worst (`unknowns`)."""
     parsed = RunConfig.model_validate(config)
-    worst = _Worst(parsed, settings, names.run_hash(parsed.execution_arn, parsed.started_at))
+    worst = _Worst(parsed, settings, names.run_hash(parsed.execution_arn, parsed.started_at), unknowns or Unknowns())
     return [
         _download(worst, shards),
         _training(worst),

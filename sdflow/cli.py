@@ -4,6 +4,8 @@
     sdflow run MANIFEST [--api]      start a run (upload the manifest, or StartExecution)
     sdflow resume EXECUTION [--manifest NEW.json] [--name NAME]
                                      a new run reusing what EXECUTION finished (docs/run-document.md)
+    sdflow plan MANIFEST [--name NAME] [--json]
+                                     what Validate run would decide, starting nothing (exit 0 would start, 2 refused)
     sdflow status EXECUTION          where a run is
     sdflow watch [EXECUTION]         live progress until the run ends
     sdflow invoke ENDPOINT PROMPT -o out.png
@@ -125,6 +127,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from sdflow.plan import cmd_plan as plan
+
+    session = Session.from_args(args)
+    return plan(session, args.manifest, name=args.name, as_json=args.json, stack_name=args.stack_name)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     session = Session.from_args(args)
     bucket = session.data_bucket()
@@ -220,6 +229,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     resume.add_argument("--manifest", type=Path, default=None, help="a changed run document (default: the old input)")
     resume.add_argument("--name", default=None, help="execution name (default: <old name>-resume-<UTC time>)")
     resume.set_defaults(func=cmd_resume)
+
+    plan = commands.add_parser("plan", help="what Validate run would decide for a run document, starting nothing")
+    plan.add_argument("manifest", type=Path, help="the run document (JSON)")
+    plan.add_argument("--name", default=None, help="execution name (default: the one an upload of MANIFEST gets)")
+    plan.add_argument("--json", action="store_true", help="the plan as JSON, for scripts")
+    plan.add_argument("--stack-name", default=None, help="the deployed stack (default: sdflow, or the local cloud's)")
+    plan.set_defaults(func=cmd_plan)
 
     status = commands.add_parser("status", help="where a run is")
     status.add_argument("execution", nargs="?", default=None, help="execution name or ARN (default: the newest)")

@@ -5,6 +5,7 @@ Every name here is set in template.yaml's Globals or the function's own Environm
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 # template.yaml's EndpointNamePrefix default, for a function run outside the template (tests).
@@ -43,25 +44,27 @@ class Settings:
     accelerate_image_uri: str = ""
 
     @classmethod
-    def from_env(cls) -> Settings:
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """From the process's environment, or a function's (`sdflow plan` reads Validate run's)."""
+        env = os.environ if environ is None else environ
         return cls(
-            data_bucket=os.environ.get("DATA_BUCKET", ""),
-            token_table=os.environ.get("TOKEN_TABLE", ""),
-            topic_arn=os.environ.get("TOPIC_ARN", ""),
-            state_machine_arn=os.environ.get("STATE_MACHINE_ARN", ""),
-            sagemaker_role_arn=os.environ.get("SAGEMAKER_ROLE_ARN", ""),
-            training_image_uri=os.environ.get("TRAINING_IMAGE_URI", ""),
-            idempotency_table=os.environ.get("IDEMPOTENCY_TABLE", ""),
-            max_shards=int(os.environ.get("MAX_SHARDS", "10000")),
+            data_bucket=env.get("DATA_BUCKET", ""),
+            token_table=env.get("TOKEN_TABLE", ""),
+            topic_arn=env.get("TOPIC_ARN", ""),
+            state_machine_arn=env.get("STATE_MACHINE_ARN", ""),
+            sagemaker_role_arn=env.get("SAGEMAKER_ROLE_ARN", ""),
+            training_image_uri=env.get("TRAINING_IMAGE_URI", ""),
+            idempotency_table=env.get("IDEMPOTENCY_TABLE", ""),
+            max_shards=int(env.get("MAX_SHARDS", "10000")),
             # The template speaks in minutes (CloudFormation cannot multiply); the *_SECONDS
             # form wins so tests and the local runtime can use short values.
             reconcile_lead_seconds=int(
-                os.environ.get("RECONCILE_LEAD_SECONDS") or int(os.environ.get("RECONCILE_LEAD_MINUTES", "20")) * 60
+                env.get("RECONCILE_LEAD_SECONDS") or int(env.get("RECONCILE_LEAD_MINUTES", "20")) * 60
             ),
-            endpoint_name_prefix=os.environ.get("ENDPOINT_NAME_PREFIX") or DEFAULT_ENDPOINT_NAME_PREFIX,
-            console_url=os.environ.get("CONSOLE_URL", ""),
-            notify_function=os.environ.get("NOTIFY_FUNCTION", ""),
-            accelerate_image_uri=os.environ.get("ACCELERATE_IMAGE_URI", ""),
+            endpoint_name_prefix=env.get("ENDPOINT_NAME_PREFIX") or DEFAULT_ENDPOINT_NAME_PREFIX,
+            console_url=env.get("CONSOLE_URL", ""),
+            notify_function=env.get("NOTIFY_FUNCTION", ""),
+            accelerate_image_uri=env.get("ACCELERATE_IMAGE_URI", ""),
         )
 
     def image_uri(self, backend: str) -> str:

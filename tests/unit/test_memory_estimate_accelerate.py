@@ -134,7 +134,8 @@ def validate(world: AwsWorld, training: dict[str, Any]) -> dict[str, Any]:
         "download": {"image_size": 512},
         # FLUX.2 9B's evaluation (float32) and endpoint (bf16) outgrow the default ml.g5.xlarge (model_family
         # check_instances): these tests are about the training instance.
-        "evaluation": {"instance_type": "ml.p4de.24xlarge"},
+        # ml.p5.4xlarge: one H100, which a processing job may ask for (ml.p4de.24xlarge: no, ProcessingClusterConfig).
+        "evaluation": {"instance_type": "ml.p5.4xlarge"},
         "endpoint": {"instance_type": "ml.g6e.xlarge"},
     }
     request = ValidateRunRequest(

@@ -271,7 +271,8 @@ def _need(family: str, clip_bytes: int = 0) -> float:
     return inference_memory.evaluation_estimate(family, resolution, clip_bytes=clip_bytes).total_gib
 
 
-@pytest.mark.parametrize(("family", "expected"), [("sd", "ml.g4dn.xlarge"), ("qwenimage", "ml.p5.48xlarge")])
+# ml.p5.4xlarge (one H100), not ml.p5.48xlarge: a processing job cannot ask for the latter (ProcessingClusterConfig).
+@pytest.mark.parametrize(("family", "expected"), [("sd", "ml.g4dn.xlarge"), ("qwenimage", "ml.p5.4xlarge")])
 def test_check_inputs_evaluation_instance_default_is_the_smallest_that_fits_the_family(
     world: AwsWorld, family: str, expected: str
 ) -> None:

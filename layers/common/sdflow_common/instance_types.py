@@ -119,7 +119,8 @@ _TABLE = {
     "p3dn": _sizes(Gpu("NVIDIA V100 32 GB", 32.0, 1, (7, 0), None), {"24xlarge": 8}),
     "p4d": _sizes(Gpu("NVIDIA A100 40 GB", 40.0, 1, (8, 0), R470), {"24xlarge": 8}),
     "p4de": _sizes(Gpu("NVIDIA A100 80 GB", 80.0, 1, (8, 0), R470), {"24xlarge": 8}),
-    "p5": _sizes(Gpu("NVIDIA H100 80 GB", 79.65, 1, (9, 0), R535), {"48xlarge": 8}),
+    # ml.p5.4xlarge: one H100, the only H100 size a processing job may ask for (ProcessingClusterConfig).
+    "p5": _sizes(Gpu("NVIDIA H100 80 GB", 79.65, 1, (9, 0), R535), {"48xlarge": 8, "4xlarge": 1}),
     "p5e": _sizes(Gpu("NVIDIA H200 141 GB", 140.4, 1, (9, 0), R550), {"48xlarge": 8}),
     "p5en": _sizes(Gpu("NVIDIA H200 141 GB", 140.4, 1, (9, 0), R550), {"48xlarge": 8}),
 }

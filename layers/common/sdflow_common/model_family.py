@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sdflow_common import inference_memory, instance_types, memory_estimate
+from sdflow_common import inference_memory, instance_types, memory_estimate, request_limits
 from sdflow_common.errors import InvalidRunDocument
 from sdflow_common.run_document import RunDocument, invalid, parse_run_document
 
@@ -247,10 +247,17 @@ INSTANCE_FIELDS = (
 
 
 def working_instance(
-    backend: str, *, endpoint: bool, need_gib: float = 0.0, count: int = 0, bf16: bool = False
+    backend: str,
+    *,
+    endpoint: bool,
+    need_gib: float = 0.0,
+    count: int = 0,
+    bf16: bool = False,
+    accepted: frozenset[str] | None = None,
 ) -> str | None:
     """The instance type with the fewest GPUs, then the least GPU memory, that the backend's image starts on, whose
-    GPUs each give `need_gib` after the CUDA reserve, with `count` GPUs when given, and bf16 when asked."""
+    GPUs each give `need_gib` after the CUDA reserve, with `count` GPUs when given, and bf16 when asked; among
+    `accepted` when given (the types the job's API takes)."""
     # With no count asked (one GPU serves), the fewest GPUs first: an 8-GPU instance costs several 1-GPU ones.
     found = sorted(
         (gpu.count if count == 0 else 0, gpu.gib, instance_types.size_rank(name), name)
@@ -259,6 +266,7 @@ def working_instance(
         and memory_estimate.usable_gib(gpu) >= need_gib
         and (count == 0 or gpu.count == count)
         and (gpu.bf16 or not bf16)
+        and (accepted is None or name in accepted)
     )
     return found[0][3] if found else None
 
@@ -339,7 +347,12 @@ def evaluation_instance(
     """The smallest GPU instance type (fewest GPUs, then least memory) the run's image starts on whose GPU holds the
     evaluation (one pipeline at a time and the CLIP model), and the estimate in GiB; None when none does."""
     found, _holds = _inference_need(document, family, False, with_t5=with_t5, variant=variant, clip_bytes=clip_bytes)
-    return working_instance(document.training.backend, endpoint=False, need_gib=found.total_gib), found.total_gib
+    # A processing job: only the instance types CreateProcessingJob takes (no p4d, no p5.48xlarge).
+    processing = request_limits.enum_values("ProcessingInstanceType")
+    found_type = working_instance(
+        document.training.backend, endpoint=False, need_gib=found.total_gib, accepted=processing
+    )
+    return found_type, found.total_gib
 
 
 def _inference_problems(

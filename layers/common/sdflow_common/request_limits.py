@@ -35,6 +35,13 @@ def service_model(service: str = "sagemaker") -> Any:
 
 
 @functools.cache
+def enum_values(shape: str, service: str = "sagemaker") -> frozenset[str]:
+    """The values an enum shape of the model takes, e.g. ProcessingInstanceType: the instance types a processing
+    job may ask for (no ml.p4d.24xlarge, no ml.p5.48xlarge; SageMaker API Reference, ProcessingClusterConfig)."""
+    return frozenset(service_model(service).shape_for(shape).enum)
+
+
+@functools.cache
 def _pattern(text: str) -> Any:
     try:
         return regex.compile(text)

@@ -372,7 +372,10 @@ def _inference_problems(
         usable = memory_estimate.usable_gib(gpu)
         if found.total_gib <= usable:
             continue
-        other = working_instance(backend, endpoint=endpoint, need_gib=found.total_gib)
+        api = "ProductionVariantInstanceType" if endpoint else "ProcessingInstanceType"  # what the Create call takes
+        other = working_instance(
+            backend, endpoint=endpoint, need_gib=found.total_gib, accepted=request_limits.enum_values(api)
+        )
         problems.append(
             {
                 "field": field,

@@ -100,6 +100,14 @@ def relevant_other(adaptable: Iterable[str], other: Iterable[str]) -> set[str]:
     return {name for name in other if name.rsplit(".", 1)[-1] in leaves}
 
 
+def split_names(modules: Iterable[tuple[str, bool]]) -> tuple[set[str], set[str]]:
+    """A model's (name, whether peft adapts it) pairs, from `named_modules()` without the root's "", as
+    (adaptable names, relevant_other names): what lora_module_names holds of it."""
+    pairs = list(modules)
+    adaptable = {name for name, adapts in pairs if adapts}
+    return adaptable, relevant_other(adaptable, (name for name, adapts in pairs if not adapts))
+
+
 def _matches(target: str, name: str) -> bool:
     return name == target or name.endswith(f".{target}")
 

@@ -74,7 +74,11 @@ def _merge_once(items: set[tuple[Component, ...]]) -> bool:
                     groups[item[:position] + item[position + 1 :]].append(item)
             for rest, members in groups.items():
                 if len(members) > 1:
-                    merged = frozenset().union(*(member[position] for member in members))
+                    merged: frozenset[int] = frozenset()
+                    for member in members:
+                        index = member[position]
+                        assert not isinstance(index, str)  # grouped on index positions only
+                        merged |= index
                     items.difference_update(members)
                     items.add((*rest[:position], merged, *rest[position:]))
                     return True

@@ -82,3 +82,27 @@ def test_peft_takes_a_target_exactly_when_validate_run_accepts_it(denoiser: tupl
         except ValueError as exc:
             peft_problem = str(exc)
         assert (peft_problem is None) == (held.problem(target) is None), (target, peft_problem, held.problem(target))
+
+
+@pytest.mark.parametrize(
+    ("class_name", "config"),
+    [("CLIPTextModel", random_families.CLIP_L_CONFIG), ("CLIPTextModelWithProjection", random_families.CLIP_G_CONFIG)],
+)
+def test_text_encoder_lora_targets_each_name_linear_layers_of_the_full_size_clip(class_name: str, config: Any) -> None:
+    """The text encoders' adapters (training.lora.text_encoder) take the image's fixed targets, never
+    training.lora.target_modules, so Validate run has nothing of the user's to check there: each fixed target
+    names Linear layers of SDXL's CLIP ViT-L and OpenCLIP ViT-bigG, and only those."""
+    import torch
+    import transformers
+
+    from sdflow_image import families
+
+    with torch.device("meta"):
+        encoder = getattr(transformers, class_name)(transformers.CLIPTextConfig(**config))
+    adaptable, other = lora_modules.split_names(
+        (n, isinstance(m, supported())) for n, m in encoder.named_modules() if n
+    )
+    names = lora_modules.ModuleNames(adaptable, other)
+    for family in ("sd", "sdxl"):
+        for target in families.get(family).text_encoder_lora_targets:
+            assert names.problem(target) is None, (family, target, names.problem(target))

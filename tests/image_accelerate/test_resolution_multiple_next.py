@@ -79,5 +79,5 @@ def test_training_step_off_the_multiple_fails(family: str, bases: Callable[[str]
     needed = multiple(family, parts.vae, parts.transformer.config)
     assert needed == 2 * factor
     assert torch.isfinite(_loss(family, parts, 3 * needed))
-    with pytest.raises(RuntimeError, match="size|shape"):
+    with pytest.raises(RuntimeError, match=r"size|shape"):
         _loss(family, parts, 3 * needed + factor)  # a multiple of the VAE's factor: an odd number of latents

@@ -45,12 +45,26 @@ SD3_INDEX = {
     "vae": ["diffusers", "AutoencoderKL"],
 }
 FLUX2_INDEX = {"_class_name": "Flux2KleinPipeline"}
+# SD 1.5's, with its safety checker and the image processor that feeds it.
+SD15_INDEX = {
+    "_class_name": "StableDiffusionPipeline",
+    "feature_extractor": ["transformers", "CLIPImageProcessor"],
+    "requires_safety_checker": True,
+    "safety_checker": ["stable_diffusion", "StableDiffusionSafetyChecker"],
+    "scheduler": ["diffusers", "PNDMScheduler"],
+    "text_encoder": ["transformers", "CLIPTextModel"],
+    "tokenizer": ["transformers", "CLIPTokenizer"],
+    "unet": ["diffusers", "UNet2DConditionModel"],
+    "vae": ["diffusers", "AutoencoderKL"],
+}
 # The files each kind of component is saved with (diffusers' and transformers' save_pretrained).
 FILES = {
     "diffusers": ("config.json", "diffusion_pytorch_model.safetensors"),
     "transformers": ("config.json", "model.safetensors"),
     "scheduler": ("scheduler_config.json",),
     "tokenizer": ("tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json"),
+    "processor": ("preprocessor_config.json",),
+    "stable_diffusion": ("config.json", "model.safetensors"),
 }
 
 
@@ -59,6 +73,8 @@ def component_files(library: str, class_name: str) -> tuple[str, ...]:
         return FILES["scheduler"]
     if "Tokenizer" in class_name:
         return FILES["tokenizer"]
+    if class_name.endswith("Processor"):
+        return FILES["processor"]
     return FILES[library]
 
 
@@ -190,6 +206,19 @@ def test_model_complete_sharded_and_without_t5_is_accepted(world: AwsWorld) -> N
                  "diffusion_pytorch_model-00002-of-00002.safetensors"):  # fmt: skip
         world.s3.put_object(Bucket=DATA_BUCKET, Key=f"{MODEL}transformer/{name}", Body=b"")
     assert validate(run_document())["run"]["base_model_family"] == "sd3"
+
+
+def test_model_sd15_with_safety_checker_is_accepted_and_without_its_processor_config_refused(world: AwsWorld) -> None:
+    put_model(world, SD15_INDEX)
+    assert validate(run_document())["run"]["base_model_family"] == "sd"
+    world.s3.delete_object(Bucket=DATA_BUCKET, Key=f"{MODEL}feature_extractor/preprocessor_config.json")
+    world.s3.put_object(Bucket=DATA_BUCKET, Key=f"{MODEL}feature_extractor/README.md", Body=b"")
+    with pytest.raises(InvalidRunDocument) as caught:
+        validate(run_document())
+    assert (
+        f"{MODEL_URI}feature_extractor/ has no preprocessor_config.json or processor_config.json"
+        in by_field(json.loads(str(caught.value)))["base_model_uri"]
+    )
 
 
 # --- LoRA target modules ---------------------------------------------------------------------------------------

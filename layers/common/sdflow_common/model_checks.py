@@ -41,6 +41,8 @@ WEIGHT_FILES = (
 )
 SHARD = re.compile(r"^(?P<stem>.+)-(?P<number>\d{5})-of-(?P<total>\d{5})\.(?P<ext>safetensors|bin)$")
 TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "vocab.json", "spiece.model")
+# An image processor's (SD 1.5's feature_extractor, CLIPImageProcessor) or a multimodal processor's config.
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 FIX = (
     "copy that folder from the original model (e.g. `aws s3 sync <model>/{name}/ {uri}{name}/`), or upload the "
     "whole folder pipeline.save_pretrained() writes"
@@ -89,8 +91,8 @@ def _component_missing(name: str, class_name: str, files: set[str]) -> str | Non
         needed = None if "scheduler_config.json" in files else "scheduler_config.json"
     elif "Tokenizer" in class_name:
         needed = None if files.intersection(TOKENIZER_FILES) else f"its tokenizer files ({', '.join(TOKENIZER_FILES)})"
-    elif class_name.endswith(("ImageProcessor", "FeatureExtractor")):
-        needed = None if "preprocessor_config.json" in files else "preprocessor_config.json"
+    elif class_name.endswith(("Processor", "FeatureExtractor")):
+        needed = None if files.intersection(PROCESSOR_FILES) else " or ".join(PROCESSOR_FILES)
     else:
         needed = "config.json" if "config.json" not in files else _weights_missing(files)
     return None if needed is None else f"has no {needed}"

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 
 
 def parquet_bytes(
-    rows: int = 2,
+    rows: int = 4,
     url_column: str = "URL",
     caption_column: str = "TEXT",
     url_type: Any = None,

@@ -42,6 +42,7 @@ def inputs(uris: list[str], tolerated: float = 10.0, **dataset: Any) -> Any:
         "dataset": {"parquet_uris": uris, **dataset},
         "base_model_uri": MODEL_URI,
         "download": {"tolerated_failure_percent": tolerated},
+        "training": {"train_batch_size": 1},  # one global batch of 4 (ml.g5.12xlarge's GPUs) fits the rows
     }
     return check_inputs(parse_run_document(raw), data_bucket=DATA_BUCKET, max_shards=50)
 
@@ -190,6 +191,7 @@ def test_validate_run_config_carries_tolerated_warnings(world: AwsWorld) -> None
         "dataset": {"parquet_uris": uris},
         "base_model_uri": MODEL_URI,
         "download": {"tolerated_failure_percent": 50},
+        "training": {"train_batch_size": 1},  # one global batch of 4 fits the 4 rows: no batch warning
     }
     request = ValidateRunRequest(
         run=raw, execution_name="r-1", execution_arn="arn:x", start_time="2026-01-01T00:00:00Z"

@@ -126,7 +126,7 @@ def test_remedies_of_fsdp2_name_more_instances_and_of_ddp_name_fsdp2_and_lora() 
 def validate(world: AwsWorld, training: dict[str, Any]) -> dict[str, Any]:
     world.put_json("models/base/model_index.json", {"_class_name": "Flux2KleinPipeline"})
     world.put_json("models/base/transformer/config.json", {"num_attention_heads": 32, "num_layers": 8})
-    world.s3.put_object(Bucket=DATA_BUCKET, Key="datasets/a.parquet", Body=parquet_bytes())
+    world.s3.put_object(Bucket=DATA_BUCKET, Key="datasets/a.parquet", Body=parquet_bytes(8))  # a row per GPU
     run = {
         "dataset": {"parquet_uris": [f"s3://{DATA_BUCKET}/datasets/a.parquet"]},
         "base_model_uri": f"s3://{DATA_BUCKET}/models/base/",

@@ -18,7 +18,7 @@ Any other class (an inpainting or img2img pipeline, PixArt, FLUX.1, …) is refu
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sdflow_common import inference_memory, instance_types, memory_estimate, request_limits
@@ -77,6 +77,23 @@ class BaseModelIndex:
     with_t5: bool = True
     # Which model of the family (memory_estimate.reference): "" its largest, "medium" (SD 3.5), "4b" (FLUX.2).
     variant: str = ""
+    # The components model_index.json lists (name, class), in its order; those it lists as null left out
+    # (model_checks.check_components looks for each one's files).
+    components: tuple[tuple[str, str], ...] = ()
+
+
+def listed_components(index: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """model_index.json's components: every key not starting with "_" whose value is [library, class] (diffusers'
+    `save_pretrained` writes [null, null] for one saved without, e.g. SD 3's T5, and plain values for settings
+    such as `force_zeros_for_empty_prompt`)."""
+    return tuple(
+        (name, str(value[1]))
+        for name, value in index.items()
+        if not name.startswith("_")
+        and isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(part, str) for part in value)
+    )
 
 
 def family_of_index(body: bytes, index_uri: str) -> BaseModelIndex:
@@ -102,7 +119,7 @@ def family_of_index(body: bytes, index_uri: str) -> BaseModelIndex:
         )
     t5 = index.get("text_encoder_3")
     with_t5 = family == "sd3" and isinstance(t5, list) and bool(t5) and t5[0] is not None
-    return BaseModelIndex(family=family, with_t5=with_t5)
+    return BaseModelIndex(family=family, with_t5=with_t5, components=listed_components(index))
 
 
 def _config_value(config: dict[str, Any], key: str) -> Any:
@@ -126,11 +143,11 @@ def family_of_transformer(found: BaseModelIndex, body: bytes, config_uri: str) -
         )
     if found.family == "sd3" and _config_value(config, "qk_norm") is not None:
         variant = "medium" if _config_value(config, "dual_attention_layers") is not None else ""
-        return BaseModelIndex(family="sd35", with_t5=found.with_t5, variant=variant)
+        return replace(found, family="sd35", variant=variant)
     if found.family == "flux2":
         heads = config.get("num_attention_heads")
         small = isinstance(heads, int) and not isinstance(heads, bool) and heads < FLUX2_9B_HEADS
-        return BaseModelIndex(family="flux2", with_t5=False, variant="4b" if small else "")
+        return replace(found, with_t5=False, variant="4b" if small else "")
     return found
 
 

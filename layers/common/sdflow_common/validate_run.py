@@ -16,7 +16,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, Field
 
-from sdflow_common import aws, dataset_files, evaluation_checks, model_family, names, quotas, request_plan
+from sdflow_common import aws, dataset_files, evaluation_checks, model_checks, model_family, names, quotas, request_plan
 from sdflow_common.errors import DatasetNotFound, InvalidRunDocument
 from sdflow_common.resume import add_cache_keys, apply_resume
 from sdflow_common.run_config import RunConfig
@@ -261,6 +261,7 @@ def check_inputs(document: RunDocument, *, data_bucket: str, max_shards: int) ->
     index = check_base_model(document.base_model_uri)
     document = model_family.resolve_family(document, index.family)
     model_family.check_family_settings(document, index.family)
+    model_checks.check_model(document, index)  # components present, LoRA targets, resolution multiple
     clip_uri = document.evaluation.clip_model_uri
     clip = evaluation_checks.read_clip_model(clip_uri) if clip_uri is not None else None
     document = evaluation_checks.resolve_instance(document, index, clip)
@@ -284,9 +285,10 @@ def check_inputs(document: RunDocument, *, data_bucket: str, max_shards: int) ->
     tolerated = document.download.tolerated_failure_percent
     parquet = dataset_files.check_parquet_objects(parquet_uris, document.dataset, source, tolerated)
     document, holdout = evaluation_checks.resolve_evaluation(document, parquet.rows, clip)
+    batch = model_checks.batch_warnings(document, parquet.rows, holdout.rate)
     return CheckedInputs(
         parquet_uris=parquet_uris,
-        warnings=parquet.warnings + holdout.warnings,
+        warnings=parquet.warnings + holdout.warnings + batch,
         document=document,
         holdout_rate=holdout.rate,
     )

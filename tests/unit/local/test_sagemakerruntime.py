@@ -223,3 +223,72 @@ def test_local_sagemaker_invoke_past_timeout_raises_container_error_0(timeout: E
         hosting.invoke_endpoint("e", b"{}", "application/json", "*/*")
     assert (timed_out.value.status, timed_out.value.body) == (0, INVOCATION_TIMED_OUT)
     assert opened == [60.0], "SageMaker's limit"
+
+
+def test_moto_gap_setup_class_reads_body_as_api_parameters() -> None:
+    """Why the front end takes the body itself: moto decodes it as UTF-8 (a PNG fails, an HTML 500
+    on the server) and parses a form content type into parameters (the body is lost)."""
+    from moto.core.request import Request
+    from moto.sagemakerruntime.responses import SageMakerRuntimeResponse
+
+    url = f"https://runtime.sagemaker.{REGION}.amazonaws.com/endpoints/e/invocations"
+    with pytest.raises(UnicodeDecodeError):
+        SageMakerRuntimeResponse().setup_class(Request.from_primitives("POST", url, {}, b"\x89PNG\xff"))
+    form = Request.from_primitives("POST", url, {"Content-Type": "multipart/form-data; boundary=x"}, b"--x\r\n")
+    response = SageMakerRuntimeResponse()
+    response.setup_class(form)
+    assert response.raw_body == b""
+    # The operation is chosen by the body's content type: a form body is read as the query protocol.
+    amz_json = Request.from_primitives("POST", url, {"Content-Type": "application/x-amz-json-1.1"}, b"{}")
+    response = SageMakerRuntimeResponse()
+    response.setup_class(amz_json)
+    assert response._get_action() is None
+
+
+MULTIPART = b"--x\r\nContent-Disposition: form-data; name=a\r\n\r\n1\r\n--x--\r\n"
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [
+        pytest.param(b"\x89PNG\r\n\x1a\n\xff\xfe\x00", "image/png", id="not-utf8"),
+        pytest.param(b"\xff\xfe\x00binary", "application/octet-stream", id="octet-stream"),
+        pytest.param(b"prompt=a+cat&Action=DeleteEndpoint", "application/x-www-form-urlencoded", id="form"),
+        pytest.param(MULTIPART, "multipart/form-data; boundary=x", id="multipart"),
+        pytest.param(b"a cat", "text/plain", id="text"),
+        pytest.param(b'{"prompt": "a cat"}', "application/x-amz-json-1.1", id="amz-json"),
+    ],
+)  # fmt: skip
+def test_body_of_any_bytes_and_content_type_reaches_container_unchanged(
+    runtime: runtime_module.Runtime, monkeypatch: pytest.MonkeyPatch, body: bytes, content_type: str
+) -> None:
+    received: list[tuple[bytes, str]] = []
+
+    def container(name: str, got: bytes, got_type: str, accept: str) -> Any:
+        received.append((got, got_type))
+        return b"\x89PNG-answer", "image/png"
+
+    _endpoint()
+    SageMakerStatusPublisher().job_status_changed("endpoint", "e", "InService", {"EndpointConfigName": "c"})
+    monkeypatch.setattr(runtime.sagemaker, "invoke_endpoint", container)
+    answer = client("sagemaker-runtime").invoke_endpoint(EndpointName="e", Body=body, ContentType=content_type)
+    assert answer["ResponseMetadata"]["HTTPStatusCode"] == 200
+    assert answer["Body"].read() == b"\x89PNG-answer"
+    assert answer["ContentType"] == "image/png"
+    assert received == [(body, content_type)]
+
+
+def test_container_refusing_a_content_type_is_model_error_424_with_its_status(
+    runtime: runtime_module.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(body: bytes) -> Any:
+        raise ContainerError("e", 415, b'{"error":"Content-Type image/png: send application/json"}', "application/json")
+
+    received = _in_service(monkeypatch, runtime, refuse)
+    with pytest.raises(ClientError) as refused:
+        client("sagemaker-runtime").invoke_endpoint(EndpointName="e", Body=b"\x89PNG\xff", ContentType="image/png")
+    response: Any = refused.value.response
+    assert _error(refused) == ("ModelError", 424)
+    assert response["OriginalStatusCode"] == 415
+    assert "send application/json" in response["OriginalMessage"]
+    assert received == [b"\x89PNG\xff"]

@@ -532,6 +532,37 @@ def test_endpoint_create_invoke_update_rollback_and_shutdown(
         local.invoke_endpoint(name, b"{}", "application/json", "image/png")
 
 
+def test_endpoint_answers_what_the_container_answers_for_any_body(
+    tiny_model_in_s3: str, moto_url: str, tmp_path: Path
+) -> None:
+    """Bodies the container refuses come back as its own answer: one it refuses by its length
+    before reading it (InvokeEndpoint's largest, 6,291,456 bytes: the container's limit is 64 KiB),
+    one in a content type it does not take, one that is not UTF-8."""
+    events = RecordingListener()
+    local = LocalSageMaker(tmp_path / "work", moto_url, events, stop_grace_s=10)
+    name = "e2e-bodies"
+    try:
+        local.deploy_endpoint(name, _config("cfg-b", "m"), _model("m", tiny_model_in_s3))  # a prefix: no tar
+        fields = events.wait_for("endpoint", name, {"InService", "Failed"}, timeout=240)
+        assert fields["_status"] == "InService", fields
+        with pytest.raises(ContainerError) as too_large:
+            local.invoke_endpoint(name, b"x" * 6_291_456, "application/json", "image/png")
+        assert too_large.value.status == 413
+        assert b"6291456" in too_large.value.body
+        with pytest.raises(ContainerError) as wrong_type:
+            local.invoke_endpoint(name, b"\x89PNG\r\n\x1a\n\xff\xfe", "image/png", "image/png")
+        assert 400 <= wrong_type.value.status < 500
+        assert b"Content-Type" in wrong_type.value.body
+        with pytest.raises(ContainerError) as not_utf8:
+            local.invoke_endpoint(name, b'{"prompt": "\xff\xfe"}', "application/json", "image/png")
+        assert 400 <= not_utf8.value.status < 500
+        request = json.dumps({"prompt": "a red square", "num_inference_steps": 1, "width": 64, "height": 64}).encode()
+        body, _ = local.invoke_endpoint(name, request, "application/json", "image/png")
+        assert body.startswith(b"\x89PNG"), "the endpoint still serves after the refusals"
+    finally:
+        local.shutdown()
+
+
 def test_endpoint_create_with_missing_artifact_fails(moto_url: str, s3: Any, tmp_path: Path) -> None:
     events = RecordingListener()
     local = LocalSageMaker(tmp_path / "work", moto_url, events)

@@ -50,7 +50,9 @@ What AWS documents, and where it was looked up:
   exceeded <n> bytes." (aws/sagemaker-python-sdk#171, at the old 5 MB limit:
   "An error occurred (413) when calling the InvokeEndpoint operation: HTTP content length exceeded
   5246976 bytes."; botocore names the error by its status when the body has none). The <n> here
-  is the documented 6291456; the front end's exact figure today is not documented.
+  is the documented 6291456; the front end's exact figure today is not documented. A body within
+  the limit goes to the container whole; one the container refuses by its length before reading it
+  is the container's answer, ModelError 424 with OriginalStatusCode 413 (container_http.py).
 - The body is "Provides input data, in the format specified in the ContentType request header.
   Amazon SageMaker passes all of the data in the body to the model" (InvokeEndpoint API reference,
   Body): any bytes, any content type, reach the container unread; what the container refuses is

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
-import urllib.error
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,8 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from sdflow.local import runtime as runtime_module
+from sdflow.local.sagemaker import endpoints as sagemaker_endpoints
+from sdflow.local.sagemaker.container_http import ContainerAnswer
 from sdflow.local.sagemaker.endpoints import (
     INVOCATION_TIMED_OUT,
     INVOKE_TIMEOUT_S,
@@ -199,30 +201,51 @@ def test_container_silent_past_60_s_is_model_error_server_error_0(
     )
 
 
-@pytest.mark.parametrize(
-    "timeout",
-    [
-        pytest.param(TimeoutError("timed out"), id="read"),  # what http.client raises past the socket timeout
-        pytest.param(urllib.error.URLError(TimeoutError("timed out")), id="connect"),
-    ],
-)
-def test_local_sagemaker_invoke_past_timeout_raises_container_error_0(timeout: Exception) -> None:
-    class SilentContainer:
-        def open(self, request: Any, timeout: float) -> Any:
-            opened.append(timeout)
-            raise failure
-
-    failure, opened = timeout, []
+def _hosting(monkeypatch: pytest.MonkeyPatch, post: Any) -> EndpointHosting:
+    """An EndpointHosting serving endpoint "e" on port 9, its container answering through `post`."""
     hosting: Any = EndpointHosting.__new__(EndpointHosting)  # only the state invoke_endpoint reads
     alive = type("Alive", (), {"alive": lambda self: True})()
     hosting._lock = threading.RLock()
     hosting._endpoints = {"e": EndpointState("e", current=Deployment("c", Path("."), 9, alive))}
-    hosting._http = SilentContainer()
     hosting.invoke_timeout_s = INVOKE_TIMEOUT_S
+    monkeypatch.setattr(sagemaker_endpoints, "post_invocation", post)
+    return hosting
+
+
+def test_local_sagemaker_invoke_past_timeout_raises_container_error_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    opened: list[float] = []
+
+    def silent(port: int, body: bytes, headers: dict[str, str], timeout_s: float) -> Any:
+        opened.append(timeout_s)
+        raise TimeoutError("timed out")  # what http.client raises past the socket timeout, connect or read
+
+    hosting = _hosting(monkeypatch, silent)
     with pytest.raises(ContainerError) as timed_out:
         hosting.invoke_endpoint("e", b"{}", "application/json", "*/*")
     assert (timed_out.value.status, timed_out.value.body) == (0, INVOCATION_TIMED_OUT)
     assert opened == [60.0], "SageMaker's limit"
+
+
+def test_local_sagemaker_invoke_container_refusal_raises_container_error_with_its_status(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refuse(port: int, body: bytes, headers: dict[str, str], timeout_s: float) -> Any:
+        return ContainerAnswer(413, "application/json", b'{"error":"body is 6291456 bytes"}')
+
+    hosting = _hosting(monkeypatch, refuse)
+    with pytest.raises(ContainerError) as refused:
+        hosting.invoke_endpoint("e", b"x" * BODY_LIMIT_BYTES, "application/json", "*/*")
+    assert (refused.value.status, refused.value.body) == (413, b'{"error":"body is 6291456 bytes"}')
+
+
+def test_local_sagemaker_invoke_connection_closed_without_answer_raises_unreachable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def gone(port: int, body: bytes, headers: dict[str, str], timeout_s: float) -> Any:
+        raise http.client.RemoteDisconnected("Remote end closed connection without response")
+
+    with pytest.raises(EndpointUnreachable, match="closed connection without response"):
+        _hosting(monkeypatch, gone).invoke_endpoint("e", b"{}", "application/json", "*/*")
 
 
 def test_moto_gap_setup_class_reads_body_as_api_parameters() -> None:

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from sdflow.local.runtime import current_clock
+from sdflow.local.sagemaker.container import ContainerProcess, terminate
 from sdflow.local.sagemaker.container_http import post_invocation
 from sdflow.local.sagemaker.host import (
     ContainerError,
-    ContainerProcess,
     DeploymentFailed,
     EndpointNotFound,
     EndpointUnreachable,
@@ -35,7 +35,6 @@ from sdflow.local.sagemaker.host import (
     S3Transfer,
     clip_reason,
     free_port,
-    terminate,
 )
 
 LOG = logging.getLogger("sdflow.local.sagemaker")

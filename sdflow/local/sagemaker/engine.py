@@ -31,10 +31,10 @@ from typing import Any
 
 from sdflow.local.account import ACCOUNT_ID, REGION
 from sdflow.local.runtime import current_clock
+from sdflow.local.sagemaker.container import ContainerProcess, signal_group, terminate
 from sdflow.local.sagemaker.endpoints import INVOKE_TIMEOUT_S, EndpointHosting, EndpointState
 from sdflow.local.sagemaker.host import (
     ContainerError,
-    ContainerProcess,
     DeploymentFailed,
     EndpointNotFound,
     EndpointUnreachable,
@@ -48,8 +48,6 @@ from sdflow.local.sagemaker.host import (
     parse_s3_uri,
     read_text_or_none,
     rewrite_container_paths,
-    signal_group,
-    terminate,
     utc_now,
 )
 from sdflow.local.sagemaker.job_env import WAIT_POLICY, JobEnvironmentMissing, accelerate_python, image_python

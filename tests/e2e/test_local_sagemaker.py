@@ -8,6 +8,7 @@ hosts; the endpoint serves the model.tar.gz the training job uploaded."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import io
 import json
 import os
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import psutil
 import pytest
 from botocore.config import Config
 from moto.server import ThreadedMotoServer
@@ -429,6 +431,54 @@ def test_training_stop_job_uploads_checkpoint_and_next_job_of_the_run_resumes_fr
         1,
         stopped_at + 1,
     )
+
+
+def _host_main_process(name: str, host: str, timeout_s: float = 240.0) -> psutil.Process:
+    """The `train` process of one host of a running training job (a child of this test's process)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for child in psutil.Process().children():
+            with contextlib.suppress(psutil.Error):
+                env = child.environ()
+                if env.get("TRAINING_JOB_NAME") == name and env.get("SM_CURRENT_HOST") == host:
+                    return child
+        time.sleep(0.2)
+    raise AssertionError(f"no train process of {name} on {host}")
+
+
+def _gone_or_zombie(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.slow
+def test_training_host_main_process_sigkilled_ends_its_whole_container_at_once(
+    sagemaker: LocalSageMaker, listener: RecordingListener, dataset_index: str, tiny_model_in_s3: str
+) -> None:
+    """As on SageMaker, where the host's container ends with its PID 1: torchrun's workers (each in a
+    session of its own) stop training at once and write no more checkpoints."""
+    name = "e2e-train-host-killed"
+    hyperparameters = TRAIN_HP | {"max_train_steps": "100000", "checkpointing_steps": "1"}
+    sagemaker.run_training_job(training_request(name, hyperparameters, instances=2))
+    deadline = time.monotonic() + 240
+    while (sagemaker.training_progress(name).get("step") or 0) < 1:
+        assert time.monotonic() < deadline, sagemaker.training_progress(name)
+        assert sagemaker.training_progress(name)["status"] == "InProgress", listener.events[-1]
+        time.sleep(0.2)
+    main = _host_main_process(name, "algo-1")
+    container = main.children(recursive=True)
+    # torchrun starts its workers in sessions of their own: the main process's group does not hold them.
+    assert any(os.getsid(p.pid) != os.getsid(main.pid) for p in container), "torchrun's workers run"
+    main.kill()  # SIGKILL of the main process alone, as the OOM killer picks one
+    killed = time.monotonic()
+    while [p for p in container if not _gone_or_zombie(p)] and time.monotonic() - killed < 3:
+        time.sleep(0.05)
+    survivors = [" ".join(p.cmdline()) for p in container if not _gone_or_zombie(p)]
+    assert not survivors, f"still running {time.monotonic() - killed:.1f} s after the kill: {survivors}"
+    fields = listener.wait_for("training", name, TERMINAL, timeout=120)
+    assert fields["_status"] == "Failed", fields  # which host's failure it names is not AWS's to say either
 
 
 # --- endpoints ------------------------------------------------------------------------------

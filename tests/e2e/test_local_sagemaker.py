@@ -35,12 +35,14 @@ from sdflow.local.sagemaker.engine import (
 )
 from sdflow.samples import ImageServer, SampleRow, make_laion_parquet, write_parquet
 from tests.e2e.jobs import BUCKET, download_request
+from tests.e2e.runs import RecoveryTable
 
 pytestmark = pytest.mark.e2e
 
 RUN = "runs/e2e-run"
 LOSS_METRIC = {"Name": "train:loss", "Regex": "loss=([0-9.eE+-]+)"}
 TERMINAL = {"Completed", "Failed", "Stopped"}
+RECOVERY = RecoveryTable()
 TRAIN_HP = {
     "plugin": "torch_ddp",
     "mixed_precision": "no",
@@ -97,6 +99,12 @@ def _gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     return False
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _recovery_table() -> Iterator[None]:
+    yield
+    RECOVERY.print()
 
 
 @pytest.fixture(scope="module")
@@ -477,6 +485,12 @@ def test_training_host_main_process_sigkilled_ends_its_whole_container_at_once(
         time.sleep(0.05)
     survivors = [" ".join(p.cmdline()) for p in container if not _gone_or_zombie(p)]
     assert not survivors, f"still running {time.monotonic() - killed:.1f} s after the kill: {survivors}"
+    RECOVERY.record(
+        "SIGKILL of a training host's main process (2 hosts, torchrun)",
+        f"its container's {len(container)} processes gone at once, job Failed",
+        killed,
+        survivors,
+    )
     fields = listener.wait_for("training", name, TERMINAL, timeout=120)
     assert fields["_status"] == "Failed", fields  # which host's failure it names is not AWS's to say either
 

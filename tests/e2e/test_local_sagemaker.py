@@ -394,6 +394,14 @@ def test_training_bad_hyperparameter_fails_with_failure_file_reason(
         assert _gone(process.pid)
 
 
+def _wait_for_first_step(sagemaker: LocalSageMaker, listener: RecordingListener, name: str) -> None:
+    deadline = time.monotonic() + 240
+    while (sagemaker.training_progress(name).get("step") or 0) < 1:
+        assert time.monotonic() < deadline, sagemaker.training_progress(name)
+        assert sagemaker.training_progress(name)["status"] == "InProgress", listener.events[-1]
+        time.sleep(0.2)
+
+
 @pytest.mark.slow
 def test_training_stop_job_uploads_checkpoint_and_next_job_of_the_run_resumes_from_it(
     sagemaker: LocalSageMaker, listener: RecordingListener, dataset_index: str, tiny_model_in_s3: str, s3: Any
@@ -401,11 +409,7 @@ def test_training_stop_job_uploads_checkpoint_and_next_job_of_the_run_resumes_fr
     name = "e2e-train-stopped"
     hyperparameters = TRAIN_HP | {"max_train_steps": "100000", "checkpointing_steps": "100000"}
     sagemaker.run_training_job(training_request(name, hyperparameters, instances=1))
-    deadline = time.monotonic() + 240
-    while (sagemaker.training_progress(name).get("step") or 0) < 1:
-        assert time.monotonic() < deadline, sagemaker.training_progress(name)
-        assert sagemaker.training_progress(name)["status"] == "InProgress", listener.events[-1]
-        time.sleep(0.2)
+    _wait_for_first_step(sagemaker, listener, name)
     sagemaker.stop_job("training", name)
     fields = listener.wait_for("training", name, TERMINAL, timeout=120)
     assert fields["_status"] == "Stopped"
@@ -470,11 +474,7 @@ def test_training_host_main_process_sigkilled_ends_its_whole_container_at_once(
     name = "e2e-train-host-killed"
     hyperparameters = TRAIN_HP | {"max_train_steps": "100000", "checkpointing_steps": "1"}
     sagemaker.run_training_job(training_request(name, hyperparameters, instances=2))
-    deadline = time.monotonic() + 240
-    while (sagemaker.training_progress(name).get("step") or 0) < 1:
-        assert time.monotonic() < deadline, sagemaker.training_progress(name)
-        assert sagemaker.training_progress(name)["status"] == "InProgress", listener.events[-1]
-        time.sleep(0.2)
+    _wait_for_first_step(sagemaker, listener, name)
     main = _host_main_process(name, "algo-1")
     container = main.children(recursive=True)
     # torchrun starts its workers in sessions of their own: the main process's group does not hold them.

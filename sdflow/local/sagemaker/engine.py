@@ -306,7 +306,8 @@ class LocalSageMaker(TrainingJobs, EndpointHosting):
 
     def kill_job(self, kind: Kind, name: str, host: str = "algo-1", timeout_s: float = 60.0) -> int:
         """Fault injection: SIGKILL the container process group of one host of a running job, as
-        when its instance dies or the kernel's OOM killer strikes; the job then fails as SageMaker
+        when its instance dies or the kernel's OOM killer strikes (the container's processes outside
+        the group end with its main process: sagemaker/container.py); the job then fails as SageMaker
         reports a killed algorithm (exit code 137). Waits up to `timeout_s` for the container to
         start (inputs are downloaded first). Returns the pid killed."""
         deadline = time.monotonic() + timeout_s

@@ -4,9 +4,10 @@ Stopping `sdflow local up` closes the cloud's clock, which ends every wait at on
 had come" (sdflow/local/clock.py): a task waiting for its job's token then ended as a task timeout,
 and the run FAILED with States.Timeout and no cause, its notification reading "Cause: (no cause
 given)" and recommending a redrive. On AWS nothing stops the service under a run; what stops a
-run from outside is StopExecution, which ends it ABORTED "with the given error and cause" and runs
-none of its Catch or Retry (API reference, StopExecution). So before the clock closes, each
-running execution is stopped that way, with an error and a cause that say the local cloud stopped,
+run from outside is StopExecution, which ends it ABORTED with an error and a cause of the caller's
+(API reference, StopExecution: error 0-256 characters, cause 0-32,768; "not supported by EXPRESS
+state machines"). So before the clock closes, each running standard execution is stopped that way
+(stepfunctions/api.py stop_execution), with an error and a cause that say the local cloud stopped,
 and the deliveries of those ends (the notification, its cleanup) are given a moment to finish
 while the Lambda workers still run."""
 
@@ -30,7 +31,7 @@ STOPPED_CAUSE = (
 )
 # Time for the ends' deliveries (an asynchronous invocation each) to start on their own threads.
 DELIVERY_START_S = 0.3
-DELIVERY_WAIT_S = 45.0
+DELIVERY_WAIT_S = 30.0
 
 
 def _backend(account: str, region: str) -> Any:

@@ -315,3 +315,21 @@ def test_container_refusing_a_content_type_is_model_error_424_with_its_status(
     assert response["OriginalStatusCode"] == 415
     assert "send application/json" in response["OriginalMessage"]
     assert received == [b"\x89PNG\xff"]
+
+
+def test_body_of_6_mb_the_container_refuses_is_model_error_424_with_original_413(
+    runtime: runtime_module.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    refusal = b'{"error":"body is 6291456 bytes; the limit is 65536","field":"body"}'
+
+    def refuse(body: bytes) -> Any:
+        raise ContainerError("e", 413, refusal, "application/json")
+
+    received = _in_service(monkeypatch, runtime, refuse)
+    with pytest.raises(ClientError) as refused:
+        _invoke_body(b"x" * BODY_LIMIT_BYTES)
+    response: Any = refused.value.response
+    assert _error(refused) == ("ModelError", 424)
+    assert (response["OriginalStatusCode"], response["OriginalMessage"]) == (413, refusal.decode())
+    assert response["Error"]["Message"].startswith("Received client error (413) from primary")
+    assert [len(body) for body in received] == [BODY_LIMIT_BYTES], "within the limit: the container decides"

@@ -40,6 +40,7 @@ from sdflow.local.sdk_config import FILE_NAME as SDK_CONFIG_FILE
 from sdflow.local.services import awslambda, sns
 from sdflow.local.services.iam import IamEnforcer
 from sdflow.local.services.logs import CloudWatchSink
+from sdflow.local.stepfunctions import shutdown
 
 log = logging.getLogger(__name__)
 
@@ -234,6 +235,8 @@ class LocalCloud:
         global _running
         if self.schedules is not None:
             self.schedules.stop()
+        if self.runtime is not None:  # before the clock closes: its waits would end them as timeouts
+            shutdown.end_running_executions(self.runtime, ACCOUNT_ID, REGION)
         self.clock.close()
         runtime, self.runtime = self.runtime, None
         if runtime is not None:

@@ -20,11 +20,23 @@ import psutil
 import pytest
 
 from sdflow import samples
+from sdflow.local.services import sns
+from tests.constants import hold_for
+from tests.e2e.clouds import CloudSpec, noop_cloud
 from tests.e2e.commands import SDFLOW
 from tests.e2e.jobs import BUCKET, download_request
+from tests.e2e.runs import RecoveryTable, run_hash_of, start_run, wait_for_job
 from tests.helpers import free_port, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+RECOVERY = RecoveryTable()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _recovery_table() -> Iterator[None]:
+    yield
+    RECOVERY.print()
 
 
 @pytest.fixture
@@ -120,3 +132,39 @@ def test_local_up_signal_stops_every_process_and_removes_state_file(
         time.sleep(0.2)
     survivors = [p for p in started if not _gone(p)]
     assert not survivors, _cmdlines(survivors)
+
+
+def test_local_cloud_stopped_mid_run_ends_it_aborted_with_a_cause_that_says_so(tmp_path: Path) -> None:
+    """Stopping `sdflow local up` (LocalCloud.stop, what its SIGTERM and SIGINT run) while a run
+    trains: the run ends ABORTED, its notification saying the local cloud stopped, not a
+    States.Timeout with "(no cause given)" (every wait ends when the cloud's clock closes)."""
+    spec = CloudSpec(dataset="stopped", shards=1, seconds_by_kind={"training": hold_for(600)})
+    with noop_cloud(tmp_path / "work", spec) as noop:
+        cloud = noop.cloud
+        document = noop.document(
+            training={"instance_type": "ml.m5.xlarge"},
+            endpoint={"name": "sdflow-stopped", "instance_type": "ml.m5.large"},
+        )
+        arn = start_run(cloud, "stopped-mid-run", document)
+        wait_for_job(cloud, "training", run_hash_of(cloud, arn), timeout_s=120)
+        workdir, topic = cloud.workdir, cloud.topic_name
+        stopping = time.monotonic()
+    stopped_s = time.monotonic() - stopping
+    messages = [m for m in sns.read_sns_messages(workdir, topic) if m["attributes"].get("run_id") == "stopped-mid-run"]
+    assert len(messages) == 1, messages
+    message = messages[0]
+    assert message["attributes"]["outcome"] == "aborted", message
+    assert message["attributes"]["error"] == "sdflow.LocalCloudStopped"
+    assert "local cloud stopped" in message["message"], message["message"]
+    assert "(no cause given)" not in message["message"]
+    assert "in state: Train model" in message["message"]
+    assert "Stopped: 1 training job" in message["message"]
+    assert stopped_s < 60, f"the stop took {stopped_s:.0f} s"
+    leftovers = [f"{noop.sagemaker.running} no-op job(s) held"] if noop.sagemaker.running else []
+    assert leftovers == []
+    RECOVERY.record(
+        "`sdflow local up` stopped mid-run (training)",
+        "run ABORTED (sdflow.LocalCloudStopped), its job stopped, notified",
+        stopping,
+        leftovers,
+    )

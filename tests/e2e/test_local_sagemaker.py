@@ -8,6 +8,7 @@ hosts; the endpoint serves the model.tar.gz the training job uploaded."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import io
 import json
 import os
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import psutil
 import pytest
 from botocore.config import Config
 from moto.server import ThreadedMotoServer
@@ -33,12 +35,14 @@ from sdflow.local.sagemaker.engine import (
 )
 from sdflow.samples import ImageServer, SampleRow, make_laion_parquet, write_parquet
 from tests.e2e.jobs import BUCKET, download_request
+from tests.e2e.runs import RecoveryTable
 
 pytestmark = pytest.mark.e2e
 
 RUN = "runs/e2e-run"
 LOSS_METRIC = {"Name": "train:loss", "Regex": "loss=([0-9.eE+-]+)"}
 TERMINAL = {"Completed", "Failed", "Stopped"}
+RECOVERY = RecoveryTable()
 TRAIN_HP = {
     "plugin": "torch_ddp",
     "mixed_precision": "no",
@@ -95,6 +99,12 @@ def _gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     return False
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _recovery_table() -> Iterator[None]:
+    yield
+    RECOVERY.print()
 
 
 @pytest.fixture(scope="module")
@@ -384,6 +394,14 @@ def test_training_bad_hyperparameter_fails_with_failure_file_reason(
         assert _gone(process.pid)
 
 
+def _wait_for_first_step(sagemaker: LocalSageMaker, listener: RecordingListener, name: str) -> None:
+    deadline = time.monotonic() + 240
+    while (sagemaker.training_progress(name).get("step") or 0) < 1:
+        assert time.monotonic() < deadline, sagemaker.training_progress(name)
+        assert sagemaker.training_progress(name)["status"] == "InProgress", listener.events[-1]
+        time.sleep(0.2)
+
+
 @pytest.mark.slow
 def test_training_stop_job_uploads_checkpoint_and_next_job_of_the_run_resumes_from_it(
     sagemaker: LocalSageMaker, listener: RecordingListener, dataset_index: str, tiny_model_in_s3: str, s3: Any
@@ -391,11 +409,7 @@ def test_training_stop_job_uploads_checkpoint_and_next_job_of_the_run_resumes_fr
     name = "e2e-train-stopped"
     hyperparameters = TRAIN_HP | {"max_train_steps": "100000", "checkpointing_steps": "100000"}
     sagemaker.run_training_job(training_request(name, hyperparameters, instances=1))
-    deadline = time.monotonic() + 240
-    while (sagemaker.training_progress(name).get("step") or 0) < 1:
-        assert time.monotonic() < deadline, sagemaker.training_progress(name)
-        assert sagemaker.training_progress(name)["status"] == "InProgress", listener.events[-1]
-        time.sleep(0.2)
+    _wait_for_first_step(sagemaker, listener, name)
     sagemaker.stop_job("training", name)
     fields = listener.wait_for("training", name, TERMINAL, timeout=120)
     assert fields["_status"] == "Stopped"
@@ -429,6 +443,56 @@ def test_training_stop_job_uploads_checkpoint_and_next_job_of_the_run_resumes_fr
         1,
         stopped_at + 1,
     )
+
+
+def _host_main_process(name: str, host: str, timeout_s: float = 240.0) -> psutil.Process:
+    """The `train` process of one host of a running training job (a child of this test's process)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for child in psutil.Process().children():
+            with contextlib.suppress(psutil.Error):
+                env = child.environ()
+                if env.get("TRAINING_JOB_NAME") == name and env.get("SM_CURRENT_HOST") == host:
+                    return child
+        time.sleep(0.2)
+    raise AssertionError(f"no train process of {name} on {host}")
+
+
+def _gone_or_zombie(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.slow
+def test_training_host_main_process_sigkilled_ends_its_whole_container_at_once(
+    sagemaker: LocalSageMaker, listener: RecordingListener, dataset_index: str, tiny_model_in_s3: str
+) -> None:
+    """As on SageMaker, where the host's container ends with its PID 1: torchrun's workers (each in a
+    session of its own) stop training at once and write no more checkpoints."""
+    name = "e2e-train-host-killed"
+    hyperparameters = TRAIN_HP | {"max_train_steps": "100000", "checkpointing_steps": "1"}
+    sagemaker.run_training_job(training_request(name, hyperparameters, instances=2))
+    _wait_for_first_step(sagemaker, listener, name)
+    main = _host_main_process(name, "algo-1")
+    container = main.children(recursive=True)
+    # torchrun starts its workers in sessions of their own: the main process's group does not hold them.
+    assert any(os.getsid(p.pid) != os.getsid(main.pid) for p in container), "torchrun's workers run"
+    main.kill()  # SIGKILL of the main process alone, as the OOM killer picks one
+    killed = time.monotonic()
+    while [p for p in container if not _gone_or_zombie(p)] and time.monotonic() - killed < 3:
+        time.sleep(0.05)
+    survivors = [" ".join(p.cmdline()) for p in container if not _gone_or_zombie(p)]
+    assert not survivors, f"still running {time.monotonic() - killed:.1f} s after the kill: {survivors}"
+    RECOVERY.record(
+        "SIGKILL of a training host's main process (2 hosts, torchrun)",
+        f"its container's {len(container)} processes gone at once, job Failed",
+        killed,
+        survivors,
+    )
+    fields = listener.wait_for("training", name, TERMINAL, timeout=120)
+    assert fields["_status"] == "Failed", fields  # which host's failure it names is not AWS's to say either
 
 
 # --- endpoints ------------------------------------------------------------------------------
@@ -530,6 +594,37 @@ def test_endpoint_create_invoke_update_rollback_and_shutdown(
     assert local.endpoint_url(name) is None
     with pytest.raises(EndpointNotFound):
         local.invoke_endpoint(name, b"{}", "application/json", "image/png")
+
+
+def test_endpoint_answers_what_the_container_answers_for_any_body(
+    tiny_model_in_s3: str, moto_url: str, tmp_path: Path
+) -> None:
+    """Bodies the container refuses come back as its own answer: one it refuses by its length
+    before reading it (InvokeEndpoint's largest, 6,291,456 bytes: the container's limit is 64 KiB),
+    one in a content type it does not take, one that is not UTF-8."""
+    events = RecordingListener()
+    local = LocalSageMaker(tmp_path / "work", moto_url, events, stop_grace_s=10)
+    name = "e2e-bodies"
+    try:
+        local.deploy_endpoint(name, _config("cfg-b", "m"), _model("m", tiny_model_in_s3))  # a prefix: no tar
+        fields = events.wait_for("endpoint", name, {"InService", "Failed"}, timeout=240)
+        assert fields["_status"] == "InService", fields
+        with pytest.raises(ContainerError) as too_large:
+            local.invoke_endpoint(name, b"x" * 6_291_456, "application/json", "image/png")
+        assert too_large.value.status == 413
+        assert b"6291456" in too_large.value.body
+        with pytest.raises(ContainerError) as wrong_type:
+            local.invoke_endpoint(name, b"\x89PNG\r\n\x1a\n\xff\xfe", "image/png", "image/png")
+        assert 400 <= wrong_type.value.status < 500
+        assert b"Content-Type" in wrong_type.value.body
+        with pytest.raises(ContainerError) as not_utf8:
+            local.invoke_endpoint(name, b'{"prompt": "\xff\xfe"}', "application/json", "image/png")
+        assert 400 <= not_utf8.value.status < 500
+        request = json.dumps({"prompt": "a red square", "num_inference_steps": 1, "width": 64, "height": 64}).encode()
+        body, _ = local.invoke_endpoint(name, request, "application/json", "image/png")
+        assert body.startswith(b"\x89PNG"), "the endpoint still serves after the refusals"
+    finally:
+        local.shutdown()
 
 
 def test_endpoint_create_with_missing_artifact_fails(moto_url: str, s3: Any, tmp_path: Path) -> None:

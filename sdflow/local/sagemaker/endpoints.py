@@ -9,6 +9,7 @@ the state and the helpers declared here."""
 
 from __future__ import annotations
 
+import http.client
 import logging
 import shutil
 import tarfile
@@ -21,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from sdflow.local.runtime import current_clock
+from sdflow.local.sagemaker.container import ContainerProcess, terminate
+from sdflow.local.sagemaker.container_http import post_invocation
 from sdflow.local.sagemaker.host import (
     ContainerError,
-    ContainerProcess,
     DeploymentFailed,
     EndpointNotFound,
     EndpointUnreachable,
@@ -33,7 +35,6 @@ from sdflow.local.sagemaker.host import (
     S3Transfer,
     clip_reason,
     free_port,
-    terminate,
 )
 
 LOG = logging.getLogger("sdflow.local.sagemaker")
@@ -333,7 +334,8 @@ class EndpointHosting(LocalSageMakerHalf):
             return None
 
     def invoke_endpoint(self, endpoint_name: str, body: bytes, content_type: str, accept: str) -> tuple[bytes, str]:
-        """POST /invocations of the process now serving; returns (body, Content-Type).
+        """POST /invocations of the process now serving, as SageMaker's front end posts it
+        (sdflow/local/sagemaker/container_http.py); returns (body, Content-Type).
         Raises ContainerError for an error status or no answer within invoke_timeout_s (status 0, as
         SageMaker reports a timeout), EndpointNotFound, EndpointUnreachable."""
         deployment = self._current(endpoint_name)
@@ -342,18 +344,15 @@ class EndpointHosting(LocalSageMakerHalf):
             headers["Content-Type"] = content_type
         if accept:
             headers["Accept"] = accept
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{deployment.port}/invocations", data=body, headers=headers, method="POST"
-        )
         try:
-            with self._http.open(request, timeout=self.invoke_timeout_s) as response:
-                return response.read(), response.headers.get("Content-Type", "application/octet-stream")
-        except urllib.error.HTTPError as exc:
-            raise ContainerError(endpoint_name, exc.code, exc.read(), exc.headers.get("Content-Type")) from None
-        except (urllib.error.URLError, OSError) as exc:
-            if isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError):
-                raise ContainerError(endpoint_name, 0, INVOCATION_TIMED_OUT, "text/plain") from None
+            answer = post_invocation(deployment.port, body, headers, self.invoke_timeout_s)
+        except TimeoutError:
+            raise ContainerError(endpoint_name, 0, INVOCATION_TIMED_OUT, "text/plain") from None
+        except (OSError, http.client.HTTPException) as exc:
             raise EndpointUnreachable(f"endpoint {endpoint_name} did not answer: {exc}") from None
+        if answer.status >= 400:
+            raise ContainerError(endpoint_name, answer.status, answer.body, answer.content_type)
+        return answer.body, answer.content_type
 
     def delete_endpoint(self, endpoint_name: str) -> None:
         """Stop the endpoint's serve process (DeleteEndpoint); unknown names are ignored. Returns at

@@ -31,10 +31,10 @@ from typing import Any
 
 from sdflow.local.account import ACCOUNT_ID, REGION
 from sdflow.local.runtime import current_clock
+from sdflow.local.sagemaker.container import ContainerProcess, signal_group, terminate
 from sdflow.local.sagemaker.endpoints import INVOKE_TIMEOUT_S, EndpointHosting, EndpointState
 from sdflow.local.sagemaker.host import (
     ContainerError,
-    ContainerProcess,
     DeploymentFailed,
     EndpointNotFound,
     EndpointUnreachable,
@@ -48,8 +48,6 @@ from sdflow.local.sagemaker.host import (
     parse_s3_uri,
     read_text_or_none,
     rewrite_container_paths,
-    signal_group,
-    terminate,
     utc_now,
 )
 from sdflow.local.sagemaker.job_env import WAIT_POLICY, JobEnvironmentMissing, accelerate_python, image_python
@@ -308,7 +306,8 @@ class LocalSageMaker(TrainingJobs, EndpointHosting):
 
     def kill_job(self, kind: Kind, name: str, host: str = "algo-1", timeout_s: float = 60.0) -> int:
         """Fault injection: SIGKILL the container process group of one host of a running job, as
-        when its instance dies or the kernel's OOM killer strikes; the job then fails as SageMaker
+        when its instance dies or the kernel's OOM killer strikes (the container's processes outside
+        the group end with its main process: sagemaker/container.py); the job then fails as SageMaker
         reports a killed algorithm (exit code 137). Waits up to `timeout_s` for the container to
         start (inputs are downloaded first). Returns the pid killed."""
         deadline = time.monotonic() + timeout_s

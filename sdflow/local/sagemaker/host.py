@@ -2,27 +2,22 @@
 
 - the errors a job or endpoint can end with;
 - /opt/ml paths inside the container mapped to a host's work folder;
-- S3 transfers in and out (File mode inputs, EndOfJob outputs, model.tar.gz);
-- container processes: their log, their process group, and stopping them (SIGTERM, then SIGKILL).
+- S3 transfers in and out (File mode inputs, EndOfJob outputs, model.tar.gz).
 
+Container processes (their log, their end, stopping them) are in sdflow/local/sagemaker/container.py;
 sdflow.local.sagemaker.engine runs jobs and endpoints with these pieces."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import re
 import shutil
-import signal
 import socket
-import subprocess
 import tarfile
 import threading
-import time
-from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -36,7 +31,6 @@ LOG = logging.getLogger("sdflow.local.sagemaker")
 
 CONTAINER_OPT_ML = "/opt/ml"
 REASON_LIMIT = 1024  # SageMaker keeps the first 1,024 characters of FailureReason / ExitMessage
-LOG_TAIL_LINES = 40
 # A container path argument: /opt/ml as a whole path component, not part of a longer name.
 CONTAINER_PATH = re.compile(r"(?<![\w.-])/opt/ml(?![\w.-])")
 
@@ -185,11 +179,6 @@ def read_text_or_none(path: Path) -> str | None:
     return text or None
 
 
-def signal_group(pid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signum)
-
-
 # ---------------------------------------------------------------------------------------
 # The local S3, through boto3
 # ---------------------------------------------------------------------------------------
@@ -335,130 +324,6 @@ def parse_manifest(body: bytes, uri: str, field_name: str) -> tuple[str, str, li
                 f"{where}: element {position} must be a non-empty key relative to the prefix, got {suffix!r}"
             )
     return bucket, prefix_key, list(dict.fromkeys(suffixes))
-
-
-# ---------------------------------------------------------------------------------------
-# Processes
-# ---------------------------------------------------------------------------------------
-
-
-class ContainerProcess:
-    """A container process in its own process group, its output copied line by line to a log
-    file (and to `on_line`: CloudWatch Logs and training metrics) by a reader thread."""
-
-    def __init__(
-        self,
-        label: str,
-        command: list[str],
-        env: dict[str, str],
-        cwd: Path,
-        log_path: Path,
-        on_line: Callable[[str], None] | None = None,
-    ) -> None:
-        self.label = label
-        self.log_path = log_path
-        self.tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
-        self._on_line = on_line
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.started = time.monotonic()
-        self.ended: float | None = None
-        self.popen = subprocess.Popen(
-            command,
-            env=env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own group: a kill reaches torchrun's and img2dataset's children
-        )
-        self._reader = threading.Thread(target=self._read, name=f"sdflow-log-{label}", daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.popen.stdout is not None
-        with self.log_path.open("ab") as log:
-            for raw in self.popen.stdout:
-                log.write(raw)
-                log.flush()
-                line = raw.decode("utf-8", errors="replace").rstrip("\n")
-                self.tail.append(line)
-                if self._on_line is not None:
-                    try:
-                        self._on_line(line)
-                    except Exception:  # a metrics or log-sink bug must not stop the log copy (and block the child)
-                        LOG.exception("log line handler failed for %s", self.label)
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def poll(self) -> int | None:
-        code = self.popen.poll()
-        if code is not None and self.ended is None:
-            self.ended = time.monotonic()
-            # Whatever the leader left behind in its group (a dataloader worker) goes too.
-            signal_group(self.pid, signal.SIGKILL)
-        return code
-
-    def alive(self) -> bool:
-        return self.poll() is None
-
-    def finish_log(self, timeout: float = 10.0) -> None:
-        self._reader.join(timeout)
-
-    def tail_text(self) -> str:
-        return "\n".join(self.tail)
-
-    def wall_s(self) -> float:
-        return (self.ended if self.ended is not None else time.monotonic()) - self.started
-
-
-def descendants(pids: Iterable[int]) -> set[int]:
-    """Every live descendant of these processes (Linux /proc; empty elsewhere). A container's
-    helper may leave the process group (img2dataset's runner calls setsid), and on SageMaker
-    the end of the container takes it along all the same."""
-    children: dict[int, list[int]] = {}
-    with contextlib.suppress(OSError):
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = Path("/proc", entry.name, "stat").read_text()
-                ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found: set[int] = set()
-    todo = list(pids)
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def terminate(processes: Iterable[ContainerProcess], grace_s: float) -> None:
-    """SIGTERM every live process group, SIGKILL what is left after `grace_s` (descendants
-    that left the group included), as SageMaker stops a container."""
-    live = [p for p in processes if p.alive()]
-    strays = descendants(p.pid for p in live)
-    for process in live:
-        signal_group(process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while any(p.alive() for p in live) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for process in live:
-        if process.alive():
-            LOG.warning("%s ignored SIGTERM for %.0f s; killing it", process.label, grace_s)
-            signal_group(process.pid, signal.SIGKILL)
-            process.popen.wait()
-        process.poll()
-    for pid in strays:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    for process in live:
-        process.finish_log()
 
 
 def tar_folder(folder: Path, archive: Path) -> None:

@@ -50,21 +50,33 @@ What AWS documents, and where it was looked up:
   exceeded <n> bytes." (aws/sagemaker-python-sdk#171, at the old 5 MB limit:
   "An error occurred (413) when calling the InvokeEndpoint operation: HTTP content length exceeded
   5246976 bytes."; botocore names the error by its status when the body has none). The <n> here
-  is the documented 6291456; the front end's exact figure today is not documented.
+  is the documented 6291456; the front end's exact figure today is not documented. A body within
+  the limit goes to the container whole; one the container refuses by its length before reading it
+  is the container's answer, ModelError 424 with OriginalStatusCode 413 (container_http.py).
+- The body is "Provides input data, in the format specified in the ContentType request header.
+  Amazon SageMaker passes all of the data in the body to the model" (InvokeEndpoint API reference,
+  Body): any bytes, any content type, reach the container unread; what the container refuses is
+  its answer, as ModelError. moto's front end decoded every body as UTF-8 (a PNG body was an HTML
+  500 from the server), parsed a form content type into parameters (the body lost), and chose the
+  operation by the body's content type (a form or application/x-amz-json-1.1 body matched no
+  operation: an empty 404): `sagemaker_runtime_setup_class` keeps the bytes as they came and
+  `sagemaker_runtime_get_action` routes by method and path alone, in the service's own protocol.
 The local SageMaker runs neither serverless nor multi-model endpoints, so ModelNotReadyException
 is never answered."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
 from urllib.parse import unquote
 
 from moto.core.exceptions import JsonRESTError
+from werkzeug.datastructures import ImmutableMultiDict
 
 from sdflow.local.patching import Patch, wrap
-from sdflow.local.runtime import current_runtime
+from sdflow.local.runtime import PatchError, current_runtime
 
 BODY_LIMIT_BYTES = 6_291_456  # InvokeEndpoint's Body: "Maximum length of 6291456"
 
@@ -105,15 +117,55 @@ def body_too_large(size: int) -> tuple[int, dict[str, Any], str]:
     return 413, {"status": 413, "Content-Type": "text/plain", "Content-Length": str(len(message))}, message
 
 
+def sagemaker_runtime_setup_class(inner: Any, self: Any, request: Any, *args: Any, **kwargs: Any) -> None:
+    """Wraps moto/core/responses.py BaseResponse.setup_class for SageMakerRuntimeResponse.
+
+    The body is the model's input, not the API's parameters (module docstring): read before moto
+    looks at it, kept as bytes, never decoded nor parsed as a form (InvokeEndpoint's members are in
+    its path and headers)."""
+    body = request.get_data(cache=True)  # the form parser, if anything asks, reads this cache
+    vars(request)["form"] = ImmutableMultiDict()  # werkzeug's cached properties: no form, no files
+    vars(request)["files"] = ImmutableMultiDict()
+    kwargs["use_raw_body"] = True
+    inner(self, request, *args, **kwargs)
+    self.body = self.raw_body = body
+
+
+@functools.cache
+def _runtime_router() -> Any:
+    from moto.core.routing import get_router_class
+    from moto.core.utils import get_service_model
+
+    model = get_service_model("sagemaker-runtime")
+    router_class = get_router_class(model.service_name, model.protocol)
+    if router_class is None:
+        raise PatchError(f"moto has no router for sagemaker-runtime's protocol {model.protocol}")
+    return router_class(model)
+
+
+def sagemaker_runtime_get_action(inner: Any, self: Any) -> Any:
+    """Wraps moto/core/responses.py BaseResponse._get_action for SageMakerRuntimeResponse: the
+    operation by method and path in rest-json, the protocol SageMaker Runtime speaks; moto picks
+    the protocol from the Content-Type header, which here is the model's input's (module docstring)."""
+    from moto.core.routing import NotFound
+
+    try:
+        operation, self.uri_match = _runtime_router().match(self.normalized_request)
+    except NotFound:
+        return inner(self)
+    return operation.name
+
+
 def sagemaker_runtime_invoke_endpoint(inner: Any, self: Any) -> Any:
     """Wraps moto/sagemakerruntime/responses.py SageMakerRuntimeResponse.invoke_endpoint.
 
     moto answers placeholders; here the request goes to the endpoint's local serving process
     (LocalSageMaker.invoke_endpoint), and errors carry AWS's codes (module docstring)."""
     sagemaker = current_runtime().sagemaker
+    body: bytes = self.raw_body  # sagemaker_runtime_setup_class: the bytes as sent
     if sagemaker is None:
+        self.body = body.decode("utf-8", errors="replace")  # moto's placeholder answer puts it in JSON
         return inner(self)
-    body = self.body if isinstance(self.body, bytes) else (self.body or "").encode()
     if len(body) > BODY_LIMIT_BYTES:
         return body_too_large(len(body))
     from moto.sagemaker.models import sagemaker_backends
@@ -147,4 +199,8 @@ def sagemaker_runtime_invoke_endpoint(inner: Any, self: Any) -> Any:
 def patches() -> list[Patch]:
     from moto.sagemakerruntime.responses import SageMakerRuntimeResponse
 
-    return [wrap(SageMakerRuntimeResponse, "invoke_endpoint", sagemaker_runtime_invoke_endpoint)]
+    return [
+        wrap(SageMakerRuntimeResponse, "setup_class", sagemaker_runtime_setup_class),
+        wrap(SageMakerRuntimeResponse, "_get_action", sagemaker_runtime_get_action),
+        wrap(SageMakerRuntimeResponse, "invoke_endpoint", sagemaker_runtime_invoke_endpoint),
+    ]

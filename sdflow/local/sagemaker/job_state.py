@@ -12,7 +12,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from sdflow.local.sagemaker.host import REASON_LIMIT, ContainerProcess, clip_reason, read_text_or_none
+from sdflow.local.sagemaker.container import ContainerProcess
+from sdflow.local.sagemaker.host import (
+    REASON_LIMIT,
+    clip_reason,
+    read_text_or_none,
+)
 
 Kind = Literal["processing", "training", "endpoint"]
 

@@ -18,13 +18,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from sdflow.local.sagemaker.container import ContainerProcess, terminate
 from sdflow.local.sagemaker.host import (
-    ContainerProcess,
     JobSetupError,
     LocalSageMakerHalf,
     S3Transfer,
     clip_reason,
-    terminate,
     utc_now,
 )
 from sdflow.local.sagemaker.job_logs import JobLogs, metric_definitions, metric_values

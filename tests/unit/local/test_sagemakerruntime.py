@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
-import urllib.error
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,8 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from sdflow.local import runtime as runtime_module
+from sdflow.local.sagemaker import endpoints as sagemaker_endpoints
+from sdflow.local.sagemaker.container_http import ContainerAnswer
 from sdflow.local.sagemaker.endpoints import (
     INVOCATION_TIMED_OUT,
     INVOKE_TIMEOUT_S,
@@ -199,27 +201,135 @@ def test_container_silent_past_60_s_is_model_error_server_error_0(
     )
 
 
-@pytest.mark.parametrize(
-    "timeout",
-    [
-        pytest.param(TimeoutError("timed out"), id="read"),  # what http.client raises past the socket timeout
-        pytest.param(urllib.error.URLError(TimeoutError("timed out")), id="connect"),
-    ],
-)
-def test_local_sagemaker_invoke_past_timeout_raises_container_error_0(timeout: Exception) -> None:
-    class SilentContainer:
-        def open(self, request: Any, timeout: float) -> Any:
-            opened.append(timeout)
-            raise failure
-
-    failure, opened = timeout, []
+def _hosting(monkeypatch: pytest.MonkeyPatch, post: Any) -> EndpointHosting:
+    """An EndpointHosting serving endpoint "e" on port 9, its container answering through `post`."""
     hosting: Any = EndpointHosting.__new__(EndpointHosting)  # only the state invoke_endpoint reads
     alive = type("Alive", (), {"alive": lambda self: True})()
     hosting._lock = threading.RLock()
     hosting._endpoints = {"e": EndpointState("e", current=Deployment("c", Path("."), 9, alive))}
-    hosting._http = SilentContainer()
     hosting.invoke_timeout_s = INVOKE_TIMEOUT_S
+    monkeypatch.setattr(sagemaker_endpoints, "post_invocation", post)
+    return hosting
+
+
+def test_local_sagemaker_invoke_past_timeout_raises_container_error_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    opened: list[float] = []
+
+    def silent(port: int, body: bytes, headers: dict[str, str], timeout_s: float) -> Any:
+        opened.append(timeout_s)
+        raise TimeoutError("timed out")  # what http.client raises past the socket timeout, connect or read
+
+    hosting = _hosting(monkeypatch, silent)
     with pytest.raises(ContainerError) as timed_out:
         hosting.invoke_endpoint("e", b"{}", "application/json", "*/*")
     assert (timed_out.value.status, timed_out.value.body) == (0, INVOCATION_TIMED_OUT)
     assert opened == [60.0], "SageMaker's limit"
+
+
+def test_local_sagemaker_invoke_container_refusal_raises_container_error_with_its_status(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refuse(port: int, body: bytes, headers: dict[str, str], timeout_s: float) -> Any:
+        return ContainerAnswer(413, "application/json", b'{"error":"body is 6291456 bytes"}')
+
+    hosting = _hosting(monkeypatch, refuse)
+    with pytest.raises(ContainerError) as refused:
+        hosting.invoke_endpoint("e", b"x" * BODY_LIMIT_BYTES, "application/json", "*/*")
+    assert (refused.value.status, refused.value.body) == (413, b'{"error":"body is 6291456 bytes"}')
+
+
+def test_local_sagemaker_invoke_connection_closed_without_answer_raises_unreachable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def gone(port: int, body: bytes, headers: dict[str, str], timeout_s: float) -> Any:
+        raise http.client.RemoteDisconnected("Remote end closed connection without response")
+
+    with pytest.raises(EndpointUnreachable, match="closed connection without response"):
+        _hosting(monkeypatch, gone).invoke_endpoint("e", b"{}", "application/json", "*/*")
+
+
+def test_moto_gap_setup_class_reads_body_as_api_parameters() -> None:
+    """Why the front end takes the body itself: moto decodes it as UTF-8 (a PNG fails, an HTML 500
+    on the server) and parses a form content type into parameters (the body is lost)."""
+    from moto.core.request import Request
+    from moto.sagemakerruntime.responses import SageMakerRuntimeResponse
+
+    url = f"https://runtime.sagemaker.{REGION}.amazonaws.com/endpoints/e/invocations"
+    with pytest.raises(UnicodeDecodeError):
+        SageMakerRuntimeResponse().setup_class(Request.from_primitives("POST", url, {}, b"\x89PNG\xff"))
+    form = Request.from_primitives("POST", url, {"Content-Type": "multipart/form-data; boundary=x"}, b"--x\r\n")
+    response = SageMakerRuntimeResponse()
+    response.setup_class(form)
+    assert response.raw_body == b""
+    # The operation is chosen by the body's content type: a form body is read as the query protocol.
+    amz_json = Request.from_primitives("POST", url, {"Content-Type": "application/x-amz-json-1.1"}, b"{}")
+    response = SageMakerRuntimeResponse()
+    response.setup_class(amz_json)
+    assert response._get_action() is None
+
+
+MULTIPART = b"--x\r\nContent-Disposition: form-data; name=a\r\n\r\n1\r\n--x--\r\n"
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [
+        pytest.param(b"\x89PNG\r\n\x1a\n\xff\xfe\x00", "image/png", id="not-utf8"),
+        pytest.param(b"\xff\xfe\x00binary", "application/octet-stream", id="octet-stream"),
+        pytest.param(b"prompt=a+cat&Action=DeleteEndpoint", "application/x-www-form-urlencoded", id="form"),
+        pytest.param(MULTIPART, "multipart/form-data; boundary=x", id="multipart"),
+        pytest.param(b"a cat", "text/plain", id="text"),
+        pytest.param(b'{"prompt": "a cat"}', "application/x-amz-json-1.1", id="amz-json"),
+    ],
+)  # fmt: skip
+def test_body_of_any_bytes_and_content_type_reaches_container_unchanged(
+    runtime: runtime_module.Runtime, monkeypatch: pytest.MonkeyPatch, body: bytes, content_type: str
+) -> None:
+    received: list[tuple[bytes, str]] = []
+
+    def container(name: str, got: bytes, got_type: str, accept: str) -> Any:
+        received.append((got, got_type))
+        return b"\x89PNG-answer", "image/png"
+
+    _endpoint()
+    SageMakerStatusPublisher().job_status_changed("endpoint", "e", "InService", {"EndpointConfigName": "c"})
+    monkeypatch.setattr(runtime.sagemaker, "invoke_endpoint", container)
+    answer = client("sagemaker-runtime").invoke_endpoint(EndpointName="e", Body=body, ContentType=content_type)
+    assert answer["ResponseMetadata"]["HTTPStatusCode"] == 200
+    assert answer["Body"].read() == b"\x89PNG-answer"
+    assert answer["ContentType"] == "image/png"
+    assert received == [(body, content_type)]
+
+
+def test_container_refusing_a_content_type_is_model_error_424_with_its_status(
+    runtime: runtime_module.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(body: bytes) -> Any:
+        raise ContainerError("e", 415, b'{"error":"Content-Type image/png: send application/json"}', "application/json")
+
+    received = _in_service(monkeypatch, runtime, refuse)
+    with pytest.raises(ClientError) as refused:
+        client("sagemaker-runtime").invoke_endpoint(EndpointName="e", Body=b"\x89PNG\xff", ContentType="image/png")
+    response: Any = refused.value.response
+    assert _error(refused) == ("ModelError", 424)
+    assert response["OriginalStatusCode"] == 415
+    assert "send application/json" in response["OriginalMessage"]
+    assert received == [b"\x89PNG\xff"]
+
+
+def test_body_of_6_mb_the_container_refuses_is_model_error_424_with_original_413(
+    runtime: runtime_module.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    refusal = b'{"error":"body is 6291456 bytes; the limit is 65536","field":"body"}'
+
+    def refuse(body: bytes) -> Any:
+        raise ContainerError("e", 413, refusal, "application/json")
+
+    received = _in_service(monkeypatch, runtime, refuse)
+    with pytest.raises(ClientError) as refused:
+        _invoke_body(b"x" * BODY_LIMIT_BYTES)
+    response: Any = refused.value.response
+    assert _error(refused) == ("ModelError", 424)
+    assert (response["OriginalStatusCode"], response["OriginalMessage"]) == (413, refusal.decode())
+    assert response["Error"]["Message"].startswith("Received client error (413) from primary")
+    assert [len(body) for body in received] == [BODY_LIMIT_BYTES], "within the limit: the container decides"

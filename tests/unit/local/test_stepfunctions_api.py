@@ -13,7 +13,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from sdflow.local import runtime as runtime_module
-from sdflow.local.stepfunctions import core
+from sdflow.local.stepfunctions import core, shutdown
 from tests.constants import ACCOUNT, REGION
 from tests.unit.local.helpers import ROLE, client, wait_for
 
@@ -431,3 +431,23 @@ def test_patch_interpreter_modules_share_the_live_threads_list(runtime: runtime_
     assert isinstance(utils.TMP_THREADS, core.LiveThreads)
     assert program.TMP_THREADS is utils.TMP_THREADS
     assert state_task_service_callback.TMP_THREADS is utils.TMP_THREADS
+
+
+def test_local_cloud_stopping_ends_running_executions_aborted_with_its_cause(runtime: runtime_module.Runtime) -> None:
+    sfn, queue_url = client("stepfunctions"), _queue("stopping")
+    machine = _machine({"StartAt": "Wait", "States": {"Wait": _wait_task(queue_url)}})
+    done = _machine({"StartAt": "Done", "States": {"Done": {"Type": "Pass", "End": True}}}, name="done")
+    finished = sfn.start_execution(stateMachineArn=done, name="finished", input="{}")["executionArn"]
+    wait_for(lambda: sfn.describe_execution(executionArn=finished)["status"] == "SUCCEEDED", what="the Pass run")
+    running = sfn.start_execution(stateMachineArn=machine, name="running", input="{}")["executionArn"]
+    _tokens(queue_url, 1)
+
+    assert shutdown.end_running_executions(runtime, ACCOUNT, REGION) == [running]
+    runtime.clock.close()  # what LocalCloud.stop does next: every wait ends, as if timed out
+
+    described = sfn.describe_execution(executionArn=running)
+    assert described["status"] == "ABORTED"
+    assert (described["error"], described["cause"]) == (shutdown.STOPPED_ERROR, shutdown.STOPPED_CAUSE)
+    time.sleep(0.3)  # the interrupted task's thread ends: no States.Timeout replaces the stop
+    assert sfn.describe_execution(executionArn=running)["status"] == "ABORTED"
+    assert sfn.describe_execution(executionArn=finished)["status"] == "SUCCEEDED"

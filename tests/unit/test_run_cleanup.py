@@ -120,6 +120,60 @@ def test_clean_up_run_end_of_the_latest_redrive_is_cleaned_up(
     assert report.stopped == {"training job": [job]}
 
 
+def _download_of_redrive(shard: str, redrive: int) -> str:
+    return names.download_job_name(RUN_HASH, "cats-v1-abc", shard, redrive, 0)
+
+
+def test_clean_up_run_superseded_stops_the_downloads_an_earlier_redrive_left_running(
+    sagemaker: FakeSageMakerClient, store: TokenStore
+) -> None:
+    """Issue 32 item 3: the run was redriven before its cleanup ran. A redrive re-runs a failed Map
+    child under a new name (`-r1`) and adopts no download across redrives, so the `-r0` downloads
+    still running download the same shards a second time, until their MaxRuntime: they are stopped.
+    The redrive's own jobs, and the training job it may adopt, are left alone."""
+    earlier, ended, redrives = _download("00001"), _download("00002"), _download_of_redrive("00001", 1)
+    for name in (earlier, redrives, _training()):
+        _claimed_job(sagemaker, store, name)
+    _claimed_job(sagemaker, store, ended, status="Completed")
+
+    report = _clean(sagemaker, store, FakeStepFunctions("RUNNING", 1), redrive_count=0)
+
+    assert sagemaker.jobs["processing"][earlier] == "Stopping"
+    assert store.get(earlier) is None
+    assert sagemaker.jobs["processing"][redrives] == "InProgress"
+    assert store.get(redrives) is not None
+    assert sagemaker.jobs["training"][_training()] == "InProgress"
+    assert store.get(_training()) is not None
+    assert sagemaker.jobs["processing"][ended] == "Completed"
+    assert report.errors == []
+    assert report.lines() == [
+        f"Stopped: 1 download job ({earlier}) an earlier redrive left running; the rest was left to the "
+        "redrive: the run was redriven (redrive 1) after this end."
+    ]
+
+
+def test_clean_up_run_claim_taken_over_after_the_read_its_job_is_not_stopped(
+    sagemaker: FakeSageMakerClient, store: TokenStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 32 item 3, the cleanup-versus-redrive race: a redrive's training task adopts the
+    job the ended run left running by taking over its claim (job_control.earlier_redrives), here
+    between the cleanup's read of the claims and its stop. The claim is deleted only while it
+    holds the token that was read, and the job stopped only when that delete succeeded."""
+    adopted = _training()
+    _claimed_job(sagemaker, store, adopted)
+    read = list(store.for_execution(EXECUTION_ARN))
+    store.claim(adopted, "token-of-the-redrive", EXECUTION_ARN, "training", timeout_seconds=3600)
+    monkeypatch.setattr(store, "for_execution", lambda *args, **kwargs: iter(read))
+
+    report = _clean(sagemaker, store)
+
+    assert sagemaker.jobs["training"][adopted] == "InProgress"
+    assert sagemaker.called("StopTrainingJob") == []
+    assert store.get(adopted).task_token == "token-of-the-redrive"  # type: ignore[union-attr]
+    assert report.stopped == {}
+    assert report.errors == []
+
+
 # ---------------------------------------------------------------------------- jobs
 
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +71,10 @@ class CleanupReport:
     unstopped: set[str] = field(default_factory=set)
     # Job claims the stop step dealt with (released, or found taken over): not settled again.
     settled: set[str] = field(default_factory=set)
+    # Jobs whose claims the stop step deleted: the run's, not a redrive's that took one over.
+    released: set[str] = field(default_factory=set)
+    # Training jobs whose warm pool the cleanup ended (KeepAlivePeriodInSeconds 0).
+    warm_pools_ended: list[str] = field(default_factory=list)
 
     @property
     def stopped_count(self) -> int:
@@ -92,6 +96,10 @@ class CleanupReport:
         lines = []
         if parts:
             lines.append("Stopped: " + "; ".join(parts))
+        lines.extend(
+            f"Ended the warm pool of training job {name} (KeepAlivePeriodInSeconds 0)."
+            for name in self.warm_pools_ended
+        )
         lines.extend(item.text for item in self.rollbacks if item.outcome != "untouched")
         if not lines and self.checked:
             lines.append(f"None of this run's {_listed(self.checked)} was still running when checked.")
@@ -172,6 +180,7 @@ def _release_and_stop(api: job_control.JobApi, record: TokenRecord, store: Token
         logger.info("claim changed hands or was released since it was read; job left alone", extra={"job": name})
         return
     report.claims_deleted += 1
+    report.released.add(name)
     try:
         if api.stop(name):
             report.stopped.setdefault(api.label, []).append(name)
@@ -185,6 +194,22 @@ def _release_and_stop(api: job_control.JobApi, record: TokenRecord, store: Token
         # The job runs on: its claim goes back, so a redrive and the reconciler still find it.
         if store.restore(record):
             report.claims_deleted -= 1
+
+
+def end_warm_pools(names_: list[str], sagemaker: Any, report: CleanupReport) -> None:
+    """End the warm pool of each training job of the run (job_control.end_warm_pool): the ones
+    the claims named, stopped or ended, and the one the run's state names (its claim went when it
+    completed). A redrive that trains again starts a new job, so a warm pool left would only bill."""
+    for name in sorted(set(names_)):
+        try:
+            if job_control.end_warm_pool(sagemaker, name):
+                report.warm_pools_ended.append(name)
+        except ClientError as exc:
+            report.errors.append(
+                f"the warm pool of training job {name} may still be billed ({exc}); end it: aws sagemaker "
+                f"update-training-job --training-job-name {shlex.quote(name)} "
+                "--resource-config KeepAlivePeriodInSeconds=0"
+            )
 
 
 def _settle_claim(record: TokenRecord, sagemaker: Any, store: TokenStore, report: CleanupReport) -> None:
@@ -267,9 +292,11 @@ def clean_up_run(
     store: TokenStore,
     sfn: Any,
     redrive_count: int = 0,
+    training_jobs: Sequence[str] = (),
 ) -> CleanupReport:
     """Stop, roll back and release everything of the run's attempt `redrive_count` (the end
-    being cleaned up); see the module docstring."""
+    being cleaned up), and end the warm pools of its training jobs (`training_jobs`: those the
+    run's state names, whose claims went when they ended); see the module docstring."""
     run_hash = names.run_hash(execution_arn, start_time)
     report = CleanupReport()
     superseded = superseding_redrive(sfn, execution_arn, redrive_count)
@@ -286,6 +313,8 @@ def clean_up_run(
         return report
     report.checked.extend(CHECKED)
     stop_jobs(records, sagemaker, store, run_hash, report)
+    claimed_training = [r.resource_name for r in records if r.kind == "training" and r.resource_name in report.released]
+    end_warm_pools([*claimed_training, *training_jobs], sagemaker, report)
     settle_claims(records, sagemaker, store, report)
     logger.info("run cleaned up", extra={"run_hash": run_hash, **report.as_dict()})
     return report

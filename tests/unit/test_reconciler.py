@@ -25,6 +25,7 @@ from tests.helpers import load_function_module
 from tests.unit.helpers import (
     DATA_BUCKET,
     SAGEMAKER_ROLE_ARN,
+    STATE_MACHINE_ARN,
     TOKEN_TABLE,
     TRAINING_IMAGE_URI,
     AwsWorld,
@@ -353,3 +354,32 @@ def test_reconciler_stopped_run_whose_last_claim_the_pass_settles_still_gets_its
     [call] = invoked
     assert call["FunctionName"] == "sdflow-test-NotifyFunction"
     assert json.loads(call["Payload"])["detail"]["status"] == "ABORTED"
+
+
+def test_reconciler_succeeded_run_without_claims_whose_end_event_was_lost_gets_its_notice(
+    mocked_aws: AwsWorld, sfn: Resolutions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 32 item 3: a run that succeeded holds no claims, so the claims alone never showed
+    that its end event was lost; the pass lists the pipeline's recently ended executions too."""
+    ended = {
+        "executionArn": EXECUTION_ARN,
+        "stateMachineArn": STATE_MACHINE_ARN,
+        "name": RUN_ID,
+        "status": "SUCCEEDED",
+        "startDate": datetime.fromtimestamp(time.time() - 7200, tz=UTC),
+        "stopDate": datetime.fromtimestamp(time.time() - 900, tz=UTC),
+        "output": "{}",
+    }
+    listed: list[dict[str, Any]] = []
+    client = aws.client("stepfunctions")
+    monkeypatch.setattr(client, "list_executions", lambda **kw: listed.append(kw) or {"executions": [ended]})
+    monkeypatch.setattr(client, "describe_execution", lambda **_kw: ended)
+    invoked: list[dict[str, Any]] = []
+    monkeypatch.setattr(aws.client("lambda"), "invoke", lambda **kw: invoked.append(kw) or {"StatusCode": 202})
+
+    counts = reconcile()
+
+    assert listed[0]["stateMachineArn"] == STATE_MACHINE_ARN
+    assert counts["runs_closed"] == 1
+    [call] = invoked
+    assert json.loads(call["Payload"])["detail"]["status"] == "SUCCEEDED"

@@ -192,3 +192,17 @@ def test_restore_puts_a_deleted_claim_back_unless_the_name_was_claimed_since(sto
     store.claim("job-1", "token-2", EXEC_A, "training", timeout_seconds=TIMEOUT)
     assert store.restore(claim.record) is False
     assert store.get("job-1").task_token == "token-2"  # type: ignore[union-attr]
+
+
+def test_take_over_replaces_only_the_claim_as_it_was_read(store: TokenStore) -> None:
+    held = store.claim("job-1", "token-1", EXEC_A, "training", timeout_seconds=TIMEOUT).record
+
+    assert store.take_over(held, "token-2", {}, timeout_seconds=TIMEOUT).new
+    assert store.get("job-1").task_token == "token-2"  # type: ignore[union-attr]
+    with pytest.raises(TokenConflict, match="changed hands"):
+        store.take_over(held, "token-3", {}, timeout_seconds=TIMEOUT)
+
+    store.delete("job-1", token="token-2")
+    with pytest.raises(TokenConflict):
+        store.take_over(held, "token-3", {}, timeout_seconds=TIMEOUT)
+    assert store.get("job-1") is None, "a released claim is not taken: its job is being stopped"

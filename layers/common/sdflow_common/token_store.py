@@ -193,6 +193,28 @@ class TokenStore:
             raise EndpointBusy(f"{message}. Another run is deploying to this endpoint; retry later.")
         raise TokenConflict(message)
 
+    def take_over(self, held: TokenRecord, token: str, context: Mapping[str, str], *, timeout_seconds: int) -> Claim:
+        """Bind `held`'s name to `token` only while `held.task_token` still holds it: a redrive
+        adopting a job an earlier end left running. Unlike `claim`, a name nobody holds is not
+        taken: the run cleanup deletes a job's claim and then stops the job, so a claim gone is a
+        job being stopped. TokenConflict when the claim changed hands or went since it was read."""
+        if held.task_token == token:
+            return Claim(new=False, record=held)
+        now = self._now()
+        deadline = now + timeout_seconds
+        record = TokenRecord(
+            resource_name=held.resource_name,
+            task_token=token,
+            execution_arn=held.execution_arn,
+            kind=held.kind,
+            created_at=now,
+            deadline=deadline,
+            expires_at=deadline + self.slack_seconds,
+            context=dict(context),
+        )
+        self._replace(held, record)
+        return Claim(new=True, record=record)
+
     def _replace(self, held: TokenRecord, record: TokenRecord) -> None:
         try:
             self.client.put_item(

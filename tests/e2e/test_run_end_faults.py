@@ -132,6 +132,31 @@ def test_run_end_event_lost_reconciler_notifies_and_cleans_up_within_its_period(
     )
 
 
+def test_succeeded_run_end_event_lost_reconciler_notifies_without_any_claim(
+    cloud: LocalCloud, sagemaker: NoOpSageMaker
+) -> None:
+    """Issue 32 item 3: a run that succeeds holds no claim when it ends (the endpoint's claim was
+    answered), so the claims never showed its lost end. The reconciler's pass lists the pipeline's
+    recently ended executions (ListExecutions, authorized by the template's policy) and hands
+    notify the end: the user hears of the success."""
+    arn = start_run(cloud, "lost-success")
+    cloud.faults.drop_end_event(arn)
+    assert ended(cloud, arn)["status"] == "SUCCEEDED"
+    cloud.wait_idle(30.0)
+    assert not [m for m in cloud.sns_messages() if m["attributes"].get("run_id") == "lost-success"]
+    started = time.monotonic()
+
+    cloud.clock.advance(10 * 60 + 1)  # the reconciler's rate(10 minutes) comes round
+
+    message = notification(cloud, "lost-success")
+    assert "succeeded" in message["subject"]
+    leftovers = settled(cloud, sagemaker)
+    assert leftovers == []
+    RECOVERY.record(
+        "a succeeded run's end event lost (no claim left)", "reconciler listed it, notify told", started, leftovers
+    )
+
+
 def test_account_with_long_job_history_run_stopped_cleanup_lists_no_job_at_awss_rate(
     cloud: LocalCloud, sagemaker: NoOpSageMaker
 ) -> None:

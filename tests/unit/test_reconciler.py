@@ -87,9 +87,13 @@ def set_status(name: str, status: str) -> None:
         backend.training_jobs[name].training_job_status = status
 
 
-def create_training_job(world: AwsWorld, name: str) -> None:
+def create_training_job(world: AwsWorld, name: str, keep_alive_seconds: int = 0) -> None:
     run = RunDocument.model_validate(
-        {"dataset": {"prefix": f"s3://{DATA_BUCKET}/d/"}, "base_model_uri": f"s3://{DATA_BUCKET}/models/m/"}
+        {
+            "dataset": {"prefix": f"s3://{DATA_BUCKET}/d/"},
+            "base_model_uri": f"s3://{DATA_BUCKET}/models/m/",
+            "training": {"keep_alive_seconds": keep_alive_seconds},
+        }
     )
     world.sagemaker.create_training_job(
         **sagemaker_jobs.training_job_request(
@@ -198,6 +202,24 @@ def test_reconciler_training_job_past_its_deadline_is_stopped(
     reconcile()
     assert stops == ["sdf-tr-late-r0-a0"]
     assert sfn.by_token()["token-late"][1]["error"] == "TrainingJobFailed"
+
+
+def test_reconciler_training_job_with_a_warm_pool_past_its_deadline_is_stopped_and_its_warm_pool_ended(
+    mocked_aws: AwsWorld, sfn: Resolutions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 32 item 3: a stopped training job keeps its warm pool (billed); the task timed out,
+    so nothing will use it, and the run's cleanup will not see the job (its claim goes here)."""
+    create_training_job(mocked_aws, "sdf-tr-warm-r0-a0", keep_alive_seconds=900)
+    set_status("sdf-tr-warm-r0-a0", "InProgress")
+    claim("sdf-tr-warm-r0-a0", "token-warm", "training", deadline_in=-30)
+    updates: list[dict[str, Any]] = []
+    client = aws.client("sagemaker")
+    monkeypatch.setattr(client, "stop_training_job", lambda **kw: {})  # moto 5.2.5 has no StopTrainingJob
+    monkeypatch.setattr(client, "update_training_job", lambda **kw: updates.append(kw) or {})  # nor UpdateTrainingJob
+
+    reconcile()
+
+    assert updates == [{"TrainingJobName": "sdf-tr-warm-r0-a0", "ResourceConfig": {"KeepAlivePeriodInSeconds": 0}}]
 
 
 def test_reconciler_endpoint_still_changing_past_its_deadline_keeps_its_claim(

@@ -123,6 +123,10 @@ def _stop_overdue(
         return
     if detail.status == "InProgress":
         api.stop(record.resource_name)
+    if record.kind == "training":
+        # A stopped job keeps its warm pool, billed; the run's cleanup will not see this job once
+        # its claim goes here.
+        job_control.end_warm_pool(sagemaker, record.resource_name)
     cause = (
         f"{api.label} {record.resource_name} was still {detail.status} after its task's timeout "
         f"(deadline epoch {record.deadline}): it outlived its task, so the reconciler stopped it"

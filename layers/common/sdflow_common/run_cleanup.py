@@ -304,7 +304,8 @@ def clean_up_run(
     if superseded is not None:
         report.superseded_by = superseded.reason
         logger.info(
-            "run redriven since it ended; only earlier redrives' downloads", extra={"reason": superseded.reason}
+            "run redriven since it ended; cleanup skipped but for earlier redrives' downloads",
+            extra={"reason": superseded.reason},
         )
         if records is not None:
             stop_earlier_redrive_downloads(records, sagemaker, store, run_hash, superseded.redrive_count, report)

@@ -222,6 +222,25 @@ def test_reconciler_training_job_with_a_warm_pool_past_its_deadline_is_stopped_a
     assert updates == [{"TrainingJobName": "sdf-tr-warm-r0-a0", "ResourceConfig": {"KeepAlivePeriodInSeconds": 0}}]
 
 
+def test_reconciler_warm_pool_end_refused_the_task_is_answered_and_the_refusal_reported(
+    mocked_aws: AwsWorld, sfn: Resolutions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    create_training_job(mocked_aws, "sdf-tr-warm-r0-a0", keep_alive_seconds=900)
+    set_status("sdf-tr-warm-r0-a0", "InProgress")
+    claim("sdf-tr-warm-r0-a0", "token-warm", "training", deadline_in=-30)
+    client = aws.client("sagemaker")
+    monkeypatch.setattr(client, "stop_training_job", lambda **kw: {})
+
+    def throttled(**kw: Any) -> Any:
+        raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}, "UpdateTrainingJob")
+
+    monkeypatch.setattr(client, "update_training_job", throttled)
+
+    with pytest.raises(ReconcileIncomplete, match="warm pool may still be billed"):
+        reconcile()
+    assert sfn.by_token()["token-warm"][1]["error"] == "TrainingJobFailed"
+
+
 def test_reconciler_endpoint_still_changing_past_its_deadline_keeps_its_claim(
     mocked_aws: AwsWorld, sfn: Resolutions, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -123,16 +123,26 @@ def _stop_overdue(
         return
     if detail.status == "InProgress":
         api.stop(record.resource_name)
-    if record.kind == "training":
-        # A stopped job keeps its warm pool, billed; the run's cleanup will not see this job once
-        # its claim goes here.
-        job_control.end_warm_pool(sagemaker, record.resource_name)
     cause = (
         f"{api.label} {record.resource_name} was still {detail.status} after its task's timeout "
         f"(deadline epoch {record.deadline}): it outlived its task, so the reconciler stopped it"
     )
     resolver.fail(record, FAILURE_ERRORS[record.kind], cause, detail.status)
     report.stopped += 1
+    if record.kind == "training":
+        _end_warm_pool(sagemaker, record.resource_name, report)
+
+
+def _end_warm_pool(sagemaker: Any, name: str, report: ReconcileReport) -> None:
+    """A stopped job keeps its warm pool, billed; once its claim has gone here, the run's cleanup
+    does not see the job, so it is ended now. A refusal is reported (the task is answered)."""
+    try:
+        job_control.end_warm_pool(sagemaker, name)
+    except ClientError as exc:
+        report.errors.append(
+            f"{name}: its warm pool may still be billed ({exc}); end it: aws sagemaker update-training-job "
+            f"--training-job-name {name} --resource-config KeepAlivePeriodInSeconds=0"
+        )
 
 
 def reconcile_one(

@@ -192,8 +192,11 @@ def _release_and_stop(api: job_control.JobApi, record: TokenRecord, store: Token
             f"aws sagemaker stop-{noun} --{noun}-name {shlex.quote(name)}"
         )
         # The job runs on: its claim goes back, so a redrive and the reconciler still find it.
-        if store.restore(record):
-            report.claims_deleted -= 1
+        try:
+            if store.restore(record):
+                report.claims_deleted -= 1
+        except ClientError as restore_error:
+            report.errors.append(f"the claim of {api.label} {name} could not be put back ({restore_error})")
 
 
 def end_warm_pools(names_: list[str], sagemaker: Any, report: CleanupReport) -> None:

@@ -170,6 +170,7 @@ _SAGEMAKER: dict[str, tuple[str, str]] = {}
 for _verb in ("Create", "Describe", "Stop", "Delete"):
     _SAGEMAKER[f"{_verb}ProcessingJob"] = ("processing-job", "ProcessingJobName")
     _SAGEMAKER[f"{_verb}TrainingJob"] = ("training-job", "TrainingJobName")
+_SAGEMAKER["UpdateTrainingJob"] = ("training-job", "TrainingJobName")
 for _verb in ("Create", "Describe", "Delete"):
     _SAGEMAKER[f"{_verb}Model"] = ("model", "ModelName")
     _SAGEMAKER[f"{_verb}EndpointConfig"] = ("endpoint-config", "EndpointConfigName")

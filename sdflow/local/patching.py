@@ -42,6 +42,7 @@ PATCH_MODULES: tuple[str, ...] = (
     "sdflow.local.sagemaker.lists",
     "sdflow.local.sagemaker.registry",
     "sdflow.local.sagemaker.invoke",
+    "sdflow.local.sagemaker.warm_pools",
     "sdflow.local.services.servicequotas",
     "sdflow.local.services.sns",
     "sdflow.local.stepfunctions.core",

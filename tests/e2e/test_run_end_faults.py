@@ -94,6 +94,54 @@ def test_redrive_inside_the_cleanup_retry_window_keeps_its_new_jobs(
     )
 
 
+def test_redrive_before_a_retried_cleanup_its_earlier_downloads_are_stopped(
+    cloud: LocalCloud, sagemaker: NoOpSageMaker
+) -> None:
+    """Issue 32 item 3: the run is stopped while its downloads run, its notify fails (reading the
+    history is throttled) and Lambda retries it a minute later; the user redrives in that minute.
+    The redrive re-runs the aborted Map children under `-r1` names and adopts no download, so the
+    retried cleanup, though superseded, stops the `-r0` downloads: each shard is downloaded once."""
+    clock = cloud.clock
+    sagemaker.seconds_by_kind["processing"] = hold_for(25.0)
+    arn = start_run(cloud, "redrive-downloads")
+    run_hash = run_hash_of(cloud, arn)
+    wait_for(
+        lambda: len(jobs_named(cloud, "processing", f"{run_hash}-", "InProgress")) == SHARDS,
+        timeout_s=60.0,
+        what="every shard's download running",
+        interval_s=0.2,
+    )
+    earlier = wait_for_started_job(cloud, "processing", f"-{run_hash}-")
+    first_downloads = download_jobs(cloud, run_hash)
+    # Enough for every attempt botocore makes in the first invocation; the retry's calls then pass.
+    cloud.faults.fail_api_calls("states.GetExecutionHistory", "ThrottlingException", "Rate exceeded", times=5)
+    sfn = cloud.client("stepfunctions")
+    with clock.busy():  # real speed: Lambda's retry comes a real minute later
+        sfn.stop_execution(executionArn=arn, error="UserStopped", cause="stopped to redrive")
+        sfn.redrive_execution(executionArn=arn)
+        started = time.monotonic()
+
+        def retried_cleanup() -> bool:
+            return any("cleanup skipped" in line for line in function_log_lines(cloud, "NotifyFunction"))
+
+        wait_for(retried_cleanup, timeout_s=150.0, what="the retried, superseded cleanup", interval_s=0.5)
+    statuses = {
+        name: cloud.client("sagemaker").describe_processing_job(ProcessingJobName=name)["ProcessingJobStatus"]
+        for name in first_downloads
+    }
+    assert earlier in statuses
+    assert set(statuses.values()) <= {"Stopping", "Stopped"}, statuses
+    assert ended(cloud, arn)["status"] == "SUCCEEDED"
+    leftovers = settled(cloud, sagemaker)
+    assert leftovers == []
+    RECOVERY.record(
+        "a redrive before a retried cleanup, downloads running",
+        "the earlier downloads stopped, the redrive's kept, SUCCEEDED",
+        started,
+        leftovers,
+    )
+
+
 def test_run_end_event_lost_reconciler_notifies_and_cleans_up_within_its_period(
     cloud: LocalCloud, sagemaker: NoOpSageMaker
 ) -> None:
@@ -129,6 +177,31 @@ def test_run_end_event_lost_reconciler_notifies_and_cleans_up_within_its_period(
     )
     RECOVERY.record(
         "the run's end event lost", "reconciler handed notify the end: stopped, notified", started, leftovers
+    )
+
+
+def test_succeeded_run_end_event_lost_reconciler_notifies_without_any_claim(
+    cloud: LocalCloud, sagemaker: NoOpSageMaker
+) -> None:
+    """Issue 32 item 3: a run that succeeds holds no claim when it ends (the endpoint's claim was
+    answered), so the claims never showed its lost end. The reconciler's pass lists the pipeline's
+    recently ended executions (ListExecutions, authorized by the template's policy) and hands
+    notify the end: the user hears of the success."""
+    arn = start_run(cloud, "lost-success")
+    cloud.faults.drop_end_event(arn)
+    assert ended(cloud, arn)["status"] == "SUCCEEDED"
+    cloud.wait_idle(30.0)
+    assert not [m for m in cloud.sns_messages() if m["attributes"].get("run_id") == "lost-success"]
+    started = time.monotonic()
+
+    cloud.clock.advance(10 * 60 + 1)  # the reconciler's rate(10 minutes) comes round
+
+    message = notification(cloud, "lost-success")
+    assert "succeeded" in message["subject"]
+    leftovers = settled(cloud, sagemaker)
+    assert leftovers == []
+    RECOVERY.record(
+        "a succeeded run's end event lost (no claim left)", "reconciler listed it, notify told", started, leftovers
     )
 
 

@@ -33,6 +33,8 @@ class FakeSageMakerClient:
         self._failures: dict[tuple[str, str], ClientError] = {}
         # A job listed as InProgress that ends before the stop reaches it.
         self.ends_before_stop: set[str] = set()
+        # Training jobs started with a warm pool: name -> [KeepAlivePeriodInSeconds, WarmPoolStatus.Status or None].
+        self.warm_pools: dict[str, list[Any]] = {}
 
     # -- setup ----------------------------------------------------------------------
 
@@ -104,6 +106,38 @@ class FakeSageMakerClient:
 
     def stop_training_job(self, TrainingJobName: str) -> dict[str, Any]:
         return self._stop("training", "StopTrainingJob", TrainingJobName)
+
+    def describe_training_job(self, TrainingJobName: str) -> dict[str, Any]:
+        """DescribeTrainingJob's members the warm pool's end reads: ResourceConfig (with
+        KeepAlivePeriodInSeconds when the job asked for a warm pool) and WarmPoolStatus."""
+        self.calls.append(("DescribeTrainingJob", {"TrainingJobName": TrainingJobName}))
+        self._maybe_fail("DescribeTrainingJob", TrainingJobName)
+        if TrainingJobName not in self.jobs["training"]:
+            raise client_error("ValidationException", "Requested resource not found.", "DescribeTrainingJob")
+        described: dict[str, Any] = {
+            "TrainingJobName": TrainingJobName,
+            "TrainingJobStatus": self.jobs["training"][TrainingJobName],
+            "ResourceConfig": {"InstanceType": "ml.g5.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 50},
+        }
+        if TrainingJobName in self.warm_pools:
+            keep_alive, status = self.warm_pools[TrainingJobName]
+            described["ResourceConfig"]["KeepAlivePeriodInSeconds"] = keep_alive
+            if status is not None:
+                described["WarmPoolStatus"] = {"Status": status}
+        return described
+
+    def update_training_job(self, TrainingJobName: str, ResourceConfig: dict[str, Any]) -> dict[str, Any]:
+        """UpdateTrainingJob's warm pool retention: 0 ends an Available warm pool (Terminated)."""
+        self.calls.append(("UpdateTrainingJob", {"TrainingJobName": TrainingJobName, "ResourceConfig": ResourceConfig}))
+        self._maybe_fail("UpdateTrainingJob", TrainingJobName)
+        if TrainingJobName not in self.jobs["training"]:
+            raise client_error(
+                "ResourceNotFound", f"Could not find training job '{TrainingJobName}'.", "UpdateTrainingJob"
+            )
+        keep_alive = ResourceConfig["KeepAlivePeriodInSeconds"]
+        status = self.warm_pools.get(TrainingJobName, [0, None])[1]
+        self.warm_pools[TrainingJobName] = [keep_alive, "Terminated" if keep_alive == 0 and status else status]
+        return {"TrainingJobArn": f"{ARN}:training-job/{TrainingJobName}"}
 
     # -- endpoints ------------------------------------------------------------------
 

@@ -166,3 +166,31 @@ def test_start_download_redrive_does_not_read_the_run_claims(
     result = load_function_module("start_download").lambda_handler(event, context)
     assert result["created"] is True
     assert scans == []
+
+
+def test_start_evaluation_redrive_claim_released_by_the_cleanup_before_adoption_starts_its_own_job(
+    mocked_aws: AwsWorld, store: TokenStore, context: FakeLambdaContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 32 item 3, the other side of the cleanup-versus-redrive race: the ended run's cleanup
+    deletes the job's claim (on the condition of its token) and then stops the job. A redrive that
+    read the claim before that delete must not adopt the job after it: it takes the claim over
+    only as it was held, and a claim gone means a job being stopped, so it starts its own."""
+    from sdflow_common import job_control
+
+    handler = load_function_module("start_evaluation").lambda_handler
+    first = load_event("start_evaluation_task.json")
+    handler(first, context)
+    processing_status(evaluation_name(first), "InProgress")
+    found_by_the_redrive = job_control.earlier_redrives
+
+    def cleanup_releases_after_the_read(*args: Any) -> list[str]:
+        found = found_by_the_redrive(*args)
+        assert store.delete(evaluation_name(first), token=first["token"]), "the cleanup's conditional delete"
+        return found
+
+    monkeypatch.setattr(job_control, "earlier_redrives", cleanup_releases_after_the_read)
+
+    result = load_function_module("start_evaluation").lambda_handler(redrive_of(first, 1), context)
+
+    assert result == {"resource_name": evaluation_name(first, redrive=1), "created": True}
+    assert store.get(evaluation_name(first)) is None, "the job the cleanup stops is nobody's"

@@ -37,9 +37,38 @@ def _described(arn: str, status: str, stopped_ago_s: float | None, redrive_count
 
 
 class FakeStepFunctions:
-    def __init__(self, *executions: dict[str, Any]) -> None:
+    def __init__(self, *executions: dict[str, Any], page_size: int = 100) -> None:
         self.executions = {e["executionArn"]: e for e in executions}
         self.described: list[str] = []
+        self.page_size = page_size
+        self.listed: list[dict[str, Any]] = []
+
+    def list_executions(self, **params: Any) -> dict[str, Any]:
+        """ListExecutions of one state machine: newest start first, `maxResults` a page, `nextToken`."""
+        self.listed.append(params)
+        items = sorted(self.executions.values(), key=lambda e: e["startDate"], reverse=True)
+        start = int(params.get("nextToken") or 0)
+        limit = min(params.get("maxResults") or 100, self.page_size)
+        page = [
+            {
+                key: e[key]
+                for key in (
+                    "executionArn",
+                    "stateMachineArn",
+                    "name",
+                    "status",
+                    "startDate",
+                    "stopDate",
+                    "redriveCount",
+                )
+                if key in e
+            }
+            for e in items[start : start + limit]
+        ]
+        answer: dict[str, Any] = {"executions": page}
+        if start + limit < len(items):
+            answer["nextToken"] = str(start + limit)
+        return answer
 
     def describe_execution(self, executionArn: str) -> dict[str, Any]:
         self.described.append(executionArn)
@@ -113,3 +142,39 @@ def test_runs_with_claims_one_entry_per_run_and_no_deferred_rollback() -> None:
     records.append(_record(other, "sdflow-dogs", deferred))
 
     assert lost_ends.runs_with_claims(records) == [FAILED_RUN], "one DescribeExecution per run, not per claim"
+
+
+def test_recently_ended_run_without_claims_is_found_from_the_executions_list() -> None:
+    """Issue 32 item 3: a run that holds no claims when it ends (a success; a gate failure at
+    Register model, which waits on nothing) and whose end event was lost is found by listing the
+    pipeline's executions: those that ended within the look-back (after the grace) are handed to
+    notify, which is idempotent per (execution, status, redrive count)."""
+    succeeded = FAILED_RUN.replace("cats-v1", "cats-ok")
+    gate = FAILED_RUN.replace("cats-v1", "cats-gate")
+    old = FAILED_RUN.replace("cats-v1", "cats-old")
+    recent = FAILED_RUN.replace("cats-v1", "cats-recent")
+    sfn = FakeStepFunctions(
+        _described(succeeded, "SUCCEEDED", 600),
+        _described(gate, "FAILED", lost_ends.END_GRACE_SECONDS + lost_ends.END_LOOKBACK_SECONDS - 60),
+        _described(old, "FAILED", lost_ends.END_GRACE_SECONDS + lost_ends.END_LOOKBACK_SECONDS + 60),
+        _described(recent, "ABORTED", lost_ends.END_GRACE_SECONDS - 60),
+        _described(FAILED_RUN, "RUNNING", None),
+        page_size=2,
+    )
+
+    found = lost_ends.recently_ended(sfn, PIPELINE, now=NOW)
+
+    assert sorted(found) == sorted([succeeded, gate])
+    assert all(call["stateMachineArn"] == PIPELINE for call in sfn.listed)
+    assert len(sfn.listed) == 3, "every page is read: the list is sorted by start, not by end"
+
+
+def test_close_lost_ends_run_without_claims_whose_end_was_lost_gets_its_notice() -> None:
+    succeeded = FAILED_RUN.replace("cats-v1", "cats-ok")
+    sfn, lambda_client = FakeStepFunctions(_described(succeeded, "SUCCEEDED", 600)), FakeLambda()
+
+    closed = _close(sfn, lambda_client, *lost_ends.recently_ended(sfn, PIPELINE, now=NOW))
+
+    assert closed == [succeeded]
+    [call] = lambda_client.invoked
+    assert json.loads(call["Payload"])["detail"]["status"] == "SUCCEEDED"

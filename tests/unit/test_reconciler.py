@@ -25,6 +25,7 @@ from tests.helpers import load_function_module
 from tests.unit.helpers import (
     DATA_BUCKET,
     SAGEMAKER_ROLE_ARN,
+    STATE_MACHINE_ARN,
     TOKEN_TABLE,
     TRAINING_IMAGE_URI,
     AwsWorld,
@@ -86,9 +87,13 @@ def set_status(name: str, status: str) -> None:
         backend.training_jobs[name].training_job_status = status
 
 
-def create_training_job(world: AwsWorld, name: str) -> None:
+def create_training_job(world: AwsWorld, name: str, keep_alive_seconds: int = 0) -> None:
     run = RunDocument.model_validate(
-        {"dataset": {"prefix": f"s3://{DATA_BUCKET}/d/"}, "base_model_uri": f"s3://{DATA_BUCKET}/models/m/"}
+        {
+            "dataset": {"prefix": f"s3://{DATA_BUCKET}/d/"},
+            "base_model_uri": f"s3://{DATA_BUCKET}/models/m/",
+            "training": {"keep_alive_seconds": keep_alive_seconds},
+        }
     )
     world.sagemaker.create_training_job(
         **sagemaker_jobs.training_job_request(
@@ -197,6 +202,43 @@ def test_reconciler_training_job_past_its_deadline_is_stopped(
     reconcile()
     assert stops == ["sdf-tr-late-r0-a0"]
     assert sfn.by_token()["token-late"][1]["error"] == "TrainingJobFailed"
+
+
+def test_reconciler_training_job_with_a_warm_pool_past_its_deadline_is_stopped_and_its_warm_pool_ended(
+    mocked_aws: AwsWorld, sfn: Resolutions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 32 item 3: a stopped training job keeps its warm pool (billed); the task timed out,
+    so nothing will use it, and the run's cleanup will not see the job (its claim goes here)."""
+    create_training_job(mocked_aws, "sdf-tr-warm-r0-a0", keep_alive_seconds=900)
+    set_status("sdf-tr-warm-r0-a0", "InProgress")
+    claim("sdf-tr-warm-r0-a0", "token-warm", "training", deadline_in=-30)
+    updates: list[dict[str, Any]] = []
+    client = aws.client("sagemaker")
+    monkeypatch.setattr(client, "stop_training_job", lambda **kw: {})  # moto 5.2.5 has no StopTrainingJob
+    monkeypatch.setattr(client, "update_training_job", lambda **kw: updates.append(kw) or {})  # nor UpdateTrainingJob
+
+    reconcile()
+
+    assert updates == [{"TrainingJobName": "sdf-tr-warm-r0-a0", "ResourceConfig": {"KeepAlivePeriodInSeconds": 0}}]
+
+
+def test_reconciler_warm_pool_end_refused_the_task_is_answered_and_the_refusal_reported(
+    mocked_aws: AwsWorld, sfn: Resolutions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    create_training_job(mocked_aws, "sdf-tr-warm-r0-a0", keep_alive_seconds=900)
+    set_status("sdf-tr-warm-r0-a0", "InProgress")
+    claim("sdf-tr-warm-r0-a0", "token-warm", "training", deadline_in=-30)
+    client = aws.client("sagemaker")
+    monkeypatch.setattr(client, "stop_training_job", lambda **kw: {})
+
+    def throttled(**kw: Any) -> Any:
+        raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}, "UpdateTrainingJob")
+
+    monkeypatch.setattr(client, "update_training_job", throttled)
+
+    with pytest.raises(ReconcileIncomplete, match="warm pool may still be billed"):
+        reconcile()
+    assert sfn.by_token()["token-warm"][1]["error"] == "TrainingJobFailed"
 
 
 def test_reconciler_endpoint_still_changing_past_its_deadline_keeps_its_claim(
@@ -353,3 +395,32 @@ def test_reconciler_stopped_run_whose_last_claim_the_pass_settles_still_gets_its
     [call] = invoked
     assert call["FunctionName"] == "sdflow-test-NotifyFunction"
     assert json.loads(call["Payload"])["detail"]["status"] == "ABORTED"
+
+
+def test_reconciler_succeeded_run_without_claims_whose_end_event_was_lost_gets_its_notice(
+    mocked_aws: AwsWorld, sfn: Resolutions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 32 item 3: a run that succeeded holds no claims, so the claims alone never showed
+    that its end event was lost; the pass lists the pipeline's recently ended executions too."""
+    ended = {
+        "executionArn": EXECUTION_ARN,
+        "stateMachineArn": STATE_MACHINE_ARN,
+        "name": RUN_ID,
+        "status": "SUCCEEDED",
+        "startDate": datetime.fromtimestamp(time.time() - 7200, tz=UTC),
+        "stopDate": datetime.fromtimestamp(time.time() - 900, tz=UTC),
+        "output": "{}",
+    }
+    listed: list[dict[str, Any]] = []
+    client = aws.client("stepfunctions")
+    monkeypatch.setattr(client, "list_executions", lambda **kw: listed.append(kw) or {"executions": [ended]})
+    monkeypatch.setattr(client, "describe_execution", lambda **_kw: ended)
+    invoked: list[dict[str, Any]] = []
+    monkeypatch.setattr(aws.client("lambda"), "invoke", lambda **kw: invoked.append(kw) or {"StatusCode": 202})
+
+    counts = reconcile()
+
+    assert listed[0]["stateMachineArn"] == STATE_MACHINE_ARN
+    assert counts["runs_closed"] == 1
+    [call] = invoked
+    assert json.loads(call["Payload"])["detail"]["status"] == "SUCCEEDED"

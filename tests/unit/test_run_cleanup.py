@@ -70,7 +70,11 @@ class FakeStepFunctions:
 
 
 def _clean(
-    sagemaker: FakeSageMakerClient, store: TokenStore, sfn: FakeStepFunctions | None = None, redrive_count: int = 0
+    sagemaker: FakeSageMakerClient,
+    store: TokenStore,
+    sfn: FakeStepFunctions | None = None,
+    redrive_count: int = 0,
+    training_jobs: list[str] | None = None,
 ) -> run_cleanup.CleanupReport:
     return run_cleanup.clean_up_run(
         EXECUTION_ARN,
@@ -79,6 +83,7 @@ def _clean(
         store=store,
         sfn=sfn or FakeStepFunctions("FAILED", redrive_count),
         redrive_count=redrive_count,
+        training_jobs=training_jobs or [],
     )
 
 
@@ -118,6 +123,62 @@ def test_clean_up_run_end_of_the_latest_redrive_is_cleaned_up(
     report = _clean(sagemaker, store, FakeStepFunctions("FAILED", 1), redrive_count=1)
 
     assert report.stopped == {"training job": [job]}
+
+
+def _download_of_redrive(shard: str, redrive: int) -> str:
+    return names.download_job_name(RUN_HASH, "cats-v1-abc", shard, redrive, 0)
+
+
+def test_clean_up_run_superseded_stops_the_downloads_an_earlier_redrive_left_running(
+    sagemaker: FakeSageMakerClient, store: TokenStore
+) -> None:
+    """Issue 32 item 3: the run was redriven before its cleanup ran. A redrive re-runs a failed Map
+    child under a new name (`-r1`) and adopts no download across redrives, so the `-r0` downloads
+    still running download the same shards a second time, until their MaxRuntime: they are stopped.
+    The redrive's own jobs, and the training job it may adopt, are left alone."""
+    earlier, ended, redrives = _download("00001"), _download("00002"), _download_of_redrive("00001", 1)
+    for name in (earlier, redrives, _training()):
+        _claimed_job(sagemaker, store, name)
+    _claimed_job(sagemaker, store, ended, status="Completed")
+
+    report = _clean(sagemaker, store, FakeStepFunctions("RUNNING", 1), redrive_count=0)
+
+    assert sagemaker.jobs["processing"][earlier] == "Stopping"
+    assert store.get(earlier) is None
+    assert sagemaker.jobs["processing"][redrives] == "InProgress"
+    assert store.get(redrives) is not None
+    assert sagemaker.jobs["training"][_training()] == "InProgress"
+    assert store.get(_training()) is not None
+    assert sagemaker.jobs["processing"][ended] == "Completed"
+    assert report.errors == []
+    assert report.lines() == [
+        f"Stopped: 1 download job ({earlier}) an earlier redrive left running; the rest was left to the "
+        "redrive: the run was redriven (redrive 1) after this end."
+    ]
+
+
+def test_clean_up_run_claim_taken_over_after_the_read_its_job_is_not_stopped(
+    sagemaker: FakeSageMakerClient, store: TokenStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 32 item 3, the cleanup-versus-redrive race: a redrive's training task adopts the
+    job the ended run left running by taking over its claim (job_control.earlier_redrives), here
+    between the cleanup's read of the claims and its stop. The claim is deleted only while it
+    holds the token that was read, and the job stopped only when that delete succeeded."""
+    adopted = _training()
+    _claimed_job(sagemaker, store, adopted)
+    sagemaker.warm_pools[adopted] = [1800, None]
+    read = list(store.for_execution(EXECUTION_ARN))
+    store.claim(adopted, "token-of-the-redrive", EXECUTION_ARN, "training", timeout_seconds=3600)
+    monkeypatch.setattr(store, "for_execution", lambda *args, **kwargs: iter(read))
+
+    report = _clean(sagemaker, store)
+
+    assert sagemaker.jobs["training"][adopted] == "InProgress"
+    assert sagemaker.called("StopTrainingJob") == []
+    assert sagemaker.called("UpdateTrainingJob") == [], "its warm pool is the redrive's too"
+    assert store.get(adopted).task_token == "token-of-the-redrive"  # type: ignore[union-attr]
+    assert report.stopped == {}
+    assert report.errors == []
 
 
 # ---------------------------------------------------------------------------- jobs
@@ -273,6 +334,78 @@ def test_clean_up_run_claims_unreadable_says_nothing_was_checked_and_how_to_look
     assert line.startswith("NOT cleaned up: could not read the run's task-token claims")
     assert f"aws sagemaker list-processing-jobs --name-contains {RUN_HASH} --status-equals InProgress" in line
     assert sagemaker.jobs["training"][_training()] == "InProgress"
+
+
+# ---------------------------------------------------------------------------- warm pools
+
+
+def test_clean_up_run_training_job_with_a_warm_pool_stopped_then_its_warm_pool_ended(
+    sagemaker: FakeSageMakerClient, store: TokenStore
+) -> None:
+    """Issue 32 item 3: a training job started with KeepAlivePeriodInSeconds keeps its instances
+    (billed) after it is stopped (SageMaker developer guide, "Warm pool creation": a warm pool is
+    retained when the job is stopped after the cluster started). The cleanup sets the retention
+    to 0 (UpdateTrainingJob), which ends it."""
+    _claimed_job(sagemaker, store, _training())
+    sagemaker.warm_pools[_training()] = [1800, None]
+
+    report = _clean(sagemaker, store)
+
+    assert sagemaker.called("UpdateTrainingJob") == [
+        {"TrainingJobName": _training(), "ResourceConfig": {"KeepAlivePeriodInSeconds": 0}}
+    ]
+    assert report.warm_pools_ended == [_training()]
+    assert f"Ended the warm pool of training job {_training()} (KeepAlivePeriodInSeconds 0)." in report.lines()
+
+
+def test_clean_up_run_completed_training_job_named_by_the_run_has_its_available_warm_pool_ended(
+    sagemaker: FakeSageMakerClient, store: TokenStore
+) -> None:
+    """The run failed after training (at evaluation): the training job's claim went when it
+    completed, so the run's state names it (notify passes it), and its warm pool is ended."""
+    sagemaker.add_job("training", _training(), status="Completed")
+    sagemaker.warm_pools[_training()] = [3600, "Available"]
+
+    report = _clean(sagemaker, store, training_jobs=[_training()])
+
+    assert sagemaker.warm_pools[_training()] == [0, "Terminated"]
+    assert report.warm_pools_ended == [_training()]
+    assert report.errors == []
+
+
+@pytest.mark.parametrize("warm_pool", [None, [1800, "Reused"], [1800, "Terminated"], [0, None]])
+def test_clean_up_run_training_job_without_a_live_warm_pool_is_not_updated(
+    sagemaker: FakeSageMakerClient, store: TokenStore, warm_pool: list[Any] | None
+) -> None:
+    """No warm pool asked for, one another job reused (it is that job's now) or one already over:
+    nothing to end."""
+    sagemaker.add_job("training", _training(), status="Completed")
+    if warm_pool is not None:
+        sagemaker.warm_pools[_training()] = warm_pool
+
+    report = _clean(sagemaker, store, training_jobs=[_training()])
+
+    assert sagemaker.called("UpdateTrainingJob") == []
+    assert report.warm_pools_ended == []
+
+
+def test_clean_up_run_warm_pool_update_refused_is_reported_with_the_command(
+    sagemaker: FakeSageMakerClient, store: TokenStore
+) -> None:
+    sagemaker.add_job("training", _training(), status="Completed")
+    sagemaker.warm_pools[_training()] = [3600, "Available"]
+    sagemaker.fail_next(
+        "UpdateTrainingJob", _training(), client_error("ThrottlingException", "Rate exceeded", "UpdateTrainingJob")
+    )
+
+    report = _clean(sagemaker, store, training_jobs=[_training()])
+
+    [error] = report.errors
+    assert "Rate exceeded" in error
+    assert (
+        f"aws sagemaker update-training-job --training-job-name {_training()} "
+        "--resource-config KeepAlivePeriodInSeconds=0" in error
+    )
 
 
 # ---------------------------------------------------------------------------- claims and endpoints

@@ -172,3 +172,37 @@ def test_get_many_reads_claims_of_more_names_than_one_batch(store: TokenStore) -
 
     assert sorted(record.resource_name for record in found) == [f"job-{index:03d}" for index in range(0, 150, 3)]
     assert store.get_many([]) == []
+
+
+def test_delete_with_token_of_a_claim_gone_reports_nothing_deleted(store: TokenStore) -> None:
+    """Issue 32 item 3: "deleted" means this token's claim was removed, so the cleanup stops a job
+    only when it took the claim away; a claim that is gone (the job ended, its event released it)
+    is no proof that this caller holds the job."""
+    assert store.delete("never-claimed", token="token-1") is False
+
+
+def test_restore_puts_a_deleted_claim_back_unless_the_name_was_claimed_since(store: TokenStore) -> None:
+    claim = store.claim("job-1", "token-1", EXEC_A, "training", {"k": "v"}, timeout_seconds=TIMEOUT)
+    assert store.delete("job-1", token="token-1") is True
+
+    assert store.restore(claim.record) is True
+    assert store.get("job-1") == claim.record
+
+    store.delete("job-1", token="token-1")
+    store.claim("job-1", "token-2", EXEC_A, "training", timeout_seconds=TIMEOUT)
+    assert store.restore(claim.record) is False
+    assert store.get("job-1").task_token == "token-2"  # type: ignore[union-attr]
+
+
+def test_take_over_replaces_only_the_claim_as_it_was_read(store: TokenStore) -> None:
+    held = store.claim("job-1", "token-1", EXEC_A, "training", timeout_seconds=TIMEOUT).record
+
+    assert store.take_over(held, "token-2", {}, timeout_seconds=TIMEOUT).new
+    assert store.get("job-1").task_token == "token-2"  # type: ignore[union-attr]
+    with pytest.raises(TokenConflict, match="changed hands"):
+        store.take_over(held, "token-3", {}, timeout_seconds=TIMEOUT)
+
+    store.delete("job-1", token="token-2")
+    with pytest.raises(TokenConflict):
+        store.take_over(held, "token-3", {}, timeout_seconds=TIMEOUT)
+    assert store.get("job-1") is None, "a released claim is not taken: its job is being stopped"

@@ -76,6 +76,33 @@ class JobApi:
         return None
 
 
+# WarmPoolStatus.Status values after which the warm pool is not this job's to end: another job
+# reused it, or it is over (SageMaker API reference, WarmPoolStatus).
+WARM_POOL_GONE = frozenset({"Reused", "Terminated"})
+
+
+def end_warm_pool(sagemaker: Any, name: str) -> bool:
+    """End the warm pool of training job `name`, if it asked for one that may still live: sets its
+    retention to 0 (UpdateTrainingJob ResourceConfig.KeepAlivePeriodInSeconds, "to change warm
+    pool retention length", API reference). A warm pool is kept when its job completes, is
+    stopped after its cluster started or fails with an algorithm error, and is billed until its
+    KeepAlivePeriodInSeconds runs out (SageMaker developer guide, "SageMaker AI Managed Warm Pools").
+    False when there was nothing to end (no warm pool asked for, reused, already over, no such job)."""
+    try:
+        described = sagemaker.describe_training_job(TrainingJobName=name)
+    except ClientError as exc:
+        if sagemaker_jobs.is_not_found(exc):
+            return False
+        raise
+    keep_alive = int((described.get("ResourceConfig") or {}).get("KeepAlivePeriodInSeconds") or 0)
+    status = (described.get("WarmPoolStatus") or {}).get("Status")
+    if keep_alive == 0 or status in WARM_POOL_GONE:
+        return False
+    sagemaker.update_training_job(TrainingJobName=name, ResourceConfig={"KeepAlivePeriodInSeconds": 0})
+    logger.info("warm pool ended", extra={"job": name, "warm_pool_status": status})
+    return True
+
+
 def processing_jobs(sagemaker: Any) -> JobApi:
     return JobApi(sagemaker, "download job", names.DOWNLOAD_PREFIX, "ProcessingJob")
 

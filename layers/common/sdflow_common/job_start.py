@@ -37,6 +37,7 @@ from sdflow_common.errors import (
     SageMakerQuotaExceeded,
     SageMakerThrottled,
     SdflowError,
+    TokenConflict,
 )
 from sdflow_common.token_store import Claim, Kind, TokenStore
 
@@ -137,7 +138,8 @@ def _adopt_earlier_job(start: JobStart) -> str | None:
         if not running:
             return None
         adopted, *others = sorted(running, key=lambda other: names.counters_of(other) or (0, 0), reverse=True)
-        start.claim(adopted)
+        if not _take_claim(start, adopted):
+            return None
         for other in others:
             start.api.stop(other)
     except ClientError as exc:
@@ -147,6 +149,29 @@ def _adopt_earlier_job(start: JobStart) -> str | None:
         extra={"resource_name": adopted, "attempt": start.task.attempt, "stopped": others},
     )
     return adopted
+
+
+def _take_claim(start: JobStart, name: str) -> bool:
+    """Move the earlier job's claim to this task. A job of an earlier redrive is taken only as
+    its claim is held now (TokenStore.take_over): the ended run's cleanup deletes that claim on the
+    condition of its token and then stops the job, so exactly one of the two wins the claim, and a
+    claim gone is a job being stopped (False: this task starts its own). An earlier attempt of
+    this redrive may be unclaimed (a Create that went through while its call failed); no cleanup
+    acts on a running redrive's attempts."""
+    held = start.store.get(name)
+    counters = names.counters_of(name)
+    if counters is not None and counters[0] == start.task.redrive:
+        start.claim(name)
+        return True
+    if held is None or held.execution_arn != start.task.execution_arn:
+        logger.info("earlier redrive's claim released by its cleanup; not adopted", extra={"resource_name": name})
+        return False
+    try:
+        start.store.take_over(held, start.task.token, start.context, timeout_seconds=start.task.timeout_seconds)
+    except TokenConflict:
+        logger.info("earlier redrive's claim changed hands; not adopted", extra={"resource_name": name})
+        return False
+    return True
 
 
 def _exists(start: JobStart) -> bool:

@@ -7,10 +7,15 @@ notification and no cleanup: its jobs run to MaxRuntime, a deployment is never r
 run that waits on a task has a claim in the token table, and a run that ended normally has none
 left (job_events deletes a claim when it answers the task, notify's cleanup deletes the rest). So
 an execution that has ended while claims of it remain, well after it ended, lost its end event (or
-its notify failed past Lambda's retries). One DescribeExecution per such run, not per claim; the
-event is rebuilt from DescribeExecution as EventBridge would have carried it and sent to notify
-asynchronously. Notify is idempotent on (execution, status, redrive count): if the real event
-was only late, the second of the two does nothing."""
+its notify failed past Lambda's retries). A run can also end holding no claim at all, and then
+the claims say nothing: a success (the endpoint settled, its claim answered), a quality-gate
+failure at Register model (which waits on no task). So the pipeline's executions that ended within
+the last END_LOOKBACK_SECONDS (after the grace) are handed over too (recently_ended: one
+ListExecutions listing, a page per 1,000 executions; it is sorted by start, not by end, so every
+page is read). One DescribeExecution per such run, not per claim; the event is rebuilt from
+DescribeExecution as EventBridge would have carried it and sent to notify asynchronously. Notify
+is idempotent on (execution, status, redrive count) for two days: a run whose real event came is
+handed over again by the passes of its look-back, and those do nothing."""
 
 from __future__ import annotations
 
@@ -31,6 +36,12 @@ logger = Logger(child=True)
 DETAIL_TYPE = "Step Functions Execution Status Change"
 # The real event and notify's own two retries (one, then two minutes apart) come first.
 END_GRACE_SECONDS = 300
+# How far back a pass looks for runs that ended without claims: three of the reconciler's
+# 10-minute periods, so two failed passes in a row still leave one that sees the run.
+END_LOOKBACK_SECONDS = 1800
+END_STATUSES = frozenset({"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"})
+# ListExecutions' largest page (API reference, maxResults: 1-1000).
+LIST_PAGE = 1000
 
 
 def _millis(value: Any) -> int | None:
@@ -80,6 +91,32 @@ def runs_with_claims(records: Iterable[TokenRecord]) -> list[str]:
     """The executions that still hold claims, less claims kept only for a deferred rollback (their
     run's end was handled: job_events finishes the rollback when the endpoint settles)."""
     return sorted({r.execution_arn for r in records if not rollback.is_requested(r)})
+
+
+def recently_ended(sfn: Any, state_machine_arn: str, *, now: float) -> list[str]:
+    """The executions of `state_machine_arn` that ended between END_GRACE_SECONDS and
+    END_GRACE_SECONDS + END_LOOKBACK_SECONDS ago (ListExecutions: "Results are sorted by time,
+    with the most recent execution first", by start; an execution's item carries its stopDate)."""
+    found, token = [], None
+    window = (now - END_GRACE_SECONDS - END_LOOKBACK_SECONDS, now - END_GRACE_SECONDS)
+    while True:
+        try:
+            page = sfn.list_executions(
+                stateMachineArn=state_machine_arn, maxResults=LIST_PAGE, **({"nextToken": token} if token else {})
+            )
+        except ClientError as exc:
+            if sagemaker_jobs.error_code(exc) != "StateMachineDoesNotExist":
+                raise
+            # As for claims of an unknown execution (close_lost_ends): no machine, no runs to close.
+            logger.warning("the pipeline's state machine does not exist", extra={"state_machine": state_machine_arn})
+            return []
+        for item in page.get("executions", []):
+            stop = _millis(item.get("stopDate"))
+            if item.get("status") in END_STATUSES and stop is not None and window[0] <= stop / 1000 < window[1]:
+                found.append(str(item["executionArn"]))
+        token = page.get("nextToken")
+        if not token:
+            return found
 
 
 def close_lost_ends(

@@ -445,6 +445,9 @@ def gather(
         if output is None or (detail.output_details is not None and not detail.output_details.included):
             output = sfn.describe_execution(executionArn=detail.execution_arn).get("output")
         return NotifyRequest.from_event(detail, state=_json_object(output)), None
+    history = execution_history.read_history(sfn, detail.execution_arn)
+    # The training job's claim went when it completed: the state names it, for its warm pool.
+    training = _written(history.state, "training", "job_name")
     report = run_cleanup.clean_up_run(
         detail.execution_arn,
         detail.start_date,
@@ -452,8 +455,8 @@ def gather(
         store=store,
         sfn=sfn,
         redrive_count=detail.redrive_count,
+        training_jobs=[str(training["job_name"])] if training else [],
     )
-    history = execution_history.read_history(sfn, detail.execution_arn)
     request = NotifyRequest.from_event(
         detail,
         state=history.state,

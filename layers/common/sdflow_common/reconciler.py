@@ -17,10 +17,11 @@ Claims other than downloads (a run's training, evaluation, endpoint and approval
 are described every period, whatever their deadline: a lost "Completed" event of a training job
 would otherwise hold the run until the deadline's lead, about a day for a default training job.
 Download claims (thousands in a big run) wait for their deadline's lead, as above.
-Then, from the same read of the table, runs whose end event was lost are handed to notify again
-(sdflow_common.lost_ends). The claims as they were before the pass: a stopped run whose training
-job then ended has its last claim settled by the pass (a dead token), and a read after it would
-no longer see the run whose end needs handling."""
+Then, from the same read of the table and a listing of the pipeline's recently ended executions
+(a run that ends holding no claim: a success, a gate failure at Register model), runs whose end
+event was lost are handed to notify again (sdflow_common.lost_ends). The claims as they were
+before the pass: a stopped run whose training job then ended has its last claim settled by the
+pass (a dead token), and a read after it would no longer see the run whose end needs handling."""
 
 from __future__ import annotations
 
@@ -128,6 +129,20 @@ def _stop_overdue(
     )
     resolver.fail(record, FAILURE_ERRORS[record.kind], cause, detail.status)
     report.stopped += 1
+    if record.kind == "training":
+        _end_warm_pool(sagemaker, record.resource_name, report)
+
+
+def _end_warm_pool(sagemaker: Any, name: str, report: ReconcileReport) -> None:
+    """A stopped job keeps its warm pool, billed; once its claim has gone here, the run's cleanup
+    does not see the job, so it is ended now. A refusal is reported (the task is answered)."""
+    try:
+        job_control.end_warm_pool(sagemaker, name)
+    except ClientError as exc:
+        report.errors.append(
+            f"{name}: its warm pool may still be billed ({exc}); end it: aws sagemaker update-training-job "
+            f"--training-job-name {name} --resource-config KeepAlivePeriodInSeconds=0"
+        )
 
 
 def reconcile_one(
@@ -188,15 +203,26 @@ def reconcile(
 
 
 def close_lost_ends(
-    records: list[TokenRecord], sfn: Any, lambda_client: Any, notify_function: str, report: ReconcileReport
+    records: list[TokenRecord],
+    sfn: Any,
+    lambda_client: Any,
+    notify_function: str,
+    report: ReconcileReport,
+    state_machine_arn: str = "",
 ) -> None:
+    """Hand notify the end of every run whose end event was lost: runs that still hold claims,
+    and runs that ended recently holding none (sdflow_common.lost_ends)."""
     try:
+        now = time.time()
+        runs = set(lost_ends.runs_with_claims(records))
+        if state_machine_arn:
+            runs.update(lost_ends.recently_ended(sfn, state_machine_arn, now=now))
         closed = lost_ends.close_lost_ends(
-            lost_ends.runs_with_claims(records),
+            sorted(runs),
             sfn=sfn,
             lambda_client=lambda_client,
             notify_function=notify_function,
-            now=time.time(),
+            now=now,
         )
     except Exception as exc:
         logger.exception("could not look for runs whose end event was lost")
@@ -214,5 +240,5 @@ def run(settings: Settings) -> ReconcileReport:
     resolver = TaskResolver(store, sfn, sagemaker)
     records = list(store.all_claims())  # one read a period, for the pass and the lost ends
     report = reconcile(records, resolver, sagemaker, settings.reconcile_lead_seconds)
-    close_lost_ends(records, sfn, aws.client("lambda"), settings.notify_function, report)
+    close_lost_ends(records, sfn, aws.client("lambda"), settings.notify_function, report, settings.state_machine_arn)
     return report

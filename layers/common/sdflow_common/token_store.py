@@ -193,6 +193,28 @@ class TokenStore:
             raise EndpointBusy(f"{message}. Another run is deploying to this endpoint; retry later.")
         raise TokenConflict(message)
 
+    def take_over(self, held: TokenRecord, token: str, context: Mapping[str, str], *, timeout_seconds: int) -> Claim:
+        """Bind `held`'s name to `token` only while `held.task_token` still holds it: a redrive
+        adopting a job an earlier end left running. Unlike `claim`, a name nobody holds is not
+        taken: the run cleanup deletes a job's claim and then stops the job, so a claim gone is a
+        job being stopped. TokenConflict when the claim changed hands or went since it was read."""
+        if held.task_token == token:
+            return Claim(new=False, record=held)
+        now = self._now()
+        deadline = now + timeout_seconds
+        record = TokenRecord(
+            resource_name=held.resource_name,
+            task_token=token,
+            execution_arn=held.execution_arn,
+            kind=held.kind,
+            created_at=now,
+            deadline=deadline,
+            expires_at=deadline + self.slack_seconds,
+            context=dict(context),
+        )
+        self._replace(held, record)
+        return Claim(new=True, record=record)
+
     def _replace(self, held: TokenRecord, record: TokenRecord) -> None:
         try:
             self.client.put_item(
@@ -253,19 +275,39 @@ class TokenStore:
         return found
 
     def delete(self, resource_name: str, token: str | None = None) -> bool:
-        """Remove the claim; with `token`, only if that token still holds it.
+        """Remove the claim; with `token`, only if that token holds it.
 
-        Returns False when a different token holds the name by now (a newer attempt's claim,
-        which must survive the cleanup of an older one)."""
+        With a token, True means this call removed that token's claim: DeleteItem's
+        ConditionExpression is evaluated on the item as stored, atomically with the delete, and a
+        condition that is false (another token holds the name, or no item is there) answers
+        ConditionalCheckFailedException and deletes nothing (DynamoDB API reference, DeleteItem).
+        The run cleanup stops a job only on True: a claim taken over since it was read (a
+        redrive adopting the job) or already released is not the cleanup's to act on."""
         kwargs: dict[str, Any] = {
             "TableName": self.table_name,
             "Key": {"resource_name": {"S": resource_name}},
         }
         if token is not None:
-            kwargs["ConditionExpression"] = "attribute_not_exists(resource_name) OR task_token = :token"
+            kwargs["ConditionExpression"] = "task_token = :token"
             kwargs["ExpressionAttributeValues"] = {":token": {"S": token}}
         try:
             self.client.delete_item(**kwargs)
+        except ClientError as exc:
+            if _is_conditional_failure(exc):
+                return False
+            raise
+        return True
+
+    def restore(self, record: TokenRecord) -> bool:
+        """Put back a claim this caller deleted (the run cleanup, whose stop of the job then
+        failed: the job runs on, and its claim is how a redrive and the reconciler find it).
+        False when the name was claimed again in between: the new claim stands."""
+        try:
+            self.client.put_item(
+                TableName=self.table_name,
+                Item=_to_item(record),
+                ConditionExpression="attribute_not_exists(resource_name)",
+            )
         except ClientError as exc:
             if _is_conditional_failure(exc):
                 return False

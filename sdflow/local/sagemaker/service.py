@@ -173,7 +173,7 @@ def sagemaker_stop_processing_job(inner: Any, self: Any) -> Any:
     from moto.core.responses import EmptyResult
 
     name = self._get_param("ProcessingJobName")
-    job = _job_or_error(self.sagemaker_backend.processing_jobs, name, "processing job", self)
+    job = job_or_error(self.sagemaker_backend.processing_jobs, name, "processing job", self)
     sagemaker = _sagemaker(current_runtime())
     if sagemaker is None:
         return inner(self)
@@ -192,7 +192,7 @@ def sagemaker_stop_training_job(self: Any) -> Any:
     from moto.core.responses import EmptyResult
 
     name = self._get_param("TrainingJobName")
-    job = _job_or_error(self.sagemaker_backend.training_jobs, name, "training job", self)
+    job = job_or_error(self.sagemaker_backend.training_jobs, name, "training job", self)
     _refuse_unless_in_progress(job.training_job_status, "training job")
     sagemaker = _sagemaker(current_runtime())
     if sagemaker is not None:
@@ -209,7 +209,7 @@ def _publisher(runtime: Runtime) -> Any:
     return getattr(runtime.sagemaker, "listener", None) or SageMakerStatusPublisher()
 
 
-def _job_or_error(jobs: Mapping[str, Any], name: str, what: str, response: Any) -> Any:
+def job_or_error(jobs: Mapping[str, Any], name: str, what: str, response: Any) -> Any:
     """StopProcessingJob / StopTrainingJob document ResourceNotFound for a job that does not exist."""
     from moto.sagemaker.exceptions import ResourceNotFound
 

@@ -244,6 +244,23 @@ def test_notify_aborted_run_says_stopped_and_by_whom() -> None:
     assert message.attributes["outcome"] == "aborted"
 
 
+def test_notify_aborted_by_local_cloud_stop_says_so_and_offers_no_redrive() -> None:
+    request = _request(
+        "aborted",
+        {"config": SUCCESS_STATE["config"]},
+        running_state="Train model",
+        error=notify.LOCAL_CLOUD_STOPPED,
+        cause="The local cloud stopped while this run was running.",
+    )
+
+    message = notify.compose(request, now=NOW).message
+
+    assert "(the local cloud stopped), in state: Train model." in message
+    assert "StopExecution" not in message
+    assert "redrive-execution" not in message and "sdflow resume" not in message
+    assert "start the local cloud again (sdflow local up) and start the run anew" in message
+
+
 def test_notify_aborted_without_cause_says_no_reason_was_given() -> None:
     message = notify.compose(_request("aborted", {}, running_state="Train model"), now=NOW).message
 

@@ -309,8 +309,15 @@ def _parse_time(value: str | None) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
+# The error the local cloud stops its running executions with when `sdflow local up` ends
+# (sdflow/local/stepfunctions/shutdown.py): no StopExecution call, and nothing left to redrive.
+LOCAL_CLOUD_STOPPED = "sdflow.LocalCloudStopped"
+
+
 def _headline(request: NotifyRequest, label: str, now: datetime) -> tuple[str, str]:
     subject_word, text = _HEADLINES[request.outcome]
+    if request.error == LOCAL_CLOUD_STOPPED:
+        text = "was STOPPED after {duration} (the local cloud stopped)"
     end = _parse_time(request.stop_time) or now
     line = f"sdflow run {label} " + text.format(duration=_duration(request.start_time, end))
     if request.outcome != "succeeded":
@@ -383,6 +390,9 @@ def _next_step_lines(request: NotifyRequest) -> list[str]:
     arn = shlex.quote(request.execution_arn)
     if _running_step(request) in _BEFORE_ANY_JOB and _config(request.state) is None:
         return ["Next:      nothing was started; fix the run document as the cause says and start the run again."]
+    if request.error == LOCAL_CLOUD_STOPPED:
+        # The local cloud keeps no executions between starts: there is no execution left to redrive or resume.
+        return ["Next:      start the local cloud again (sdflow local up) and start the run anew."]
     model = _registered_model(request.state)
     if _running_step(request) == "Wait for approval" and model:
         package = model["model_package_arn"]

@@ -20,10 +20,11 @@ from typing import Any
 from sdflow.local.runtime import Runtime
 from sdflow.local.stepfunctions.api import stop_execution
 from sdflow.local.stepfunctions.executions import is_express
+from sdflow_common.notify import LOCAL_CLOUD_STOPPED
 
 LOG = logging.getLogger("sdflow.local")
 
-STOPPED_ERROR = "sdflow.LocalCloudStopped"
+STOPPED_ERROR = LOCAL_CLOUD_STOPPED
 STOPPED_CAUSE = (
     "The local cloud stopped (`sdflow local up` ended, or the program that ran it) while this run was "
     "running: the run was interrupted, not failed, and its jobs and endpoint deployments were stopped with "

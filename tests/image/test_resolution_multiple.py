@@ -83,3 +83,21 @@ def test_training_step_off_the_multiple_fails_only_where_the_family_needs_a_patc
             _loss(family, parts, off)
     else:
         assert torch.isfinite(_loss(family, parts, off))
+
+
+@pytest.mark.parametrize("family", ["sd", "sdxl", "sd3"])
+def test_training_image_resolution_multiple_equals_validate_runs(family: str) -> None:
+    assert families.get(family).resolution_multiple == model_checks.RESOLUTION_MULTIPLE[family]
+
+
+def test_training_job_resolution_off_family_multiple_refused_naming_nearest() -> None:
+    """A job started directly (not through Validate run) at 40 px on a transformer family is refused before it
+    loads anything, as Validate run refuses it, instead of failing at its first step."""
+    from sdflow_image.training import train
+
+    args = train.parse_args(["--resolution", "40"], hyperparameters={})
+    args.model_family = "sd3"
+    with pytest.raises(train.HyperparameterError, match=r"resolution=40 must be a multiple of 16 .* use 32 or 48"):
+        train.check_family(args)
+    args.model_family = "sdxl"
+    train.check_family(args)  # 40 is on SDXL's multiple, 8

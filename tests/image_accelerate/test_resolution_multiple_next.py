@@ -81,3 +81,8 @@ def test_training_step_off_the_multiple_fails(family: str, bases: Callable[[str]
     assert torch.isfinite(_loss(family, parts, 3 * needed))
     with pytest.raises(RuntimeError, match=r"size|shape"):
         _loss(family, parts, 3 * needed + factor)  # a multiple of the VAE's factor: an odd number of latents
+
+
+@pytest.mark.parametrize("family", ["sd35", "flux2", "qwenimage"])
+def test_training_image_resolution_multiple_equals_validate_runs_next(family: str) -> None:
+    assert families.get(family).resolution_multiple == model_checks.RESOLUTION_MULTIPLE[family]

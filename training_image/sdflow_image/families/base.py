@@ -197,6 +197,9 @@ class Family:
     lora_diffusers_keys = True
     pipeline_kwargs: dict[str, Any] = {}
     vae_fp32 = False  # whether the frozen VAE encodes in fp32 whatever the training precision
+    # What the image side must be a multiple of: the VAE's factor (8), times the latent patch of a
+    # transformer denoiser (2x2) where there is one. The layer's model_checks.RESOLUTION_MULTIPLE holds the same.
+    resolution_multiple = 8
 
     def load_parts(self, base: str, left_out: tuple[str, ...] = (), dtypes: PartDtypes = LOADER_DTYPES) -> Parts:
         """The parts from a diffusers folder, without the optional components in `left_out`, each

@@ -75,6 +75,7 @@ class Flux2Captions:
 
 class Flux2Klein(Family):
     name = "flux2"
+    resolution_multiple = 16  # VAE factor 8 x the transformer's 2x2 latent patch
     pipeline_class_name = "Flux2KleinPipeline"
     denoiser_name = "transformer"
     denoiser_class_name = "Flux2Transformer2DModel"

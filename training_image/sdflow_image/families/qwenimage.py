@@ -103,6 +103,7 @@ def normalise(latents: Any, vae: Any) -> Any:
 
 class QwenImage(Family):
     name = "qwenimage"
+    resolution_multiple = 16  # VAE factor 8 x the transformer's 2x2 latent patch
     pipeline_class_name = "QwenImagePipeline"
     denoiser_name = "transformer"
     denoiser_class_name = "QwenImageTransformer2DModel"

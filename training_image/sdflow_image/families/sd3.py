@@ -31,6 +31,7 @@ from sdflow_image.families.base import (
 
 class StableDiffusion3(Family):
     name = "sd3"
+    resolution_multiple = 16  # VAE factor 8 x the transformer's 2x2 latent patch
     pipeline_class_name = "StableDiffusion3Pipeline"
     denoiser_name = "transformer"
     denoiser_class_name = "SD3Transformer2DModel"

@@ -305,6 +305,13 @@ CACHE_FAMILIES = ("sd", "flux2", "qwenimage", "sd35")
 def check_family(args: argparse.Namespace) -> None:
     """Settings that only some families train with."""
     family = args.model_family
+    multiple = families.get(family).resolution_multiple
+    if args.resolution % multiple:
+        below = args.resolution // multiple * multiple
+        raise HyperparameterError(
+            f"resolution={args.resolution} must be a multiple of {multiple} for model_family={family} (its latents "
+            f"are patched): use {below} or {below + multiple}"
+        )
     if args.cache_latents and family not in CACHE_FAMILIES:
         raise HyperparameterError(
             f"cache_latents=true caches the text encoders' embeddings of model_family {', '.join(CACHE_FAMILIES)}; "

@@ -257,7 +257,8 @@ def test_notify_aborted_by_local_cloud_stop_says_so_and_offers_no_redrive() -> N
 
     assert "(the local cloud stopped), in state: Train model." in message
     assert "StopExecution" not in message
-    assert "redrive-execution" not in message and "sdflow resume" not in message
+    assert "redrive-execution" not in message
+    assert "sdflow resume" not in message
     assert "start the local cloud again (sdflow local up) and start the run anew" in message
 
 

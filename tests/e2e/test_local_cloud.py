@@ -71,10 +71,10 @@ def cloud(tmp_path_factory: pytest.TempPathFactory, sagemaker: RecordingSageMake
     workdir = tmp_path_factory.mktemp("local-cloud")
     with LocalCloud(workdir, sagemaker_factory=lambda *_: sagemaker, async_retry_delays_s=()) as running:
         s3 = running.client("s3")
-        # Intake reads each parquet footer (start_pipeline and Validate run refuse what no job could use).
-        parquet = samples.write_parquet(
-            workdir / "part-00000.parquet", [samples.SampleRow("http://127.0.0.1:9/a.jpg", "a")]
-        )
+        # Intake reads each parquet footer (start_pipeline and Validate run refuse what no job could use): a row
+        # for each of the default training instance's 4 GPUs (model_checks.batch_warnings).
+        rows = [samples.SampleRow(f"http://127.0.0.1:9/{n}.jpg", "a") for n in range(4)]
+        parquet = samples.write_parquet(workdir / "part-00000.parquet", rows)
         s3.put_object(Bucket=running.bucket, Key="datasets/tiny/part-00000.parquet", Body=parquet.read_bytes())
         s3.put_object(
             Bucket=running.bucket,

@@ -368,3 +368,21 @@ def test_validate_endpoint_prefix_comes_from_the_function_environment(
     assert "does not start with 'team-a-'" in problems(caught)["endpoint.name"]
     monkeypatch.delenv("ENDPOINT_NAME_PREFIX")  # the template's default, sdflow
     assert run(raw)["shard_count"] == 1
+
+
+@pytest.mark.parametrize(
+    ("training", "download", "field"),
+    [
+        ({"method": "lora", "plugin": "gemini"}, {}, "training.plugin"),
+        ({"resolution": 512}, {"image_size": 256}, "training.resolution"),
+    ],
+)
+def test_validate_training_rule_across_fields_names_the_field_to_change(
+    world: AwsWorld, training: dict[str, Any], download: dict[str, Any], field: str
+) -> None:
+    uris = put_parquet(world, "datasets/a.parquet")
+    raw = document(parquet_uris=uris) | {"training": training}
+    raw["download"] |= download
+    with pytest.raises(InvalidRunDocument) as caught:
+        run(raw)
+    assert list(problems(caught)) == [field]

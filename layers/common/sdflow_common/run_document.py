@@ -36,6 +36,7 @@ from sdflow_common.training_options import (
     LORA_TARGET_MODULE,
     NEW_STACK_FAMILIES,
     PROCESSING_MAX_RUNTIME_LIMIT,
+    FieldRefusal,
     TrainingOptions,
 )
 from sdflow_common.training_options import HYPERPARAMETER_VALUE_LIMIT as HYPERPARAMETER_VALUE_LIMIT
@@ -234,10 +235,11 @@ class RunDocument(_Strict):
         # larger training resolution would train on upsampled images, without a word.
         size, resolution = self.download.image_size, self.training.resolution
         if self.download.resize_mode != "no" and resolution > size:
-            raise ValueError(
+            raise FieldRefusal(
+                "training.resolution",
                 f"training.resolution={resolution} is larger than download.image_size={size}: every image would be "
                 f"upsampled to train. Set download.image_size to at least {resolution}, or training.resolution "
-                f"to at most {size}"
+                f"to at most {size}",
             )
         return self
 
@@ -305,6 +307,9 @@ def format_errors(error: ValidationError) -> list[dict[str, str]]:
         elif item["type"] == "value_error":
             # pydantic prefixes our own validators' messages with "Value error, "; users need only ours.
             message = message.removeprefix("Value error, ")
+            refusal = item.get("ctx", {}).get("error")
+            if isinstance(refusal, FieldRefusal):
+                loc = (*loc, *refusal.field.split("."))
         out.append({"field": field_path(loc), "message": printable(message, limit=1000)})
     return out
 

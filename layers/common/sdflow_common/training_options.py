@@ -26,6 +26,15 @@ class StrictOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
+class FieldRefusal(ValueError):
+    """A rule across fields, refused naming the field to change: `field` is a path below the block whose
+    validator raises it (run_document.format_errors reports the problem there, not at the block)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 # LoRA defaults: diffusers' LoRA training examples for each family use the same ones, `--rank`
 # default 4 and `LoraConfig(r=rank, lora_alpha=rank, lora_dropout` unset (0.0), `target_modules=
 # ["to_k", "to_q", "to_v", "to_out.0"])` on the denoiser: examples/text_to_image/train_text_to_image_lora.py
@@ -278,41 +287,48 @@ class TrainingOptions(StrictOptions):
     @model_validator(mode="after")
     def _method_fits_plugin(self) -> TrainingOptions:
         if self.lora is not None and self.method != "lora":
-            raise ValueError(
+            raise FieldRefusal(
+                "lora",
                 "training.lora is set but training.method is 'full': set training.method to 'lora', or remove "
-                "training.lora"
+                "training.lora",
             )
         if self.method == "lora" and self.plugin in LORA_REFUSALS_ACCELERATE:
-            raise ValueError(
+            raise FieldRefusal(
+                "plugin",
                 f"training.plugin '{self.plugin}' cannot train LoRA: {LORA_REFUSALS_ACCELERATE[self.plugin]}; set "
-                "training.plugin to ddp (or leave it out), or train with training.method 'full'"
+                "training.plugin to ddp (or leave it out), or train with training.method 'full'",
             )
         if self.method == "lora" and self.plugin in LORA_REFUSALS:
-            raise ValueError(
+            raise FieldRefusal(
+                "plugin",
                 f"training.plugin '{self.plugin}' cannot train LoRA: {LORA_REFUSALS[self.plugin]}; set "
-                "training.plugin to torch_ddp (or leave it out), or train with training.method 'full'"
+                "training.plugin to torch_ddp (or leave it out), or train with training.method 'full'",
             )
         if self.method == "lora" and self.use_ema:
-            raise ValueError(
+            raise FieldRefusal(
+                "use_ema",
                 "training.use_ema is for training.method 'full': diffusers' LoRA examples keep no EMA of an "
-                "adapter; set training.use_ema to false"
+                "adapter; set training.use_ema to false",
             )
         if self.backend in BACKENDS and self.mixed_precision not in MIXED_PRECISIONS_OF_BACKEND[self.backend]:
-            raise ValueError(
+            raise FieldRefusal(
+                "mixed_precision",
                 f"training.mixed_precision '{self.mixed_precision}' cannot train on the {self.backend} backend: "
                 "FSDP2's mixed precision keeps no loss scaler (fp16 gradients would underflow), and diffusers' "
-                "examples train these models in bf16; set training.mixed_precision to 'bf16' (or leave it out)"
+                "examples train these models in bf16; set training.mixed_precision to 'bf16' (or leave it out)",
             )
         if self.plugin == "fsdp2" and self.use_ema:
-            raise ValueError(
+            raise FieldRefusal(
+                "use_ema",
                 "training.use_ema is not supported with training.plugin 'fsdp2': each GPU holds a shard of every "
                 "weight, and the image keeps the average whole; set training.plugin to 'ddp' where the model fits "
-                "one GPU, or training.use_ema to false"
+                "one GPU, or training.use_ema to false",
             )
         if self.plugin == "gemini" and self.mixed_precision == "no":
-            raise ValueError(
+            raise FieldRefusal(
+                "plugin",
                 "training.plugin 'gemini' trains in fp16 or bf16 only (Colossal-AI's GeminiPlugin has no fp32): set "
-                "training.mixed_precision to 'bf16' or 'fp16', or training.plugin to low_level_zero or torch_ddp"
+                "training.mixed_precision to 'bf16' or 'fp16', or training.plugin to low_level_zero or torch_ddp",
             )
         return self
 
@@ -325,14 +341,18 @@ class TrainingOptions(StrictOptions):
     def _spot_needs_wait(self) -> TrainingOptions:
         if self.use_spot:
             if self.max_wait_seconds is None:
-                raise ValueError("use_spot is true: set max_wait_seconds (≥ max_runtime_seconds)")
+                raise FieldRefusal("max_wait_seconds", "use_spot is true: set max_wait_seconds (≥ max_runtime_seconds)")
             if self.max_wait_seconds < self.max_runtime_seconds:
-                raise ValueError("max_wait_seconds must be ≥ max_runtime_seconds")
+                raise FieldRefusal("max_wait_seconds", "max_wait_seconds must be ≥ max_runtime_seconds")
             if self.keep_alive_seconds:
                 # SageMaker refuses warm pools (KeepAlivePeriodInSeconds) for spot training jobs.
-                raise ValueError("keep_alive_seconds (warm pool) cannot be used with use_spot; set one of them")
+                raise FieldRefusal(
+                    "keep_alive_seconds", "keep_alive_seconds (warm pool) cannot be used with use_spot; set one of them"
+                )
         elif self.max_wait_seconds is not None:
-            raise ValueError("max_wait_seconds is only for spot training; set use_spot: true or drop it")
+            raise FieldRefusal(
+                "max_wait_seconds", "max_wait_seconds is only for spot training; set use_spot: true or drop it"
+            )
         return self
 
     def hyperparameters(self) -> dict[str, str]:

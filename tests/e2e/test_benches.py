@@ -1,6 +1,6 @@
 """The orchestration benches (bench/ on .venv) run at a tiny size, so they cannot rot: each through its own
 command line, as a person runs it, against this checkout's code. A run that fails says why. The benches of the
-image (bench/ on .venv-image) run in tests/image/test_benches.py; bench/gpu_acceptance.py and its --quick in
+image (bench/ on .venv-image) run in tests/image/test_image_benches.py; bench/gpu_acceptance.py and its --quick in
 tests/image/test_gpu_acceptance.py and tests/image_accelerate/test_gpu_quick.py."""
 
 from __future__ import annotations

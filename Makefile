@@ -171,8 +171,9 @@ bench: setup  ## benchmarks: ratios measured side by side in one run
 	$(BIN)/python bench/bench_local_runtime.py
 	$(BIN)/python bench/bench_sdk_core_layer.py
 
-schema: setup  ## regenerate schemas/run-document.schema.json from the pydantic model
+schema: setup  ## regenerate schemas/run-document.schema.json and docs/run-document.md's field tables from the pydantic model
 	PYTHONPATH=layers/common $(BIN)/python -m sdflow_common.run_document > schemas/run-document.schema.json
+	PYTHONPATH=layers/common $(BIN)/python -m sdflow_common.run_document_docs --write docs/run-document.md
 
 clean:  ## remove venvs, build output and caches
 	rm -rf $(VENV) $(IMAGE_VENV) $(ACC_VENV) $(SDK_VENV) .tools .aws-sam scratch .pytest_cache .mypy_cache .ruff_cache

@@ -8,6 +8,8 @@ runtime's threads; the Lambda workers are child processes and counted apart), an
 own AWS API calls (requests per second to the cloud). The browser's own CPU is not the cloud's.
 
     .venv/bin/python bench/bench_console.py --shards 1000
+
+A run that does not succeed prints its error and cause (`status=FAILED error=… cause=…`) and exits 1.
 """
 
 from __future__ import annotations
@@ -107,6 +109,8 @@ def run_one(shards: int, concurrency: int, console: bool) -> dict[str, Any]:
     return {
         "console": console,
         "status": described["status"],
+        "error": described.get("error"),  # why a run that did not succeed ended
+        "cause": described.get("cause"),
         "run_s": run_s,
         "cloud_cpu_s": (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system),
         "workers_cpu_s": children1 - children0,
@@ -134,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
             return done.returncode
         out = done.stdout
         results[mode] = json.loads(out.strip().splitlines()[-1])
+        if results[mode]["status"] != "SUCCEEDED":
+            r = results[mode]
+            print(f"shards={args.shards} console={mode} status={r['status']} error={r['error']} cause={r['cause']}")
+            return 1
     without, with_ = results["without"], results["with"]
     print(f"{'console':>8} {'status':>10} {'run s':>7} {'cloud CPU s':>12} {'workers CPU s':>14} {'console calls':>14}")
     for r in (without, with_):
@@ -149,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     busiest = sorted(with_["operations"].items(), key=lambda item: -item[1])[:8]
     print("console calls by operation: " + ", ".join(f"{op} {n}" for op, n in busiest))
-    return 0 if without["status"] == with_["status"] == "SUCCEEDED" else 1
+    return 0
 
 
 if __name__ == "__main__":

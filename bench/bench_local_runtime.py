@@ -16,7 +16,9 @@ The last line for each size reads
 transitions_per_shard=… job_describes_per_shard=… api_calls_per_shard=…` (peak_rss_mb: the whole
 runtime with its Lambda workers; peak_cloud_rss_mb: the cloud process alone;
 job_describes_per_shard is the name kept since it replaced describe_calls_per_shard).
-`--profile-memory` adds where the cloud process's memory was allocated (tracemalloc).
+`--profile-memory` adds where the cloud process's memory was allocated (tracemalloc). `--set FIELD=JSON`
+changes one field of the run document (e.g. `--set training.resolution=4096`). A run that does not succeed
+prints its error and cause (`status=FAILED error=… cause=…`), and the exit status is 1.
 job_describes counts SageMaker Describe* calls (polling a job's status; the reconciler makes none
 before a claim's deadline); api_calls counts every call the pipeline made (the starters'
 DescribeExecution after each Create included).
@@ -50,16 +52,62 @@ def _one_row_parquet(folder: Path) -> bytes:
     ).read_bytes()
 
 
+# The files of a diffusers StableDiffusionPipeline folder as save_pretrained writes them (diffusers 0.29), each
+# component's config and weights. No job reads the weights (the jobs are no-ops), but Validate run reads the
+# model_index.json (its `_class_name` decides the family) and checks every component it lists is there.
+NOOP_MODEL_INDEX = {
+    "_class_name": "StableDiffusionPipeline",
+    "_diffusers_version": "0.29.2",
+    "feature_extractor": [None, None],
+    "image_encoder": [None, None],
+    "requires_safety_checker": False,
+    "safety_checker": [None, None],
+    "scheduler": ["diffusers", "DDPMScheduler"],
+    "text_encoder": ["transformers", "CLIPTextModel"],
+    "tokenizer": ["transformers", "CLIPTokenizer"],
+    "unet": ["diffusers", "UNet2DConditionModel"],
+    "vae": ["diffusers", "AutoencoderKL"],
+}
+NOOP_CONFIGS = {
+    "scheduler/scheduler_config.json": {"_class_name": "DDPMScheduler", "num_train_timesteps": 1000},
+    "text_encoder/config.json": {"architectures": ["CLIPTextModel"], "hidden_size": 32, "num_hidden_layers": 1},
+    "tokenizer/tokenizer_config.json": {"tokenizer_class": "CLIPTokenizer", "model_max_length": 77},
+    "tokenizer/vocab.json": {"<|startoftext|>": 0, "<|endoftext|>": 1},
+    "tokenizer/special_tokens_map.json": {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>"},
+    "unet/config.json": {"_class_name": "UNet2DConditionModel", "sample_size": 8, "cross_attention_dim": 32},
+    "vae/config.json": {"_class_name": "AutoencoderKL", "sample_size": 64, "latent_channels": 4},
+}
+NOOP_WEIGHTS = ("text_encoder/model.safetensors", "unet/diffusion_pytorch_model.safetensors",
+                "vae/diffusion_pytorch_model.safetensors")  # fmt: skip
+
+
+def _empty_safetensors() -> bytes:
+    """A valid safetensors file holding no tensor: its 8-byte header length, then the header."""
+    header = json.dumps({"__metadata__": {"format": "pt"}}).encode()
+    return len(header).to_bytes(8, "little") + header
+
+
+def upload_noop_base_model(s3: Any, bucket: str, prefix: str) -> str:
+    """The stub base model under s3://bucket/prefix/; its URI."""
+    objects: dict[str, bytes] = {"model_index.json": json.dumps(NOOP_MODEL_INDEX).encode()}
+    objects |= {key: json.dumps(config).encode() for key, config in NOOP_CONFIGS.items()}
+    objects |= {key: _empty_safetensors() for key in NOOP_WEIGHTS}
+    objects["tokenizer/merges.txt"] = b"#version: 0.2\n"
+    for key, body in objects.items():
+        s3.put_object(Bucket=bucket, Key=f"{prefix}/{key}", Body=body)
+    return f"s3://{bucket}/{prefix}/"
+
+
 def upload_noop_inputs(cloud: Any, workdir: Path, shards: int, concurrency: int) -> dict[str, Any]:
     """`shards` one-row parquet files and a stub base model in the stack's bucket; the run document."""
     s3, bucket = cloud.client("s3"), cloud.outputs["DataBucketName"]
     parquet = _one_row_parquet(workdir)
     for i in range(shards):
         s3.put_object(Bucket=bucket, Key=f"datasets/noop/part-{i:05d}.parquet", Body=parquet)
-    s3.put_object(Bucket=bucket, Key="models/noop/model_index.json", Body=b"{}")
+    base_model_uri = upload_noop_base_model(s3, bucket, "models/noop")
     return {
         "dataset": {"prefix": f"s3://{bucket}/datasets/noop/"},
-        "base_model_uri": f"s3://{bucket}/models/noop/",
+        "base_model_uri": base_model_uri,
         "download": {"max_concurrency": concurrency},
         "training": {"instance_type": "ml.m5.xlarge"},
         "endpoint": {"name": "sdflow-noop", "instance_type": "ml.m5.large"},
@@ -117,7 +165,27 @@ class _LargestHeap:
             self.snapshot, self.size, self.at_s = tracemalloc.take_snapshot(), current, time.monotonic() - started
 
 
-def run_one(shards: int, concurrency: int, profile_memory: bool = False) -> dict[str, Any]:
+def with_field(document: dict[str, Any], assignment: str) -> dict[str, Any]:
+    """`document` with the field `a.b.c=JSON` set (a value that is not JSON is taken as a string)."""
+    path, sep, text = assignment.partition("=")
+    if not sep or not path:
+        raise ValueError(f"--set {assignment!r}: write FIELD=VALUE, e.g. training.resolution=512")
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = text
+    *parents, name = path.split(".")
+    changed = json.loads(json.dumps(document))
+    block = changed
+    for part in parents:
+        block = block.setdefault(part, {})
+    block[name] = value
+    return changed
+
+
+def run_one(
+    shards: int, concurrency: int, profile_memory: bool = False, assignments: list[str] | None = None
+) -> dict[str, Any]:
     from sdflow.local.cloud import LocalCloud
 
     if profile_memory:
@@ -164,6 +232,8 @@ def run_one(shards: int, concurrency: int, profile_memory: bool = False) -> dict
             up_s = time.monotonic() - started
             sfn = cloud.client("stepfunctions")
             document = upload_noop_inputs(cloud, Path(workdir), shards, concurrency)
+            for assignment in assignments or []:
+                document = with_field(document, assignment)
             runtime = cloud.runtime
             assert runtime is not None
             with runtime.api_calls_lock:
@@ -177,8 +247,7 @@ def run_one(shards: int, concurrency: int, profile_memory: bool = False) -> dict
                 polls += 1
                 time.sleep(0.2)
             status = described["status"]
-            if status != "SUCCEEDED":
-                print(f"run {status}: {described.get('error')}: {described.get('cause', '')[:500]}", file=sys.stderr)
+            error, cause = described.get("error"), described.get("cause")
             run_s = time.monotonic() - run_started
             transitions = runtime.sfn_transitions
             with runtime.api_calls_lock:
@@ -209,6 +278,8 @@ def run_one(shards: int, concurrency: int, profile_memory: bool = False) -> dict
     return {
         "shards": shards,
         "status": status,
+        "error": error,  # why a run that did not succeed ended (the execution's error and cause)
+        "cause": cause,
         "up_s": up_s,
         "run_s": run_s,
         "peak_mb": peak / 2**20,
@@ -225,6 +296,8 @@ def run_one(shards: int, concurrency: int, profile_memory: bool = False) -> dict
 
 def summary_line(r: dict[str, Any]) -> str:
     n = r["shards"]
+    if r["status"] != "SUCCEEDED":
+        return f"shards={n} status={r['status']} error={r.get('error')} cause={r.get('cause')}"
     return (
         f"shards={n} status={r['status']} wall_s={r['run_s']:.1f} per_shard_ms={1000 * r['run_s'] / n:.1f} "
         f"peak_rss_mb={r['peak_mb']:.0f} peak_cloud_rss_mb={r.get('peak_cloud_mb', 0):.0f} "
@@ -247,17 +320,25 @@ def main(argv: list[str] | None = None) -> int:
         help="trace the cloud process's allocations (tracemalloc: slower) and print where its memory is "
         "at its largest and at the end",
     )
+    parser.add_argument(
+        "--set",
+        dest="assignments",
+        action="append",
+        default=[],
+        metavar="FIELD=JSON",
+        help="change one field of the run document (repeatable), e.g. --set training.resolution=512",
+    )
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one is not None:
-        print(json.dumps(run_one(args.one, args.concurrency, args.profile_memory)))
+        print(json.dumps(run_one(args.one, args.concurrency, args.profile_memory, args.assignments)))
         return 0
-    results = []
-    for size in args.shards:
-        command = [sys.executable, __file__, "--one", str(size), "--concurrency", str(args.concurrency)]
-        command += ["--profile-memory"] if args.profile_memory else []
-        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    results = [run_size(size, args) for size in args.shards]
+    failed = [r for r in results if r["status"] != "SUCCEEDED"]
+    if failed:
+        for r in failed:
+            print(summary_line(r))
+        return 1
     print(
         f"{'shards':>8} {'stack up s':>11} {'run s':>8} {'ms/shard':>9} {'peak MB':>8} {'cloud MB':>9} "
         f"{'workers at peak':>16} {'threads':>8} {'API calls/shard':>16}"
@@ -284,7 +365,24 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(r["allocations"]))
     for r in results:
         print(summary_line(r))
-    return 0 if all(r["status"] == "SUCCEEDED" for r in results) else 1
+    return 0
+
+
+class SizeFailed(RuntimeError):
+    """The process that ran one size ended without its result line."""
+
+
+def run_size(size: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One size in a process of its own (one local cloud per process): its result (a run that failed carries
+    its error and cause). A process that dies without a result raises with the end of its stderr."""
+    command = [sys.executable, __file__, "--one", str(size), "--concurrency", str(args.concurrency)]
+    command += ["--profile-memory"] if args.profile_memory else []
+    command += [f"--set={assignment}" for assignment in args.assignments]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise SizeFailed(f"{size} shards: the run's process exited {done.returncode}:\n{done.stderr[-4000:]}")
+    return dict(json.loads(lines[-1]))
 
 
 if __name__ == "__main__":

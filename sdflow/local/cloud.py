@@ -27,7 +27,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, cast
 
-from sdflow.local import moto_data, moto_logging, patching, scheduler, sessions, template
+from sdflow.local import moto_data, moto_logging, native_memory, patching, scheduler, sessions, template
 from sdflow.local.account import ACCOUNT_ID, REGION
 from sdflow.local.clock import Clock
 from sdflow.local.faults import Faults
@@ -167,6 +167,7 @@ class LocalCloud:
         from moto.moto_api._internal.models import moto_api_backend
         from moto.server import ThreadedMotoServer
 
+        native_memory.cap_malloc_arenas()  # before the cloud's threads: native_memory says why
         self.workdir.mkdir(parents=True, exist_ok=True)
         # moto's interpreter dumps component reprs on every failure: to a file, one line on the console.
         self._moto_logs = moto_logging.route(self.workdir / "logs" / "moto.log")

@@ -121,7 +121,7 @@ class Interrupted:
     keys_at_stop: set[str]
     partial_tar_bytes: int  # size of the unfinished shard's local tar when the job was stopped
     status: int
-    failure: str
+    exit_message: str
 
 
 def stop_after_first_shard(download_s3: S3, uri: str, work: Path, run: Any) -> Interrupted:
@@ -145,8 +145,10 @@ def stop_after_first_shard(download_s3: S3, uri: str, work: Path, run: Any) -> I
     status = run()
     watcher.join(timeout=5)
     assert "keys" in seen, "shard 00000 never reached S3 while the job ran"
-    failure = (Path(os.environ["SDFLOW_OPT_ML"]) / "output" / "failure").read_text()
-    return Interrupted(seen["keys"], seen["partial"], status, failure)
+    # A stop is not a failure (as the training job's): no failure file, the exit message says it.
+    assert not (Path(os.environ["SDFLOW_OPT_ML"]) / "output" / "failure").exists()
+    message = (Path(os.environ["SDFLOW_OPT_ML"]) / "output" / "message").read_text()
+    return Interrupted(seen["keys"], seen["partial"], status, message)
 
 
 @pytest.mark.slow
@@ -165,8 +167,8 @@ def test_download_stopped_job_retry_resumes_from_s3_with_same_set(
         argv = [*job_args(parquet, uri, work), "--url_timeout", "30", "--deadline_seconds", "60"]
 
         stopped = stop_after_first_shard(download_s3, uri, work, lambda: download.main(download.parse_args(argv)))
-        assert stopped.status == 1
-        assert stopped.failure.startswith("Terminated")
+        assert stopped.status == 128 + signal.SIGTERM
+        assert stopped.exit_message.startswith("stopped by signal 15 (SageMaker stops jobs with SIGTERM); the shards")
         # shard 00000 was in S3 before the job ended; the unfinished 00001.tar never got there
         assert stopped.keys_at_stop == {"00000.tar", "00000.parquet", "00000_stats.json"}
         assert set(download_s3.names(uri)) == stopped.keys_at_stop

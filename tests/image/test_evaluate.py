@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ PROMPTS = [
     "a white triangle on a green background",
 ]
 ACCURACIES = {"foreground_accuracy", "background_accuracy", "shape_accuracy"}
+STOPPED = "stopped by signal 15 (SageMaker stops jobs with SIGTERM) before it wrote evaluation.json"
 
 
 @pytest.fixture(autouse=True)
@@ -163,6 +166,42 @@ def test_evaluate_prompt_outside_grammar_exits_nonzero_naming_it(
     assert scenes.GRAMMAR in message
     assert "a photo of a cat" in (opt_ml / "output" / "failure").read_text()
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_evaluate_sigterm_while_rendering_ends_in_a_sentence_and_exits_stopped(
+    evaluation_models: dict[str, Path], tmp_path: Path, opt_ml: Path
+) -> None:
+    # The 48 held-out scene prompts at 200 steps: rendering runs far longer than the stop takes.
+    argv = job_args(
+        evaluation_models["trained"], evaluation_models["base"], tmp_path / "out", "--scene_adherence", "true"
+    )
+    argv[argv.index("--num_inference_steps") + 1] = "200"
+    job = subprocess.Popen(
+        [sys.executable, str(REPO_ROOT / "training_image" / "bin" / "evaluate"), *argv],
+        stderr=subprocess.PIPE, text=True,  # SDFLOW_OPT_ML: the opt_ml fixture's
+    )  # fmt: skip
+    assert job.stderr is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + 120
+    for line in job.stderr:
+        lines.append(line)
+        if " rendering " in line:
+            time.sleep(1.0)  # inside the pipelines' loading or rendering
+            job.send_signal(signal.SIGTERM)
+            break
+        assert time.monotonic() < deadline, "no 'rendering' line in time:\n" + "".join(lines[-30:])
+    rest = job.communicate(timeout=120)[1]
+    log = "".join(lines) + rest
+
+    assert job.returncode == 128 + signal.SIGTERM, log[-3000:]
+    assert "Traceback" not in log, log[-3000:]
+    last = log.strip().splitlines()[-1]
+    assert last.endswith(f"{STOPPED}."), last
+    # A stop is not a failure (as the training job's): no failure file, and the exit message says it.
+    assert not (opt_ml / "output" / "failure").exists()
+    assert exit_message(opt_ml) == f"{STOPPED}."
+    assert not (tmp_path / "out" / "evaluation.json").exists()
 
 
 @pytest.mark.parametrize("flag", ["--model_dir", "--base_model_dir"])

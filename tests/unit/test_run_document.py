@@ -196,7 +196,7 @@ def test_parse_several_problems_are_all_reported() -> None:
 
 def test_parse_spot_without_max_wait_is_rejected() -> None:
     errors = errors_of({**minimal(), "training": {"use_spot": True}})
-    assert errors[0]["field"] == "training"
+    assert errors[0]["field"] == "training.max_wait_seconds"
     assert "max_wait_seconds" in errors[0]["message"]
 
 
@@ -215,11 +215,42 @@ def test_parse_resolution_above_downloaded_image_size_is_rejected_naming_both() 
     errors = errors_of({**minimal(), "download": {"image_size": 256}, "training": {"resolution": 512}})
     assert errors == [
         {
-            "field": "(document)",
+            "field": "training.resolution",
             "message": "training.resolution=512 is larger than download.image_size=256: every image would be "
             "upsampled to train. Set download.image_size to at least 512, or training.resolution to at most 256",
         }
     ]
+
+
+@pytest.mark.parametrize(
+    ("training", "field", "said"),
+    [
+        ({"method": "lora", "plugin": "gemini"}, "training.plugin", "set training.plugin to torch_ddp"),
+        ({"method": "lora", "plugin": "low_level_zero"}, "training.plugin", "set training.plugin to torch_ddp"),
+        (
+            {"method": "lora", "backend": "accelerate", "plugin": "fsdp2"},
+            "training.plugin",
+            "set training.plugin to ddp",
+        ),
+        ({"plugin": "gemini", "mixed_precision": "no"}, "training.plugin", "training.mixed_precision to 'bf16'"),
+        (
+            {"backend": "accelerate", "plugin": "fsdp2", "use_ema": True},
+            "training.use_ema",
+            "training.use_ema to false",
+        ),
+        ({"method": "lora", "use_ema": True}, "training.use_ema", "set training.use_ema to false"),
+        ({"backend": "accelerate", "mixed_precision": "fp16"}, "training.mixed_precision", "'bf16'"),
+        ({"lora": {"rank": 8}}, "training.lora", "set training.method to 'lora'"),
+        ({"max_wait_seconds": 7200}, "training.max_wait_seconds", "use_spot"),
+        ({"use_spot": True, "max_runtime_seconds": 7200, "max_wait_seconds": 3600}, "training.max_wait_seconds", "≥"),
+    ],
+)
+def test_parse_training_rule_across_fields_names_the_field_to_change(
+    training: dict[str, Any], field: str, said: str
+) -> None:
+    [problem] = errors_of({**minimal(), "training": training})
+    assert problem["field"] == field
+    assert said in problem["message"]
 
 
 @pytest.mark.parametrize(("image_size", "resize_mode"), [(512, "center_crop"), (1024, "border"), (256, "no")])
@@ -382,7 +413,7 @@ def test_run_document_spot_with_warm_pool_is_rejected_naming_keep_alive() -> Non
     with pytest.raises(InvalidRunDocument) as excinfo:
         parse_run_document(raw)
     [problem] = json.loads(str(excinfo.value))
-    assert problem["field"] == "training"
+    assert problem["field"] == "training.keep_alive_seconds"
     assert "keep_alive_seconds" in problem["message"]
 
 

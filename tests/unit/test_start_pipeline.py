@@ -241,7 +241,7 @@ INVALID_MANIFESTS = {
     "empty-list": (lambda: {**manifest(), "dataset": {"parquet_uris": []}}, "dataset.parquet_uris"),
     "too-many-shards": (_too_many_shards, "dataset.parquet_uris"),
     "out-of-range": (lambda: {**manifest(), "download": {"image_size": 8}}, "download.image_size"),
-    "spot-without-wait": (lambda: {**manifest(), "training": {"use_spot": True}}, "training"),
+    "spot-without-wait": (lambda: {**manifest(), "training": {"use_spot": True}}, "training.max_wait_seconds"),
     "no-dataset-source": (lambda: {**manifest(), "dataset": {}}, "dataset"),
     "bad-json": (lambda: b'{"dataset": {"parquet_uris": ["s3://b/a.parquet"]},,}', "(document)"),
     "not-utf8": (lambda: b'{"run_name": "\xff\xfe"}', "(document)"),
@@ -446,3 +446,22 @@ def test_handler_event_emitted_by_moto_s3_starts_a_run(world: AwsWorld, app: Any
     result = app.lambda_handler(json.loads(message["Body"]), FakeLambdaContext())
     assert result["status"] == "started"
     assert len(executions(world)) == 1
+
+
+@pytest.mark.parametrize(
+    ("training", "download", "field"),
+    [
+        ({"method": "lora", "plugin": "gemini"}, {}, "training.plugin"),
+        ({"resolution": 512}, {"image_size": 256}, "training.resolution"),
+    ],
+)
+def test_handler_training_rule_across_fields_names_the_field_to_change(
+    world: AwsWorld, app: Any, training: dict[str, Any], download: dict[str, Any], field: str
+) -> None:
+    document = {**manifest(), "training": training, "download": download}
+    put = upload(world, "manifests/rule.json", document)
+
+    result = app.lambda_handler(s3_event("manifests/rule.json", put), FakeLambdaContext())
+
+    assert [error["field"] for error in result["errors"]] == [field]
+    assert executions(world) == []

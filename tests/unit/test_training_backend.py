@@ -116,12 +116,12 @@ def test_backend_accelerate_named_for_an_sd3_model_trains_there_with_its_plugin_
 
 
 def test_backend_accelerate_in_fp16_is_refused_naming_bf16() -> None:
-    message = problems(document("flux2", mixed_precision="fp16"))["training"]
+    message = problems(document("flux2", mixed_precision="fp16"))["training.mixed_precision"]
     assert "set training.mixed_precision to 'bf16'" in message
 
 
 def test_backend_fsdp2_with_ema_is_refused_naming_ddp_and_use_ema() -> None:
-    message = problems(document("flux2", use_ema=True))["training"]
+    message = problems(document("flux2", use_ema=True))["training.use_ema"]
     assert "set training.plugin to 'ddp'" in message
     assert "training.use_ema to false" in message
 
@@ -168,7 +168,7 @@ def test_backend_default_of_an_sd_model_with_an_accelerate_plugin_is_refused() -
 
 
 def test_backend_lora_with_fsdp2_is_refused_naming_ddp() -> None:
-    message = problems(document("flux2", method="lora", plugin="fsdp2"))["training"]
+    message = problems(document("flux2", method="lora", plugin="fsdp2"))["training.plugin"]
     assert "gains nothing from sharding" in message
     assert "set training.plugin to ddp" in message
 

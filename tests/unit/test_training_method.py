@@ -80,13 +80,13 @@ def test_training_lora_block_is_emitted_as_strings() -> None:
 
 def test_training_lora_with_gemini_is_refused_naming_the_plugin_that_can() -> None:
     found = problems(document(method="lora", plugin="gemini"))
-    message = found["training"]
+    message = found["training.plugin"]
     assert "support_lora() False" in message
     assert "set training.plugin to torch_ddp" in message
 
 
 def test_training_lora_with_low_level_zero_is_refused_with_the_reason() -> None:
-    message = problems(document(method="lora", plugin="low_level_zero"))["training"]
+    message = problems(document(method="lora", plugin="low_level_zero"))["training.plugin"]
     assert "Booster.enable_lora" in message
     assert "set training.plugin to torch_ddp" in message
 
@@ -103,11 +103,11 @@ def test_lora_plugin_rule_validate_run_and_image_agree(plugin: str) -> None:
 
 
 def test_training_lora_block_with_full_method_is_refused() -> None:
-    assert "set training.method to 'lora'" in problems(document(lora={"rank": 8}))["training"]
+    assert "set training.method to 'lora'" in problems(document(lora={"rank": 8}))["training.lora"]
 
 
 def test_training_gemini_in_fp32_is_refused() -> None:
-    assert "fp16 or bf16" in problems(document(mixed_precision="no", backend="colossalai"))["training"]
+    assert "fp16 or bf16" in problems(document(mixed_precision="no", backend="colossalai"))["training.plugin"]
 
 
 @pytest.mark.parametrize(
@@ -154,4 +154,4 @@ def test_training_request_of_unresolved_family_leaves_model_family_out() -> None
 
 
 def test_training_lora_with_ema_is_refused() -> None:
-    assert "set training.use_ema to false" in problems(document(method="lora", use_ema=True))["training"]
+    assert "set training.use_ema to false" in problems(document(method="lora", use_ema=True))["training.use_ema"]

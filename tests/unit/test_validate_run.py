@@ -395,3 +395,21 @@ def test_validate_execution_name_with_marks_step_functions_allows_is_accepted(wo
     config = validate_run(raw, data_bucket=DATA_BUCKET, max_shards=50)
 
     assert config["run_id"] == name
+
+
+@pytest.mark.parametrize(
+    ("training", "download", "field"),
+    [
+        ({"method": "lora", "plugin": "gemini"}, {}, "training.plugin"),
+        ({"resolution": 512}, {"image_size": 256}, "training.resolution"),
+    ],
+)
+def test_validate_training_rule_across_fields_names_the_field_to_change(
+    world: AwsWorld, training: dict[str, Any], download: dict[str, Any], field: str
+) -> None:
+    uris = put_parquet(world, "datasets/a.parquet")
+    raw = document(parquet_uris=uris) | {"training": training}
+    raw["download"] |= download
+    with pytest.raises(InvalidRunDocument) as caught:
+        run(raw)
+    assert list(problems(caught)) == [field]

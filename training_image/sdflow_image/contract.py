@@ -108,16 +108,33 @@ def write_exit_message(message: str) -> None:
         print(f"could not write {path}: {message}", file=sys.stderr)
 
 
+def _caused_by(exc: BaseException, cause: BaseException) -> bool:
+    """`cause` is `exc` or in its chain (a library that wraps what it caught: transformers' lazy import
+    re-raises a stop that landed inside it as a RuntimeError)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if current is cause:
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def run_processing_job(work: Callable[[], str], stopped: Callable[[int], BaseException]) -> int:
     """A processing job's entrypoint around `work` (which returns its one-line summary): logging
     on, SIGTERM raised inside the work as `stopped(signum)` (SageMaker stops jobs with SIGTERM, so
     the work can clean up), the summary or the error as ExitMessage, the failure file and exit 1
-    on error. Returns the exit status."""
+    on error. Returns the exit status. A stop is not a failure (as the training job's, train.cli):
+    its log ends in one sentence, not a traceback, it writes no failure file, and it exits
+    128 + the signal."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    stops: list[tuple[int, BaseException]] = []
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        raise stopped(signum)
+        stops.append((signum, stopped(signum)))
+        raise stops[-1][1]
 
     # Signal handlers can only be installed from the main thread (tests may call from others).
     in_main_thread = threading.current_thread() is threading.main_thread()
@@ -126,6 +143,12 @@ def run_processing_job(work: Callable[[], str], stopped: Callable[[int], BaseExc
         write_exit_message(work())
         return 0
     except Exception as exc:
+        stop = next(((signum, s) for signum, s in stops if _caused_by(exc, s)), None)
+        if stop is not None:
+            sentence = str(stop[1]).rstrip(".") + "."
+            logging.getLogger("sdflow").warning(sentence)
+            write_exit_message(sentence)
+            return 128 + stop[0]
         write_exit_message(f"{type(exc).__name__}: {exc}")
         return fail(exc)
     finally:

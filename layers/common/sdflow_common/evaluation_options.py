@@ -77,32 +77,33 @@ class EvaluationOptions(_Strict):
         default=None,
         ge=0,
         le=1,
-        description="Older form of gate.prompt_adherence.min: deploy only when the trained model's scene adherence "
-        "is at least this (0-1); turns scene adherence on. Give it or gate.prompt_adherence, not both.",
+        description="The older form of `gate.prompt_adherence.min`.",
     )
     prompts: list[Annotated[str, Field(min_length=1, max_length=300)]] | None = Field(
         default=None,
         max_length=MAX_EVALUATION_PROMPTS,
-        description="Scene prompts to score, each 'a <colour> <shape> on a <colour> background'; default: the 48 "
-        "held-out scene prompts. Turns scene adherence on.",
+        description="The scene prompts to score (held out of the demo's training captions).",
     )
     prompts_uri: str | None = Field(
         default=None,
-        description="Or an S3 object in this stack's bucket with the prompts: a JSON list, or one prompt a line.",
+        description="Or a file of scene prompts: a JSON list, or one prompt a line (`#` comments).",
     )
     num_inference_steps: int = Field(default=20, ge=1, le=200, description="Denoising steps per image.")
-    guidance_scale: float = Field(default=5.0, ge=0, le=50, description="Classifier-free guidance scale.")
+    guidance_scale: float = Field(default=5.0, ge=0, le=50, description="Classifier-free guidance.")
     instance_type: str | None = Field(
         default=None,
         pattern=INSTANCE_TYPE,
-        description="Processing instance of the evaluation job; null: Validate run picks the smallest GPU instance "
-        'whose GPU holds the family\'s pipeline and the CLIP model (docs/run-document.md "Memory before money").',
+        description=(
+            "The evaluation job's instance. `null`: the smallest GPU instance type whose GPU holds one pipeline "
+            "of the family and the CLIP model (see [Memory before money](#memory-before-money)); written back "
+            "into the run."
+        ),
     )
     max_runtime_seconds: int = Field(
         default=3600,
         ge=60,
         le=PROCESSING_MAX_RUNTIME_LIMIT,
-        description="Stopping condition of the evaluation job; SageMaker allows 9 days.",
+        description="The evaluation job's stopping condition.",
     )
     holdout_samples: int | None = Field(
         default=None,
@@ -114,19 +115,23 @@ class EvaluationOptions(_Strict):
     )
     clip_model_uri: str | None = Field(
         default=None,
-        description="S3 folder (in this stack's bucket) of a transformers CLIPModel with its processor files: "
-        "the CLIP score, KID and FID use it; without it they are reported missing.",
+        description="The CLIP model of `clip_score`, `kid` and `fid`; without it they are reported missing.",
     )
     scene_adherence: bool | None = Field(
         default=None,
-        description="Score the scene prompts' adherence (the demo's grammar); null: on when prompts, prompts_uri, "
-        "min_prompt_adherence or gate.prompt_adherence is given, or when the run computes no held-out metric (no "
-        "clip_model_uri, or holdout_samples 0); Validate run writes the value back into the run.",
+        description=(
+            "Score the scene prompts. `null`: on when `prompts`, `prompts_uri`, `min_prompt_adherence` or "
+            "`gate.prompt_adherence` is given, or when the run computes no held-out metric (no `clip_model_uri`, "
+            "or `holdout_samples` 0), so that the job scores something. Written back into the run."
+        ),
     )
     gate: QualityGate = Field(
         default_factory=QualityGate,
-        description="Quality gate: bounds on clip_score, kid, fid, prompt_adherence (min, max, min_change, "
-        "max_change; change = trained - base); any failed bound rejects the model. Empty: every metric only reported.",
+        description=(
+            "The quality gate: any failed bound registers the model `Rejected` and fails the run with "
+            "`QualityGateFailed`, naming every failed rule with its numbers; the endpoint keeps serving its "
+            "current model."
+        ),
     )
 
     @field_validator("prompts")

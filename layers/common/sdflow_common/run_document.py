@@ -36,6 +36,7 @@ from sdflow_common.training_options import (
     LORA_TARGET_MODULE,
     NEW_STACK_FAMILIES,
     PROCESSING_MAX_RUNTIME_LIMIT,
+    FieldRefusal,
     TrainingOptions,
 )
 from sdflow_common.training_options import HYPERPARAMETER_VALUE_LIMIT as HYPERPARAMETER_VALUE_LIMIT
@@ -72,10 +73,14 @@ MAX_DOCUMENT_BYTES = 96 * 1024
 class Dataset(_Strict):
     """Exactly one of `parquet_uris` or `prefix`."""
 
-    parquet_uris: list[str] | None = Field(
-        default=None, description="Parquet objects, one download job each (s3://bucket/key.parquet)."
+    parquet_uris: list[str] | None = Field(default=None, description="One download job (one shard) per parquet object.")
+    prefix: str | None = Field(
+        default=None,
+        description=(
+            "Every `*.parquet` object below the folder (sub-folders included) is one shard. A trailing `/` is "
+            "implied, so `…/laion` does not pick up `…/laion-2/`."
+        ),
     )
-    prefix: str | None = Field(default=None, description="An S3 prefix; every *.parquet object below it is one shard.")
     url_column: str = Field(default="URL", min_length=1, description="Column holding the image URL.")
     caption_column: str = Field(default="TEXT", min_length=1, description="Column holding the caption.")
 
@@ -124,13 +129,26 @@ class DownloadOptions(_Strict):
         default=3600,
         ge=60,
         le=PROCESSING_MAX_RUNTIME_LIMIT,
-        description="Hard limit of one download job (hung URLs); SageMaker allows 9 days.",
+        description="Hard limit of one download job (protects against URLs that hang).",
     )
     max_concurrency: int = Field(
-        default=10, ge=1, le=1000, description="Download jobs running at once (SageMaker quota!)."
+        default=10,
+        ge=1,
+        le=1000,
+        description=(
+            "Download jobs running at once. *Validate run* lowers it to the account's quota \"`<instance_type>` "
+            'for processing job usage" when Service Quotas can be read; jobs that still meet a full quota wait '
+            "for it (retried for hours)."
+        ),
     )
     tolerated_failure_percent: float = Field(
-        default=10.0, ge=0, le=100, description="Share of shards that may fail before the run fails."
+        default=10.0,
+        ge=0,
+        le=100,
+        description=(
+            "Share of shards that may fail before the run fails. A shard failed when its job wrote no `_SUCCESS`."
+            " All shards failing, or zero samples in total, always fails the run."
+        ),
     )
 
 
@@ -139,12 +157,12 @@ class EndpointOptions(_Strict):
         default="sdflow",
         pattern=ENDPOINT_NAME.pattern,
         max_length=48,
-        description="Endpoint to create, or to update blue/green when it exists.",
+        description="Endpoint to create, or to update when it exists.",
     )
     instance_type: str = Field(default="ml.g5.xlarge", pattern=INSTANCE_TYPE, description="Serving instance type.")
     initial_instance_count: int = Field(default=1, ge=1, le=100, description="Serving instances.")
     max_wait_seconds: int = Field(
-        default=3600, ge=300, le=4 * 3600, description="How long a create/update may take before the run fails."
+        default=3600, ge=300, le=4 * 3600, description="How long the create/update may take before the run fails."
     )
 
 
@@ -153,14 +171,21 @@ class ApprovalOptions(_Strict):
 
     mode: Literal["auto", "manual"] = Field(
         default="auto",
-        description="auto: approved when the quality gate passes; manual: the run waits for a person to approve "
-        "the package (aws sagemaker update-model-package --model-approval-status Approved).",
+        description=(
+            "`auto`: the package is `Approved` when the gate passes. `manual`: it is `PendingManualApproval` and "
+            "the run waits (a task token, no polling) until a person decides: `aws sagemaker update-model-package"
+            " --model-package-arn ARN --model-approval-status Approved` deploys it, `Rejected` fails the run with"
+            " `ModelRejected` (its ApprovalDescription in the notification)."
+        ),
     )
     timeout_seconds: int = Field(
         default=7 * 24 * 3600,
         ge=60,
         le=365 * 24 * 3600,
-        description="Manual approval: how long the run waits before it fails.",
+        description=(
+            "How long a manual approval may take; then the run fails with `States.Timeout` and the notification "
+            "says how to approve and redrive (the redrive deploys at once)."
+        ),
     )
 
 
@@ -168,33 +193,43 @@ class RunDocument(_Strict):
     """A training run: dataset and base model are required, everything else has defaults."""
 
     schema_version: Literal[1] = Field(default=1, description="Version of this document format.")
-    run_name: str | None = Field(default=None, pattern=RUN_NAME, description="Readable name, part of the run id.")
-    dataset: Dataset = Field(description="Where the LAION-style parquet files are (required).")
-    base_model_uri: str = Field(description="S3 prefix of a diffusers-format Stable Diffusion model.")
+    run_name: str | None = Field(
+        default=None,
+        pattern=RUN_NAME,
+        description="Readable name; the first part of the execution name of a manifest-started run.",
+    )
+    dataset: Dataset = Field(description="Where the parquet files are.")
+    base_model_uri: str = Field(
+        description=(
+            "Folder of a diffusers-format Stable Diffusion model (the folder holding `model_index.json`, `unet/`,"
+            " `vae/`, `text_encoder/`, `tokenizer/`, `scheduler/`). A trailing `/` is optional."
+        )
+    )
     base_model_family: Literal["auto", "sd", "sdxl", "sd3", "sd35", "flux2", "qwenimage"] = Field(
         default="auto",
-        description="The base model's family: sd (SD 1.x/2.x, StableDiffusionPipeline), sdxl "
-        "(StableDiffusionXLPipeline), sd3 (StableDiffusion3Pipeline), sd35 (SD 3.5: a StableDiffusion3Pipeline "
-        "whose transformer/config.json sets qk_norm), flux2 (FLUX.2 [klein], Flux2KleinPipeline) or qwenimage "
-        "(QwenImagePipeline). auto: Validate run reads it from the model's model_index.json (`_class_name`) and "
-        "the run carries what it found; a family given here must match it.",
+        description=(
+            "The base model's family: `sd` (SD 1.x/2.x, `StableDiffusionPipeline`), `sdxl` "
+            "(`StableDiffusionXLPipeline`), `sd3` (`StableDiffusion3Pipeline`), `sd35` (SD 3.5: a "
+            "`StableDiffusion3Pipeline` whose `transformer/config.json` sets `qk_norm`), `flux2` (FLUX.2 [klein] "
+            "4B or 9B, `Flux2KleinPipeline`), `qwenimage` (`QwenImagePipeline`). `auto`: *Validate run* reads it "
+            "from the model's `model_index.json` (`_class_name`) and the run carries what it found "
+            "(`$.config.run`, the training job's `model_family` hyperparameter); a family given here must match "
+            "the model. Any other pipeline class is refused. See [Model families and "
+            "LoRA](#model-families-and-lora)."
+        ),
     )
-    download: DownloadOptions = Field(
-        default_factory=DownloadOptions, description="One SageMaker processing job (img2dataset) per parquet file."
-    )
-    training: TrainingOptions = Field(
-        default_factory=TrainingOptions, description="The SageMaker training job (Colossal-AI or accelerate)."
-    )
-    endpoint: EndpointOptions = Field(
-        default_factory=EndpointOptions, description="The SageMaker endpoint created or updated."
-    )
+    download: DownloadOptions = Field(default_factory=DownloadOptions, description="The download jobs.")
+    training: TrainingOptions = Field(default_factory=TrainingOptions, description="The training job.")
+    endpoint: EndpointOptions = Field(default_factory=EndpointOptions, description="The endpoint.")
     evaluation: EvaluationOptions = Field(
         default_factory=EvaluationOptions,
-        description="The evaluation of the trained model against the base (held-out split, CLIP score, KID/FID, "
-        "scene adherence) and the quality gate.",
+        description=(
+            "The evaluation against the base (held-out split, CLIP score, KID/FID, scene adherence) and the "
+            "quality gate."
+        ),
     )
     approval: ApprovalOptions = Field(
-        default_factory=ApprovalOptions, description="Approval of the registered model package before deploy."
+        default_factory=ApprovalOptions, description="Who approves the registered model package before it is deployed."
     )
     notify_email_subject_prefix: str = Field(
         default="[sdflow]", max_length=40, description="Prefix of the notification subjects."
@@ -203,8 +238,10 @@ class RunDocument(_Strict):
         default=None,
         pattern=EXECUTION_ARN,
         max_length=256,
-        description="ARN of an earlier, ended execution of this pipeline whose finished shards (and, when "
-        "nothing that shapes the model changed, its trained model) this run reuses (docs/run-document.md).",
+        description=(
+            "Reuse what that run finished: its downloaded shards and, when nothing that shapes the model changed,"
+            " its trained model. See [Resume and redrive](#resume-and-redrive)."
+        ),
     )
 
     @model_validator(mode="before")
@@ -234,10 +271,11 @@ class RunDocument(_Strict):
         # larger training resolution would train on upsampled images, without a word.
         size, resolution = self.download.image_size, self.training.resolution
         if self.download.resize_mode != "no" and resolution > size:
-            raise ValueError(
+            raise FieldRefusal(
+                "training.resolution",
                 f"training.resolution={resolution} is larger than download.image_size={size}: every image would be "
                 f"upsampled to train. Set download.image_size to at least {resolution}, or training.resolution "
-                f"to at most {size}"
+                f"to at most {size}",
             )
         return self
 
@@ -305,6 +343,9 @@ def format_errors(error: ValidationError) -> list[dict[str, str]]:
         elif item["type"] == "value_error":
             # pydantic prefixes our own validators' messages with "Value error, "; users need only ours.
             message = message.removeprefix("Value error, ")
+            refusal = item.get("ctx", {}).get("error")
+            if isinstance(refusal, FieldRefusal):
+                loc = (*loc, *refusal.field.split("."))
         out.append({"field": field_path(loc), "message": printable(message, limit=1000)})
     return out
 

@@ -26,6 +26,15 @@ class StrictOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
+class FieldRefusal(ValueError):
+    """A rule across fields, refused naming the field to change: `field` is a path below the block whose
+    validator raises it (run_document.format_errors reports the problem there, not at the block)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 # LoRA defaults: diffusers' LoRA training examples for each family use the same ones, `--rank`
 # default 4 and `LoraConfig(r=rank, lora_alpha=rank, lora_dropout` unset (0.0), `target_modules=
 # ["to_k", "to_q", "to_v", "to_out.0"])` on the denoiser: examples/text_to_image/train_text_to_image_lora.py
@@ -98,27 +107,31 @@ LORA_MAX_TARGETS = 64
 class LoraOptions(StrictOptions):
     """A LoRA adapter's shape (training.method lora); defaults as diffusers' LoRA examples."""
 
-    rank: int = Field(default=LORA_DEFAULT_RANK, ge=1, le=LORA_MAX_RANK, description="LoRA rank r (diffusers: 4).")
+    rank: int = Field(default=LORA_DEFAULT_RANK, ge=1, le=LORA_MAX_RANK, description="LoRA rank r.")
     alpha: float | None = Field(
         default=None,
         gt=0,
         le=4096,
-        description="LoRA alpha (the update is scaled by alpha / rank); default: the rank, as diffusers' examples.",
+        description="LoRA alpha; the update is scaled by alpha / rank.",
     )
-    dropout: float = Field(
-        default=LORA_DEFAULT_DROPOUT, ge=0, lt=1, description="Dropout on the LoRA path (diffusers: 0)."
-    )
+    dropout: float = Field(default=LORA_DEFAULT_DROPOUT, ge=0, lt=1, description="Dropout on the LoRA path.")
     target_modules: list[Annotated[str, Field(min_length=1, max_length=200, pattern=LORA_TARGET_MODULE)]] | None = (
         Field(
             default=None,
             max_length=LORA_MAX_TARGETS,
-            description="Module names to adapt; default: the family's (to_k, to_q, to_v, to_out.0 on the denoiser).",
+            description=(
+                "The modules that get an adapter (peft's `target_modules`). Left out: the family's default, on the "
+                "denoiser."
+            ),
         )
     )
     text_encoder: bool = Field(
         default=False,
-        description="Also train LoRA on the CLIP text encoder(s) (q/k/v/out_proj): SD 1.x/2.x and SDXL (diffusers "
-        "0.29 saves an SD 3 LoRA for the transformer only).",
+        description=(
+            "Also train LoRA on the CLIP text encoder(s) (`q_proj`, `k_proj`, `v_proj`, `out_proj`), as the "
+            "examples' `--train_text_encoder`. Refused for SD 3: diffusers 0.29 saves and loads an SD 3 LoRA for "
+            "the transformer only."
+        ),
     )
 
     @field_validator("target_modules")
@@ -155,48 +168,80 @@ class LoraOptions(StrictOptions):
 
 class TrainingOptions(StrictOptions):
     instance_type: str = Field(default="ml.g5.12xlarge", pattern=INSTANCE_TYPE, description="Training instance type.")
-    instance_count: int = Field(default=1, ge=1, le=64, description="Instances (nodes); > 1 trains distributed.")
+    instance_count: int = Field(
+        default=1, ge=1, le=64, description="Instances; more than 1 trains distributed across nodes."
+    )
     volume_size_gb: int = Field(default=200, ge=1, le=16384, description="EBS volume per instance.")
     max_runtime_seconds: int = Field(
-        default=24 * 3600, ge=60, le=MAX_RUNTIME_LIMIT, description="Stopping condition of the training job."
+        default=24 * 3600, ge=60, le=MAX_RUNTIME_LIMIT, description="Stopping condition of the job."
     )
-    use_spot: bool = Field(default=False, description="Managed spot training; needs max_wait_seconds.")
+    use_spot: bool = Field(default=False, description="Managed spot training; requires `max_wait_seconds`.")
     max_wait_seconds: int | None = Field(
-        default=None, ge=60, le=MAX_RUNTIME_LIMIT, description="Spot: runtime + waiting, ≥ max_runtime."
+        default=None,
+        ge=60,
+        le=MAX_RUNTIME_LIMIT,
+        description="Spot only: runtime plus time waiting for capacity. Setting it without `use_spot` is an error.",
     )
-    keep_alive_seconds: int = Field(default=0, ge=0, le=3600, description="Warm pool after the job.")
-    max_retry_attempts: int = Field(default=2, ge=1, le=30, description="SageMaker RetryStrategy.")
+    keep_alive_seconds: int = Field(
+        default=0, ge=0, le=3600, description="Warm pool kept after the job (faster next run)."
+    )
+    max_retry_attempts: int = Field(
+        default=2, ge=1, le=30, description="SageMaker RetryStrategy (internal/capacity errors)."
+    )
     backend: Literal["auto", "colossalai", "accelerate"] = Field(
         default=AUTO,
-        description="Training backend, and the image it runs in: colossalai (Colossal-AI 0.5.0, diffusers 0.29: SD "
-        "1.x/2.x, SDXL, SD 3) or accelerate (torch's FSDP2 / DDP under accelerate on today's diffusers: every "
-        "family). auto: by the base model's family (sd, sdxl, sd3: colossalai; sd35, flux2, qwenimage: accelerate); "
-        "Validate run fills it in.",
+        description=(
+            "The training backend and the image its jobs run in (see [Training backends](#training-backends)). "
+            "`auto`: by the base model's family, `colossalai` for `sd`, `sdxl`, `sd3` and `accelerate` for "
+            "`sd35`, `flux2`, `qwenimage`; *Validate run* fills it in. The training job, the evaluation job and "
+            "the model package all use the backend's image."
+        ),
     )
     plugin: Literal["auto", "torch_ddp", "low_level_zero", "gemini", "ddp", "fsdp2"] = Field(
         default=AUTO,
-        description="Parallelism. colossalai: its booster plugin, torch_ddp, low_level_zero or gemini (the last two "
-        "need GPUs); accelerate: ddp (replicated) or fsdp2 (weights, gradients and optimizer state sharded across "
-        "every GPU of every instance). auto: gemini (colossalai) or fsdp2 (accelerate) for method full, torch_ddp "
-        "or ddp for method lora.",
+        description=(
+            "Parallelism. colossalai: its booster plugin (`low_level_zero` and `gemini` need GPUs). accelerate: "
+            "`ddp` (everything replicated: LoRA, and full fine-tunes that fit one GPU) or `fsdp2` (torch's "
+            "`fully_shard`: parameters, gradients and Adam state sharded across every GPU of every instance). "
+            "`auto`: `gemini` / `fsdp2` for `method` `full`, `torch_ddp` / `ddp` for `method` `lora`."
+        ),
     )
     mixed_precision: Literal["no", "fp16", "bf16"] = Field(
         default="fp16",
-        description="Training precision; a run that names none on the accelerate backend trains in bf16 (fp16 is "
-        "refused there: FSDP2 keeps no loss scaler).",
+        description=(
+            "Training precision; a run on the accelerate backend that names none trains in `bf16` (the weights of"
+            " its families are published in bf16, and diffusers' examples train them in it); `fp16` there is "
+            "refused (FSDP2's mixed precision keeps no loss scaler)."
+        ),
     )
-    resolution: int = Field(default=256, ge=32, le=2048, description="Training image size in pixels.")
+    resolution: int = Field(
+        default=256,
+        ge=32,
+        le=2048,
+        description=(
+            "Training image size in pixels; at most `download.image_size` (unless `download.resize_mode` is "
+            '`"no"`): a larger one would train on upsampled images, and the run is refused.'
+        ),
+    )
     train_batch_size: int = Field(default=8, ge=1, le=1024, description="Samples per step per GPU.")
     gradient_accumulation_steps: int = Field(default=1, ge=1, le=1024, description="Steps per optimizer update.")
-    gradient_checkpointing: bool = Field(default=True, description="Trade compute for UNet activation memory.")
+    gradient_checkpointing: bool = Field(default=True, description="Trade compute for activation memory.")
     cache_latents: bool = Field(
         default=False,
-        description="Encode each image and caption once (VAE latents, text embeddings) and reuse them in later "
-        "epochs: about a third of a step's compute at 512² (host memory: ~180 kB per sample).",
+        description=(
+            "Encode each image and caption once (VAE latent distribution, text embeddings) and reuse them in "
+            "later epochs; each step still draws its latent from the cached distribution. Removes about a third "
+            "of a step's compute at 512² after the first epoch (`bench/bench_cached_latents.py`), for ~180 kB of "
+            "host memory per sample (up to 16 GB per process). Needs the same pixels every epoch (the image's "
+            "defaults: center crop, no flips). SD 1.x/2.x, SD 3.5, FLUX.2 and Qwen-Image (those on `accelerate`: "
+            "`training/embedding_cache.py`)."
+        ),
     )
     learning_rate: float = Field(default=1e-5, gt=0, le=1, description="AdamW learning rate.")
     max_train_steps: int = Field(default=1000, ge=1, le=10_000_000, description="Optimizer updates in total.")
-    checkpointing_steps: int = Field(default=500, ge=1, description="Checkpoint every N steps (spot resumes).")
+    checkpointing_steps: int = Field(
+        default=500, ge=1, description="Checkpoint every N steps (a spot interruption resumes from the last one)."
+    )
     use_ema: bool = Field(default=False, description="Keep an exponential moving average of the UNet.")
     seed: int = Field(default=42, ge=0, description="Random seed.")
     dataloader_num_workers: int = Field(default=4, ge=0, le=64, description="Data loader worker processes.")
@@ -204,35 +249,61 @@ class TrainingOptions(StrictOptions):
         default=8,
         ge=1,
         le=64,
-        description="Shards each data reader keeps open and draws samples from at random (1: one after another); "
-        "the mix stays exact across a resume.",
+        description=(
+            "Shards each data reader keeps open and draws samples from at random (1: one shard after another). "
+            "Unlike a shuffle buffer, the mix resumes exactly: after a restart training continues where it "
+            "stopped, no sample repeated or skipped."
+        ),
     )
     validation_prompts: list[Annotated[str, Field(min_length=1, max_length=300)]] = Field(
         default_factory=lambda: ["a photo of a cat"],
         max_length=16,
-        description="Prompts rendered into samples.png after training.",
+        description="Rendered into `samples.png` after training.",
     )
     noise_offset: float = Field(
-        default=0.0, ge=0, le=1, description="Noise offset (0 disables); helps learn very dark or bright images."
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Noise offset (0 disables): helps the model learn very dark, bright or flat-coloured images.",
     )
     snr_gamma: float = Field(
-        default=0.0, ge=0, le=100, description="Min-SNR loss weighting gamma, e.g. 5 (0 disables)."
+        default=0.0,
+        ge=0,
+        le=100,
+        description=(
+            "Min-SNR loss weighting (Hang et al. 2023), e.g. `5`; 0 disables. Speeds up learning of what the "
+            "prompt decides."
+        ),
     )
     proportion_empty_prompts: float = Field(
-        default=0.0, ge=0, le=1, description="Share of captions trained as the empty prompt (classifier-free guidance)."
+        default=0.0,
+        ge=0,
+        le=1,
+        description=(
+            "Share of captions trained as the empty prompt, so classifier-free guidance has an unconditional "
+            "prediction to push away from."
+        ),
     )
     eval_adherence: bool = Field(
         default=False,
-        description="Also score prompt adherence (held-out scene prompts) of the base and the trained model at the "
-        "end of the training job, as SageMaker metrics (the Evaluate model step always scores it).",
+        description=(
+            "The training job also scores prompt adherence of the base and the trained model on the 48 held-out "
+            "scene prompts at its end (`adherence.png` and the scores in `training_summary.json` in the model "
+            "archive; SageMaker metrics `eval:prompt_adherence`, `eval:base_prompt_adherence`). The `Evaluate "
+            "model` step scores every run either way."
+        ),
     )
     method: Literal["full", "lora"] = Field(
         default="full",
-        description="full: train every weight of the UNet (or SD 3's transformer); lora: train a LoRA adapter on "
-        "the frozen base model (the model folder then holds only the adapter, megabytes).",
+        description=(
+            "`full`: every weight of the UNet (SD 3: the transformer) trains; `lora`: a LoRA adapter trains on "
+            "the frozen base, and the model's folder holds only the adapter (`pytorch_lora_weights.safetensors`, "
+            "megabytes) and `sdflow_model.json` naming the base model."
+        ),
     )
     lora: LoraOptions | None = Field(
-        default=None, description="LoRA settings, only with method lora (defaults: diffusers' LoRA examples)."
+        default=None,
+        description="The adapter's shape: see [`training.lora`](#traininglora--the-lora-adapter-method-lora).",
     )
 
     @field_validator("validation_prompts")
@@ -278,41 +349,48 @@ class TrainingOptions(StrictOptions):
     @model_validator(mode="after")
     def _method_fits_plugin(self) -> TrainingOptions:
         if self.lora is not None and self.method != "lora":
-            raise ValueError(
+            raise FieldRefusal(
+                "lora",
                 "training.lora is set but training.method is 'full': set training.method to 'lora', or remove "
-                "training.lora"
+                "training.lora",
             )
         if self.method == "lora" and self.plugin in LORA_REFUSALS_ACCELERATE:
-            raise ValueError(
+            raise FieldRefusal(
+                "plugin",
                 f"training.plugin '{self.plugin}' cannot train LoRA: {LORA_REFUSALS_ACCELERATE[self.plugin]}; set "
-                "training.plugin to ddp (or leave it out), or train with training.method 'full'"
+                "training.plugin to ddp (or leave it out), or train with training.method 'full'",
             )
         if self.method == "lora" and self.plugin in LORA_REFUSALS:
-            raise ValueError(
+            raise FieldRefusal(
+                "plugin",
                 f"training.plugin '{self.plugin}' cannot train LoRA: {LORA_REFUSALS[self.plugin]}; set "
-                "training.plugin to torch_ddp (or leave it out), or train with training.method 'full'"
+                "training.plugin to torch_ddp (or leave it out), or train with training.method 'full'",
             )
         if self.method == "lora" and self.use_ema:
-            raise ValueError(
+            raise FieldRefusal(
+                "use_ema",
                 "training.use_ema is for training.method 'full': diffusers' LoRA examples keep no EMA of an "
-                "adapter; set training.use_ema to false"
+                "adapter; set training.use_ema to false",
             )
         if self.backend in BACKENDS and self.mixed_precision not in MIXED_PRECISIONS_OF_BACKEND[self.backend]:
-            raise ValueError(
+            raise FieldRefusal(
+                "mixed_precision",
                 f"training.mixed_precision '{self.mixed_precision}' cannot train on the {self.backend} backend: "
                 "FSDP2's mixed precision keeps no loss scaler (fp16 gradients would underflow), and diffusers' "
-                "examples train these models in bf16; set training.mixed_precision to 'bf16' (or leave it out)"
+                "examples train these models in bf16; set training.mixed_precision to 'bf16' (or leave it out)",
             )
         if self.plugin == "fsdp2" and self.use_ema:
-            raise ValueError(
+            raise FieldRefusal(
+                "use_ema",
                 "training.use_ema is not supported with training.plugin 'fsdp2': each GPU holds a shard of every "
                 "weight, and the image keeps the average whole; set training.plugin to 'ddp' where the model fits "
-                "one GPU, or training.use_ema to false"
+                "one GPU, or training.use_ema to false",
             )
         if self.plugin == "gemini" and self.mixed_precision == "no":
-            raise ValueError(
+            raise FieldRefusal(
+                "plugin",
                 "training.plugin 'gemini' trains in fp16 or bf16 only (Colossal-AI's GeminiPlugin has no fp32): set "
-                "training.mixed_precision to 'bf16' or 'fp16', or training.plugin to low_level_zero or torch_ddp"
+                "training.mixed_precision to 'bf16' or 'fp16', or training.plugin to low_level_zero or torch_ddp",
             )
         return self
 
@@ -325,14 +403,18 @@ class TrainingOptions(StrictOptions):
     def _spot_needs_wait(self) -> TrainingOptions:
         if self.use_spot:
             if self.max_wait_seconds is None:
-                raise ValueError("use_spot is true: set max_wait_seconds (≥ max_runtime_seconds)")
+                raise FieldRefusal("max_wait_seconds", "use_spot is true: set max_wait_seconds (≥ max_runtime_seconds)")
             if self.max_wait_seconds < self.max_runtime_seconds:
-                raise ValueError("max_wait_seconds must be ≥ max_runtime_seconds")
+                raise FieldRefusal("max_wait_seconds", "max_wait_seconds must be ≥ max_runtime_seconds")
             if self.keep_alive_seconds:
                 # SageMaker refuses warm pools (KeepAlivePeriodInSeconds) for spot training jobs.
-                raise ValueError("keep_alive_seconds (warm pool) cannot be used with use_spot; set one of them")
+                raise FieldRefusal(
+                    "keep_alive_seconds", "keep_alive_seconds (warm pool) cannot be used with use_spot; set one of them"
+                )
         elif self.max_wait_seconds is not None:
-            raise ValueError("max_wait_seconds is only for spot training; set use_spot: true or drop it")
+            raise FieldRefusal(
+                "max_wait_seconds", "max_wait_seconds is only for spot training; set use_spot: true or drop it"
+            )
         return self
 
     def hyperparameters(self) -> dict[str, str]:

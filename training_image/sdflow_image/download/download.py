@@ -483,7 +483,11 @@ def main(args: argparse.Namespace | None = None) -> int:
         )
 
     return contract.run_processing_job(
-        work, lambda signum: Terminated(f"stopped by signal {signum} (SageMaker stops jobs with SIGTERM)")
+        work,
+        lambda signum: Terminated(
+            f"stopped by signal {signum} (SageMaker stops jobs with SIGTERM); the shards already in S3 stay, and a "
+            "retry of the job resumes after them"
+        ),
     )
 
 

@@ -385,7 +385,10 @@ def main(args: argparse.Namespace | None = None) -> int:
         return report.summary(evaluate(args if args is not None else parse_args()))
 
     return contract.run_processing_job(
-        work, lambda signum: Terminated(f"stopped by signal {signum} (SageMaker stops jobs with SIGTERM)")
+        work,
+        lambda signum: Terminated(
+            f"stopped by signal {signum} (SageMaker stops jobs with SIGTERM) before it wrote {EVALUATION_FILE}"
+        ),
     )
 
 

@@ -287,4 +287,14 @@ class Clock:
             waiter.fire()
 
 
-REAL_TIME = Clock()
+class RealTimeClock(Clock):
+    """The clock when no local cloud runs (unit tests, moto's own behaviour): its wall time is the
+    wall clock's, read each time. Clock.time() adds monotonic seconds to the wall time at its start,
+    which drifts from time.time() when the machine's wall clock is stepped or its monotonic clock
+    pauses (a suspended VM): a process-long clock was once 130 s behind time.time()."""
+
+    def time(self) -> float:
+        return time.time()
+
+
+REAL_TIME = RealTimeClock()

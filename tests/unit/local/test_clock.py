@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from sdflow.local.clock import Clock, ClockError
+from sdflow.local.clock import REAL_TIME, Clock, ClockError
 
 
 def _timed(action: object) -> float:
@@ -146,3 +146,13 @@ def test_clock_closed_ends_every_wait_and_later_waits_at_once() -> None:
     assert ended.wait(2.0), "a stopping cloud releases what waits on its clock"
     assert _timed(lambda: clock.sleep(3600)) < 0.5
     assert clock.wait(threading.Event(), 3600) is False
+
+
+def test_real_time_clock_wall_clock_stepped_follows_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stepped wall clock (NTP, a resumed VM) moves time.time() but not the monotonic clock: the clock of
+    a process without a local cloud still reads what time.time() reads."""
+    stepped = time.time() + 130.0
+    monkeypatch.setattr(time, "time", lambda: stepped)
+
+    assert REAL_TIME.time() == stepped
+    assert REAL_TIME.now().timestamp() == pytest.approx(stepped)

@@ -5,13 +5,13 @@ exactly when Validate run does."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
 
 from sdflow_common import lora_modules
 from sdflow_image.builders import random_families, random_sd15
+from tests.lora_probes import peft_problem, split_module_names
 
 pytestmark = pytest.mark.image
 
@@ -59,8 +59,7 @@ def denoiser(request: pytest.FixtureRequest) -> tuple[str, Any]:
 
 def test_lora_module_names_of_family_equal_the_full_size_model_on_meta(denoiser: tuple[str, Any]) -> None:
     family, model = denoiser
-    kinds = supported()
-    adaptable, other = lora_modules.split_names((n, isinstance(m, kinds)) for n, m in model.named_modules() if n)
+    adaptable, other = split_module_names(model, supported())
     held = lora_modules.module_names(family)
     assert held is not None
     # On a mismatch (a diffusers upgrade), paste these into lora_module_names:
@@ -70,18 +69,12 @@ def test_lora_module_names_of_family_equal_the_full_size_model_on_meta(denoiser:
 
 def test_peft_takes_a_target_exactly_when_validate_run_accepts_it(denoiser: tuple[str, Any]) -> None:
     """The image's add_adapter is peft's inject_adapter_in_model with LoraConfig(target_modules=[...])."""
-    from peft import LoraConfig, inject_adapter_in_model
-
     family, model = denoiser
     held = lora_modules.module_names(family)
     assert held is not None
     for target in PROBES[family]:
-        try:
-            inject_adapter_in_model(LoraConfig(r=4, target_modules=[target]), copy.deepcopy(model))
-            peft_problem = None
-        except ValueError as exc:
-            peft_problem = str(exc)
-        assert (peft_problem is None) == (held.problem(target) is None), (target, peft_problem, held.problem(target))
+        refused = peft_problem(model, target)
+        assert (refused is None) == (held.problem(target) is None), (target, refused, held.problem(target))
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ import pytest
 from sdflow_common import model_checks
 from sdflow_image import families
 from sdflow_image.builders import random_families, random_sd15
+from tests.family_steps import one_step_loss
 
 pytestmark = pytest.mark.image
 
@@ -49,19 +50,8 @@ def _parts(family: str, base: Any) -> Any:
 
 
 def _loss(family: str, parts: Any, size: int) -> Any:
-    """One training step's loss on a batch of two `size`-pixel images, through the family interface."""
-    import torch
-
-    fam = families.get(family)
-    tokenize = fam.caption_ids(parts)
-    rows = [tokenize(caption) for caption in ("a red square", "a green circle")]
-    batch = {key: torch.stack([row[key] for row in rows]) for key in rows[0]}
-    batch["pixel_values"] = torch.linspace(-1, 1, 2 * 3 * size * size).reshape(2, 3, size, size)
-    batch["original_size"] = torch.tensor([[size, size]] * 2)
-    batch["crop_top_left"] = torch.tensor([[0, 0]] * 2)
-    generator = torch.Generator().manual_seed(0)
-    encoded = fam.encode_batch(batch, parts, torch.device("cpu"), generator, 0.0)
-    return fam.compute_loss(parts.denoiser, parts, encoded, generator)
+    """One training step's loss on two `size`-pixel images, SDXL's size conditioning included."""
+    return one_step_loss(family, parts, size, original_size=[[size, size]] * 2, crop_top_left=[[0, 0]] * 2)
 
 
 @pytest.mark.parametrize("family", ["sd", "sdxl", "sd3"])

@@ -13,6 +13,7 @@ import pytest
 from sdflow_common import model_checks
 from sdflow_image import families
 from sdflow_image.builders import random_families, random_families_next
+from tests.family_steps import one_step_loss
 
 pytestmark = pytest.mark.image
 
@@ -53,19 +54,6 @@ def test_resolution_multiple_of_family_is_the_full_size_models() -> None:
     assert found == {family: model_checks.RESOLUTION_MULTIPLE[family] for family in found}
 
 
-def _loss(family: str, parts: Any, size: int) -> Any:
-    import torch
-
-    fam = families.get(family)
-    tokenize = fam.caption_ids(parts)
-    rows = [tokenize(caption) for caption in ("a red square", "a green circle")]
-    batch = {key: torch.stack([row[key] for row in rows]) for key in rows[0]}
-    batch["pixel_values"] = torch.linspace(-1, 1, 2 * 3 * size * size).reshape(2, 3, size, size)
-    generator = torch.Generator().manual_seed(0)
-    encoded = fam.encode_batch(batch, parts, torch.device("cpu"), generator, 0.0)
-    return fam.compute_loss(parts.denoiser, parts, encoded, generator)
-
-
 @pytest.mark.parametrize("family", ["sd35", "flux2", "qwenimage"])
 def test_training_step_off_the_multiple_fails(family: str, bases: Callable[[str], Path]) -> None:
     """On the tiny models (a VAE of fewer levels; SD 3.5's transformer rebuilt with the real patch size 2): a step on
@@ -78,9 +66,9 @@ def test_training_step_off_the_multiple_fails(family: str, bases: Callable[[str]
     factor = vae_factor(parts.vae)
     needed = multiple(family, parts.vae, parts.transformer.config)
     assert needed == 2 * factor
-    assert torch.isfinite(_loss(family, parts, 3 * needed))
+    assert torch.isfinite(one_step_loss(family, parts, 3 * needed))
     with pytest.raises(RuntimeError, match=r"size|shape"):
-        _loss(family, parts, 3 * needed + factor)  # a multiple of the VAE's factor: an odd number of latents
+        one_step_loss(family, parts, 3 * needed + factor)  # a multiple of the VAE's factor: an odd number of latents
 
 
 @pytest.mark.parametrize("family", ["sd35", "flux2", "qwenimage"])

@@ -1,4 +1,4 @@
-"""notify: the message a person reads for each way a run ends (the handler, history and cleanup: test_notify_handler.py)."""
+"""notify: the message a person reads for each way a run ends (handler and history: test_notify_handler.py)."""
 
 from __future__ import annotations
 

@@ -306,8 +306,8 @@ def hyperparameters(args: argparse.Namespace, plugin: str, precision: str, base:
         "validation_prompts": json.dumps([PROMPT]),
         "validation_inference_steps": "2",
     }
-    if args.family == "sd3":
-        hp["sd3_t5"] = "false"  # the random SD 3 has no T5 (random_families): a run that leaves it out
+    if args.family in ("sd3", "sd35"):
+        hp["sd3_t5"] = "false"  # the random SD 3 and 3.5 have no T5 (build_base): a run that leaves it out
     return hp
 
 

@@ -22,7 +22,7 @@ def build_tiny(family: str, out_dir: str | Path, seed: int = 0, vae_steps: int =
             raise ValueError(f"family={family} needs the second stack (diffusers 0.42.1): run it with .venv-accelerate")
         from sdflow_image.builders.tiny_families_next import build_tiny_next
 
-        return build_tiny_next(family, out_dir, seed=seed)
+        return build_tiny_next(family, out_dir, seed=seed, with_t5=with_t5)
     if family not in ("sdxl", "sd3"):
         raise ValueError(f"family={family!r} is not one of sd, sdxl, sd3, {', '.join(NEXT_FAMILIES)}")
     return tiny_families.build_tiny_first(family, out_dir, seed=seed, vae_steps=vae_steps, with_t5=with_t5)

@@ -71,13 +71,13 @@ def _special_ids(tokenizer: Any) -> dict[str, int]:
     return {"bos_token_id": end, "eos_token_id": im_end, "pad_token_id": tokenizer.pad_token_id}
 
 
-def build_sd35_components(seed: int = 0) -> dict[str, Any]:
+def build_sd35_components(seed: int = 0, with_t5: bool = True) -> dict[str, Any]:
     """SD 3's tiny components with an SD 3.5 transformer: qk_norm, and Medium's dual attention in
-    its first block."""
+    its first block; without T5 (`text_encoder_3: [null, null]`) when `with_t5` is False."""
     import torch
     from diffusers import SD3Transformer2DModel
 
-    components = tiny_families.build_tiny_sd3_components(seed)
+    components = tiny_families.build_tiny_sd3_components(seed, with_t5=with_t5)
     torch.manual_seed(seed)
     components["transformer"] = SD3Transformer2DModel(
         sample_size=tiny_model.IMAGE_SIZE // tiny_model.VAE_SCALE,
@@ -221,8 +221,9 @@ def build_qwenimage_components(seed: int = 0) -> dict[str, Any]:
     }
 
 
-def build_tiny_next(family: str, out_dir: str | Path, seed: int = 0) -> Path:
-    """The tiny pipeline of `family` (sd35 | flux2 | qwenimage) saved to `out_dir`."""
+def build_tiny_next(family: str, out_dir: str | Path, seed: int = 0, with_t5: bool = True) -> Path:
+    """The tiny pipeline of `family` (sd35 | flux2 | qwenimage) saved to `out_dir`; SD 3.5 without
+    T5 when `with_t5` is False (the other families have none)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import diffusers
 
@@ -234,7 +235,8 @@ def build_tiny_next(family: str, out_dir: str | Path, seed: int = 0) -> Path:
     if family not in builders:
         raise ValueError(f"family={family!r} is not one of {', '.join(builders)}")
     build, pipeline = builders[family]
-    pipe = getattr(diffusers, pipeline)(**build(seed))
+    components = build_sd35_components(seed, with_t5) if family == "sd35" else build(seed)
+    pipe = getattr(diffusers, pipeline)(**components)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     pipe.save_pretrained(out, safe_serialization=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from sdflow_image.families.base import (
@@ -44,12 +45,15 @@ class StableDiffusion3(Family):
 
     def left_out(self, args: Any) -> tuple[str, ...]:
         # T5-XXL is 4.7B of SD3 Medium's ~7B parameters: without it training and serving fit in
-        # far less memory, at some cost to long prompts (the SD3 paper, section 5.3.2).
-        return () if getattr(args, "sd3_t5", True) else ("text_encoder_3", "tokenizer_3")
+        # far less memory, at some cost to long prompts (the SD3 paper, section 5.3.2). A base
+        # saved without it (`text_encoder_3: [null, null]`) trains without it whatever sd3_t5
+        # says (load_parts), so it is left out of every pipeline built from it too: diffusers
+        # refuses to load such a folder unless the missing parts are passed as None.
+        base = getattr(args, "pretrained_model_name_or_path", None)
+        without_t5 = base is not None and not (Path(base) / "text_encoder_3").is_dir()
+        return ("text_encoder_3", "tokenizer_3") if without_t5 or not getattr(args, "sd3_t5", True) else ()
 
     def load_parts(self, base: str, left_out: tuple[str, ...] = (), dtypes: PartDtypes = LOADER_DTYPES) -> Parts:
-        from pathlib import Path
-
         from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
         from transformers import CLIPTextModelWithProjection, CLIPTokenizer, T5EncoderModel, T5TokenizerFast
 

@@ -82,9 +82,23 @@ def save_lora(args: argparse.Namespace, trainer: Trainer) -> Any:
         return None
     out = Path(args.output_dir)
     lora.save_adapter(family, layers, out)
-    pipe = load_base(family, args.pretrained_model_name_or_path, **dict.fromkeys(family.left_out(args)))
+    pipe = base_pipeline(args, family)
     lora.load_adapter(pipe, out)
     return pipe
+
+
+def base_pipeline(args: argparse.Namespace, family: Family) -> Any:
+    """The frozen base a LoRA run trained on, every component in the training precision, as the
+    examples load it for their final inference (`torch_dtype=weight_dtype`). Without a dtype,
+    diffusers loads its models in fp32 while transformers 5 loads a text encoder in the dtype it
+    was saved in: a bf16 base then meets a bf16 prompt embedding with an fp32 transformer on the
+    GPU (seen on an H200 with FLUX.2 [klein] 4B; the CPU's fp32 samples hid it)."""
+    return load_base(
+        family,
+        args.pretrained_model_name_or_path,
+        torch_dtype=model.precision_dtype(args.mixed_precision),
+        **dict.fromkeys(family.left_out(args)),
+    )
 
 
 def load_base(family: Family, base: str, **components: Any) -> Any:

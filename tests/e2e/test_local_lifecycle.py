@@ -25,7 +25,7 @@ from tests.constants import hold_for
 from tests.e2e.clouds import CloudSpec, noop_cloud
 from tests.e2e.commands import SDFLOW
 from tests.e2e.jobs import BUCKET, download_request
-from tests.e2e.runs import RecoveryTable, run_hash_of, start_run, wait_for_job
+from tests.e2e.runs import RecoveryTable, run_hash_of, start_run, wait_for_started_job
 from tests.helpers import free_port, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -146,7 +146,7 @@ def test_local_cloud_stopped_mid_run_ends_it_aborted_with_a_cause_that_says_so(t
             endpoint={"name": "sdflow-stopped", "instance_type": "ml.m5.large"},
         )
         arn = start_run(cloud, "stopped-mid-run", document)
-        wait_for_job(cloud, "training", run_hash_of(cloud, arn), timeout_s=120)
+        wait_for_started_job(cloud, "training", run_hash_of(cloud, arn), timeout_s=120)  # its check is done
         workdir, topic = cloud.workdir, cloud.topic_name
         stopping = time.monotonic()
     stopped_s = time.monotonic() - stopping
@@ -158,7 +158,7 @@ def test_local_cloud_stopped_mid_run_ends_it_aborted_with_a_cause_that_says_so(t
     assert "local cloud stopped" in message["message"], message["message"]
     assert "(no cause given)" not in message["message"]
     assert "in state: Train model" in message["message"]
-    assert "Stopped: 1 training job" in message["message"]
+    assert "Stopped: 1 training job" in message["message"], message["message"]
     assert stopped_s < 60, f"the stop took {stopped_s:.0f} s"
     leftovers = [f"{noop.sagemaker.running} no-op job(s) held"] if noop.sagemaker.running else []
     assert leftovers == []

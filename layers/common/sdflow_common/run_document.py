@@ -17,6 +17,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from sdflow_common.dataset_filters import DatasetFilters
 from sdflow_common.document_values import QUOTE_LIMIT as QUOTE_LIMIT
 from sdflow_common.document_values import S3_URI as S3_URI
 from sdflow_common.document_values import parse_s3_uri as parse_s3_uri
@@ -83,6 +84,14 @@ class Dataset(_Strict):
     )
     url_column: str = Field(default="URL", min_length=1, description="Column holding the image URL.")
     caption_column: str = Field(default="TEXT", min_length=1, description="Column holding the caption.")
+    filters: DatasetFilters | None = Field(
+        default=None,
+        description=(
+            "Bounds on the parquet's own columns (size, aspect ratio, LAION's safety and watermark probabilities, "
+            "aesthetic score, CLIP similarity, caption length), applied by each download job before any image is "
+            "fetched. See [Filters](#filters)."
+        ),
+    )
 
     @field_validator("parquet_uris")
     @classmethod

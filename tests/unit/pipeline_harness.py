@@ -155,7 +155,7 @@ def validate_run_behaviour(
         key = f"runs/{run_id}/shards.json"
         s3.put_object(Bucket=DATA_BUCKET, Key=key, Body=json.dumps(shards).encode())
         run = {**payload["run"], "download": {"max_concurrency": 2, "tolerated_failure_percent": 40}}
-        run["dataset"] = {**run["dataset"], "url_column": "URL", "caption_column": "TEXT"}
+        run["dataset"] = {**run["dataset"], "url_column": "URL", "caption_column": "TEXT", "filters": None}
         config = {
             "run_id": run_id,
             "execution_arn": payload["execution_arn"],

@@ -40,7 +40,7 @@ def test_pipeline_all_steps_succeed_with_every_result_in_the_output(pipeline: Pi
     assert sorted(call["shard"]["shard_id"] for call in downloads) == ["00000", "00001", "00002"]
     assert {call["attempt"] for call in downloads} == {0}
     first = downloads[0]
-    assert first["dataset"] == {"url_column": "URL", "caption_column": "TEXT"}
+    assert first["dataset"] == {"url_column": "URL", "caption_column": "TEXT", "filters": None}
     assert first["execution_arn"] == result["executionArn"], "names must hash the parent execution"
     assert first["run_id"] == state["config"]["run_id"]
     training = pipeline.calls["StartTrainingFunction"][0]

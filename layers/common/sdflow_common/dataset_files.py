@@ -1,5 +1,6 @@
 """Check every parquet object of a run before any job starts: it exists, it is a parquet file, it has
-rows, and it has the document's URL column (holding strings) and caption column.
+rows, it has the document's URL column (holding strings) and caption column, and every column a filter
+of `dataset.filters` reads, holding numbers (text for the caption length filters).
 
 A download job fails on each of these at once and would fail again on a retry, so catching them
 here turns thousands of failed jobs into one clear error naming the field to change. A few bad
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from botocore.exceptions import ClientError
 
 from sdflow_common import aws
+from sdflow_common.dataset_filters import CAPTION_FILTERS
 from sdflow_common.errors import DatasetNotFound
 from sdflow_common.parquet_schema import NotParquet, ParquetSchema, SchemaTooLarge, read_schema
 from sdflow_common.run_document import Dataset, invalid, parse_s3_uri
@@ -38,6 +40,10 @@ class Findings:
     no_url: list[tuple[str, list[str]]] = field(default_factory=list)
     url_not_text: list[tuple[str, str]] = field(default_factory=list)
     no_caption: list[tuple[str, list[str]]] = field(default_factory=list)
+    # By (filter name, the field naming its column, the column): the objects without the column (with their
+    # columns), and those where it holds another type than the filter compares (with that type).
+    filter_missing: dict[tuple[str, str, str], list[tuple[str, list[str]]]] = field(default_factory=dict)
+    filter_type: dict[tuple[str, str, str], list[tuple[str, str]]] = field(default_factory=dict)
     # num_rows of every parquet footer read, by URI (an object with an unchecked, too large schema has none).
     rows: dict[str, int] = field(default_factory=dict)
 
@@ -46,6 +52,8 @@ class Findings:
         bad = {uri for uri, _ in self.not_parquet} | set(self.empty)
         bad |= {uri for uri, _ in self.no_url} | {uri for uri, _ in self.url_not_text}
         bad |= {uri for uri, _ in self.no_caption}
+        bad |= {uri for hits in self.filter_missing.values() for uri, _ in hits}
+        bad |= {uri for hits in self.filter_type.values() for uri, _ in hits}
         return bad
 
     def unusable(self) -> int:
@@ -114,6 +122,25 @@ def _check_columns(found: Findings, uri: str, schema: ParquetSchema, dataset: Da
         found.no_caption.append((uri, names))
     if schema.num_rows == 0:
         found.empty.append(uri)
+    _check_filter_columns(found, uri, schema, dataset)
+
+
+def _check_filter_columns(found: Findings, uri: str, schema: ParquetSchema, dataset: Dataset) -> None:
+    """Each filter's columns: present (a missing caption column is no_caption's), numbers or, for the caption
+    length filters, text: the download job fails on anything else (sdflow_image.download.filters)."""
+    filters = dataset.filters
+    if filters is None:
+        return
+    for name in filters.bounds():
+        columns = zip(filters.columns_of(name, dataset.caption_column), filters.column_fields(name), strict=True)
+        for column, column_field in columns:
+            key = (name, column_field, column)
+            present = schema.columns.get(column)
+            if present is None:
+                if name not in CAPTION_FILTERS:
+                    found.filter_missing.setdefault(key, []).append((uri, list(schema.columns)))
+            elif not (present.is_string if name in CAPTION_FILTERS else present.is_number):
+                found.filter_type.setdefault(key, []).append((uri, present.type_name))
 
 
 def _shown(uris: Iterable[str], count: int) -> str:
@@ -134,6 +161,45 @@ def _did_you_mean(wanted: str, columns: list[str]) -> str:
     same_but_case = [name for name in columns if name.lower() == wanted.lower()]
     close = same_but_case or difflib.get_close_matches(wanted, columns, n=1, cutoff=0.6)
     return f"did you mean '{close[0]}'? " if close else ""
+
+
+def nearest_first(wanted: str, columns: list[str]) -> list[str]:
+    """The columns, those whose name is most like `wanted` (case aside) first; ties keep the file's order."""
+    lowered = wanted.lower()
+    ratio = {name: difflib.SequenceMatcher(None, lowered, name.lower()).ratio() for name in columns}
+    return sorted(columns, key=lambda name: -ratio[name])
+
+
+def _listed(columns: list[str]) -> str:
+    return ", ".join(columns[:20]) + (" …" if len(columns) > 20 else "")
+
+
+def _filter_problems(found: Findings) -> list[dict[str, str]]:
+    out: list[dict[str, str]] = []
+    total = found.total
+    for (name, column_field, column), hits in found.filter_missing.items():
+        uri, columns = hits[0]
+        out.append(
+            {
+                "field": f"dataset.filters.{name}",
+                "message": f"reads column '{column}' ({column_field}), which is not in {_of(len(hits), total)} "
+                f"({_shown((u for u, _ in hits), len(hits))}); {uri} has the columns (nearest first): "
+                f"{_listed(nearest_first(column, columns))}. {_did_you_mean(column, columns)}Set {column_field} "
+                f"to the column's name, or remove dataset.filters.{name}",
+            }
+        )
+    for (name, column_field, column), typed in found.filter_type.items():
+        uri, type_name = typed[0]
+        wanted = "text" if name in CAPTION_FILTERS else "numbers"
+        out.append(
+            {
+                "field": f"dataset.filters.{name}",
+                "message": f"reads column '{column}' ({column_field}), which holds {type_name}, not {wanted}, in "
+                f"{_of(len(typed), total)} ({_shown((u for u, _ in typed), len(typed))}); name a column of "
+                f"{wanted} in {column_field}, or remove dataset.filters.{name}",
+            }
+        )
+    return out
 
 
 def _column_problem(field_name: str, wanted: str, hits: list[tuple[str, list[str]]], total: int) -> dict[str, str]:
@@ -176,6 +242,7 @@ def problems(found: Findings, dataset: Dataset, source_field: str) -> list[dict[
         )
     if found.no_caption:
         out.append(_column_problem("dataset.caption_column", dataset.caption_column, found.no_caption, total))
+    out += _filter_problems(found)
     if found.empty:
         count = len(found.empty)
         out.append(

@@ -176,3 +176,8 @@ class DatasetFilters(_Strict):
             )
             for name, bound in self.bounds().items()
         ]
+
+
+def filter_arguments(filters: DatasetFilters | None, caption_column: str) -> list[str]:
+    """The download job's `--filters` values (DatasetFilters.job_arguments); none without filters."""
+    return [] if filters is None else filters.job_arguments(caption_column)

@@ -20,6 +20,7 @@ from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sdflow_common import aws, job_control, model_artifact, names, sagemaker_jobs
+from sdflow_common.dataset_filters import DatasetFilters, filter_arguments
 from sdflow_common.errors import (
     DownloadJobFailed,
     EndpointBusy,
@@ -61,6 +62,7 @@ class ShardItem(_Payload):
 class DatasetColumns(_Payload):
     url_column: str = "URL"
     caption_column: str = "TEXT"
+    filters: DatasetFilters | None = None  # $.config.run.dataset.filters
 
 
 class CallbackTask(_Payload):
@@ -185,6 +187,7 @@ def start_download(
         options=task.download,
         url_column=task.dataset.url_column,
         caption_column=task.dataset.caption_column,
+        filters=filter_arguments(task.dataset.filters, task.dataset.caption_column),
         image_uri=settings.training_image_uri,
         role_arn=settings.sagemaker_role_arn,
         holdout_rate=task.holdout_rate,

@@ -36,6 +36,12 @@ MAX_STRING_BYTES = 64 * 1024
 
 BYTE_ARRAY = 6
 CONVERTED_UTF8 = 0
+# Physical types pyarrow reads as numbers (int32, int64, float, double), unless an annotation makes them a
+# date, a time, a timestamp or a decimal (ConvertedType 5-10, LogicalType 5-8), which a filter's number bound
+# cannot be compared with. Integer annotations (ConvertedType INT_8 … UINT_64, LogicalType INTEGER) stay numbers.
+NUMERIC_PHYSICAL = frozenset({1, 2, 4, 5})
+NOT_NUMBER_CONVERTED = {5: "decimal", 6: "date", 7: "time", 8: "time", 9: "timestamp", 10: "timestamp"}
+NOT_NUMBER_LOGICAL = {5: "decimal", 6: "date", 7: "time", 8: "timestamp"}
 PHYSICAL_TYPES = {
     0: "boolean",
     1: "int32",
@@ -63,6 +69,7 @@ class Column:
     converted_type: int | None = None
     logical_string: bool = False
     num_children: int = 0
+    logical_type: int | None = None  # the LogicalType union's field id (1 STRING, 8 TIMESTAMP, …)
 
     @property
     def is_string(self) -> bool:
@@ -73,14 +80,28 @@ class Column:
         )
 
     @property
+    def annotation(self) -> str | None:
+        """What a date, time, timestamp or decimal annotation makes of a numeric physical type."""
+        return NOT_NUMBER_LOGICAL.get(self.logical_type or -1) or NOT_NUMBER_CONVERTED.get(
+            -1 if self.converted_type is None else self.converted_type
+        )
+
+    @property
+    def is_number(self) -> bool:
+        """Whether pyarrow reads the column as integers or floating-point numbers."""
+        return self.num_children == 0 and self.physical_type in NUMERIC_PHYSICAL and self.annotation is None
+
+    @property
     def type_name(self) -> str:
         if self.num_children:
             return "a nested group"
+        if self.annotation is not None:
+            return self.annotation
         if self.is_string:
             return "string"
         if self.physical_type == BYTE_ARRAY and not self.is_string:
             return "binary (not UTF-8 text)"
-        return PHYSICAL_TYPES.get(self.physical_type or -1, "an unknown type")
+        return PHYSICAL_TYPES.get(-1 if self.physical_type is None else self.physical_type, "an unknown type")
 
 
 @dataclass(frozen=True)
@@ -105,7 +126,8 @@ def _read_schema_element(proto: TCompactProtocol) -> Column:
         elif fid == 6 and ttype == TType.I32:
             values["converted_type"] = proto.readI32()
         elif fid == 10 and ttype == TType.STRUCT:
-            values["logical_string"] = _union_field(proto) == 1
+            values["logical_type"] = _union_field(proto)
+            values["logical_string"] = values["logical_type"] == 1
         else:
             proto.skip(ttype)
         proto.readFieldEnd()

@@ -34,6 +34,7 @@ from sdflow_common import (
     request_limits,
     sagemaker_jobs,
 )
+from sdflow_common.dataset_filters import filter_arguments
 from sdflow_common.quality_gate import GATE_METRICS
 from sdflow_common.run_config import RunConfig
 from sdflow_common.run_document import RunDocument, invalid
@@ -127,10 +128,10 @@ def _hyperparameter_field(name: str) -> str:
 
 
 def _argument_fields(path: str, arguments: list[str], flag_fields: dict[str, str]) -> list[tuple[str, str]]:
-    """Each ContainerArguments item (AWS numbers them from 1) → the field of the flag it belongs to."""
-    found = []
+    """Each ContainerArguments item (AWS numbers them from 1) → the field of the last flag before it (or itself)."""
+    found, flag = [], ""
     for position, item in enumerate(arguments):
-        flag = item if item.startswith("--") else (arguments[position - 1] if position else "")
+        flag = item if item.startswith("--") else flag
         found.append((f"{path}.{position + 1}.member", flag_fields.get(flag, EXECUTION_FIELD)))
     return found
 
@@ -172,11 +173,16 @@ def _download(worst: _Worst, shards: list[dict[str, Any]] | None) -> PlannedRequ
         image_uri=worst.settings.training_image_uri,
         role_arn=worst.settings.sagemaker_role_arn,
         holdout_rate=config.holdout_rate,
+        filters=filter_arguments(run.dataset.filters, run.dataset.caption_column),
     )
     arguments = list(request["AppSpecification"].get("ContainerArguments", []))
-    flags = {"--url_col": "dataset.url_column", "--caption_col": "dataset.caption_column"}
+    flags = {
+        "--url_col": "dataset.url_column",
+        "--caption_col": "dataset.caption_column",
+        "--filters": "dataset.filters",
+    }
     flags |= {f"--{name}": f"download.{name}" for name in ("image_size", "resize_mode", "samples_per_shard")}
-    flags |= {"--processes": "download.processes", "--threads": "download.threads"}
+    flags |= {"--processes": "download.processes", "--threads": "download.threads", "--filters": "dataset.filters"}
     flags |= {"--url_timeout": "download.url_timeout_seconds", "--deadline_seconds": "download.max_runtime_seconds"}
     fields = (
         ("processingInputs", source),

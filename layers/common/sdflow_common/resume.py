@@ -124,7 +124,13 @@ def _digest(value: Any) -> str:
 def shard_content_digest(document: RunDocument) -> str:
     """A stable hash of everything besides the parquet object that decides a shard's content."""
     options = {name: getattr(document.download, name) for name in SHARD_CONTENT_OPTIONS}
-    columns = {"url_column": document.dataset.url_column, "caption_column": document.dataset.caption_column}
+    columns: dict[str, Any] = {
+        "url_column": document.dataset.url_column,
+        "caption_column": document.dataset.caption_column,
+    }
+    # Filters decide which rows a shard holds; only when set, so that unfiltered shards keep their keys.
+    if document.dataset.filters is not None:
+        columns["filters"] = document.dataset.filters.job_arguments(document.dataset.caption_column)
     return _digest({"download": options, "dataset": columns})
 
 

@@ -259,10 +259,14 @@ def download_container_arguments(
     output_uri: str,
     shard_id: str,
     holdout_rate: float = 0.0,
+    filters: Sequence[str] = (),
 ) -> list[str]:
     """`ContainerArguments` of docs/contracts.md "The download job", in that order: the flag names
     of sdflow_image.download.download.FLAGS (snake_case, as the shared flags module spells them).
-    `holdout_rate` is the run's `$.config.holdout_rate` (Validate run chose it)."""
+    `holdout_rate` is the run's `$.config.holdout_rate` (Validate run chose it). `filters`, the
+    dataset's filters one JSON object each (dataset_filters.filter_arguments), follow `--filters`
+    when there are any: each is an item of its own, as no item may pass 256 characters."""
+    filter_flag = ["--filters", *filters] if filters else []
     return [
         "--input", PROCESSING_INPUT_DIR,
         "--output_uri", output_uri,
@@ -278,6 +282,7 @@ def download_container_arguments(
         "--url_timeout", str(options.url_timeout_seconds),
         "--deadline_seconds", str(download_deadline_seconds(options.max_runtime_seconds)),
         "--holdout_rate", str(holdout_rate),
+        *filter_flag,
     ]  # fmt: skip
 
 
@@ -295,6 +300,7 @@ def processing_job_request(
     image_uri: str,
     role_arn: str,
     holdout_rate: float = 0.0,
+    filters: Sequence[str] = (),
 ) -> CreateProcessingJobRequestTypeDef:
     """CreateProcessingJob for one shard. No network isolation: it downloads from the internet,
     and it writes each finished shard to `output_uri` itself (boto3 with the job's role), so there
@@ -327,7 +333,13 @@ def processing_job_request(
             "ImageUri": image_uri,
             "ContainerEntrypoint": list(DOWNLOAD_ENTRYPOINT),
             "ContainerArguments": download_container_arguments(
-                options, url_column, caption_column, output_uri=output_uri, shard_id=shard_id, holdout_rate=holdout_rate
+                options,
+                url_column,
+                caption_column,
+                output_uri=output_uri,
+                shard_id=shard_id,
+                holdout_rate=holdout_rate,
+                filters=filters,
             ),
         },
         "NetworkConfig": {"EnableNetworkIsolation": False},

@@ -12,7 +12,7 @@ import random
 import threading
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -51,12 +51,38 @@ class SampleImage:
 
 @dataclass(frozen=True)
 class SampleRow:
-    """One row of a LAION-style parquet file."""
+    """One row of a LAION-style parquet file: LAION's WIDTH and HEIGHT (the original image's size) and its scores,
+    `punsafe` and `pwatermark` (probabilities), `aesthetic` (about 1 to 10) and `similarity` (CLIP's, image and
+    caption); None is a null."""
 
     url: str
     caption: str
     width: int | None = None
     height: int | None = None
+    punsafe: float | None = None
+    pwatermark: float | None = None
+    aesthetic: float | None = None
+    similarity: float | None = None
+
+
+# LAION's score columns, in its parquet files' order (after URL, TEXT, WIDTH, HEIGHT).
+SCORE_COLUMNS = ("similarity", "punsafe", "pwatermark", "aesthetic")
+# The share of rows laion_scores() makes LAION-unsafe (punsafe above 0.5): a few in a hundred, so that a demo's
+# `max_punsafe` filter has rows to drop.
+UNSAFE_SHARE = 0.05
+
+
+def laion_scores(rnd: random.Random) -> dict[str, float]:
+    """Plausible LAION scores for one row: mostly safe (punsafe near 0, a few above 0.5), watermark probability
+    skewed low, aesthetic around 5, CLIP ViT-B/32 similarity 0.28 to 0.40 (LAION-5B kept English pairs above
+    0.28)."""
+    unsafe = rnd.random() < UNSAFE_SHARE
+    return {
+        "punsafe": round(rnd.uniform(0.55, 0.99) if unsafe else rnd.random() ** 4 * 0.3, 4),
+        "pwatermark": round(rnd.random() ** 3, 4),
+        "aesthetic": round(min(9.5, max(1.0, rnd.gauss(5.0, 0.8))), 3),
+        "similarity": round(rnd.uniform(0.28, 0.40), 4),
+    }
 
 
 @dataclass(frozen=True)
@@ -283,23 +309,19 @@ class ImageServer:
 
 
 def write_parquet(path: str | Path, rows: Iterable[SampleRow], url_col: str = "URL", caption_col: str = "TEXT") -> Path:
-    """Write a LAION-style parquet (url, caption, WIDTH, HEIGHT); zero rows gives an empty file
-    with the full schema."""
+    """Write a LAION-style parquet (url, caption, WIDTH, HEIGHT and LAION's scores: similarity, punsafe,
+    pwatermark, aesthetic); zero rows gives an empty file with the full schema."""
     if url_col == caption_col:
         raise SampleDataError(f"url_col and caption_col must differ, both are {url_col!r}")
     rows = list(rows)
     schema = pa.schema(
         [(url_col, pa.string()), (caption_col, pa.string()), ("WIDTH", pa.int64()), ("HEIGHT", pa.int64())]
+        + [(name, pa.float64()) for name in SCORE_COLUMNS]
     )
-    table = pa.table(
-        {
-            url_col: [r.url for r in rows],
-            caption_col: [r.caption for r in rows],
-            "WIDTH": [r.width for r in rows],
-            "HEIGHT": [r.height for r in rows],
-        },
-        schema=schema,
-    )
+    columns = {url_col: [r.url for r in rows], caption_col: [r.caption for r in rows]}
+    columns |= {"WIDTH": [r.width for r in rows], "HEIGHT": [r.height for r in rows]}
+    columns |= {name: [getattr(r, name) for r in rows] for name in SCORE_COLUMNS}
+    table = pa.table(columns, schema=schema)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path)
@@ -323,7 +345,8 @@ def make_laion_parquet(
     kind: str = "scenes",
 ) -> LaionSample:
     """Generate `good` images (`kind`: make_images'), serve them from the running `server`, and write a
-    parquet that lists them mixed (deterministically shuffled) with missing, corrupt and slow URLs."""
+    parquet that lists them mixed (deterministically shuffled) with missing, corrupt and slow URLs, each row
+    with plausible LAION scores (laion_scores)."""
     images = make_images(
         good, seed=seed, formats=formats, min_size=min_size, max_size=max_size, prefix=f"s{seed}", kind=kind
     )
@@ -333,7 +356,10 @@ def make_laion_parquet(
     corrupt_urls = tuple(server.corrupt_url(n) for n in range(corrupt))
     slow_urls = tuple(server.slow_url(n) for n in range(slow))
     bad_rows = [SampleRow(url, f"broken url {url}") for url in (*missing_urls, *corrupt_urls, *slow_urls)]
-    rows = good_rows + bad_rows
+    # Scores from a stream of their own: the rows' order and images stay what they were before rows had scores.
+    scores = random.Random(f"scores-{seed}")
+    rows = [replace(row, **laion_scores(scores)) for row in good_rows + bad_rows]
+    good_rows = rows[: len(good_rows)]
     random.Random(seed).shuffle(rows)
     written = write_parquet(path, rows, url_col=url_col, caption_col=caption_col)
     return LaionSample(

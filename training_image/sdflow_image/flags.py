@@ -115,6 +115,8 @@ class Flag:
     help: str
     required: bool = False
     env: str | None = None  # environment variable that overrides `default`
+    # argparse's nargs ("+": one or more values, each converted, the flag's value their list); None: one value
+    nargs: str | None = None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -160,6 +162,7 @@ def build_parser(
             default=default,
             required=flag.required and default is None,
             help=f"{flag.help} (default: {default}{where})",
+            **({"nargs": flag.nargs} if flag.nargs else {}),
         )
     return parser
 

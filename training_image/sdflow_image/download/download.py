@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from sdflow_image import contract, flags
+from sdflow_image.download import filters
 from sdflow_image.download.shard_upload import (
     SUCCESS_FILE,
     S3Prefix,
@@ -155,6 +156,7 @@ FLAGS: list[flags.Flag] = [
         0.0,
         "share of URLs held out of training (0..1): their samples go to holdout/NNNNN.tar; 0: no split",
     ),
+    flags.Flag("filters", filters.parse_filter, None, filters.FLAG_HELP, nargs="+"),
 ]
 
 
@@ -384,7 +386,8 @@ def download(args: argparse.Namespace, *, uploader: ShardUploader | None = None)
     output = S3Prefix.parse(args.output_uri)
     parquet = resolve_input(args.input)
     rows = validate_parquet(parquet, args.url_col, args.caption_col)
-    options = _job_options(args, parquet)
+    row_filters = filters.resolve(args.filters)
+    options = _job_options(args, parquet) | filters.job_options(row_filters)
     uploader = uploader or ShardUploader(output, options, holdout_rate=args.holdout_rate)
     if uploader.has_success():
         LOG.info("%s%s exists: this shard was finished by an earlier run, nothing to do", output.uri, SUCCESS_FILE)
@@ -392,6 +395,8 @@ def download(args: argparse.Namespace, *, uploader: ShardUploader | None = None)
     work = work_dir(args)
     shards_dir = work / "img2dataset"
     _fresh_dir(shards_dir)
+    kept = filters.apply_filters(parquet, row_filters, work / "filtered", rows)  # img2dataset reads the kept rows
+    parquet, rows = kept.parquet, kept.rows_to_download
     resumed = uploader.resume(shards_dir)
     expected = math.ceil(rows / args.samples_per_shard)
     LOG.info(
@@ -438,6 +443,7 @@ def download(args: argparse.Namespace, *, uploader: ShardUploader | None = None)
     summary |= {
         "samples": samples,
         "failed": count - successes,
+        **kept.counts(),
         "failed_to_download": sum(int(s.get("failed_to_download", 0)) for s in stats.values()),
         "failed_to_resize": sum(int(s.get("failed_to_resize", 0)) for s in stats.values()),
         "tar_files": [f"{shard:05d}.tar" for shard in sorted(stats)],

@@ -59,6 +59,14 @@ def download_s3() -> Iterator[S3]:
         yield S3(client)
 
 
+@pytest.fixture
+def opt_ml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """SDFLOW_OPT_ML in the test's folder: where a job writes its failure and exit message files."""
+    path = tmp_path / "opt_ml"
+    monkeypatch.setenv("SDFLOW_OPT_ML", str(path))
+    return path
+
+
 @pytest.fixture(scope="module")
 def image_server() -> Iterator[ImageServer]:
     with ImageServer(slow_seconds=SLOW_SECONDS) as server:

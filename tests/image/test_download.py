@@ -53,13 +53,6 @@ def finished_run(image_server: ImageServer, download_s3: S3, tmp_path_factory: p
     return Run(sample, output_uri, root / "work", root / "opt_ml", status, seconds)
 
 
-@pytest.fixture
-def opt_ml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "opt_ml"
-    monkeypatch.setenv("SDFLOW_OPT_ML", str(path))
-    return path
-
-
 @pytest.mark.slow
 def test_download_mixed_urls_writes_shards_with_captions_to_s3(finished_run: Run, download_s3: S3) -> None:
     assert finished_run.status == 0
@@ -78,6 +71,9 @@ def test_download_success_marker_totals_match_stats_and_good_count(finished_run:
     assert success["failed_to_resize"] == CORRUPT  # undecodable bytes
     assert success["tar_files"] == ["00000.tar", "00001.tar"]
     assert (success["url_col"], success["caption_col"], success["image_size"]) == ("URL", "TEXT", 64)
+    # No --filters: every row read is a row to download.
+    rows = GOOD + MISSING + CORRUPT + SLOW
+    assert (success["rows_read"], success["filter_drops"], success["rows_to_download"]) == (rows, {}, rows)
     assert success["options"]["samples_per_shard"] == 20
     # no held-out rate: nothing split, and the shards' options hash is the one from before the split
     assert (success["holdout_rate"], success["holdout_samples"], success["holdout_tar_files"]) == (0.0, 0, [])
@@ -351,7 +347,7 @@ def test_download_missing_column_failure_names_column(tmp_path: Path, opt_ml: Pa
     failure = (opt_ml / "output" / "failure").read_text()
     assert failure.startswith("MissingColumn")
     assert "'url' (--url_col)" in failure
-    assert "['URL', 'TEXT', 'WIDTH', 'HEIGHT']" in failure  # the columns that are there
+    assert "['URL', 'TEXT', 'WIDTH', 'HEIGHT', 'similarity', 'punsafe', 'pwatermark', 'aesthetic']" in failure
 
 
 def test_download_empty_parquet_fails(tmp_path: Path, opt_ml: Path) -> None:

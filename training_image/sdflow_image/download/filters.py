@@ -165,7 +165,9 @@ def _passes(row_filter: RowFilter, batch: Any) -> Any:
     name, bound = row_filter.name, row_filter.bound
     if name == "max_aspect_ratio":
         width, height = (pc.cast(column, "float64") for column in values)
-        shorter, longer = pc.min_element_wise(width, height), pc.max_element_wise(width, height)
+        # skip_nulls=False: a missing side is a missing ratio (by default the other side alone would be both).
+        shorter = pc.min_element_wise(width, height, skip_nulls=False)
+        longer = pc.max_element_wise(width, height, skip_nulls=False)
         # A side of 0 (or less) has no ratio: the row is dropped, never divided by zero.
         return pc.and_(pc.greater(shorter, 0.0), pc.less_equal(pc.divide(longer, shorter), bound))
     if name in CAPTION_FILTERS:

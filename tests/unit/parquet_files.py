@@ -14,9 +14,11 @@ def parquet_bytes(
     url_column: str = "URL",
     caption_column: str = "TEXT",
     url_type: Any = None,
+    extra: dict[str, Any] | None = None,
     **write_options: Any,
 ) -> bytes:
-    """A LAION-style file: URL and caption columns plus WIDTH/HEIGHT, `rows` rows."""
+    """A LAION-style file: URL and caption columns plus WIDTH/HEIGHT and the `extra` columns (name → pyarrow
+    array of `rows` values), `rows` rows."""
     url_type = pa.string() if url_type is None else url_type
     urls = [i if pa.types.is_integer(url_type) else f"http://127.0.0.1:9/{i}.jpg" for i in range(rows)]
     table = pa.table(
@@ -25,6 +27,7 @@ def parquet_bytes(
             caption_column: pa.array([f"caption {i}" for i in range(rows)], pa.string()),
             "WIDTH": pa.array([64] * rows, pa.int64()),
             "HEIGHT": pa.array([64] * rows, pa.int64()),
+            **(extra or {}),
         }
     )
     buffer = io.BytesIO()

@@ -270,6 +270,18 @@ INVALID_MANIFESTS = {
         lambda: {**manifest(), "dataset": {**manifest()["dataset"], "url_column": "link"}},
         "dataset.url_column",
     ),
+    # The parquet has no punsafe column (tests/unit/parquet_files.py): its footer is read before any run starts.
+    "filter-column-missing": (
+        lambda: {**manifest(), "dataset": {**manifest()["dataset"], "filters": {"max_punsafe": 0.5}}},
+        "dataset.filters.max_punsafe",
+    ),
+    "filter-bounds-crossed": (
+        lambda: {
+            **manifest(),
+            "dataset": {**manifest()["dataset"], "filters": {"min_caption_length": 9, "max_caption_length": 3}},
+        },
+        "dataset.filters.min_caption_length",
+    ),
 }
 
 

@@ -163,11 +163,19 @@ def _did_you_mean(wanted: str, columns: list[str]) -> str:
     return f"did you mean '{close[0]}'? " if close else ""
 
 
+def _likeness(wanted: str, name: str) -> float:
+    return difflib.SequenceMatcher(None, wanted.lower(), name.lower()).ratio()
+
+
 def nearest_first(wanted: str, columns: list[str]) -> list[str]:
     """The columns, those whose name is most like `wanted` (case aside) first; ties keep the file's order."""
-    lowered = wanted.lower()
-    ratio = {name: difflib.SequenceMatcher(None, lowered, name.lower()).ratio() for name in columns}
-    return sorted(columns, key=lambda name: -ratio[name])
+    return sorted(columns, key=lambda name: -_likeness(wanted, name))
+
+
+def _nearest_guess(wanted: str, columns: list[str]) -> str:
+    """ "did you mean …? " for the likest column when it is like enough (difflib's usual 0.6), case aside."""
+    likest = nearest_first(wanted, columns)[:1]
+    return f"did you mean '{likest[0]}'? " if likest and _likeness(wanted, likest[0]) >= 0.6 else ""
 
 
 def _listed(columns: list[str]) -> str:
@@ -184,7 +192,7 @@ def _filter_problems(found: Findings) -> list[dict[str, str]]:
                 "field": f"dataset.filters.{name}",
                 "message": f"reads column '{column}' ({column_field}), which is not in {_of(len(hits), total)} "
                 f"({_shown((u for u, _ in hits), len(hits))}); {uri} has the columns (nearest first): "
-                f"{_listed(nearest_first(column, columns))}. {_did_you_mean(column, columns)}Set {column_field} "
+                f"{_listed(nearest_first(column, columns))}. {_nearest_guess(column, columns)}Set {column_field} "
                 f"to the column's name, or remove dataset.filters.{name}",
             }
         )

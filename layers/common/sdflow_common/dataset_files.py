@@ -173,7 +173,7 @@ def nearest_first(wanted: str, columns: list[str]) -> list[str]:
 
 
 def _nearest_guess(wanted: str, columns: list[str]) -> str:
-    """ "did you mean …? " for the likest column when it is like enough (difflib's usual 0.6), case aside."""
+    """The "did you mean …? " advice for the likest column when it is like enough (difflib's usual 0.6), case aside."""
     likest = nearest_first(wanted, columns)[:1]
     return f"did you mean '{likest[0]}'? " if likest and _likeness(wanted, likest[0]) >= 0.6 else ""
 

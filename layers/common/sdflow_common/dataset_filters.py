@@ -101,7 +101,9 @@ class DatasetFilters(_Strict):
         default=None,
         strict=True,
         allow_inf_nan=False,
-        description="Keep rows whose aesthetic score is at least this (LAION-Aesthetics uses 4.5, 5, 6 and 6.5).",
+        description=(
+            "Keep rows whose aesthetic score is at least this (LAION-Aesthetics V2's subsets: 4.5, 5, 6, 6.25, 6.5)."
+        ),
     )
     min_similarity: float | None = Field(
         default=None,

@@ -28,7 +28,29 @@ from sdflow_common.training_options import INSTANCE_TYPE, LORA_TARGET_MODULE
 
 DASH = "\N{EN DASH}"  # ranges as the page writes them
 # The blocks with a table, by their path in the document ("" is the top level).
-BLOCKS = ("", "dataset", "download", "training", "training.lora", "endpoint", "evaluation", "approval")
+BLOCKS = (
+    "",
+    "dataset",
+    "dataset.filters",
+    "dataset.filters.columns",
+    "download",
+    "training",
+    "training.lora",
+    "endpoint",
+    "evaluation",
+    "approval",
+)
+    "",
+    "dataset",
+    "dataset.filters",
+    "dataset.filters.columns",
+    "download",
+    "training",
+    "training.lora",
+    "endpoint",
+    "evaluation",
+    "approval",
+)
 # A pattern, in the words the page uses for it.
 PATTERN_WORDS = {
     INSTANCE_TYPE: "`ml.<family>.<size>`",
@@ -44,6 +66,9 @@ ALLOWED_NOTES = {
     "dataset.parquet_uris": "at most the stack's MaxShards, each `s3://<bucket>/<key>` (not a folder), no duplicates",
     "dataset.prefix": "`s3://<bucket>/<folder>`",
     "dataset": "exactly one of `parquet_uris`, `prefix`",
+    "dataset.filters": "at least one bound set; every column in every parquet (Validate run reads their footers)",
+    "dataset.filters.max_aspect_ratio": "≥ 1",
+    "dataset.filters.min_caption_length": "≤ `max_caption_length`",
     "training.max_wait_seconds": "≥ `max_runtime_seconds`, only with `use_spot`",
     "training.keep_alive_seconds": "not with `use_spot`",
     "training.plugin": "colossalai: `torch_ddp`, `low_level_zero`, `gemini`; accelerate: `ddp`, `fsdp2`",

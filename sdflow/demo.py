@@ -28,7 +28,7 @@ HOLDOUT_SAMPLES = 32  # of the demo's 306 rows: the most it holds is 40 (evaluat
 # The demo's gate on the held-out metrics: trained CLIP score at least 50 (the untrained base's images score
 # near 0, a model that draws its captions far above), and trained KID no higher than the base's.
 DEMO_GATE: dict[str, dict[str, float]] = {"clip_score": {"min": 50.0}, "kid": {"max_change": 0.0}}
-# The demo's dataset.filters, on the LAION scores its parquet rows carry (sdflow.samples.laion_scores): LAION's
+# The demo's dataset.filters, on the LAION scores its parquet rows carry (sdflow.samples.with_laion_scores): LAION's
 # usual safety cut, and the most watermarked rows. They drop about 8% of the rows before any download.
 DEMO_FILTERS: dict[str, float] = {"max_punsafe": 0.5, "max_pwatermark": 0.9}
 

@@ -17,6 +17,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -67,22 +68,23 @@ class SampleRow:
 
 # LAION's score columns, in its parquet files' order (after URL, TEXT, WIDTH, HEIGHT).
 SCORE_COLUMNS = ("similarity", "punsafe", "pwatermark", "aesthetic")
-# The share of rows laion_scores() makes LAION-unsafe (punsafe above 0.5): a few in a hundred, so that a demo's
+# The share of rows with_laion_scores() makes LAION-unsafe (punsafe above 0.5): a few in a hundred, so that a demo's
 # `max_punsafe` filter has rows to drop.
 UNSAFE_SHARE = 0.05
 
 
-def laion_scores(rnd: random.Random) -> dict[str, float]:
-    """Plausible LAION scores for one row: mostly safe (punsafe near 0, a few above 0.5), watermark probability
+def with_laion_scores(row: SampleRow, rnd: random.Random) -> SampleRow:
+    """The row with plausible LAION scores: mostly safe (punsafe near 0, a few above 0.5), watermark probability
     skewed low, aesthetic around 5, CLIP ViT-B/32 similarity 0.28 to 0.40 (LAION-5B kept English pairs above
     0.28)."""
     unsafe = rnd.random() < UNSAFE_SHARE
-    return {
-        "punsafe": round(rnd.uniform(0.55, 0.99) if unsafe else rnd.random() ** 4 * 0.3, 4),
-        "pwatermark": round(rnd.random() ** 3, 4),
-        "aesthetic": round(min(9.5, max(1.0, rnd.gauss(5.0, 0.8))), 3),
-        "similarity": round(rnd.uniform(0.28, 0.40), 4),
-    }
+    return replace(
+        row,
+        punsafe=round(rnd.uniform(0.55, 0.99) if unsafe else rnd.random() ** 4 * 0.3, 4),
+        pwatermark=round(rnd.random() ** 3, 4),
+        aesthetic=round(min(9.5, max(1.0, rnd.gauss(5.0, 0.8))), 3),
+        similarity=round(rnd.uniform(0.28, 0.40), 4),
+    )
 
 
 @dataclass(frozen=True)
@@ -318,7 +320,7 @@ def write_parquet(path: str | Path, rows: Iterable[SampleRow], url_col: str = "U
         [(url_col, pa.string()), (caption_col, pa.string()), ("WIDTH", pa.int64()), ("HEIGHT", pa.int64())]
         + [(name, pa.float64()) for name in SCORE_COLUMNS]
     )
-    columns = {url_col: [r.url for r in rows], caption_col: [r.caption for r in rows]}
+    columns: dict[str, list[Any]] = {url_col: [r.url for r in rows], caption_col: [r.caption for r in rows]}
     columns |= {"WIDTH": [r.width for r in rows], "HEIGHT": [r.height for r in rows]}
     columns |= {name: [getattr(r, name) for r in rows] for name in SCORE_COLUMNS}
     table = pa.table(columns, schema=schema)
@@ -346,7 +348,7 @@ def make_laion_parquet(
 ) -> LaionSample:
     """Generate `good` images (`kind`: make_images'), serve them from the running `server`, and write a
     parquet that lists them mixed (deterministically shuffled) with missing, corrupt and slow URLs, each row
-    with plausible LAION scores (laion_scores)."""
+    with plausible LAION scores (with_laion_scores)."""
     images = make_images(
         good, seed=seed, formats=formats, min_size=min_size, max_size=max_size, prefix=f"s{seed}", kind=kind
     )
@@ -358,7 +360,7 @@ def make_laion_parquet(
     bad_rows = [SampleRow(url, f"broken url {url}") for url in (*missing_urls, *corrupt_urls, *slow_urls)]
     # Scores from a stream of their own: the rows' order and images stay what they were before rows had scores.
     scores = random.Random(f"scores-{seed}")
-    rows = [replace(row, **laion_scores(scores)) for row in good_rows + bad_rows]
+    rows = [with_laion_scores(row, scores) for row in good_rows + bad_rows]
     good_rows = rows[: len(good_rows)]
     random.Random(seed).shuffle(rows)
     written = write_parquet(path, rows, url_col=url_col, caption_col=caption_col)

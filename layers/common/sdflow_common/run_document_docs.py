@@ -40,17 +40,6 @@ BLOCKS = (
     "evaluation",
     "approval",
 )
-    "",
-    "dataset",
-    "dataset.filters",
-    "dataset.filters.columns",
-    "download",
-    "training",
-    "training.lora",
-    "endpoint",
-    "evaluation",
-    "approval",
-)
 # A pattern, in the words the page uses for it.
 PATTERN_WORDS = {
     INSTANCE_TYPE: "`ml.<family>.<size>`",

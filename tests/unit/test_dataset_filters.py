@@ -20,7 +20,9 @@ from sdflow_common.request_plan import check_requests, planned_requests
 from sdflow_common.run_document import parse_run_document, problems_of
 from sdflow_common.settings import Settings
 from sdflow_common.validate_run import ValidateRunRequest, check_inputs, validate_run
-from tests.unit.helpers import DATA_BUCKET, AwsWorld, load_event
+from tests.helpers import load_function_module
+from tests.unit.helpers import DATA_BUCKET, AwsWorld, FakeLambdaContext, load_event
+from tests.unit.job_requests import download_name
 from tests.unit.parquet_files import parquet_bytes
 
 MODEL_URI = f"s3://{DATA_BUCKET}/models/tiny-sd/"
@@ -222,6 +224,33 @@ def test_shard_cache_key_changes_with_filters_and_not_without() -> None:
 
     assert unfiltered == before_filters_existed  # earlier runs' shards stay reusable
     assert len({unfiltered, filtered, stricter}) == 3
+
+
+@pytest.mark.usefixtures("events_execution")
+def test_start_download_passes_the_task_filters_to_the_job(mocked_aws: AwsWorld) -> None:
+    event = load_event("start_download_task.json")
+    event["dataset"]["filters"] = {"max_pwatermark": 0.8, "min_width": 256, "columns": {"width": "width"}}
+
+    load_function_module("start_download").lambda_handler(event, FakeLambdaContext())
+
+    job = mocked_aws.sagemaker.describe_processing_job(ProcessingJobName=download_name(event))
+    arguments = job["AppSpecification"]["ContainerArguments"]
+    assert arguments[arguments.index("--filters") :] == [
+        "--filters",
+        '{"min_width":{"columns":["width"],"bound":256}}',
+        '{"max_pwatermark":{"columns":["pwatermark"],"bound":0.8}}',
+    ]
+
+
+@pytest.mark.usefixtures("events_execution")
+def test_start_download_task_without_filters_passes_none(mocked_aws: AwsWorld) -> None:
+    """A task from a state machine deployed before the filters: its dataset has no `filters`."""
+    event = load_event("start_download_task.json")
+
+    load_function_module("start_download").lambda_handler(event, FakeLambdaContext())
+
+    job = mocked_aws.sagemaker.describe_processing_job(ProcessingJobName=download_name(event))
+    assert "--filters" not in job["AppSpecification"]["ContainerArguments"]
 
 
 # ---------------------------------------------------------------------------- Validate run: the parquet's columns

@@ -119,6 +119,13 @@ def mocked_aws(aws_env: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[AwsWo
 
 
 @pytest.fixture
+def intake_world(mocked_aws: AwsWorld) -> AwsWorld:
+    """The moto account holding a base model's model_index.json at models/tiny-sd/ (the intake checks read it)."""
+    mocked_aws.put_json("models/tiny-sd/model_index.json", {"_class_name": "StableDiffusionPipeline"})
+    return mocked_aws
+
+
+@pytest.fixture
 def store(mocked_aws: AwsWorld) -> TokenStore:
     """The stack's token table in the moto account (tests/unit/test_token_store.py has its own, on a clock)."""
     return TokenStore(TOKEN_TABLE)

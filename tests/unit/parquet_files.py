@@ -8,6 +8,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tests.unit.helpers import DATA_BUCKET, AwsWorld
+
 
 def parquet_bytes(
     rows: int = 4,
@@ -33,3 +35,9 @@ def parquet_bytes(
     buffer = io.BytesIO()
     pq.write_table(table, buffer, **write_options)
     return buffer.getvalue()
+
+
+def put_object(world: AwsWorld, key: str, body: bytes) -> str:
+    """Put `body` at `key` of the stack's bucket; its s3:// URI."""
+    world.s3.put_object(Bucket=DATA_BUCKET, Key=key, Body=body)
+    return f"s3://{DATA_BUCKET}/{key}"

@@ -17,19 +17,14 @@ from sdflow_common.run_document import parse_run_document
 from sdflow_common.validate_run import ValidateRunRequest, check_inputs, validate_run
 from tests.unit.helpers import DATA_BUCKET, AwsWorld
 from tests.unit.parquet_files import parquet_bytes
+from tests.unit.parquet_files import put_object as put
 
 MODEL_URI = f"s3://{DATA_BUCKET}/models/tiny-sd/"
 
 
 @pytest.fixture
-def world(mocked_aws: AwsWorld) -> AwsWorld:
-    mocked_aws.put_json("models/tiny-sd/model_index.json", {"_class_name": "StableDiffusionPipeline"})
-    return mocked_aws
-
-
-def put(world: AwsWorld, key: str, body: bytes) -> str:
-    world.s3.put_object(Bucket=DATA_BUCKET, Key=key, Body=body)
-    return f"s3://{DATA_BUCKET}/{key}"
+def world(intake_world: AwsWorld) -> AwsWorld:
+    return intake_world
 
 
 def footer_of(data: bytes) -> bytes:

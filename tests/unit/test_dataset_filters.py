@@ -23,7 +23,7 @@ from sdflow_common.validate_run import ValidateRunRequest, check_inputs, validat
 from tests.helpers import load_function_module
 from tests.unit.helpers import DATA_BUCKET, AwsWorld, FakeLambdaContext, load_event
 from tests.unit.job_requests import download_name
-from tests.unit.parquet_files import parquet_bytes
+from tests.unit.parquet_files import parquet_bytes, put_object
 
 MODEL_URI = f"s3://{DATA_BUCKET}/models/tiny-sd/"
 ROWS = 4
@@ -257,14 +257,8 @@ def test_start_download_task_without_filters_passes_none(mocked_aws: AwsWorld) -
 
 
 @pytest.fixture
-def world(mocked_aws: AwsWorld) -> AwsWorld:
-    mocked_aws.put_json("models/tiny-sd/model_index.json", {"_class_name": "StableDiffusionPipeline"})
-    return mocked_aws
-
-
-def put(world: AwsWorld, key: str, body: bytes) -> str:
-    world.s3.put_object(Bucket=DATA_BUCKET, Key=key, Body=body)
-    return f"s3://{DATA_BUCKET}/{key}"
+def world(intake_world: AwsWorld) -> AwsWorld:
+    return intake_world
 
 
 def check(raw: dict[str, Any]) -> Any:
@@ -278,7 +272,7 @@ def check_refused(raw: dict[str, Any]) -> dict[str, str]:
 
 
 def test_check_inputs_every_filter_on_laion_columns_passes(world: AwsWorld) -> None:
-    uri = put(world, "datasets/a.parquet", parquet_bytes(ROWS, extra=LAION_SCORES))
+    uri = put_object(world, "datasets/a.parquet", parquet_bytes(ROWS, extra=LAION_SCORES))
 
     checked = check(raw_document(EVERY_FILTER, [uri]))
 
@@ -286,10 +280,12 @@ def test_check_inputs_every_filter_on_laion_columns_passes(world: AwsWorld) -> N
     assert checked.document.dataset.filters is not None
 
 
-def test_check_inputs_filter_column_missing_names_filter_column_object_and_nearest_columns(world: AwsWorld) -> None:
+def test_check_inputs_filter_column_missing_names_filter_column_object_and_nearest_columns(
+    world: AwsWorld,
+) -> None:
     scores = {**LAION_SCORES, "AESTHETIC_SCORE": LAION_SCORES["aesthetic"]}
     del scores["aesthetic"]
-    uri = put(world, "datasets/a.parquet", parquet_bytes(ROWS, extra=scores))
+    uri = put_object(world, "datasets/a.parquet", parquet_bytes(ROWS, extra=scores))
 
     found = check_refused(raw_document({"min_aesthetic": 5.0, "max_punsafe": 0.5}, [uri]))
 
@@ -304,14 +300,14 @@ def test_check_inputs_filter_column_missing_names_filter_column_object_and_neare
 
 def test_check_inputs_filter_columns_mapped_to_the_files_names_pass(world: AwsWorld) -> None:
     extra = {"nsfw": LAION_SCORES["punsafe"], "w": pa.array([64] * ROWS, pa.int16())}
-    uri = put(world, "datasets/a.parquet", parquet_bytes(ROWS, extra=extra))
+    uri = put_object(world, "datasets/a.parquet", parquet_bytes(ROWS, extra=extra))
     filters = {"max_punsafe": 0.5, "max_aspect_ratio": 1.5, "columns": {"punsafe": "nsfw", "width": "w"}}
 
     assert check(raw_document(filters, [uri])).warnings == []
 
 
 def test_check_inputs_aspect_ratio_names_each_missing_column(world: AwsWorld) -> None:
-    uri = put(world, "datasets/a.parquet", parquet_bytes(ROWS))
+    uri = put_object(world, "datasets/a.parquet", parquet_bytes(ROWS))
     filters = {"max_aspect_ratio": 2.0, "columns": {"width": "W", "height": "H"}}
 
     with pytest.raises(InvalidRunDocument) as caught:
@@ -347,7 +343,7 @@ def test_check_inputs_aspect_ratio_names_each_missing_column(world: AwsWorld) ->
 def test_check_inputs_numeric_filter_on_column_of_other_type_is_refused(
     world: AwsWorld, filters: dict[str, Any], column: Any, kind: str, field: str, wanted: str
 ) -> None:
-    uri = put(world, "datasets/a.parquet", parquet_bytes(ROWS, extra={"punsafe": column}))
+    uri = put_object(world, "datasets/a.parquet", parquet_bytes(ROWS, extra={"punsafe": column}))
 
     found = check_refused(raw_document(filters, [uri]))
 
@@ -357,7 +353,7 @@ def test_check_inputs_numeric_filter_on_column_of_other_type_is_refused(
 
 
 def test_check_inputs_caption_filter_on_caption_column_of_numbers_is_refused(world: AwsWorld) -> None:
-    uri = put(world, "datasets/a.parquet", parquet_bytes(ROWS, extra={"N": pa.array([1] * ROWS, pa.int64())}))
+    uri = put_object(world, "datasets/a.parquet", parquet_bytes(ROWS, extra={"N": pa.array([1] * ROWS, pa.int64())}))
 
     found = check_refused(raw_document({"max_caption_length": 80}, [uri], caption_column="N"))
 
@@ -365,17 +361,21 @@ def test_check_inputs_caption_filter_on_caption_column_of_numbers_is_refused(wor
     assert "(dataset.caption_column)" in found["dataset.filters.max_caption_length"]
 
 
-def test_check_inputs_caption_filter_missing_caption_column_reported_once_at_caption_column(world: AwsWorld) -> None:
-    uri = put(world, "datasets/a.parquet", parquet_bytes(ROWS))
+def test_check_inputs_caption_filter_missing_caption_column_reported_once_at_caption_column(
+    world: AwsWorld,
+) -> None:
+    uri = put_object(world, "datasets/a.parquet", parquet_bytes(ROWS))
 
     found = check_refused(raw_document({"min_caption_length": 3}, [uri], caption_column="caption"))
 
     assert set(found) == {"dataset.caption_column"}
 
 
-def test_check_inputs_filter_column_missing_in_few_objects_within_tolerance_is_a_warning(world: AwsWorld) -> None:
-    good = [put(world, f"datasets/p{i:02d}.parquet", parquet_bytes(ROWS, extra=LAION_SCORES)) for i in range(19)]
-    bare = put(world, "datasets/p19.parquet", parquet_bytes(ROWS))
+def test_check_inputs_filter_column_missing_in_few_objects_within_tolerance_is_a_warning(
+    world: AwsWorld,
+) -> None:
+    good = [put_object(world, f"datasets/p{i:02d}.parquet", parquet_bytes(ROWS, extra=LAION_SCORES)) for i in range(19)]
+    bare = put_object(world, "datasets/p19.parquet", parquet_bytes(ROWS))
     raw = raw_document({"max_punsafe": 0.5}, [*good, bare])
     raw["download"] = {"tolerated_failure_percent": 10.0}
 
@@ -387,7 +387,7 @@ def test_check_inputs_filter_column_missing_in_few_objects_within_tolerance_is_a
 
 
 def test_validate_run_refuses_filter_column_missing_before_writing_anything(world: AwsWorld) -> None:
-    uri = put(world, "datasets/a.parquet", parquet_bytes(ROWS))
+    uri = put_object(world, "datasets/a.parquet", parquet_bytes(ROWS))
     request = ValidateRunRequest(
         run=raw_document({"min_similarity": 0.28}, [uri]),
         execution_name="run-filters",

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from download_fixtures import S3, captions_in_s3, job_args
 
-from sdflow.samples import ImageServer, SampleRow, make_images, write_parquet
+from sdflow.samples import ImageServer, SampleRow, make_images, make_laion_parquet, write_parquet
 from sdflow_image.download import download, filters
 
 pytestmark = pytest.mark.image
@@ -347,3 +347,26 @@ def test_download_filter_column_missing_fails_with_missing_column(
         "MissingColumn: column 'AESTHETIC_SCORE' (--filters min_aesthetic) is not in part.parquet"
     )
     assert "_SUCCESS" not in download_s3.names(download_s3.uri("no-column"))
+
+
+def test_demo_filters_drop_some_of_the_demo_rows_before_download(image_server: ImageServer, tmp_path: Path) -> None:
+    # The demo's run document through the same path as a run: the layer's job arguments, the job's filters.
+    from sdflow.demo import DEMO_FILTERS, DemoOptions
+    from sdflow_common.dataset_filters import DatasetFilters
+
+    options = DemoOptions()
+    values = DatasetFilters.model_validate(DEMO_FILTERS).job_arguments("TEXT")
+    chosen = filters.resolve([filters.parse_filter(value) for value in values])
+    read = dropped = 0
+    for shard in range(options.shards):
+        sample = make_laion_parquet(
+            tmp_path / f"part-{shard:05d}.parquet", image_server, good=options.images_per_shard,
+            missing=options.broken_per_shard, seed=shard, min_size=64, max_size=64,
+        )  # fmt: skip
+        result = filters.apply_filters(sample.path, chosen, tmp_path / f"filtered-{shard}", len(sample.rows))
+        read += result.rows_read
+        dropped += sum(result.filter_drops.values())
+        assert set(result.filter_drops) == set(DEMO_FILTERS)
+        assert 0 < sum(result.filter_drops.values()) < 0.15 * result.rows_read
+
+    assert (read, dropped) == (306, 27)  # the README's figure

@@ -452,6 +452,7 @@ def download(args: argparse.Namespace, *, uploader: ShardUploader | None = None)
         "peak_local_tars": uploader.peak_local_tars,
         "duration_s": round(time.monotonic() - started, 3),
     }
+    summary |= uploader.put_hashes([f"{shard:05d}" for shard in sorted(stats)])  # the dedup job's input
     # Written last: readers take its presence as "every shard file is in place".
     uploader.put_success(summary)
     shutil.rmtree(work, ignore_errors=True)

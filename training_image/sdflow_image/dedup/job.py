@@ -31,6 +31,7 @@ import argparse
 import json
 import logging
 import multiprocessing
+import os
 import re
 import resource
 import shutil
@@ -109,6 +110,17 @@ def s3_client() -> Any:
     return make()
 
 
+_CLIENTS: dict[int, Any] = {}
+
+
+def _process_client() -> Any:
+    """This process's client, made once: a worker resolves many partitions (pid: never a parent's)."""
+    pid = os.getpid()
+    if pid not in _CLIENTS:
+        _CLIENTS[pid] = s3_client()
+    return _CLIENTS[pid]
+
+
 def read_manifest(client: Any, uri: str) -> list[ShardRef]:
     where = S3Prefix.parse(uri.rsplit("/", 1)[0] + "/")
     raw = spill._read_object(client, where.uri, uri.rsplit("/", 1)[1])
@@ -140,7 +152,7 @@ def _pool(processes: int) -> Any:
 
 
 def _reader(work: Path, partitions: int, task: tuple[int, list[ShardRef]]) -> list[spill.ShardRead]:
-    return spill.read_shards(task[1], work, task[0], partitions, s3_client)
+    return spill.read_shards(task[1], work, task[0], partitions, _process_client)
 
 
 def _grouper(work: Path, partitions: int, task: tuple[str, int]) -> int:
@@ -148,7 +160,7 @@ def _grouper(work: Path, partitions: int, task: tuple[str, int]) -> int:
 
 
 def _resolver(work: Path, output: S3Prefix, shard_ids: dict[int, str], q: int) -> dict[str, dict[str, int]]:
-    client = s3_client()
+    client = _process_client()
 
     def put(name: str, body: bytes) -> None:
         client.put_object(Bucket=output.bucket, Key=output.key(name), Body=body, ContentType="application/json")
@@ -157,9 +169,18 @@ def _resolver(work: Path, output: S3Prefix, shard_ids: dict[int, str], q: int) -
 
 
 def peak_rss_mb() -> float:
-    """The largest resident set of this process or any child it waited for (Linux: kB)."""
-    peak = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-    return round(peak / 1024, 1)
+    """The largest resident set of this process or any worker it waited for, in MB (Linux counts kB).
+
+    This process's own peak is its memory's high-water mark (VmHWM): getrusage's RUSAGE_SELF keeps,
+    across execve, the peak of the process that forked it (a bench or test process holding GBs would
+    be reported as the job's). RUSAGE_CHILDREN is the largest reaped worker's, forked from this one."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        status = Path("/proc/self/status").read_text()
+        own = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        pass  # no procfs (not Linux): getrusage's figure stands
+    return round(max(own, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024, 1)
 
 
 def _summary(shards: list[ShardRef], reads: list[spill.ShardRead], counts: dict[str, dict[str, int]],
@@ -197,6 +218,8 @@ def dedup(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(work)  # a leftover of an earlier attempt would add its records twice
     work.mkdir(parents=True)
     n, p = args.processes, args.partitions
+    import pyarrow.compute  # noqa: F401  here, once: the forked workers start with it loaded
+    import pyarrow.parquet  # noqa: F401
     LOG.info("deduplicating %d shards with %d processes and %d partitions in %s", len(shards), n, p, work)
     with _pool(n) as pool:
         tasks = [(i, shards[i::n]) for i in range(n)]

@@ -336,7 +336,9 @@ def _drop(root: Path, index_path: str, dropped: dict[str, list[str]]) -> None:
         if entry["shard_id"] in dropped:
             relative = f"run/dataset/dedup/dropped/{entry['shard_id']}.json"
             (root / relative).parent.mkdir(parents=True, exist_ok=True)
-            (root / relative).write_text(json.dumps({"shard_id": entry["shard_id"], "keys": dropped[entry["shard_id"]]}))
+            (root / relative).write_text(
+                json.dumps({"shard_id": entry["shard_id"], "keys": dropped[entry["shard_id"]]})
+            )
             entry["dropped_file"] = relative
     (root / index_path).write_text(json.dumps(index))
 

@@ -137,9 +137,11 @@ def test_dedup_job_finds_planted_copies_across_shards_and_keeps_near_identical_p
     assert summary["hashed_samples"] == sum(len(t) for t in tables)
     per_shard = summary["shards"]
     assert sum(s["url_duplicates"] + s["image_duplicates"] for s in per_shard.values()) == len(dropped)
-    assert files == len({shard for shard, _ in dropped}) and per_shard["00000"]["dropped_file"] == "dropped/00000.json"
-    assert summary["version"] == 1 and summary["partitions"] == 3 and summary["unhashed_shards"] == []
-    assert summary["peak_rss_mb"] > 0 and summary["duration_s"] > 0
+    assert files == len({shard for shard, _ in dropped})
+    assert per_shard["00000"]["dropped_file"] == "dropped/00000.json"
+    assert (summary["version"], summary["partitions"], summary["unhashed_shards"]) == (1, 3, [])
+    assert summary["peak_rss_mb"] > 0
+    assert summary["duration_s"] > 0
     assert not (tmp_path / "work").exists()
 
 
@@ -193,7 +195,8 @@ def test_dedup_failing_midway_writes_failure_and_no_summary(s3: Any, tmp_path: P
     argv = ["--shards_manifest", manifest, "--output_uri", output, "--processes", "2", "--work_dir", str(tmp_path)]
     assert job.main(job.parse_args(argv)) == 1
     failure = (opt_ml / "output" / "failure").read_text()
-    assert failure.startswith("BadHashes: ") and "shards/00001/hashes.parquet is not a readable parquet" in failure
+    assert failure.startswith("BadHashes: ")
+    assert "shards/00001/hashes.parquet is not a readable parquet" in failure
     assert s3.list_objects_v2(Bucket=BUCKET, Prefix="runs/broken/dataset/dedup/").get("KeyCount") == 0
 
 
@@ -201,9 +204,10 @@ def test_dedup_missing_manifest_fails_naming_flag(s3: Any, tmp_path: Path, opt_m
     argv = ["--shards_manifest", f"s3://{BUCKET}/runs/none/shards.json", "--output_uri", f"s3://{BUCKET}/o/",
             "--work_dir", str(tmp_path)]  # fmt: skip
     assert job.main(job.parse_args(argv)) == 1
-    assert "--shards_manifest s3://dedup-data/runs/none/shards.json does not exist" in (
-        opt_ml / "output" / "failure"
-    ).read_text()
+    assert (
+        "--shards_manifest s3://dedup-data/runs/none/shards.json does not exist"
+        in (opt_ml / "output" / "failure").read_text()
+    )
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -91,9 +92,7 @@ FLAGS: list[flags.Flag] = [
     flags.Flag("output_uri", s3_prefix, None, "where dropped/<shard_id>.json and summary.json go", required=True),
     flags.Flag("processes", flags.positive_int, 8, "reader and grouping processes"),
     flags.Flag("partitions", flags.number(int, 1, maximum=65536), 64, "spill partitions per kind (memory ~ 1/P)"),
-    flags.Flag(
-        "work_dir", _path, None, "local folder for the spill files (default: $SDFLOW_OPT_ML/processing/work)"
-    ),
+    flags.Flag("work_dir", _path, None, "local folder for the spill files (default: $SDFLOW_OPT_ML/processing/work)"),
 ]
 
 
@@ -125,7 +124,9 @@ def read_manifest(client: Any, uri: str) -> list[ShardRef]:
     where = S3Prefix.parse(uri.rsplit("/", 1)[0] + "/")
     raw = spill._read_object(client, where.uri, uri.rsplit("/", 1)[1])
     if raw is None:
-        raise BadManifest(f"--shards_manifest {uri} does not exist; pass the run's shards.json (Validate run writes it)")
+        raise BadManifest(
+            f"--shards_manifest {uri} does not exist; pass the run's shards.json (Validate run writes it)"
+        )
     try:
         items = json.loads(raw)
     except ValueError as exc:
@@ -161,11 +162,17 @@ def _grouper(work: Path, partitions: int, task: tuple[str, int]) -> int:
 
 def _resolver(work: Path, output: S3Prefix, shard_ids: dict[int, str], q: int) -> dict[str, dict[str, int]]:
     client = _process_client()
+    with ThreadPoolExecutor(spill.FETCH_THREADS) as pool:  # PUTs in flight, as the readers' GETs
+        pending: list[Future[Any]] = []
 
-    def put(name: str, body: bytes) -> None:
-        client.put_object(Bucket=output.bucket, Key=output.key(name), Body=body, ContentType="application/json")
+        def put(name: str, body: bytes) -> None:
+            kwargs = {"Bucket": output.bucket, "Key": output.key(name), "Body": body, "ContentType": "application/json"}
+            pending.append(pool.submit(client.put_object, **kwargs))
 
-    return groups.resolve(work, q, shard_ids, put)
+        counts = groups.resolve(work, q, shard_ids, put)
+        for future in pending:
+            future.result()  # raises the first failed PUT's error
+    return counts
 
 
 def peak_rss_mb() -> float:
@@ -218,8 +225,10 @@ def dedup(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(work)  # a leftover of an earlier attempt would add its records twice
     work.mkdir(parents=True)
     n, p = args.processes, args.partitions
-    import pyarrow.compute  # noqa: F401  here, once: the forked workers start with it loaded
+    # here, once: the forked workers start with pyarrow loaded
+    import pyarrow.compute
     import pyarrow.parquet  # noqa: F401
+
     LOG.info("deduplicating %d shards with %d processes and %d partitions in %s", len(shards), n, p, work)
     with _pool(n) as pool:
         tasks = [(i, shards[i::n]) for i in range(n)]
@@ -256,7 +265,8 @@ def main(args: argparse.Namespace | None = None) -> int:
         )
 
     stopped: Callable[[int], BaseException] = lambda signum: Terminated(  # noqa: E731
-        f"stopped by signal {signum} (SageMaker stops jobs with SIGTERM); no summary.json was written, a rerun starts over"
+        f"stopped by signal {signum} (SageMaker stops jobs with SIGTERM); no summary.json was written, a rerun "
+        "starts over"
     )
     return contract.run_processing_job(work, stopped)
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ KINDS = ("url", "image")  # the hash columns are <kind>_hash; the order is the d
 SPLIT_RANK = {"holdout": 0, "train": 1}  # the keeper rule's first term: a held-out copy wins
 TRAIN = SPLIT_RANK["train"]
 FLUSH_ROWS = 1_000_000
+FETCH_THREADS = 8  # GETs in flight per reader (boto3's default pool holds 10 connections)
 SUCCESS_FILE = "_SUCCESS"
 
 
@@ -158,31 +160,45 @@ class Spiller:
         self.rows = 0
 
 
+def fetch_shard(s3: Any, shard: ShardRef) -> tuple[str, bytes | None]:
+    """(state, the hashes file's bytes when hashed): the shard's `_SUCCESS`, then the file it names."""
+    raw = _read_object(s3, shard.output_uri, SUCCESS_FILE)
+    if raw is None:
+        return "absent", None
+    try:
+        success = json.loads(raw)
+    except ValueError as exc:
+        raise DedupError(f"{shard.output_uri}{SUCCESS_FILE} is not JSON ({exc}); rerun the shard's download") from exc
+    name = success.get("hashes_file") if isinstance(success, dict) else None
+    if not name:
+        return "unhashed", None  # made before hashes existed
+    body = _read_object(s3, shard.output_uri, str(name))
+    if body is None:
+        raise BadHashes(f"{shard.output_uri}{name} is named by _SUCCESS but missing; rerun the shard's download job")
+    return str(name), body
+
+
+def _fetched(s3: Any, shards: list[ShardRef]) -> Iterator[tuple[ShardRef, str, bytes | None]]:
+    """The shards' objects in order, FETCH_THREADS GETs in flight: S3 answers each in tens of ms, and one
+    at a time would leave the reader waiting. At most FETCH_THREADS shards' files are held at once."""
+    with ThreadPoolExecutor(FETCH_THREADS) as pool:
+        for start in range(0, len(shards), FETCH_THREADS):
+            chunk = shards[start : start + FETCH_THREADS]
+            for shard, (state, body) in zip(chunk, pool.map(lambda s: fetch_shard(s3, s), chunk), strict=True):
+                yield shard, state, body
+
+
 def read_shards(
     shards: list[ShardRef], work: Path, reader: int, partitions: int, client: Callable[[], Any]
 ) -> list[ShardRead]:
     """Reader `reader`'s pass over its shards: what each holds, its records spilled, its keys saved."""
-    s3 = client()
     spiller = Spiller(work, reader, partitions)
     found = []
-    for shard in shards:
-        raw = _read_object(s3, shard.output_uri, SUCCESS_FILE)
-        if raw is None:
-            found.append(ShardRead(shard.position, "absent"))
-            continue
-        try:
-            success = json.loads(raw)
-        except ValueError as exc:
-            raise DedupError(f"{shard.output_uri}{SUCCESS_FILE} is not JSON ({exc}); rerun the shard's download") from exc
-        name = success.get("hashes_file") if isinstance(success, dict) else None
-        if not name:
-            found.append(ShardRead(shard.position, "unhashed"))  # made before hashes existed
-            continue
-        where = f"{shard.output_uri}{name}"
-        body = _read_object(s3, shard.output_uri, str(name))
+    for shard, state, body in _fetched(client(), shards):
         if body is None:
-            raise BadHashes(f"{where} is named by _SUCCESS but missing; rerun the shard's download job")
-        keys, records = shard_records(body, shard.position, where)
+            found.append(ShardRead(shard.position, state))
+            continue
+        keys, records = shard_records(body, shard.position, f"{shard.output_uri}{state}")
         path = keys_path(work, shard.position)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(keys))

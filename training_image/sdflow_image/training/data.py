@@ -498,6 +498,6 @@ def make_dataloader(
     }
     cursors, first = _check_state(state, identity) if state is not None else ({}, 0)
     source = source_for(args.dataset_dir)
-    tokenize = tokenize or CaptionTokenizer(tokenizer)
-    stream = ShardStream(source, index.shards, tokenize, config, cursors, first, index.dropped_files)
+    captions = tokenize or CaptionTokenizer(tokenizer)
+    stream = ShardStream(source, index.shards, captions, config, cursors, first, index.dropped_files)
     return ShardLoader(stream, index, identity)

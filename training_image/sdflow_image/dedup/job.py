@@ -75,12 +75,6 @@ def s3_prefix(text: str) -> str:
         raise ValueError("is not an S3 URI (expected s3://<bucket>/runs/<run>/dataset/dedup/)") from None
 
 
-def _path(text: str) -> Path:
-    if not text.strip():
-        raise ValueError("is empty; expected a path")
-    return Path(text)
-
-
 FLAGS: list[flags.Flag] = [
     flags.Flag(
         "shards_manifest",
@@ -92,7 +86,9 @@ FLAGS: list[flags.Flag] = [
     flags.Flag("output_uri", s3_prefix, None, "where dropped/<shard_id>.json and summary.json go", required=True),
     flags.Flag("processes", flags.positive_int, 8, "reader and grouping processes"),
     flags.Flag("partitions", flags.number(int, 1, maximum=65536), 64, "spill partitions per kind (memory ~ 1/P)"),
-    flags.Flag("work_dir", _path, None, "local folder for the spill files (default: $SDFLOW_OPT_ML/processing/work)"),
+    flags.Flag(
+        "work_dir", flags.path, None, "local folder for the spill files (default: $SDFLOW_OPT_ML/processing/work)"
+    ),
 ]
 
 

@@ -101,10 +101,7 @@ def s3_uri(text: str) -> str:
         raise ValueError("is not an S3 URI (expected s3://<bucket>/<shard prefix>/)") from None
 
 
-def _path(text: str) -> Path:
-    if not text.strip():
-        raise ValueError("is empty; expected a path")
-    return Path(text)
+_path = flags.path
 
 
 FLAGS: list[flags.Flag] = [

@@ -59,7 +59,7 @@ def put_size(client: Any, run: str, shards: int, rows: int, dup_rate: float) -> 
 
     def put_chunk(positions: list[int]) -> None:
         only = [tables[p] if p in positions else None for p in range(shards)]
-        put_run(client, BUCKET, run, only)
+        put_run(client, BUCKET, run, only, manifest=False)  # one shards.json, at the end
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(put_chunk, chunks))

@@ -100,9 +100,10 @@ def shard_uri(bucket: str, run: str, position: int) -> str:
 
 
 def put_run(client: Any, bucket: str, run: str, tables: list[list[dict[str, Any]] | None], *,
-            unhashed: tuple[int, ...] = ()) -> str:  # fmt: skip
+            unhashed: tuple[int, ...] = (), manifest: bool = True) -> str:  # fmt: skip
     """Shard folders (a None table: no `_SUCCESS`, a download that never finished; `unhashed`: a
-    `_SUCCESS` without hashes, an older cache) and shards.json; returns the manifest's URI."""
+    `_SUCCESS` without hashes, an older cache) and shards.json (unless `manifest` is false); returns
+    the manifest's URI."""
     items = []
     for position, rows in enumerate(tables):
         prefix = f"runs/{run}/dataset/shards/{shard_id(position)}/"
@@ -115,7 +116,8 @@ def put_run(client: Any, bucket: str, run: str, tables: list[list[dict[str, Any]
             client.put_object(Bucket=bucket, Key=prefix + "hashes.parquet", Body=parquet_bytes(rows))
             success |= {"hashes_file": "hashes.parquet", "hashed_samples": len(rows)}
         client.put_object(Bucket=bucket, Key=prefix + "_SUCCESS", Body=json.dumps(success).encode())
-    client.put_object(Bucket=bucket, Key=f"runs/{run}/shards.json", Body=json.dumps(items).encode())
+    if manifest:
+        client.put_object(Bucket=bucket, Key=f"runs/{run}/shards.json", Body=json.dumps(items).encode())
     return f"s3://{bucket}/runs/{run}/shards.json"
 
 

@@ -89,8 +89,11 @@ def _hash_columns(table: Any, kind: str, where: str) -> tuple[np.ndarray, np.nda
         raise BadHashes(f"{where}: {kind}_hash is {column.type}, not fixed_size_binary({HASH_BYTES})")
     rows = len(column)
     data = column.buffers()[1]
-    raw = np.frombuffer(data, dtype=np.uint8, count=rows * HASH_BYTES, offset=column.offset * HASH_BYTES)
-    words = raw.reshape(rows, HASH_BYTES).view("<u8") if rows else np.zeros((0, 2), "<u8")
+    if data is None or rows == 0:  # no values buffer: every row null (or none at all)
+        words = np.zeros((rows, 2), "<u8")
+    else:
+        raw = np.frombuffer(data, dtype=np.uint8, count=rows * HASH_BYTES, offset=column.offset * HASH_BYTES)
+        words = raw.reshape(rows, HASH_BYTES).view("<u8")
     valid = np.asarray(column.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
     return words[:, 0], words[:, 1], valid
 

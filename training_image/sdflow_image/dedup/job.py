@@ -17,8 +17,10 @@ hashes existed) are listed as `unhashed_shards` and not deduplicated.
 Memory bound. A grouping process holds one partition: R = hashed samples / P records of 25 bytes
 each, plus lexsort's index (8 bytes a record) and the sorted copy (25): about 60 bytes x R at peak.
 LAION-2B (2.3e9 samples) with P = 64: 36e6 records, 2.2 GB per process, 8 processes 17 GB (an
-ml.m5.2xlarge has 32 GB); raise P to shrink it. A reader holds one shard's table and at most
-spill.FLUSH_ROWS buffered records (25 MB). The main process holds per-shard counts only.
+ml.m5.2xlarge has 32 GB); raise P to shrink it. A reader holds 8 shards' tables and at most
+spill.FLUSH_ROWS buffered records (25 MB; about 3x that while it sorts them into the partition
+files). The main process holds per-shard counts only. Measured (bench/bench_dedup.py, 2 processes,
+P = 64): 1e6 samples in 10,000 shards peaked at 196 MB, 1e5 in 1,000 at 135 MB.
 Disk bound: 25 bytes x hashed samples x 2 kinds for the spill, the drops (9 bytes each) and the sorted
 keys (about 12 bytes a sample): about 75 bytes x hashed samples (170 GB for LAION-2B, 1.5 GB for 20e6).
 

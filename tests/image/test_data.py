@@ -324,3 +324,63 @@ def test_s3_source_survives_pickling_for_workers() -> None:
     source = data_source.S3Source("s3://b/runs")
     copy = pickle.loads(pickle.dumps(source))
     assert (copy.bucket, copy.prefix) == ("b", "runs/")
+
+
+# ------------------------------------------------------------------ skipping the dedup job's duplicates
+
+
+def _drop(root: Path, index_path: str, dropped: dict[str, list[str]]) -> None:
+    """Give shards (by shard_id) a dropped file, as build_index names the dedup job's output."""
+    index = json.loads((root / index_path).read_text())
+    for entry in index["shards"]:
+        if entry["shard_id"] in dropped:
+            relative = f"run/dataset/dedup/dropped/{entry['shard_id']}.json"
+            (root / relative).parent.mkdir(parents=True, exist_ok=True)
+            (root / relative).write_text(
+                json.dumps({"shard_id": entry["shard_id"], "keys": dropped[entry["shard_id"]]})
+            )
+            entry["dropped_file"] = relative
+    (root / index_path).write_text(json.dumps(index))
+
+
+DROPPED = {"00000": ["s000000000", "s000000003"], "00002": ["s000020006"], "00004": ["s000040001", "s000040002"]}
+
+
+def test_loader_dropped_keys_never_trained_and_the_rest_once_per_epoch(dataset: tuple[Path, str]) -> None:
+    root, index_path = dataset
+    _drop(root, index_path, DROPPED)
+    kept = {f"s{s:05d}{i:04d}" for s in range(5) for i in range(7)} - {k for keys in DROPPED.values() for k in keys}
+    args = _args(root, index_path, train_batch_size=1, interleave_shards=3)
+    keys = [batch[0] for batch in _take(make_dataloader(args, KeyTokenizer(), rank=0, world_size=1), 2 * len(kept))]
+    assert sorted(keys[: len(kept)]) == sorted(keys[len(kept) :]) == sorted(kept)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loader_with_dropped_keys_resume_repeats_and_skips_nothing(dataset: tuple[Path, str], workers: int) -> None:
+    root, index_path = dataset
+    _drop(root, index_path, DROPPED)
+    _resume_matches_uninterrupted(root, index_path, [2, 9, 16], dataloader_num_workers=workers, random_flip=True)
+
+
+def test_loader_rank_loads_only_its_own_shards_dropped_files(dataset: tuple[Path, str]) -> None:
+    """Rank 1 of 5 reads shard 00001 only; the other shards' dropped files are unreadable and never opened."""
+    root, index_path = dataset
+    _drop(root, index_path, {"00001": ["s000010004"], **{s: [] for s in ("00000", "00002", "00003", "00004")}})
+    for shard in ("00000", "00002", "00003", "00004"):
+        (root / f"run/dataset/dedup/dropped/{shard}.json").write_text("not json")
+    args = _args(root, index_path, train_batch_size=1)
+    keys = {batch[0] for batch in _take(make_dataloader(args, KeyTokenizer(), rank=1, world_size=5), 12)}
+    assert keys == {f"s00001{i:04d}" for i in range(7)} - {"s000010004"}
+    with pytest.raises(DatasetIndexError, match=r"dropped/00000\.json is not valid JSON"):
+        _take(make_dataloader(args, KeyTokenizer(), rank=0, world_size=5), 1)
+
+
+def test_loader_state_saved_without_drops_refused_once_the_index_has_them(dataset: tuple[Path, str]) -> None:
+    root, index_path = dataset
+    args = _args(root, index_path)
+    loader = make_dataloader(args, KeyTokenizer(), rank=0, world_size=1)
+    _take(loader, 2)
+    state = loader.state_dict()
+    _drop(root, index_path, DROPPED)
+    with pytest.raises(DataStateError, match="shards="):
+        make_dataloader(args, KeyTokenizer(), rank=0, world_size=1, state=state)

@@ -119,7 +119,7 @@ def test_dockerfile_sagemaker_layout(instructions: list[Instruction]) -> None:
     # `docker run IMAGE train` must run train: no entrypoint may wrap or swallow the command
     assert values(instructions, "ENTRYPOINT") in ([], ["[]"])
     assert "COPY . /opt/ml/code" in [f"COPY {v}" for v in values(instructions, "COPY")]
-    for command in ("train", "serve", "download", "evaluate"):
+    for command in ("train", "serve", "download", "dedup", "evaluate"):
         script = IMAGE_DIR / "bin" / command
         assert script.is_file(), f"bin/{command} is missing"
         assert script.stat().st_mode & 0o111, f"bin/{command} is not executable"

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from dataclasses import dataclass
@@ -25,7 +26,8 @@ pytestmark = pytest.mark.image
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GOOD, MISSING, CORRUPT, SLOW = 30, 2, 2, 2
-SHARD_NAMES = {f"0000{n}{suffix}" for n in (0, 1) for suffix in (".tar", ".parquet", "_stats.json")}
+SHARD_NAMES = {f"0000{n}{suffix}" for n in (0, 1) for suffix in (".tar", ".parquet", "_hashes.parquet", "_stats.json")}
+FINISHED = {"hashes.parquet", "_SUCCESS"}  # the shards' hashes merged (the dedup job's input), then the marker
 
 
 @dataclass
@@ -56,7 +58,7 @@ def finished_run(image_server: ImageServer, download_s3: S3, tmp_path_factory: p
 @pytest.mark.slow
 def test_download_mixed_urls_writes_shards_with_captions_to_s3(finished_run: Run, download_s3: S3) -> None:
     assert finished_run.status == 0
-    assert set(download_s3.names(finished_run.output_uri)) == SHARD_NAMES | {"_SUCCESS"}
+    assert set(download_s3.names(finished_run.output_uri)) == SHARD_NAMES | FINISHED
     # every good URL is there once with its own caption; no broken or slow URL slipped in
     assert captions_in_s3(download_s3, finished_run.output_uri) == finished_run.sample.good
 
@@ -80,6 +82,7 @@ def test_download_success_marker_totals_match_stats_and_good_count(finished_run:
     assert "holdout_rate" not in success["options"]
     assert not any("holdout_samples" in s for s in stats)
     assert success["resumed_shards"] == 0
+    assert (success["hashes_file"], success["hashed_samples"]) == ("hashes.parquet", GOOD)
     # one img2dataset process: the shard it writes, and at most one finished shard awaiting upload
     assert 1 <= success["peak_local_tars"] <= 2
     assert success["duration_s"] > 0
@@ -166,7 +169,7 @@ def test_download_stopped_job_retry_resumes_from_s3_with_same_set(
         assert stopped.status == 128 + signal.SIGTERM
         assert stopped.exit_message.startswith("stopped by signal 15 (SageMaker stops jobs with SIGTERM); the shards")
         # shard 00000 was in S3 before the job ended; the unfinished 00001.tar never got there
-        assert stopped.keys_at_stop == {"00000.tar", "00000.parquet", "00000_stats.json"}
+        assert stopped.keys_at_stop == {"00000.tar", "00000.parquet", "00000_hashes.parquet", "00000_stats.json"}
         assert set(download_s3.names(uri)) == stopped.keys_at_stop
         first_shard_hits = {f"/images/{i.name}": server.hits[f"/images/{i.name}"] for i in images[:20]}
         assert all(count == 1 for count in first_shard_hits.values())
@@ -178,9 +181,10 @@ def test_download_stopped_job_retry_resumes_from_s3_with_same_set(
     # the retry fetched none of shard 00000's URLs again, only shard 00001's
     assert {path: server.hits[path] for path in first_shard_hits} == first_shard_hits
     assert all(server.hits[f"/images/{i.name}"] == 2 for i in images[20:])
-    assert set(download_s3.names(uri)) == SHARD_NAMES | {"_SUCCESS"}
+    assert set(download_s3.names(uri)) == SHARD_NAMES | FINISHED
     success = json.loads(download_s3.read(uri, "_SUCCESS"))
     assert success["resumed_shards"] == 1
+    assert success["hashed_samples"] == 26  # the skipped shard's hashes, taken from S3, included
     assert success["samples"] == 26
     assert success["failed"] == 0
     assert success["tar_files"] == ["00000.tar", "00001.tar"]
@@ -190,7 +194,7 @@ def test_download_stopped_job_retry_resumes_from_s3_with_same_set(
 def test_shard_uploader_incomplete_stats_uploads_nothing(download_s3: S3, tmp_path: Path) -> None:
     shards = tmp_path / "shards"
     shards.mkdir()
-    (shards / "00000.tar").write_bytes(b"tar being written")
+    tarfile.open(shards / "00000.tar", "w").close()  # finished, with no sample
     (shards / "00000.parquet").write_bytes(b"parquet")
     stats = {"count": 3, "successes": 2, "failed_to_download": 1, "failed_to_resize": 0}
     full = json.dumps(stats, indent=4)
@@ -201,8 +205,8 @@ def test_shard_uploader_incomplete_stats_uploads_nothing(download_s3: S3, tmp_pa
     assert download_s3.names(uri) == {}
     (shards / "00000_stats.json").write_text(full)
     assert uploader.sweep(shards) == [0]
-    assert set(download_s3.names(uri)) == {"00000.tar", "00000.parquet", "00000_stats.json"}
-    assert download_s3.read(uri, "00000.tar") == b"tar being written"
+    assert set(download_s3.names(uri)) == {"00000.tar", "00000.parquet", "00000_hashes.parquet", "00000_stats.json"}
+    assert download_s3.read(uri, "00000.tar") == bytes(10240)  # an empty tar: its two end blocks, padded
     # the disk keeps only the stats file, which img2dataset needs to skip the shard
     assert sorted(p.name for p in shards.iterdir()) == ["00000_stats.json"]
     assert uploader.sweep(shards) == []  # uploaded once
@@ -215,9 +219,10 @@ def test_shard_uploader_resume_skips_incomplete_and_foreign_shards(download_s3: 
     ours = shard_upload.options_hash({"image_size": 64})
     theirs = shard_upload.options_hash({"image_size": 128})
     for stem, parts, digest in (
-        ("00000", (".tar", ".parquet", "_stats.json"), ours),  # complete: taken
-        ("00001", (".parquet", "_stats.json"), ours),  # no tar: an attempt died mid-shard
-        ("00002", (".tar", ".parquet", "_stats.json"), theirs),  # other options
+        ("00000", (".tar", ".parquet", "_hashes.parquet", "_stats.json"), ours),  # complete: taken
+        ("00001", (".parquet", "_hashes.parquet", "_stats.json"), ours),  # no tar: an attempt died mid-shard
+        ("00002", (".tar", ".parquet", "_hashes.parquet", "_stats.json"), theirs),  # other options
+        ("00003", (".tar", ".parquet", "_stats.json"), ours),  # no hashes: made before them, redone
     ):
         for suffix in parts:
             download_s3.client.put_object(

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
+import pyarrow.parquet as pq
 import pytest
 from data_fixtures import KeyTokenizer, tiny_jpeg
 from download_fixtures import BUCKET, S3, captions_in_s3, job_args, read_tar
@@ -171,11 +172,13 @@ def test_shard_uploader_holdout_rate_uploads_both_parts_before_stats(
 
     assert uploader.sweep(shards) == [0]
 
-    assert set(download_s3.names(uri)) == {"00000.tar", "holdout/00000.tar", "00000.parquet", "00000_stats.json"}
+    names = ["00000.tar", "holdout/00000.tar", "00000.parquet", "00000_hashes.parquet", "00000_stats.json"]
+    assert set(download_s3.names(uri)) == set(names)
     # the stats object, the shard's completion marker, is still the last one written
-    assert [key.rpartition("00000/")[2] for key in written] == [
-        "00000.tar", "holdout/00000.tar", "00000.parquet", "00000_stats.json"
-    ]  # fmt: skip
+    assert [key.rpartition("00000/")[2] for key in written] == names
+    hashed = pq.read_table(io.BytesIO(download_s3.read(uri, "00000_hashes.parquet"))).to_pylist()
+    assert {row["key"] for row in hashed if row["split"] == "holdout"} == expected_held  # both parts hashed
+    assert {row["key"] for row in hashed if row["split"] == "train"} == set(original) - expected_held
     assert set(read_tar(download_s3.read(uri, "holdout/00000.tar"))) == expected_held
     assert set(read_tar(download_s3.read(uri, "00000.tar"))) == set(original) - expected_held
     stats = json.loads(download_s3.read(uri, "00000_stats.json"))
@@ -190,7 +193,8 @@ def test_shard_uploader_resume_takes_shard_only_with_its_holdout_tar(download_s3
     options = {"image_size": 64, "holdout_rate": 0.5}
     digest = shard_upload.options_hash(options)
     for stem, held, with_holdout_tar in (("00000", 3, True), ("00001", 2, False), ("00002", 0, False)):
-        names = [f"{stem}.tar", f"{stem}.parquet"] + ([f"holdout/{stem}.tar"] if with_holdout_tar else [])
+        names = [f"{stem}.tar", f"{stem}.parquet", f"{stem}_hashes.parquet"]
+        names += [f"holdout/{stem}.tar"] if with_holdout_tar else []
         for name in names:
             download_s3.client.put_object(Bucket=BUCKET, Key=prefix.key(name), Body=b"x")
         body = json.dumps({**STATS, "holdout_samples": held}).encode()

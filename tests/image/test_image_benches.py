@@ -4,6 +4,7 @@ benches run in tests/e2e/test_benches.py; bench/gpu_acceptance.py in tests/image
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -53,3 +54,10 @@ def test_bench_serve_admission_tiny_burst_reports_a_row() -> None:
     out = bench("bench_serve_admission.py", "--request_s", "0.05", "--bursts", "2", "--limit_s", "5")
     assert "answered_200 / refused_429" in out
     assert len([line for line in out.splitlines() if line.startswith("{")]) == 2  # one row per queue rule
+
+
+def test_bench_dedup_tiny_run_finds_exactly_the_planted_duplicates() -> None:
+    out = bench("bench_dedup.py", "--shards", "3,6", "--rows-per-shard", "10", "--partitions", "4")
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [row["shards"] for row in rows] == [3, 6]
+    assert all(row["planted_found_exactly"] and row["peak_rss_mb"] > 0 for row in rows)

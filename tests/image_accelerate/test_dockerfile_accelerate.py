@@ -93,11 +93,11 @@ def test_dockerfile_accelerate_keeps_the_first_images_contract(
         assert ours[name] == theirs[name], name
     for name in ("FI_PROVIDER", "FI_EFA_FORK_SAFE"):
         assert ours[name] == theirs[name], name
-    # Entrypoints: the same scripts, less download (its job stays in the first image).
+    # Entrypoints: the same scripts, less download and dedup (their jobs stay in the first image).
     (last_run,) = [r for r in values(instructions, "RUN") if "/opt/ml/code/bin" in r]
     removed = [words[1:] for words in shell_commands(last_run) if words[0] == "rm"]
-    assert removed == [["/opt/ml/code/bin/download"]], removed
-    kept = sorted(p.name for p in (IMAGE_DIR / "bin").iterdir() if p.name != "download")
+    assert removed == [["/opt/ml/code/bin/download", "/opt/ml/code/bin/dedup"]], removed
+    kept = sorted(p.name for p in (IMAGE_DIR / "bin").iterdir() if p.name not in ("download", "dedup"))
     assert kept == ["evaluate", "serve", "train"]
     assert "Dockerfile.accelerate" in (IMAGE_DIR / ".dockerignore").read_text().split()
 

@@ -93,10 +93,10 @@ def test_import_graph_image_modules_have_no_cycles() -> None:
 
 
 # What may sit at the image package's top level: what every job shares. A job's modules go in its
-# subpackage (download, training, serving, evaluation), the models of a family or backend in theirs,
+# subpackage (download, dedup, training, serving, evaluation), the models of a family or backend in theirs,
 # and the builders of tiny and random models, which no job imports, in builders.
 IMAGE_SHARED_MODULES = {"__init__", "contract", "flags", "gpu_check", "holdout", "s3_uri", "scenes"}
-IMAGE_SUBPACKAGES = {"backends", "builders", "download", "evaluation", "families", "serving", "training"}
+IMAGE_SUBPACKAGES = {"backends", "builders", "dedup", "download", "evaluation", "families", "serving", "training"}
 
 
 def test_image_package_top_level_only_shared_modules_and_job_subpackages() -> None:

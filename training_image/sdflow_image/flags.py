@@ -19,6 +19,7 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn
 
 Converter = Callable[[str], Any]
@@ -92,6 +93,12 @@ def prompt_list(text: str) -> list[str]:
 
 def text(value: str) -> str:
     return value
+
+
+def path(text: str) -> Path:
+    if not text.strip():
+        raise ValueError("is empty; expected a path")
+    return Path(text)
 
 
 def name_list(text: str) -> list[str]:

@@ -102,10 +102,7 @@ def s3_uri(text: str) -> str:
         raise ValueError("is not an S3 URI (expected s3://<bucket>/<shard prefix>/)") from None
 
 
-def _path(text: str) -> Path:
-    if not text.strip():
-        raise ValueError("is empty; expected a path")
-    return Path(text)
+_path = flags.path
 
 
 FLAGS: list[flags.Flag] = [
@@ -458,6 +455,7 @@ def download(args: argparse.Namespace, *, uploader: ShardUploader | None = None)
         "peak_local_tars": uploader.peak_local_tars,
         "duration_s": round(time.monotonic() - started, 3),
     }
+    summary |= uploader.put_hashes([f"{shard:05d}" for shard in sorted(stats)])  # the dedup job's input
     # Written last: readers take its presence as "every shard file is in place".
     uploader.put_success(summary)
     shutil.rmtree(work, ignore_errors=True)

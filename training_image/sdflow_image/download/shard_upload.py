@@ -1,12 +1,13 @@
 """The download job's S3 side: each shard img2dataset finishes goes to the shard's S3 prefix at
 once, and a retried job learns from that prefix which shards it can skip.
 
-A shard is three files, `NNNNN.tar`, `NNNNN.parquet` and `NNNNN_stats.json`. img2dataset closes
+A shard is four files, `NNNNN.tar`, `NNNNN.parquet`, `NNNNN_hashes.parquet` (its samples' hashes,
+sdflow_image.download.hashes) and `NNNNN_stats.json`. img2dataset closes
 the tar and the parquet before it writes the stats file (`Downloader.download_shard`:
 `sample_writer.close()`, then `write_stats`), so a stats file that parses is the sign that the
-other two are complete. They are uploaded tar, parquet, stats: the stats object, uploaded last,
+other two are complete. They are uploaded tar, parquet, hashes, stats: the stats object, uploaded last,
 is the shard's own completion marker in S3, and a retry counts a shard as done only when all
-three are listed. A single PutObject, and a multipart upload until CompleteMultipartUpload, make
+four are listed. A single PutObject, and a multipart upload until CompleteMultipartUpload, make
 no object visible before the whole body is there, so a killed job never leaves a partial tar at
 its key (S3 User Guide, "Uploading and copying objects using multipart upload").
 
@@ -35,12 +36,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sdflow_image.download import hashes
 from sdflow_image.download.holdout_split import split_tar
 from sdflow_image.s3_uri import S3Prefix
 
 SUCCESS_FILE = "_SUCCESS"
 SHARD_FILE = re.compile(r"^(\d{5,})(\.tar|_stats\.json|\.parquet)$")
-SHARD_SUFFIXES = (".tar", ".parquet", "_stats.json")  # upload order: the stats file last
+# upload order: the stats file last; the hashes (sdflow_image.download.hashes) before it
+SHARD_SUFFIXES = (".tar", ".parquet", hashes.HASHES_SUFFIX, "_stats.json")
 OPTIONS_METADATA = "sdflow-options"  # user metadata: S3 returns it as x-amz-meta-sdflow-options
 STATS_KEYS = ("count", "successes", "failed_to_download", "failed_to_resize")
 HOLDOUT_FOLDER = "holdout/"  # below the shard's prefix, and below img2dataset's folder locally
@@ -182,6 +185,7 @@ class ShardUploader:
                 continue  # img2dataset is still writing it
             if self.holdout_rate > 0 and HOLDOUT_STATS_KEY not in stats:
                 self._split_shard(shards_dir, match.group(1), stats_path, stats)
+            self._hash_shard(shards_dir, match.group(1))
             self._upload_shard(shards_dir, match.group(1))
             self.uploaded.add(int(match.group(1)))
             now.append(int(match.group(1)))
@@ -205,6 +209,25 @@ class ShardUploader:
         partial = stats_path.with_name(stats_path.name + ".partial")
         partial.write_text(json.dumps({**stats, HOLDOUT_STATS_KEY: counts.held_out}))
         partial.replace(stats_path)
+
+    def _hash_shard(self, shards_dir: Path, stem: str) -> None:
+        out = shards_dir / (stem + hashes.HASHES_SUFFIX)
+        held = shards_dir / holdout_name(stem)
+        if not out.exists():  # else hashed already, by a sweep whose upload then failed
+            hashes.write_shard_hashes(shards_dir / f"{stem}.tar", held if held.exists() else None, out)
+
+    def put_hashes(self, stems: list[str]) -> dict[str, Any]:
+        """Merge the shards' hash files (all in S3 by now, resumed ones included) into hashes.parquet;
+        return the `_SUCCESS` fields that name it."""
+
+        def read(name: str) -> bytes:
+            response = self._call("read", self.client.get_object, Bucket=self.output.bucket, Key=self.output.key(name))
+            return bytes(response["Body"].read())
+
+        body, rows = hashes.merge(read, [stem + hashes.HASHES_SUFFIX for stem in stems])
+        key = self.output.key(hashes.HASHES_FILE)
+        self._call("write to", self.client.put_object, Bucket=self.output.bucket, Key=key, Body=body)
+        return {"hashes_file": hashes.HASHES_FILE, "hashed_samples": rows}
 
     def _upload_shard(self, shards_dir: Path, stem: str) -> None:
         parts = [stem + suffix for suffix in SHARD_SUFFIXES]

@@ -46,6 +46,7 @@ from sdflow_image.training.data_source import (
     ShardReader,
     Source,
     TarSample,
+    load_dropped,
     load_index,
     source_for,
 )
@@ -301,10 +302,11 @@ class ShardStream(IterableDataset):
         config: StreamConfig,
         cursors: dict[int, Cursor],
         first_reader: int = 0,
+        dropped_files: dict[str, str] | None = None,  # tar -> its dropped file: the dedup job's duplicates
     ) -> None:
         super().__init__()
         self.source, self.shards, self.tokenize, self.config = source, shards, tokenize, config
-        self.cursors = cursors
+        self.cursors, self.dropped_files = cursors, dropped_files or {}
         self.first_reader = first_reader
 
     def _transform(self, sample: TarSample, rng: random.Random) -> dict[str, torch.Tensor] | None:
@@ -343,11 +345,13 @@ class ShardStream(IterableDataset):
         cursor = Cursor.from_json(asdict(saved)) if saved is not None else Cursor()
         walk = InterleavedShards(self.source, mine, seed=config.seed, width=config.interleave_shards, cursor=cursor)
         try:
-            yield from self._batches(walk, reader, modulo, slot)
+            yield from self._batches(walk, reader, modulo, slot, load_dropped(self.source, self.dropped_files, mine))
         finally:
             walk.close()
 
-    def _batches(self, walk: InterleavedShards, reader: int, modulo: int, slot: int) -> Iterator[dict[str, Any]]:
+    def _batches(
+        self, walk: InterleavedShards, reader: int, modulo: int, slot: int, dropped: dict[str, frozenset[str]]
+    ) -> Iterator[dict[str, Any]]:
         items: list[dict[str, torch.Tensor]] = []
         keys: list[str] = []
         while True:
@@ -357,8 +361,8 @@ class ShardStream(IterableDataset):
             if walk.epoch_draws is not None and walk.epoch_draws <= slot:
                 return  # a whole epoch has fewer samples than this reader's slot: its share is empty
             sample, epoch, number = drawn
-            if number % modulo != slot:
-                continue
+            if number % modulo != slot or sample.key in dropped.get(walk.last_shard, ()):
+                continue  # another reader's draw, or a duplicate: still a draw, so a resume lands alike
             rng = random.Random(f"{self.config.seed}:{walk.group}:{epoch}:{number}:{slot}")
             item = self._transform(sample, rng)
             if item is None:
@@ -490,9 +494,10 @@ def make_dataloader(
         "num_workers": config.num_workers,
         "interleave_shards": config.interleave_shards,
         "seed": config.seed,
-        "shards": fingerprint(index.shards),
+        "shards": fingerprint(index.identity()),
     }
     cursors, first = _check_state(state, identity) if state is not None else ({}, 0)
     source = source_for(args.dataset_dir)
-    stream = ShardStream(source, index.shards, tokenize or CaptionTokenizer(tokenizer), config, cursors, first)
+    captions = tokenize or CaptionTokenizer(tokenizer)
+    stream = ShardStream(source, index.shards, captions, config, cursors, first, index.dropped_files)
     return ShardLoader(stream, index, identity)

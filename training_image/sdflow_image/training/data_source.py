@@ -20,7 +20,7 @@ import re
 import tarfile
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
@@ -76,6 +76,12 @@ class DatasetIndex:
     shards: list[str]  # tar paths relative to the dataset root, in index order
     total_samples: int
     image_size: int | None
+    # tar path -> its shard's dropped file (the dedup job's duplicates, index `dropped_file`), where it has one
+    dropped_files: dict[str, str] = field(default_factory=dict)
+
+    def identity(self) -> list[str]:
+        """What a saved data position must match: the tars, and the dropped files when there are any."""
+        return self.shards + sorted(set(self.dropped_files.values()))
 
 
 class Source(Protocol):
@@ -183,7 +189,7 @@ def source_for(dataset_dir: str | Path) -> LocalSource | S3Source:
     return LocalSource(text)
 
 
-def _parse_index(raw: bytes, where: str) -> tuple[list[str], Any, Any]:
+def _parse_index(raw: bytes, where: str) -> tuple[list[str], dict[str, str], Any, Any]:
     try:
         index = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -191,12 +197,17 @@ def _parse_index(raw: bytes, where: str) -> tuple[list[str], Any, Any]:
     if not isinstance(index, dict) or not isinstance(index.get("shards"), list):
         raise DatasetIndexError(f"{where} has no 'shards' list")
     tars: list[str] = []
+    dropped: dict[str, str] = {}
     for shard in index["shards"]:
         files = shard.get("tar_files") if isinstance(shard, dict) else None
         if not isinstance(files, list):
             raise DatasetIndexError(f"{where}: shard entry {shard!r} has no 'tar_files' list")
-        tars.extend(_check_relative(str(name), f"{where}: tar file") for name in files)
-    return tars, index.get("total_samples"), index.get("image_size")
+        names = [_check_relative(str(name), f"{where}: tar file") for name in files]
+        tars.extend(names)
+        if shard.get("dropped_file") is not None:
+            dropped_file = _check_relative(str(shard["dropped_file"]), f"{where}: dropped_file")
+            dropped.update(dict.fromkeys(names, dropped_file))
+    return tars, dropped, index.get("total_samples"), index.get("image_size")
 
 
 def load_index(dataset_dir: str | Path, index_path: str = DEFAULT_INDEX) -> DatasetIndex:
@@ -219,7 +230,7 @@ def load_index(dataset_dir: str | Path, index_path: str = DEFAULT_INDEX) -> Data
             f"{where} is missing: the hyperparameter dataset_index (now {index_path!r}) must be index.json's path "
             "below dataset_dir, e.g. '<run>/dataset/index.json' (build_index writes it)"
         ) from None
-    tars, total, size = _parse_index(raw, where)
+    tars, dropped, total, size = _parse_index(raw, where)
     if not tars:
         raise DatasetIndexError(f"{where} lists no tar files: every shard failed to download, nothing to train on")
     if isinstance(source, LocalSource):
@@ -234,7 +245,30 @@ def load_index(dataset_dir: str | Path, index_path: str = DEFAULT_INDEX) -> Data
         shards=tars,
         total_samples=int(total) if isinstance(total, int) else -1,
         image_size=int(size) if isinstance(size, int) else None,
+        dropped_files=dropped,
     )
+
+
+def load_dropped(source: Source, dropped_files: dict[str, str], tars: list[str]) -> dict[str, frozenset[str]]:
+    """tar path -> the keys its reader skips: the dedup job's `dropped/<shard_id>.json` of each of
+    `tars`' shards (a reader's own tars only: a rank never loads another rank's drops)."""
+    keys: dict[str, frozenset[str]] = {}
+    for relative in sorted({dropped_files[tar] for tar in tars if tar in dropped_files}):
+        where = source.describe(relative)
+        try:
+            body = json.loads(source.read_bytes(relative))
+        except FileNotFoundError:
+            raise DatasetIndexError(
+                f"{where} is the dropped_file of a shard in the dataset index but does not exist: rebuild the index "
+                "after the dedup job (build_index names only files the job wrote)"
+            ) from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise DatasetIndexError(f"{where} is not valid JSON: {exc}") from exc
+        listed = body.get("keys") if isinstance(body, dict) else None
+        if not isinstance(listed, list) or not all(isinstance(k, str) for k in listed):
+            raise DatasetIndexError(f"{where} has no 'keys' list of strings: it must be the dedup job's dropped file")
+        keys[relative] = frozenset(listed)
+    return {tar: keys[dropped_files[tar]] for tar in tars if tar in dropped_files}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""The dedup job (SageMaker processing): the run's duplicate training samples, by URL and by pixels."""

@@ -138,12 +138,6 @@ def _holdout_block(config: RunConfig, results: list[ShardResult]) -> dict[str, A
     return {"rate": config.holdout_rate, "samples": samples, "tar_files": tar_files}
 
 
-def run_filters(config: RunConfig) -> dict[str, Any]:
-    """The run's `dataset.filters` that are set (columns included); {} when it sets none."""
-    filters = getattr(config.run.dataset, "filters", None)
-    return filters.model_dump(mode="json", exclude_none=True) if filters is not None else {}
-
-
 def _shard_entry(
     config: RunConfig, result: ShardResult, dedup: dict[str, Any] | None, summary_uri: str | None
 ) -> dict[str, Any]:
@@ -190,7 +184,7 @@ def build_index_document(
         "holdout": _holdout_block(config, results),
         "curation": totals
         | {
-            "filters": run_filters(config),
+            "filters": curation.run_filters(config.run),
             "deduplicated": dedup is not None,
             "unhashed_shards": len(dedup.get("unhashed_shards") or []) if dedup is not None else 0,
         },

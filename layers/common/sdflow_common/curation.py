@@ -53,6 +53,12 @@ class DedupSummaryMissing(SdflowError):
     """The dedup job completed, but its summary.json is missing or unreadable."""
 
 
+def run_filters(run: Any) -> dict[str, Any]:
+    """The run document's `dataset.filters` that are set (its `columns` included); {} when it sets none."""
+    filters = getattr(run.dataset, "filters", None)
+    return filters.model_dump(mode="json", exclude_none=True) if filters is not None else {}
+
+
 def _count(value: Any) -> int | None:
     """A count as the job wrote it; None for absent, null or not a whole number ≥ 0."""
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or value != int(value):

@@ -235,7 +235,12 @@ def data_lines(curation: dict[str, Any] | None, filters: dict[str, Any] | None =
         lines.append("0 filtered (no filter set)" if drops == {} else "filtered unknown")
     failed = _failed(curation)
     if failed is not None:
-        lines.append(f"{_n(failed)} failed to download{_percent(failed, read)}")
+        resize = curation.get("failed_to_resize") or 0
+        if resize:
+            each = f"{_n(failed - resize)} to download, {_n(resize)} to resize"
+            lines.append(f"{_n(failed)} failed{_percent(failed, read)}: {each}")
+        else:
+            lines.append(f"{_n(failed)} failed to download{_percent(failed, read)}")
     holdout = curation.get("holdout")
     if holdout:
         lines.append(f"{_n(holdout)} held out for evaluation{_percent(holdout, read)}")

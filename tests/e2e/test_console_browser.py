@@ -269,7 +269,7 @@ def test_console_upload_run_graph_follows_states_to_success_with_details(
     assert stages["Filtered"].split("\t")[1:] == [
         f"{3 * SHARDS}",
         "75.0%",
-        f"{2 * SHARDS} by min_width, 3 by max_punsafe",
+        f"{2 * SHARDS} by min_width, {SHARDS} by max_punsafe",
     ]
     assert stages["Kept for training"].split("\t")[1:3] == [f"{SHARDS}", "25.0%"]
     durations_fixed(page)

@@ -220,14 +220,13 @@ def _dataset_lines(dataset: dict[str, Any], filters: dict[str, Any] | None = Non
     )
     empty_text = f"; {empty} {why}" if empty else ""
     lines = [f"Dataset:   {ok - empty} of {ok + failed} shards downloaded{samples_text}{empty_text}"]
-    lines.extend(_data_lines(dataset, filters))
     for shard in dataset.get("failed_shards", []) or []:
         if isinstance(shard, dict) and shard.get("shard_id"):
             where = f": {shard['parquet_uri']}" if shard.get("parquet_uri") else ""
             lines.append(f"           failed shard {shard['shard_id']}{where}")
         elif isinstance(shard, str):
             lines.append(f"           failed shard {shard}")
-    return lines
+    return lines + _data_lines(dataset, filters)
 
 
 def _training_lines(training: dict[str, Any]) -> list[str]:

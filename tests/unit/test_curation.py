@@ -159,3 +159,13 @@ def test_status_shows_the_data_funnel_from_the_index() -> None:
         "        → 12 duplicates (1.2%): 8 url, 4 image",
         "        → 768 kept for training (76.8%)",
     ]
+
+
+def test_nothing_kept_reason_every_sample_held_out_names_the_holdout() -> None:
+    counts = TOTALS | {"filter_drops": {}, "url_duplicates": 0, "image_duplicates": 0, "holdout": 5, "kept": 0}
+
+    reason = curation.nothing_kept_reason(1, 1, counts)
+
+    assert "the 5 samples that downloaded were all held out for the evaluation" in reason
+    assert "evaluation.holdout_samples" in reason
+    assert "reachable" not in reason

@@ -182,6 +182,12 @@ def nothing_kept_reason(done: int, total: int, counts: dict[str, Any] | None) ->
             f"{prefix}the {duplicates:,} downloaded training samples were all duplicates of others (url or "
             "image, kept in the held-out split or an earlier shard); add data, or set deduplication.enabled false"
         )
+    held = counts.get("holdout") or 0
+    if held:
+        return (
+            f"{prefix}the {held:,} samples that downloaded were all held out for the evaluation; add data, or "
+            "lower evaluation.holdout_samples"
+        )
     filtered = (
         f" (dataset.filters dropped {sum(drops.values()):,} rows first)" if isinstance(drops, dict) and drops else ""
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sdflow import history
-from sdflow_common import causes, evaluation_report, names
+from sdflow_common import causes, curation, evaluation_report, names
 
 PIPELINE_STATES = (
     "Validate run",
@@ -41,6 +41,8 @@ class Progress:
     shards_done: int = 0
     shards_reused: int = 0  # a resumed run's shards an earlier run downloaded (counted in shards_done)
     shards_failed: int | None = None
+    # index.json's `curation`: what was kept and why (rows read, filtered, failed, duplicates, kept).
+    curation: dict[str, Any] | None = None
     training_job: str | None = None
     training_step: int | None = None
     training_loss: float | None = None
@@ -72,6 +74,8 @@ def _shards(s3: Any, bucket: str, run_id: str, progress: Progress) -> None:
         # Once the index exists it has the final counts; no need to list every shard again.
         progress.shards_done = len(index.get("shards", []))
         progress.shards_failed = len(index.get("failed_shards", []))
+        found = index.get("curation")
+        progress.curation = found if isinstance(found, dict) else None
         return
     paginator = s3.get_paginator("list_objects_v2")
     done = 0
@@ -155,9 +159,18 @@ def model_lines(output: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def data_lines(progress: Progress) -> list[str]:
+    """The run's data funnel as the notification words it (sdflow_common.curation), once the index exists."""
+    found = progress.curation or {}
+    filters = found.get("filters")
+    stages = curation.data_lines(found, filters if isinstance(filters, dict) else None)
+    return [f"  {'data:' if i == 0 else '':<6}{'' if i == 0 else '→ '}{stage}" for i, stage in enumerate(stages)]
+
+
 def render_lines(progress: Progress) -> list[str]:
     lines = [f"execution {progress.execution_arn.rsplit(':', 1)[-1]}: {progress.status}"]
     lines += list(state_lines(progress).values())
+    lines += data_lines(progress)
     lines += model_lines(progress.output)
     if progress.error:
         lines.append(f"  error: {progress.error}")

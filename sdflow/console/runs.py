@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sdflow import history
+from sdflow.console import dataset as datasets
 from sdflow.console import graph, maps
 from sdflow.console.aws import Clients, ConsoleError, Recent, TtlCache
 from sdflow_common import causes, names
@@ -68,21 +69,10 @@ def _execution_fields(item: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _shards_empty(read: history.ExecutionHistory) -> int:
-    """Build dataset index's count of shards whose job succeeded with no image (0 when not known)."""
-    for run in read.states.values():
-        output = history.decode(run.output) if run.output else None
-        dataset = output.get("dataset") if isinstance(output, dict) else None
-        empty = dataset.get("shards_empty") if isinstance(dataset, dict) else None
-        if isinstance(empty, int) and empty > 0:
-            return empty
-    return 0
-
-
 def _with_empty_shards(map_runs: dict[str, Any], read: history.ExecutionHistory) -> dict[str, Any]:
     """A child that succeeded but fetched no image counts as succeeded in the Map Run (as on AWS);
     its box says so beside the counts (`counts.empty`), as the notification and `sdflow status` do."""
-    empty = _shards_empty(read)
+    empty = datasets.shards_empty(read)
     for entry in map_runs.values():
         entry["counts"]["empty"] = empty
     return map_runs
@@ -253,6 +243,7 @@ class RunReader:
                 for state, run in read.states.items()
             },
             "map_runs": _with_empty_shards(self.map_runs(read, description["executionArn"]), read),
+            "dataset": datasets.dataset_view(read),
             "finished": finished,
         }
 
@@ -367,10 +358,13 @@ class RunReader:
         page = self.clients("stepfunctions").list_executions(**kwargs)
         run_hash = names.run_hash(description["executionArn"], description["startDate"])
         jobs = self._download_jobs(run_hash) if page["executions"] else {}
-        items = [self._child(child, run_hash, jobs) for child in page["executions"]]
+        indexed = self._index_counts(description["name"]) if page["executions"] else {}
+        items = [self._child(child, run_hash, jobs, indexed) for child in page["executions"]]
         return {"map_run_arn": arn, "next_token": page.get("nextToken"), "items": items}
 
-    def _child(self, child: dict[str, Any], run_hash: str, jobs: dict[str, Any]) -> dict[str, Any]:
+    def _child(
+        self, child: dict[str, Any], run_hash: str, jobs: dict[str, Any], indexed: dict[str, dict[str, Any]]
+    ) -> dict[str, Any]:
         shard_id, output_uri = self._child_shard(child["executionArn"], child["status"] != "RUNNING")
         attempts: list[dict[str, Any]] = []  # the shard's download jobs, newest first
         if shard_id:
@@ -381,7 +375,7 @@ class RunReader:
             attempts = [j for j in jobs.values() if key and key in j["ProcessingJobName"]]
         job = attempts[0] if attempts else None
         job_name = job["ProcessingJobName"] if job else None
-        marker = self._samples(output_uri) if child["status"] == "SUCCEEDED" and output_uri else None
+        marker = self._samples(output_uri, shard_id) if child["status"] == "SUCCEEDED" and output_uri else None
         return {
             **_execution_fields(child),
             "shard_id": shard_id,
@@ -389,6 +383,8 @@ class RunReader:
             "job_status": job["ProcessingJobStatus"] if job else None,
             "samples": marker["samples"] if marker else None,
             "images": marker["images"] if marker else None,
+            # What was kept and why: the index's entry (with the duplicates) once it exists, else the _SUCCESS's.
+            "counts": indexed.get(shard_id or "") or (marker["counts"] if marker else None),
             "failure_reason": (job or {}).get("FailureReason"),
             "earlier_attempts": [
                 {
@@ -445,15 +441,25 @@ class RunReader:
 
         return self._describe_cache.get(("jobs", run_hash), compute)
 
-    def _samples(self, output_uri: str) -> dict[str, int | None] | None:
+    def _index_counts(self, run_name: str) -> dict[str, dict[str, Any]]:
+        """Each indexed shard's counts (index.json), kept for good once the index exists."""
+        if not self.bucket:
+            return {}
+        bucket = self.bucket
+        return self._final.get(
+            ("index-counts", run_name), lambda: datasets.index_counts(self.clients("s3"), bucket, run_name)
+        )
+
+    def _samples(self, output_uri: str, shard_id: str | None) -> dict[str, Any] | None:
         """What the shard's download job wrote into its _SUCCESS marker: the samples it stored and
-        the rows it read (`samples` + `failed`): a shard of 0 of its 102 images is no download."""
+        the rows it read (`samples` + `failed`): a shard of 0 of its 102 images is no download;
+        and its counts (rows read, filtered, failed; sdflow.console.dataset)."""
         try:
             bucket, key = parse_s3_uri(output_uri)
         except ValueError:
             return None
 
-        def compute() -> tuple[dict[str, int | None] | None, bool]:
+        def compute() -> tuple[dict[str, Any] | None, bool]:
             s3 = self.clients("s3")
             try:
                 body = s3.get_object(Bucket=bucket, Key=f"{key.rstrip('/')}/_SUCCESS")["Body"]
@@ -464,6 +470,6 @@ class RunReader:
                 return None, True
             samples, failed = int(record["samples"]), record.get("failed")
             images = samples + int(failed) if isinstance(failed, int | float) else None
-            return {"samples": samples, "images": images}, True
+            return {"samples": samples, "images": images, "counts": datasets.success_counts(record, shard_id)}, True
 
         return self._final.get(("samples", output_uri), compute)

@@ -12,7 +12,7 @@ from typing import Any
 
 from sdflow import history, progress
 from sdflow.runs import UNFINISHED
-from sdflow_common import evaluation_report
+from sdflow_common import curation, evaluation_report
 
 LOSS_METRICS = ("train:loss", "loss")  # the trainer's metric name (model_registry.LOSS_METRIC_NAME), then a bare one
 
@@ -35,6 +35,9 @@ class RunSummary:
     # `sdflow status` count them so too).
     shards_empty: int = 0
     samples: int | None = None
+    # What was kept and why ($.dataset.curation; sdflow_common.curation): rows read, filtered, failed,
+    # held out, duplicates, kept. None for a run from before the counts or one that got no further.
+    data: dict[str, Any] | None = None
     training_job_name: str | None = None
     final_loss: float | None = None
     prompt_adherence: float | None = None
@@ -69,6 +72,7 @@ class RunSummary:
             shards += f", {self.shards_failed} failed" if self.shards_failed else ""
             shards += f"; {self.samples:,} samples" if self.samples is not None else ""
             rows.append(("shards", shards))
+        rows.extend(("data" if i == 0 else "", stage) for i, stage in enumerate(curation.data_lines(self.data)))
         if self.training_job_name:
             loss = f", final loss {self.final_loss:.4f}" if self.final_loss is not None else ""
             rows.append(("training", f"{self.training_job_name}{loss}"))
@@ -203,6 +207,7 @@ def summarize(
         shards_reused=snap.shards_reused,
         shards_empty=_empty_shards(dataset, ok),
         samples=_int(dataset.get("total_samples")),
+        data=_part(dataset, "curation") or None,
         training_job_name=training.get("job_name") or snap.training_job,
         final_loss=loss,
         prompt_adherence=_number(adherence),

@@ -86,6 +86,21 @@ def _full_evaluation(sagemaker: NoOpSageMaker, request: dict[str, Any]) -> None:
 
 
 original = NoOpSageMaker._evaluation_output
+# What a download job since the filters counts in its _SUCCESS (docs/contracts.md "_SUCCESS"): 4 rows read,
+# 3 dropped by the filters, the 1 left downloaded; the no-op job writes only its sample.
+FILTER_COUNTS = {"rows_read": 4, "filter_drops": {"min_width": 2, "max_punsafe": 1}, "rows_to_download": 1,
+                 "failed_to_download": 0, "failed_to_resize": 0}  # fmt: skip
+
+
+def _counting_put(put: Callable[[str, str, bytes], None]) -> Callable[[str, str, bytes], None]:
+    def put_with_counts(bucket: str, key: str, body: bytes) -> None:
+        if key.endswith("/_SUCCESS"):
+            body = json.dumps(json.loads(body) | FILTER_COUNTS).encode()
+        put(bucket, key, body)
+
+    return put_with_counts
+
+
 HOLDOUT_GRID = "holdout.png"
 
 
@@ -101,6 +116,7 @@ def _png_of(width: int, height: int) -> bytes:
 def cloud(noop: NoOpCloud) -> LocalCloud:
     noop.cloud.console_port = CONSOLE_PORT  # type: ignore[attr-defined]
     noop.sagemaker._evaluation_output = types.MethodType(_full_evaluation, noop.sagemaker)  # type: ignore[method-assign]
+    noop.sagemaker._put = _counting_put(noop.sagemaker._put)  # type: ignore[method-assign]
     return noop.cloud
 
 
@@ -245,9 +261,20 @@ def test_console_upload_run_graph_follows_states_to_success_with_details(
     holdout_img = page.locator('img[data-testid="holdout-grid"]')
     holdout_img.wait_for(timeout=WAIT_MS)
     page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=holdout_img.element_handle())
+    # The dataset panel: what was kept of the rows read and why.
+    funnel = page.locator('[data-testid="dataset-funnel"]')
+    funnel.wait_for(timeout=WAIT_MS)
+    stages = {row.get_attribute("data-stage"): row.inner_text() for row in funnel.locator("tbody tr").all()}
+    assert stages["Rows read"].split("\t")[:2] == ["Rows read", f"{4 * SHARDS}"]
+    assert stages["Filtered"].split("\t")[1:] == [
+        f"{3 * SHARDS}",
+        "75.0%",
+        f"{2 * SHARDS} by min_width, {SHARDS} by max_punsafe",
+    ]
+    assert stages["Kept for training"].split("\t")[1:3] == [f"{SHARDS}", "25.0%"]
     durations_fixed(page)
     look(page, tmp_path, "succeeded-run", report)
-    for panel in ("training", "evaluation", "endpoint"):
+    for panel in ("dataset", "training", "evaluation", "endpoint"):
         shoot(page.locator(f'[data-testid="{panel}"]'), tmp_path, f"{panel}-panel", report)
 
     # The Map's child executions: one per shard, each with its download job and its log link;
@@ -268,6 +295,10 @@ def test_console_upload_run_graph_follows_states_to_success_with_details(
     assert page.locator('[data-testid="empty-shard"]').count() == 1
     assert "0 of 1" in page.locator('[data-testid="empty-shard"]').inner_text()
     assert "1 shard on this page downloaded no images" in page.locator('[data-testid="empty-shards"]').inner_text()
+    # Each shard's counts as the index recorded them (before the marker above was rewritten): 4 read, 3 filtered.
+    assert page.locator('[data-testid="count-read"]').all_inner_texts() == ["4"] * SHARDS
+    assert page.locator('[data-testid="count-filtered"]').all_inner_texts() == ["3"] * SHARDS
+    assert page.locator('[data-testid="count-kept"]').all_inner_texts() == ["1"] * SHARDS
     look(page, tmp_path, "children", report)
 
 

@@ -185,6 +185,7 @@ def build_index_behaviour(payload: dict[str, Any]) -> dict[str, Any]:
         "manifest_uri": f"s3://{DATA_BUCKET}/runs/{payload['config']['run_id']}/dataset/manifest.json",
         "holdout_samples": 0,
         "holdout_manifest_uri": None,
+        "curation": {"rows_read": 120, "filter_drops": {"min_width": 20}, "kept": 100, "deduplicated": False},
     }
 
 

@@ -315,6 +315,74 @@ def test_children_shard_of_no_images_and_retried_shard_earlier_attempt_reported(
     assert by_shard["00000"]["earlier_attempts"] == []
 
 
+# ---------------------------------------------------------------------- 7. what was kept and why
+
+CURATION = {
+    "rows_read": 300, "filter_drops": {"min_width": 40}, "rows_to_download": 260, "failed_to_download": 20,
+    "failed_to_resize": 0, "holdout": 0, "url_duplicates": 3, "image_duplicates": 1, "kept": 236,
+    "deduplicated": True, "unhashed_shards": 0,
+}  # fmt: skip
+
+
+def test_run_dataset_panel_has_the_indexed_shards_and_curation_totals(console: Console) -> None:
+    h = History()
+    h.add("ExecutionStarted", 0, executionStartedEventDetails={"input": "{}"})
+    dataset = {"index_uri": "s3://b/runs/curated/dataset/index.json", "total_samples": 236, "shards_ok": 3,
+               "shards_empty": 1, "shards_failed": 0, "failed_shards": [], "holdout_samples": 0,
+               "curation": CURATION}  # fmt: skip
+    h.task("Build dataset index", output=json.dumps({"config": {"run_id": "curated"}, "dataset": dataset}))
+    add_run(console, "curated", "RUNNING", h)
+
+    answer = console.client().get("/api/runs/curated").json()
+
+    assert answer["dataset"] == {
+        "index_uri": dataset["index_uri"], "total_samples": 236, "shards_ok": 3, "shards_empty": 1,
+        "shards_failed": 0, "holdout_samples": 0, "curation": CURATION,
+    }  # fmt: skip
+    assert answer["map_runs"] == {}
+
+
+def test_run_dataset_panel_absent_before_the_index(console: Console) -> None:
+    validation_failure(console)
+
+    assert console.client().get("/api/runs/bad-run").json()["dataset"] is None
+
+
+def test_children_counts_from_success_then_from_the_index_with_duplicates(
+    console: Console, mocked_aws: AwsWorld
+) -> None:
+    add_run(console, status="SUCCEEDED")
+    arn = map_run_arn("pokemon-sd15-7f3a9c2e41")
+    for shard in ("00000", "00001"):
+        output = f"s3://{DATA_BUCKET}/runs/r1/shards/{shard}/"
+        console.sfn.add_child(arn, f"child-{shard}", "SUCCEEDED", {"shard": {"shard_id": shard, "output_uri": output}})
+        mocked_aws.put_json(
+            f"runs/r1/shards/{shard}/_SUCCESS",
+            {"samples": 90, "failed": 10, "failed_to_download": 8, "failed_to_resize": 2, "rows_read": 150,
+             "filter_drops": {"min_width": 50}, "rows_to_download": 100},
+        )  # fmt: skip
+    path = f"/api/runs/pokemon-sd15-7f3a9c2e41/maps/{MAP}/children"
+
+    before = {item["shard_id"]: item["counts"] for item in console.client().get(path).json()["items"]}
+
+    # Before Build dataset index: the _SUCCESS's counts, the duplicates not known yet (null, not 0).
+    assert before["00000"] == {
+        "rows_read": 150, "filter_drops": {"min_width": 50}, "rows_to_download": 100, "failed_to_download": 8,
+        "failed_to_resize": 2, "holdout": 0, "url_duplicates": None, "image_duplicates": None, "kept": 90,
+    }  # fmt: skip
+    indexed = before["00001"] | {"url_duplicates": 4, "image_duplicates": 1, "kept": 85}
+    mocked_aws.put_json(
+        "runs/pokemon-sd15-7f3a9c2e41/dataset/index.json",
+        {"shards": [{"shard_id": "00001", "tar_files": [], "samples": 85, "counts": indexed}]},
+    )
+    console.clock.advance(30)
+
+    after = {item["shard_id"]: item["counts"] for item in console.client().get(path).json()["items"]}
+
+    assert after["00001"] == indexed
+    assert after["00000"]["url_duplicates"] is None  # not in the index: its _SUCCESS's counts
+
+
 def test_run_training_job_failed_without_end_time_duration_ends_at_its_last_change(console: Console) -> None:
     h = pipeline_history("run-train")
     h.exit("Check trained model", "Choice")

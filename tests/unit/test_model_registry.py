@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from typing import Any
 
 # The X-Ray SDK opens its UDP emitter's socket on first import (Tracer() triggers it).
 import aws_xray_sdk.core  # noqa: F401
 import pytest
 
-from sdflow_common import names
+from sdflow_common import curation, names
 from sdflow_common.errors import EvaluationJobFailed, QualityGateFailed
 from sdflow_common.evaluation import EVALUATION_FILE, EvaluationTask, evaluation_job_request
 from sdflow_common.job_events import TaskResolver, resolve_event
@@ -226,6 +227,46 @@ def test_register_model_gate_passed_auto_registers_approved_with_metrics_and_lin
     assert metadata["sdflow:dataset_index"] == event["dataset"]["index_uri"]
     assert metadata["sdflow:samples"].endswith("/adherence.png")
     assert described["MetadataProperties"]["GeneratedBy"] == event["execution_arn"]
+
+
+def test_register_model_curation_counts_become_data_metadata_and_description(
+    mocked_aws: AwsWorld, context: FakeLambdaContext
+) -> None:
+    """The data card: `sdflow:data` in CustomerMetadataValue's characters, the funnel in the description."""
+    event = _with_run(load_event("register_model_task.json"), evaluation={"min_prompt_adherence": 0.8})
+    every_filter = dict.fromkeys(curation.FILTER_ORDER, 123_456_789)  # the longest data card there is
+    event["dataset"]["curation"] = {
+        "rows_read": 9_876_543_210, "filter_drops": every_filter, "rows_to_download": 10**9,
+        "failed_to_download": 12_345, "failed_to_resize": 5, "holdout": 4_321, "url_duplicates": 777,
+        "image_duplicates": 66, "kept": 987_654_321, "deduplicated": True, "unhashed_shards": 0,
+    }  # fmt: skip
+    _put_scores(mocked_aws, event, SCORES)
+
+    result = load_function_module("register_model").lambda_handler(event, context)
+
+    request = model_package_request(RegisterTask.model_validate(event), _settings(), "g", "Approved", SCORES)
+    assert_valid_request("CreateModelPackage", request)  # the value pattern and the 256-character limit
+    described = mocked_aws.sagemaker.describe_model_package(ModelPackageName=result["model_package_arn"])
+    data = described["CustomerMetadataProperties"]["sdflow:data"]
+    assert len(data) <= 256
+    assert re.fullmatch(r"[\w\s.:/=+\-@]*", data)
+    assert data.startswith("read=9876543210 filtered=1111111101 failed=12350 holdout=4321 url_dup=777 image_dup=66 ")
+    assert "kept=987654321 min_width=123456789" in data
+    description = described["ModelPackageDescription"]
+    assert "Data: 9,876,543,210 rows read; 1,111,111,101 filtered (11.2%): 123,456,789 by min_width, " in description
+    assert "843 duplicates (0.0%): 777 url, 66 image; 987,654,321 kept for training (10.0%)." in description
+
+
+def test_register_model_without_curation_has_no_data_metadata(mocked_aws: AwsWorld, context: FakeLambdaContext) -> None:
+    event = _with_run(load_event("register_model_task.json"), evaluation={"min_prompt_adherence": 0.8})
+    event["dataset"].pop("curation", None)  # a run from before the counts
+    _put_scores(mocked_aws, event, SCORES)
+
+    result = load_function_module("register_model").lambda_handler(event, context)
+
+    described = mocked_aws.sagemaker.describe_model_package(ModelPackageName=result["model_package_arn"])
+    assert "sdflow:data" not in described["CustomerMetadataProperties"]
+    assert "Data:" not in described["ModelPackageDescription"]
 
 
 def test_register_model_below_gate_registers_rejected_and_raises_with_score_and_samples(

@@ -12,6 +12,7 @@ import aws_xray_sdk.core  # noqa: F401
 import pytest
 import regex
 
+from sdflow_common import curation
 from sdflow_common.errors import EvaluationJobFailed, QualityGateFailed
 from sdflow_common.evaluation import EVALUATION_FILE
 from sdflow_common.model_registry import (
@@ -257,12 +258,20 @@ def test_model_package_largest_gate_lora_and_every_metric_stays_within_entry_lim
     run["training"]["lora"] = {"rank": 64, "target_modules": ["to_q", "to_k", "to_v", "to_out.0", "proj_in"]}
     document = evaluation_document()
     document["metrics"]["fid"] = {"base": 80.1, "trained": 40.2, "samples": 1024}
+    # The longest data card: every filter, each count at its widest.
+    event["dataset"]["curation"] = {
+        "rows_read": 10**12, "filter_drops": dict.fromkeys(curation.FILTER_ORDER, 10**11), "rows_to_download": 1,
+        "failed_to_download": 10**11, "failed_to_resize": 10**11, "holdout": 10**11, "url_duplicates": 10**11,
+        "image_duplicates": 10**11, "kept": 10**11, "deduplicated": True, "unhashed_shards": 0,
+    }  # fmt: skip
 
     request = _package(event, document)
 
     assert_valid_request("CreateModelPackage", request)  # every key and value pattern, each value ≤ 256
     metadata = request["CustomerMetadataProperties"]
-    assert len(metadata) == 26 <= METADATA_ENTRY_LIMIT, sorted(metadata)  # every entry this code can write
+    assert len(metadata) == 27 <= METADATA_ENTRY_LIMIT, sorted(metadata)  # every entry this code can write
+    assert len(metadata["sdflow:data"]) <= METADATA_VALUE_LIMIT
+    assert METADATA_VALUE.fullmatch(metadata["sdflow:data"])
     assert {f"sdflow:{name}" for name in ("clip_score", "kid", "fid", "prompt_adherence")} <= metadata.keys()
     assert len(metadata["sdflow:gate"]) <= METADATA_VALUE_LIMIT
     assert METADATA_VALUE.fullmatch(metadata["sdflow:gate"])

@@ -144,6 +144,8 @@ def test_pipeline_download_payload_carries_config_holdout_rate(pipeline: Pipelin
     )
     dataset = final_state(result)["dataset"]
     assert (dataset["holdout_samples"], dataset["holdout_manifest_uri"]) == (0, None)
+    # Build dataset index's curation totals travel in $.dataset (the notification and Register model read them).
+    assert dataset["curation"]["kept"] == 100
 
 
 def test_pipeline_state_stays_small_whatever_the_shard_count(pipeline: Pipeline) -> None:

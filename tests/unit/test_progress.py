@@ -39,11 +39,22 @@ def test_progress_shards_counts_markers_then_takes_the_index(mocked_aws: AwsWorl
 
     progress._shards(mocked_aws.s3, DATA_BUCKET, "demo-1", snap)
     assert (snap.shards_total, snap.shards_done, snap.shards_failed) == (3, 1, None)
+    assert progress.data_lines(snap) == []  # no counts before the index
 
-    index = {"shards": [{"shard_id": "00000"}, {"shard_id": "00001"}], "failed_shards": [{"shard_id": "00002"}]}
+    curation = {"rows_read": 30, "filter_drops": {}, "failed_to_download": 2, "failed_to_resize": 0, "holdout": 0,
+                "url_duplicates": None, "image_duplicates": None, "kept": 28, "deduplicated": False}  # fmt: skip
+    index = {"shards": [{"shard_id": "00000"}, {"shard_id": "00001"}], "failed_shards": [{"shard_id": "00002"}],
+             "curation": curation}  # fmt: skip
     mocked_aws.put_json("runs/demo-1/dataset/index.json", index)
     progress._shards(mocked_aws.s3, DATA_BUCKET, "demo-1", snap)
     assert (snap.shards_total, snap.shards_done, snap.shards_failed) == (3, 2, 1)
+    assert progress.data_lines(snap) == [
+        "  data: 30 rows read",
+        "        → 0 filtered (no filter set)",
+        "        → 2 failed to download (6.7%)",
+        "        → duplicates not checked (deduplication off)",
+        "        → 28 kept for training (93.3%)",
+    ]
 
 
 def test_render_lines_succeeded_run_shows_model_metrics_gate_missing_and_grid() -> None:

@@ -42,7 +42,11 @@ MODEL = f"s3://{DATA_BUCKET}/runs/x/training/{TRAINING_JOB}/output/model.tar.gz"
 STEPS: list[tuple[str, str, Any]] = [
     ("Validate run", "$.config", {"run_id": "x"}),
     ("Build dataset index", "$.dataset", {"index_uri": "s3://b/i.json", "total_samples": 42, "shards_ok": 2,
-                                          "shards_failed": 1, "failed_shards": []}),
+                                          "shards_failed": 1, "failed_shards": [],
+                                          "curation": {"rows_read": 60, "filter_drops": {"min_width": 10},
+                                                       "failed_to_download": 8, "failed_to_resize": 0, "holdout": 0,
+                                                       "url_duplicates": None, "image_duplicates": None, "kept": 42,
+                                                       "deduplicated": False, "unhashed_shards": 0}}),
     ("Train model", "$.training", {"job_name": TRAINING_JOB, "model_data_url": MODEL,
                                    "final_metrics": {"train:loss": 0.125}}),
     ("Register model", "$.registry.model", {"model_package_arn": "arn:aws:sagemaker:p/1", "prompt_adherence": 0.9,
@@ -306,6 +310,11 @@ def test_summary_of_succeeded_run_reads_its_output(executing: AwsWorld, capsys: 
     assert summary.stopped is not None
     assert summary.duration_s >= 0
     assert "2 of 3 downloaded, 1 failed; 42 samples" in str(summary)
+    assert summary.data is not None
+    assert summary.data["kept"] == 42
+    assert ("data", "60 rows read") in summary.rows()
+    assert ("", "10 filtered (16.7%): 10 by min_width") in summary.rows()
+    assert ("", "42 kept for training (70.0%)") in summary.rows()
     assert "<th style='text-align:left'>endpoint</th>" in summary._repr_html_()
     assert "2/3" in capsys.readouterr().err, "the bar counts shards done of the run's shards"
     assert run.predictor().endpoint_name == "sdflow-cats"

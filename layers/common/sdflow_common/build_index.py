@@ -12,7 +12,12 @@ this run's own, so every tar path is relative to `s3://<bucket>/runs/`.
 The held-out samples (the download job's `holdout/NNNNN.tar`, docs/contracts.md "The download job")
 are recorded apart: index.json's `holdout` block, which the training reader never reads (it reads
 `shards[*].tar_files` only), and `dataset/holdout.json`, the evaluation's manifest of them. A reused
-shard of a run made before the split has no held-out fields in its `_SUCCESS`: it holds none."""
+shard of a run made before the split has no held-out fields in its `_SUCCESS`: it holds none.
+
+What was kept and why (sdflow_common.curation): each shard's counts (rows read, dropped by each filter,
+failed, held out, duplicates, kept) and the run's totals (`curation`); with `$.dedup` (the dedup job ran)
+its summary.json's duplicates, and each shard's list of dropped keys (`dropped_file`, in the manifest
+too, so the training reader skips them). A shard's `samples` and `total_samples` are the kept samples."""
 
 from __future__ import annotations
 
@@ -23,9 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from sdflow_common import aws, dataset_manifest
+from sdflow_common import aws, curation, dataset_manifest
 from sdflow_common.dataset_manifest import OutsideRunsFolder
 from sdflow_common.errors import NoUsableShards
 from sdflow_common.run_config import RunConfig
@@ -42,10 +47,20 @@ FAILED_SHARDS_IN_SUMMARY = 20
 FAILED_IDS_IN_MESSAGE = 10
 
 
+class DedupResult(BaseModel):
+    """`$.dedup`: the Find duplicates task's output (docs/contracts.md "The dedup job")."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    summary_uri: str = Field(min_length=6, pattern=r"^s3://")
+
+
 class BuildIndexRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     config: RunConfig
+    # Absent (or null) when the run did not deduplicate (deduplication.enabled false, or a run from before).
+    dedup: DedupResult | None = None
 
 
 @dataclass(frozen=True)
@@ -123,26 +138,40 @@ def _holdout_block(config: RunConfig, results: list[ShardResult]) -> dict[str, A
     return {"rate": config.holdout_rate, "samples": samples, "tar_files": tar_files}
 
 
-def build_index_document(config: RunConfig, results: list[ShardResult]) -> dict[str, Any]:
-    shards = []
-    image_size = None
-    for result in results:
-        if result.success is None:
-            continue
-        samples = int(result.success.get("samples", 0))
-        tar_files = [str(name) for name in result.success.get("tar_files", [])]
-        if image_size is None and result.success.get("image_size"):
-            image_size = int(result.success["image_size"])
-        if samples == 0 or not tar_files:
-            continue  # the job succeeded but every URL failed (or was held out): nothing to train on
-        folder = _relative_folder(result, config.bucket)
-        shards.append(
-            {
-                "shard_id": result.shard_id,
-                "tar_files": [folder + name for name in tar_files],
-                "samples": samples,
-            }
-        )
+def _shard_entry(
+    config: RunConfig, result: ShardResult, dedup: dict[str, Any] | None, summary_uri: str | None
+) -> dict[str, Any]:
+    """The shard's index entry (its tars and counts); `samples` is what trains: the kept samples."""
+    assert result.success is not None
+    counts = curation.shard_counts(result.success, dedup, result.shard_id)
+    folder = _relative_folder(result, config.bucket)
+    entry: dict[str, Any] = {
+        "shard_id": result.shard_id,
+        "tar_files": [folder + str(name) for name in result.success.get("tar_files", [])],
+        "samples": counts["kept"],
+        "counts": counts,
+    }
+    dropped = curation.dropped_file(dedup, summary_uri, result.shard_id)
+    if dropped:
+        entry["dropped_file"] = dataset_manifest.channel_key(dropped, config.bucket)
+    return entry
+
+
+def build_index_document(
+    config: RunConfig,
+    results: list[ShardResult],
+    dedup: dict[str, Any] | None = None,
+    summary_uri: str | None = None,
+) -> dict[str, Any]:
+    """index.json; `dedup` is the dedup job's summary.json (None: the run did not deduplicate)."""
+    entries = [_shard_entry(config, result, dedup, summary_uri) for result in results if result.success is not None]
+    image_size = next(
+        (int(r.success["image_size"]) for r in results if r.success and r.success.get("image_size")), None
+    )
+    # A shard with nothing left to train on (every URL failed, every row filtered, held out or a duplicate)
+    # is counted in `curation` but not listed.
+    shards = [entry for entry in entries if entry["samples"] > 0 and entry["tar_files"]]
+    totals = curation.sum_counts([entry["counts"] for entry in entries])
     return {
         "version": INDEX_VERSION,
         "run_id": config.run_id,
@@ -153,10 +182,20 @@ def build_index_document(config: RunConfig, results: list[ShardResult]) -> dict[
         ],
         "image_size": image_size or config.run.download.image_size,
         "holdout": _holdout_block(config, results),
+        "curation": totals
+        | {
+            "filters": curation.run_filters(config.run),
+            "deduplicated": dedup is not None,
+            "unhashed_shards": len(dedup.get("unhashed_shards") or []) if dedup is not None else 0,
+        },
     }
 
 
-def check_tolerance(results: list[ShardResult], tolerated_percent: float, total_samples: int) -> None:
+def check_tolerance(
+    results: list[ShardResult], tolerated_percent: float, total_samples: int, counts: dict[str, Any] | None = None
+) -> None:
+    """NoUsableShards when every shard failed, more than the run tolerates did, or nothing is left to
+    train on (`counts`, index.json's `curation`, says whether the filters, duplicates or URLs did it)."""
     total = len(results)
     failed = [r.shard_id for r in results if not r.ok]
     failed_percent = 100.0 * len(failed) / total if total else 100.0
@@ -173,10 +212,7 @@ def check_tolerance(results: list[ShardResult], tolerated_percent: float, total_
             "Rerun, or raise download.tolerated_failure_percent to train on the rest"
         )
     if total_samples == 0:
-        raise NoUsableShards(
-            f"{total - len(failed)} of {total} shards downloaded but hold 0 samples: no image URL could be "
-            "fetched; check dataset.url_column and that the URLs are reachable"
-        )
+        raise NoUsableShards(curation.nothing_kept_reason(total - len(failed), total, counts))
 
 
 def _put_manifest(config: RunConfig, uri: str, keys: list[str]) -> str:
@@ -190,6 +226,8 @@ def write_manifest(config: RunConfig, index: dict[str, Any]) -> str:
     """`runs/<run>/dataset/manifest.json`: index.json first, then every tar file of every usable shard."""
     keys = [dataset_manifest.index_in_channel(config.dataset_prefix_uri, config.bucket)]
     keys.extend(name for shard in index["shards"] for name in shard["tar_files"])
+    # Each shard's dropped keys: the training reader skips them (docs/contracts.md "The dataset index").
+    keys.extend(shard["dropped_file"] for shard in index["shards"] if shard.get("dropped_file"))
     return _put_manifest(config, dataset_manifest.manifest_uri(config.dataset_prefix_uri), keys)
 
 
@@ -208,7 +246,9 @@ def build_index(request: BuildIndexRequest) -> dict[str, Any]:
     s3 = aws.client("s3")
     items = json.loads(s3.get_object(Bucket=config.bucket, Key=config.shard_list_key)["Body"].read())
     results = read_shard_results(items)
-    index = build_index_document(config, results)
+    summary_uri = request.dedup.summary_uri if request.dedup else None
+    dedup = curation.read_summary(summary_uri) if summary_uri else None
+    index = build_index_document(config, results, dedup, summary_uri)
     index_bucket, index_key = parse_s3_uri(dataset_manifest.index_uri(config.dataset_prefix_uri))
     # Written before the tolerance check, so a failed run still leaves a record of which shards failed.
     s3.put_object(Bucket=index_bucket, Key=index_key, Body=json.dumps(index).encode(), ContentType="application/json")
@@ -223,7 +263,7 @@ def build_index(request: BuildIndexRequest) -> dict[str, Any]:
         index["total_samples"],
         index["holdout"]["samples"],
     )
-    check_tolerance(results, config.run.download.tolerated_failure_percent, index["total_samples"])
+    check_tolerance(results, config.run.download.tolerated_failure_percent, index["total_samples"], index["curation"])
     return {
         "index_uri": f"s3://{index_bucket}/{index_key}",
         "manifest_uri": manifest_uri,
@@ -239,4 +279,6 @@ def build_index(request: BuildIndexRequest) -> dict[str, Any]:
         # The evaluation's held-out samples (its ManifestFile input); None when the run holds none out.
         "holdout_samples": index["holdout"]["samples"],
         "holdout_manifest_uri": holdout_manifest_uri,
+        # The run's totals of what was kept and why (never per shard: the state stays small).
+        "curation": curation.state_block(index["curation"]),
     }

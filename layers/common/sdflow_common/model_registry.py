@@ -24,7 +24,7 @@ from aws_lambda_powertools import Logger
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, Field
 
-from sdflow_common import aws, evaluation_report, model_artifact, names, sagemaker_jobs
+from sdflow_common import aws, curation, evaluation_report, model_artifact, names, sagemaker_jobs
 from sdflow_common.errors import EvaluationJobFailed, QualityGateFailed
 from sdflow_common.evaluation import EVALUATION_FILE, GRID_FILE
 from sdflow_common.job_events import ModelPackageDetail, Resolution, TaskResolver
@@ -233,6 +233,8 @@ def _metadata(task: RegisterTask, scores: dict[str, Any], image: str) -> dict[st
             "sdflow:training_job": task.training.job_name,
             "sdflow:evaluation_job": task.evaluation.job_name,
             "sdflow:dataset_index": task.dataset.get("index_uri", ""),
+            # The data card: what was read, filtered, failed, held out, deduplicated and kept.
+            "sdflow:data": curation.metadata_text(task.dataset.get("curation")),
         }
         | _metric_metadata(scores)
         | {
@@ -259,7 +261,8 @@ def _description(task: RegisterTask, scores: dict[str, Any]) -> str:
         base_text = f"base {evaluation_report.shown(name, base)} → " if base is not None else ""
         shown.append(f"{name} {base_text}trained {evaluation_report.shown(name, float(entry['trained']))}")
     text = f"run {task.config.run_id}: training job {task.training.job_name}; " + "; ".join(shown)
-    return description_value(text)
+    data = curation.description_text(task.dataset.get("curation"), curation.run_filters(task.config.run))
+    return description_value(f"{text}. {data}" if data else text)
 
 
 def base_model_folder(base_model_uri: str) -> str:

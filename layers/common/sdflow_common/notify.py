@@ -22,7 +22,7 @@ from typing import Any, Literal
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from pydantic import BaseModel, ConfigDict, Field
 
-from sdflow_common import aws, causes, evaluation_report, execution_history, model_artifact, run_cleanup
+from sdflow_common import aws, causes, curation, evaluation_report, execution_history, model_artifact, run_cleanup
 from sdflow_common.run_document import RUN_NAME, printable
 from sdflow_common.token_store import TokenStore
 
@@ -199,7 +199,13 @@ def _run_label(request: NotifyRequest) -> str:
     return execution
 
 
-def _dataset_lines(dataset: dict[str, Any]) -> list[str]:
+def _data_lines(dataset: dict[str, Any], filters: dict[str, Any] | None) -> list[str]:
+    """What was kept and why (sdflow_common.curation): each stage of the funnel on a line of its own."""
+    stages = curation.data_lines(dataset.get("curation"), filters)
+    return [f"{'Data:' if i == 0 else '':<11}{'' if i == 0 else '→ '}{stage}" for i, stage in enumerate(stages)]
+
+
+def _dataset_lines(dataset: dict[str, Any], filters: dict[str, Any] | None = None) -> list[str]:
     ok, failed = dataset.get("shards_ok"), dataset.get("shards_failed")
     if not isinstance(ok, int) or not isinstance(failed, int) or ok + failed == 0:
         return []
@@ -208,7 +214,11 @@ def _dataset_lines(dataset: dict[str, Any]) -> list[str]:
     empty = empty if isinstance(empty, int) and 0 <= empty <= ok else 0
     samples = dataset.get("total_samples")
     samples_text = f", {samples:,} samples" if isinstance(samples, int) else ""
-    empty_text = f"; {empty} held no image (every URL failed)" if empty else ""
+    # With the counts (below) a shard may hold nothing because the filters or duplicates took every row.
+    why = (
+        "held nothing to train on" if isinstance(dataset.get("curation"), dict) else "held no image (every URL failed)"
+    )
+    empty_text = f"; {empty} {why}" if empty else ""
     lines = [f"Dataset:   {ok - empty} of {ok + failed} shards downloaded{samples_text}{empty_text}"]
     for shard in dataset.get("failed_shards", []) or []:
         if isinstance(shard, dict) and shard.get("shard_id"):
@@ -216,7 +226,7 @@ def _dataset_lines(dataset: dict[str, Any]) -> list[str]:
             lines.append(f"           failed shard {shard['shard_id']}{where}")
         elif isinstance(shard, str):
             lines.append(f"           failed shard {shard}")
-    return lines
+    return lines + _data_lines(dataset, filters)
 
 
 def _training_lines(training: dict[str, Any]) -> list[str]:
@@ -372,7 +382,8 @@ def _progress_lines(state: dict[str, Any], attributes: dict[str, str]) -> list[s
     lines = _warning_lines(config)
     dataset = _written(state, "dataset", "index_uri")
     if dataset:
-        lines.extend(_dataset_lines(dataset))
+        filters = ((config.get("run") or {}).get("dataset") or {}).get("filters")
+        lines.extend(_dataset_lines(dataset, filters if isinstance(filters, dict) else None))
     training = _written(state, "training", "job_name")
     if training:
         lines.extend(_training_lines(training))

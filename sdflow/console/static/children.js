@@ -5,11 +5,13 @@ import { api } from "./api.js";
 import { h, replace, badge, timeEl, fmtDuration, link, signature } from "./dom.js";
 import { reportError, clearError } from "./errors.js";
 import { Poller } from "./poll.js";
+import { COUNT_COLUMNS, countCells } from "./data.js";
 
 const REFRESH_MS = 5000;
 const STATUSES = ["", "RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED", "PENDING_REDRIVE"];
-const COLUMNS = ["Child", "Status", "Shard", "Job", "Job status", "Images", "Started", "Duration",
-  "Log", "Notes"];
+// Read / Filtered / Failed / Duplicates / Kept: what was kept of the shard's rows and why (data.js).
+const COLUMNS = ["Child", "Status", "Shard", "Job", "Job status", "Images", ...COUNT_COLUMNS, "Started",
+  "Duration", "Log", "Notes"];
 
 /** "101 of 102", flagged when the shard stored none: a shard of no images is no download. */
 function images(c) {
@@ -39,6 +41,7 @@ function childRow(c) {
     h("td", { class: "mono" }, c.job_name ?? "—"),
     h("td", {}, c.job_status ? badge(c.job_status) : "—"),
     h("td", { class: "num" }, images(c)),
+    countCells(c.counts),
     h("td", {}, timeEl(c.start)),
     h("td", { class: "num" }, fmtDuration(c.duration_s)),
     h("td", {}, c.log_url ? link(c.log_url, "log", { "data-testid": "child-log" }) : "—"),

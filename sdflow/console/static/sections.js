@@ -1,10 +1,11 @@
-// The run page's sections below the graph: training, evaluation, endpoint, notifications.
+// The run page's sections below the graph: dataset, training, evaluation, endpoint, notifications.
 // Each part is rebuilt only when its own data changed, so images and the prompt box persist
 // across polls.
 
 import { h, replace, badge, timeEl, fmtDuration, fmtValue, kvTable, link, signature } from "./dom.js";
 import { lossCurve } from "./charts.js";
 import { EndpointSection } from "./endpoint.js";
+import { datasetPanel } from "./data.js";
 
 /** A slot that rebuilds its content only when the signature of its data changes. */
 class Part {
@@ -217,10 +218,12 @@ export class Sections {
     this.evaluation = new EvaluationSection();
     this.endpoint = new EndpointSection();
     this.notifications = new Part({ class: "card", "data-testid": "notifications" });
+    this.dataset = new Part({ class: "card", "data-testid": "dataset" });
     this.slots = {
-      training: h("div"), evaluation: h("div"), endpoint: h("div"),
+      dataset: h("div"), training: h("div"), evaluation: h("div"), endpoint: h("div"),
     };
-    host.append(this.slots.training, this.slots.evaluation, this.slots.endpoint, this.notifications.el);
+    host.append(this.slots.dataset, this.slots.training, this.slots.evaluation, this.slots.endpoint,
+      this.notifications.el);
     replace(this.notifications.el, h("h2", {}, "Notifications"));
   }
 
@@ -236,6 +239,10 @@ export class Sections {
   }
 
   update(data) {
+    if (data.dataset) {
+      if (this.slots.dataset.firstChild !== this.dataset.el) replace(this.slots.dataset, this.dataset.el);
+      this.dataset.set(data.dataset, datasetPanel);
+    } else this.slots.dataset.replaceChildren();
     this.show("training", data.training);
     this.show("evaluation", data.evaluation);
     this.show("endpoint", data.endpoint);

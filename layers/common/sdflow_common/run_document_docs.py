@@ -28,7 +28,7 @@ from sdflow_common.training_options import INSTANCE_TYPE, LORA_TARGET_MODULE
 
 DASH = "\N{EN DASH}"  # ranges as the page writes them
 # The blocks with a table, by their path in the document ("" is the top level).
-BLOCKS = ("", "dataset", "download", "training", "training.lora", "endpoint", "evaluation", "approval")
+BLOCKS = ("", "dataset", "download", "deduplication", "training", "training.lora", "endpoint", "evaluation", "approval")
 # A pattern, in the words the page uses for it.
 PATTERN_WORDS = {
     INSTANCE_TYPE: "`ml.<family>.<size>`",

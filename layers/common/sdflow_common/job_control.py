@@ -111,6 +111,10 @@ def evaluation_jobs(sagemaker: Any) -> JobApi:
     return JobApi(sagemaker, "evaluation job", names.EVALUATION_PREFIX, "ProcessingJob")
 
 
+def dedup_jobs(sagemaker: Any) -> JobApi:
+    return JobApi(sagemaker, "dedup job", names.DEDUP_PREFIX, "ProcessingJob")
+
+
 def training_jobs(sagemaker: Any) -> JobApi:
     return JobApi(sagemaker, "training job", names.TRAINING_PREFIX, "TrainingJob")
 

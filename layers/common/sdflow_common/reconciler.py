@@ -13,7 +13,7 @@ For a due claim it describes the resource:
 - an endpoint still changing after its deadline cannot be stopped: its claim stays, and its
   state-change event (or a later pass) finds the dead token and rolls the deployment back;
 - anything else is left for a later pass.
-Claims other than downloads (a run's training, evaluation, endpoint and approval: a few per run)
+Claims other than downloads (a run's dedup, training, evaluation, endpoint and approval: a few per run)
 are described every period, whatever their deadline: a lost "Completed" event of a training job
 would otherwise hold the run until the deadline's lead, about a day for a default training job.
 Download claims (thousands in a big run) wait for their deadline's lead, as above.

@@ -60,6 +60,16 @@ def container_arguments(config: RunConfig) -> list[str]:
     ]  # fmt: skip
 
 
+# The run document field each part of the request comes from (request_plan: AWS's member path → field; the rest
+# is the execution's, the image and role the stack's). The --processes value is the 6th ContainerArguments item.
+DOCUMENT_FIELDS = (
+    ("processingResources.clusterConfig.instanceType", "deduplication.instance_type"),
+    ("processingResources.clusterConfig.volumeSizeInGB", "deduplication.volume_size_gb"),
+    ("stoppingCondition", "deduplication.max_runtime_seconds"),
+    ("appSpecification.containerArguments.6.member", "deduplication.processes"),
+)
+
+
 def dedup_job_request(
     *, job_name: str, config: RunConfig, run_hash: str, image_uri: str, role_arn: str
 ) -> dict[str, Any]:

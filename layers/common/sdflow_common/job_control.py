@@ -119,6 +119,18 @@ def training_jobs(sagemaker: Any) -> JobApi:
     return JobApi(sagemaker, "training job", names.TRAINING_PREFIX, "TrainingJob")
 
 
+def for_kind(sagemaker: Any, kind: str) -> JobApi | None:
+    """The job API of a claim's kind (its label names the job in messages); None for what is no job (an
+    endpoint deployment, an approval)."""
+    factory = {
+        "download": processing_jobs,
+        "dedup": dedup_jobs,
+        "evaluation": evaluation_jobs,
+        "training": training_jobs,
+    }.get(kind)
+    return factory(sagemaker) if factory is not None else None
+
+
 def _running(api: JobApi, candidates: set[str]) -> list[str]:
     """The candidates SageMaker describes as InProgress, newest (redrive, attempt) first."""
     found = []

@@ -78,15 +78,6 @@ class ReconcileReport:
             raise ReconcileIncomplete(f"{len(self.errors)} claim(s) could not be reconciled: {shown}")
 
 
-def _job_api(sagemaker: Any, record: TokenRecord) -> job_control.JobApi | None:
-    model = DETAIL_MODELS[record.kind]
-    if model is ProcessingJobDetail:
-        return job_control.processing_jobs(sagemaker)
-    if model is TrainingJobDetail:
-        return job_control.training_jobs(sagemaker)
-    return None
-
-
 def _describer(sagemaker: Any, record: TokenRecord) -> Callable[[], dict[str, Any]]:
     name = record.resource_name
     model = DETAIL_MODELS[record.kind]
@@ -115,7 +106,7 @@ def _stop_overdue(
         resolver.fail(record, FAILURE_ERRORS[record.kind], cause, detail.status)
         report.stopped += 1
         return
-    api = _job_api(sagemaker, record)
+    api = job_control.for_kind(sagemaker, record.kind)
     if api is None:
         # An endpoint change cannot be stopped; its settling event rolls it back (see the module docstring).
         logger.warning("endpoint deployment outlived its task", extra={"endpoint": record.resource_name})

@@ -12,7 +12,7 @@ import aws_xray_sdk.core  # noqa: F401
 import pytest
 from botocore.exceptions import ClientError
 
-from sdflow_common import dedup_job, names, sagemaker_jobs
+from sdflow_common import dedup_job, names, notify, sagemaker_jobs
 from sdflow_common.dedup_job import DedupTask, dedup_job_request
 from sdflow_common.errors import DedupJobFailed, InvalidRunDocument, RunEnded
 from sdflow_common.run_document import RunDocument, parse_run_document, problems_of
@@ -266,3 +266,12 @@ def test_find_duplicates_refused_request_raises_dedup_job_failed_and_releases_th
         start(event, context)
 
     assert store.get(dedup_name(event)) is None
+
+
+def test_failed_step_after_find_duplicates_is_build_dataset_index() -> None:
+    """The notification's fallback when the history names no state: $.dedup written, no $.dataset yet."""
+    config = load_event("find_duplicates_task.json")["config"]
+    dedup = {"job_name": "sdf-dd-x-r0-a0", "summary_uri": "s3://b/runs/x/dataset/dedup/summary.json"}
+
+    assert notify.failed_step({"config": config, "dedup": dedup}) == "Build dataset index"
+    assert notify.failed_step({"config": config}) == "Download shards / Build dataset index"

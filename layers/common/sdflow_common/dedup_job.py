@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from sdflow_common import aws, job_control, names, sagemaker_jobs
+from sdflow_common.dedup_options import DEDUP_INSTANCE_COUNT
 from sdflow_common.errors import DedupJobFailed
 from sdflow_common.job_start import JobStart, start_job
 from sdflow_common.job_starters import CallbackTask, require_job_settings
@@ -26,7 +27,6 @@ DEDUP_ENTRYPOINT = ["dedup"]
 # alone, so the largest group a process holds is about 1/64 of the run's hashes.
 DEDUP_PARTITIONS = 64
 SUMMARY_FILE = "summary.json"
-DEDUP_INSTANCE_COUNT = 1
 
 
 class DedupTask(CallbackTask):

@@ -10,6 +10,8 @@ from sdflow_common.training_options import StrictOptions as _Strict
 
 # ProcessingResources.ClusterConfig.VolumeSizeInGB (SageMaker API reference: 1 to 16384).
 DEDUP_VOLUME_MAX_GB = 16384
+# One instance: the job groups every hash itself (its processes share the instance's disk).
+DEDUP_INSTANCE_COUNT = 1
 
 
 class DeduplicationOptions(_Strict):

@@ -18,6 +18,7 @@ from sdflow_common import causes, curation, evaluation_report, names
 PIPELINE_STATES = (
     "Validate run",
     "Download shards",
+    "Find duplicates",
     "Build dataset index",
     "Train model",
     "Reuse trained model",

@@ -34,6 +34,7 @@ ASL = Path(__file__).resolve().parents[2] / "statemachines" / "pipeline.asl.json
 FUNCTIONS = (
     "ValidateRunFunction",
     "StartDownloadFunction",
+    "FindDuplicatesFunction",
     "BuildIndexFunction",
     "StartTrainingFunction",
     "StartEvaluationFunction",
@@ -155,6 +156,8 @@ def validate_run_behaviour(
         key = f"runs/{run_id}/shards.json"
         s3.put_object(Bucket=DATA_BUCKET, Key=key, Body=json.dumps(shards).encode())
         run = {**payload["run"], "download": {"max_concurrency": 2, "tolerated_failure_percent": 40}}
+        # As Validate run writes it back: the block with its defaults (deduplication on).
+        run["deduplication"] = {"enabled": True, **(run.get("deduplication") or {})}
         run["dataset"] = {**run["dataset"], "url_column": "URL", "caption_column": "TEXT", "filters": None}
         config = {
             "run_id": run_id,
@@ -163,7 +166,7 @@ def validate_run_behaviour(
             "shard_list_key": key,
             "shard_count": shard_count,
             "dataset_prefix_uri": f"s3://{DATA_BUCKET}/runs/{run_id}/dataset/",
-            "timeouts": {"evaluation": 4 * HOUR + 3, "approval": 4 * HOUR + 4, **timeouts},
+            "timeouts": {"evaluation": 4 * HOUR + 3, "approval": 4 * HOUR + 4, "dedup": 4 * HOUR + 5, **timeouts},
             "run": run,
             "holdout_rate": 0.0,
         }
@@ -193,6 +196,7 @@ def started_behaviour(payload: dict[str, Any]) -> dict[str, str]:
     return {"resource_name": f"sdf-test-{payload.get('attempt', 0)}"}
 
 
+DEDUP_SUMMARY_URI = f"s3://{DATA_BUCKET}/runs/x/dataset/dedup/summary.json"
 PACKAGE_ARN = "arn:aws:sagemaker:us-east-1:123456789012:model-package/sdf-cats/1"
 
 
@@ -212,6 +216,8 @@ def register_behaviour(status: str = "Approved") -> Behaviour:
 def answer_all_success(name: str, payload: dict[str, Any]) -> tuple[str, Any]:
     if name == "StartDownloadFunction":
         return "success", {"shard_id": payload["shard"]["shard_id"], "status": "ok", "job_name": "sdf-dl-x"}
+    if name == "FindDuplicatesFunction":
+        return "success", {"job_name": "sdf-dd-x", "summary_uri": DEDUP_SUMMARY_URI}
     if name == "StartTrainingFunction":
         return "success", {
             "job_name": "sdf-tr-x",
@@ -266,6 +272,7 @@ def pipeline_on_local_stepfunctions(tmp_path: Path) -> Iterator[Pipeline]:
             harness.behaviours = {
                 "ValidateRunFunction": validate_run_behaviour(s3, 3, DISTINCT_TIMEOUTS),
                 "StartDownloadFunction": started_behaviour,
+                "FindDuplicatesFunction": started_behaviour,
                 "BuildIndexFunction": build_index_behaviour,
                 "StartTrainingFunction": started_behaviour,
                 "StartEvaluationFunction": started_behaviour,

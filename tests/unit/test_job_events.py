@@ -120,6 +120,44 @@ def test_processing_in_progress_is_ignored_and_token_kept(
     assert store.get(name) is not None
 
 
+def dedup_event(status: str) -> dict[str, Any]:
+    """The dedup job's state change: a processing job named sdf-dd-… (names.dedup_job_name)."""
+    event = copy.deepcopy(load_event("sagemaker_processing_completed.json"))
+    event["detail"].update(
+        {"ProcessingJobName": "sdf-dd-run-under-test-0123456789-r0-a0", "ProcessingJobStatus": status}
+    )
+    return event
+
+
+def test_dedup_job_completed_answers_find_duplicates_with_its_summary(
+    handle: Any, sfn: StepFunctionsCalls, store: TokenStore
+) -> None:
+    summary = "s3://sdflow-data-test/runs/run-under-test/dataset/dedup/summary.json"
+    name = claim_for(store, dedup_event("Completed"), "dedup", summary_uri=summary)
+
+    result = handle(dedup_event("Completed"))
+
+    operation, params = sfn.only()
+    assert operation == "SendTaskSuccess"
+    assert json.loads(params["output"]) == {"job_name": name, "summary_uri": summary}
+    assert (result["outcome"], result["kind"]) == ("succeeded", "dedup")
+    assert store.get(name) is None
+
+
+@pytest.mark.parametrize("status", ["Failed", "Stopped"])
+def test_dedup_job_failed_or_stopped_fails_find_duplicates_with_dedup_job_failed(
+    handle: Any, sfn: StepFunctionsCalls, store: TokenStore, status: str
+) -> None:
+    name = claim_for(store, dedup_event(status), "dedup", summary_uri="s3://b/runs/r/dataset/dedup/summary.json")
+
+    handle(dedup_event(status))
+
+    operation, params = sfn.only()
+    assert (operation, params["error"]) == ("SendTaskFailure", "DedupJobFailed")
+    assert f"dedup job {name} ended {status}" in params["cause"]
+    assert store.get(name) is None
+
+
 # ---------------------------------------------------------------------------- training jobs
 
 

@@ -15,9 +15,11 @@ from tests.unit.helpers import DATA_BUCKET
 from tests.unit.pipeline_harness import (
     ASL,
     DAY,
+    DEDUP_SUMMARY_URI,
     HOUR,
     HOURS_4,
     PACKAGE_ARN,
+    RUN_DOCUMENT,
     Pipeline,
     answer_all_success,
     final_state,
@@ -192,3 +194,59 @@ def test_pipeline_definition_names_states_as_verb_phrases() -> None:
     names = list(definition["States"]) + list(definition["States"]["Download shards"]["ItemProcessor"]["States"])
     for name in names:
         assert re.fullmatch(r"[A-Z][a-z]+( [a-z]+)+", name), f"state '{name}' is not a verb phrase"
+
+
+def test_pipeline_deduplication_enabled_finds_duplicates_before_the_index(pipeline: Pipeline) -> None:
+    result = pipeline.run(answer_all_success)
+
+    assert result["status"] == "SUCCEEDED", result.get("cause")
+    [find] = pipeline.calls["FindDuplicatesFunction"]
+    assert find["config"]["run"]["deduplication"]["enabled"] is True
+    assert find["timeout_seconds"] == find["config"]["timeouts"]["dedup"] == 4 * HOUR + 5
+    assert find["attempt"] == 0
+    assert find["execution_arn"] == result["executionArn"]
+    [index] = pipeline.calls["BuildIndexFunction"]
+    assert index["dedup"] == {"job_name": "sdf-dd-x", "summary_uri": DEDUP_SUMMARY_URI}
+    assert set(index) == {"config", "dedup"}
+    assert final_state(result)["dedup"]["summary_uri"] == DEDUP_SUMMARY_URI
+
+
+def test_pipeline_deduplication_disabled_goes_straight_to_the_index(pipeline: Pipeline) -> None:
+    document = {**RUN_DOCUMENT, "deduplication": {"enabled": False}}
+
+    result = pipeline.run(answer_all_success, document)
+
+    assert result["status"] == "SUCCEEDED", result.get("cause")
+    assert not pipeline.calls["FindDuplicatesFunction"]
+    [index] = pipeline.calls["BuildIndexFunction"]
+    assert set(index) == {"config"}, "no $.dedup: Build dataset index counts no duplicates"
+    assert "dedup" not in final_state(result)
+
+
+def test_pipeline_config_without_the_deduplication_block_skips_it(pipeline: Pipeline) -> None:
+    validate = pipeline.behaviours["ValidateRunFunction"]
+
+    def without_block(payload: dict[str, Any]) -> Any:
+        config = validate(payload)
+        del config["run"]["deduplication"]
+        return config
+
+    pipeline.behaviours["ValidateRunFunction"] = without_block
+
+    result = pipeline.run(answer_all_success)
+
+    assert result["status"] == "SUCCEEDED", result.get("cause")
+    assert not pipeline.calls["FindDuplicatesFunction"]
+
+
+def test_pipeline_failed_dedup_job_fails_the_run_before_the_index(pipeline: Pipeline) -> None:
+    def fail_dedup(name: str, payload: dict[str, Any]) -> tuple[str, Any]:
+        if name == "FindDuplicatesFunction":
+            return "failure", ("DedupJobFailed", "dedup job sdf-dd-x ended Failed: out of disk")
+        return answer_all_success(name, payload)
+
+    result = pipeline.run(fail_dedup)
+
+    assert result["status"] == "FAILED"
+    assert result.get("error") == "DedupJobFailed"
+    assert not pipeline.calls["BuildIndexFunction"]

@@ -77,3 +77,18 @@ def test_render_lines_run_without_registered_model_shows_no_evaluation() -> None
     snap = progress.Progress(execution_arn=EXECUTION, status="RUNNING", output=None)
 
     assert not any("model" in line or "evaluation" in line for line in progress.render_lines(snap))
+
+
+def test_state_lines_find_duplicates_shows_between_download_and_index() -> None:
+    found = progress.Progress(
+        execution_arn="arn",
+        status="RUNNING",
+        states={"Build dataset index": "running", "Find duplicates": "succeeded", "Download shards": "succeeded"},
+        attempts={"Find duplicates": 2},
+    )
+
+    lines = progress.state_lines(found)
+
+    assert list(lines) == ["Download shards", "Find duplicates", "Build dataset index"]
+    assert lines["Find duplicates"].startswith("  ✔ Find duplicates")
+    assert lines["Find duplicates"].endswith("(attempt 2)")

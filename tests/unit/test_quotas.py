@@ -33,8 +33,10 @@ def quota(name: str, value: float) -> dict[str, Any]:
 
 
 def config(**document: Any) -> dict[str, Any]:
+    """A run without the dedup job unless `document` asks for it: its quota has tests of its own (the end)."""
     run = RunDocument.model_validate(
         {"dataset": {"prefix": f"s3://{DATA_BUCKET}/datasets/cats/"}, "base_model_uri": f"s3://{DATA_BUCKET}/m/"}
+        | {"deduplication": {"enabled": False}}
         | document
     )
     return {"run_id": "run-1", "shard_count": 3, "run": run.model_dump(mode="json")}
@@ -178,3 +180,33 @@ def test_validate_run_without_quota_permission_returns_uncapped_config(mocked_aw
 
     assert result["quota_check"]["status"] == "skipped"
     assert result["run"]["download"]["max_concurrency"] == 50
+
+
+DEDUP = "ml.m5.2xlarge for processing job usage"
+
+
+def test_quotas_dedup_instance_type_without_quota_is_refused_naming_the_field(
+    service_quotas: tuple[Any, Stubber],
+) -> None:
+    client, stubber = service_quotas
+    limits = {PROCESSING: 4, TRAINING: 1, ENDPOINT: 1, DEDUP: 0}
+    stubber.add_response("list_service_quotas", {"Quotas": [quota(n, v) for n, v in limits.items()]}, LISTING)
+
+    with pytest.raises(InvalidRunDocument) as raised:
+        quotas.apply_instance_quotas(config(deduplication={"enabled": True}), client)
+
+    [problem] = json.loads(str(raised.value))
+    assert problem["field"] == "deduplication.instance_type"
+    assert "one dedup job needs 1 instance(s)" in problem["message"]
+    assert DEDUP in problem["message"]
+
+
+def test_quotas_dedup_job_within_its_quota_is_checked(service_quotas: tuple[Any, Stubber]) -> None:
+    client, stubber = service_quotas
+    limits = {PROCESSING: 4, TRAINING: 1, ENDPOINT: 1, DEDUP: 2}
+    stubber.add_response("list_service_quotas", {"Quotas": [quota(n, v) for n, v in limits.items()]}, LISTING)
+
+    checked = quotas.apply_instance_quotas(config(deduplication={"enabled": True}), client)
+
+    assert checked["quota_check"]["limits"] == limits
+    assert checked["run"]["deduplication"]["enabled"] is True

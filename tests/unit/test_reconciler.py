@@ -16,7 +16,7 @@ import pytest
 from botocore.exceptions import ClientError
 from moto.sagemaker.models import sagemaker_backends
 
-from sdflow_common import aws, sagemaker_jobs
+from sdflow_common import aws, dedup_job, sagemaker_jobs
 from sdflow_common.errors import ReconcileIncomplete
 from sdflow_common.run_document import DownloadOptions, RunDocument
 from sdflow_common.token_store import Kind, TokenStore
@@ -125,6 +125,49 @@ def create_processing_job(world: AwsWorld, name: str) -> None:
             role_arn=SAGEMAKER_ROLE_ARN,
         )
     )
+
+
+def create_dedup_job(world: AwsWorld, name: str) -> str:
+    """The run's dedup job as Find duplicates starts it; returns the summary URI its claim carries."""
+    task = dedup_job.DedupTask.model_validate(load_event("find_duplicates_task.json"))
+    request = dedup_job.dedup_job_request(
+        job_name=name, config=task.config, run_hash=RUN_HASH, image_uri=TRAINING_IMAGE_URI, role_arn=SAGEMAKER_ROLE_ARN
+    )
+    world.sagemaker.create_processing_job(**request)
+    return dedup_job.summary_uri(task.config.bucket, task.config.run_id)
+
+
+def test_reconciler_dedup_job_whose_event_was_missed_answers_find_duplicates_at_once(
+    mocked_aws: AwsWorld, sfn: Resolutions
+) -> None:
+    summary = create_dedup_job(mocked_aws, "sdf-dd-missed-r0-a0")  # moto completes jobs at once
+    # Not a download: looked at every pass, however far its deadline.
+    claim("sdf-dd-missed-r0-a0", "token-dd", "dedup", deadline_in=LEAD + 3600, context={"summary_uri": summary})
+
+    counts = reconcile()
+
+    operation, params = sfn.by_token()["token-dd"]
+    assert operation == "success"
+    assert json.loads(params["output"]) == {"job_name": "sdf-dd-missed-r0-a0", "summary_uri": summary}
+    assert counts["resolved"] == 1
+    assert TokenStore(TOKEN_TABLE).get("sdf-dd-missed-r0-a0") is None
+
+
+def test_reconciler_dedup_job_running_past_its_deadline_is_stopped_and_its_task_failed(
+    mocked_aws: AwsWorld, sfn: Resolutions
+) -> None:
+    create_dedup_job(mocked_aws, "sdf-dd-late-r0-a0")
+    set_status("sdf-dd-late-r0-a0", "InProgress")
+    claim("sdf-dd-late-r0-a0", "token-dd-late", "dedup", deadline_in=-30)
+
+    counts = reconcile()
+
+    job = mocked_aws.sagemaker.describe_processing_job(ProcessingJobName="sdf-dd-late-r0-a0")
+    assert job["ProcessingJobStatus"] == "Stopped"
+    operation, params = sfn.by_token()["token-dd-late"]
+    assert (operation, params["error"]) == ("failure", "DedupJobFailed")
+    assert "dedup job sdf-dd-late-r0-a0" in params["cause"]
+    assert counts["stopped"] == 1
 
 
 def test_reconciler_resolves_training_job_whose_event_was_missed_before_its_deadline(

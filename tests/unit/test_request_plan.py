@@ -21,6 +21,7 @@ pytestmark = pytest.mark.usefixtures("aws_env")
 
 OPERATIONS = [
     "CreateProcessingJob",
+    "CreateProcessingJob",
     "CreateTrainingJob",
     "CreateProcessingJob",
     "CreateModelPackageGroup",
@@ -36,7 +37,7 @@ def config(**sections: dict[str, Any]) -> dict[str, Any]:
     """`$.config` of events/register_model_task.json, its run document's sections changed."""
     found = copy.deepcopy(load_event("register_model_task.json")["config"])
     for name, values in sections.items():
-        found["run"][name] = {**found["run"][name], **values} if isinstance(values, dict) else values
+        found["run"][name] = {**found["run"].get(name, {}), **values} if isinstance(values, dict) else values
     return dict(found)
 
 
@@ -59,6 +60,7 @@ def test_planned_requests_names_carry_the_widest_counters_a_name_is_cut_for() ->
 
     assert requests["training job"]["TrainingJobName"].endswith("-r1000-a1000")
     assert requests["download job"]["ProcessingJobName"].endswith("-r1000-a1000")
+    assert requests["dedup job"]["ProcessingJobName"].endswith("-r1000-a1000")
     assert requests["model"]["ModelName"].endswith("-r1000-a1000")
 
 
@@ -100,3 +102,34 @@ def test_check_requests_execution_name_with_marks_step_functions_allows_is_accep
     package = next(planned.request for planned in requests if planned.operation == "CreateModelPackage")
     assert package["CustomerMetadataProperties"]["sdflow:run_id"] == "run_1__it_s-_fine"
     assert all(request_limits.operation_problems(p.operation, p.request) == [] for p in requests)
+
+
+def test_planned_requests_dedup_job_follows_the_downloads_only_when_enabled() -> None:
+    enabled = planned_requests(config(deduplication={"instance_type": "ml.m5.4xlarge"}), Settings.from_env())
+    disabled = planned_requests(config(deduplication={"enabled": False}), Settings.from_env())
+
+    assert [planned.label for planned in enabled][:3] == ["download job", "dedup job", "training job"]
+    [dedup] = [planned.request for planned in enabled if planned.label == "dedup job"]
+    assert dedup["ProcessingJobName"].startswith("sdf-dd-")
+    assert dedup["ProcessingResources"]["ClusterConfig"]["InstanceType"] == "ml.m5.4xlarge"
+    assert dedup["AppSpecification"]["ContainerEntrypoint"] == ["dedup"]
+    assert "dedup job" not in [planned.label for planned in disabled]
+    assert len(disabled) == len(enabled) - 1
+
+
+def test_check_requests_dedup_instance_type_sagemaker_does_not_offer_is_refused_naming_it() -> None:
+    found = refusals(config(deduplication={"instance_type": "ml.m5.3xlarge"}))
+
+    assert set(found) == {"deduplication.instance_type"}
+    message = found["deduplication.instance_type"]
+    assert "dedup job's CreateProcessingJob" in message
+    assert "enum value set" in message
+    assert "change deduplication.instance_type" in message
+
+
+def test_check_requests_dedup_disabled_does_not_check_its_instance_type() -> None:
+    requests = check_requests(
+        config(deduplication={"enabled": False, "instance_type": "ml.m5.3xlarge"}), Settings.from_env()
+    )
+
+    assert "dedup job" not in [planned.label for planned in requests]

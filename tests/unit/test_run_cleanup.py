@@ -23,7 +23,7 @@ ENDPOINT = "sdflow-cats"
 OURS = names.deployment_name(ENDPOINT, RUN_HASH, 0, 0)
 # What a cleanup that found nothing running says: the kinds it looked at, no more.
 NOTHING_RUNNING = (
-    "None of this run's download jobs, evaluation jobs, training jobs or endpoint deployments "
+    "None of this run's download jobs, dedup jobs, evaluation jobs, training jobs or endpoint deployments "
     "was still running when checked."
 )
 
@@ -190,7 +190,8 @@ def _claimed_job(sagemaker: FakeSageMakerClient, store: TokenStore, name: str, s
         _claim(store, name, "training")
         sagemaker.add_job("training", name, status=status)
         return
-    _claim(store, name, "evaluation" if name.startswith(names.EVALUATION_PREFIX) else "download")
+    kinds = {names.EVALUATION_PREFIX: "evaluation", names.DEDUP_PREFIX: "dedup"}
+    _claim(store, name, kinds.get(name[: len(names.DEDUP_PREFIX)], "download"))
     sagemaker.add_job("processing", name, status=status)
 
 
@@ -222,19 +223,28 @@ def test_clean_up_run_jobs_found_from_the_claims_without_any_list_call(
     """Issue 23 item 8: SageMaker's List* calls grow with every job the account ever ran and are
     throttled at low rates; the cleanup stops the claimed names, one Stop each, and lists nothing."""
     evaluation = names.evaluation_job_name(RUN_HASH, "cats-v1-abc", 0, 0)
+    dedup = names.dedup_job_name(RUN_HASH, "cats-v1-abc", 0, 1)
     _claimed_job(sagemaker, store, evaluation)
+    _claimed_job(sagemaker, store, dedup)
     _claimed_job(sagemaker, store, _download("00001"))
     for i in range(230):
         sagemaker.add_job("processing", _download(f"{i:05d}", run_hash=OLD_RUN_HASH), status="Completed")
 
     report = _clean(sagemaker, store)
 
-    assert report.stopped == {"download job": [_download("00001")], "evaluation job": [evaluation]}
+    assert report.stopped == {
+        "download job": [_download("00001")],
+        "dedup job": [dedup],
+        "evaluation job": [evaluation],
+    }
     assert sagemaker.jobs["processing"][evaluation] == "Stopping"
+    assert sagemaker.jobs["processing"][dedup] == "Stopping"
     assert f"1 evaluation job ({evaluation})" in report.lines()[0]
+    assert f"1 dedup job ({dedup})" in report.lines()[0]
+    assert store.get(dedup) is None, "the stopped job's claim is released"
     assert sagemaker.called("ListProcessingJobs") == []
     assert sagemaker.called("ListTrainingJobs") == []
-    assert len(sagemaker.called("StopProcessingJob")) == 2
+    assert len(sagemaker.called("StopProcessingJob")) == 3
 
 
 def test_clean_up_run_many_claimed_jobs_every_one_is_stopped(sagemaker: FakeSageMakerClient, store: TokenStore) -> None:

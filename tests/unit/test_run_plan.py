@@ -41,9 +41,16 @@ def test_plan_run_valid_document_says_choices_requests_and_memory_and_writes_not
     assert (found["family"], found["method"], found["backend"]) == ("sd", "full", "colossalai")
     assert found["plugin"] == "gemini"
     assert found["shards"] == 2
-    operations = [item["operation"] for item in found["requests"]]
-    assert operations[:3] == ["CreateProcessingJob", "CreateTrainingJob", "CreateProcessingJob"]
-    training = found["requests"][1]
+    labels = [item["label"] for item in found["requests"]]
+    assert labels[:4] == ["download job", "dedup job", "training job", "evaluation job"]
+    dedup = found["requests"][1]
+    assert dedup["name"].startswith("sdf-dd-plan-")
+    assert (dedup["operation"], dedup["instance_type"], dedup["instance_count"]) == (
+        "CreateProcessingJob",
+        "ml.m5.2xlarge",
+        1,
+    )
+    training = found["requests"][2]
     assert training["name"].startswith("sdf-tr-plan-")
     assert training["name"].endswith("-r0-a0")
     assert (training["instance_type"], training["instance_count"]) == ("ml.g5.12xlarge", 1)

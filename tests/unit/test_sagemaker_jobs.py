@@ -282,7 +282,8 @@ def test_task_timeouts_exceed_the_jobs_own_limits() -> None:
     on_demand = run_document(training={"max_runtime_seconds": 3600})
     spot = run_document(training={"use_spot": True, "max_runtime_seconds": 3600, "max_wait_seconds": 10_000})
     timeouts = sagemaker_jobs.task_timeouts(on_demand)
-    assert set(timeouts) == {"download", "training", "evaluation", "approval", "endpoint"}
+    assert set(timeouts) == {"download", "dedup", "training", "evaluation", "approval", "endpoint"}
+    assert timeouts["dedup"] > on_demand.deduplication.max_runtime_seconds
     assert timeouts["evaluation"] > on_demand.evaluation.max_runtime_seconds
     assert timeouts["approval"] == on_demand.approval.timeout_seconds
     assert timeouts["download"] > on_demand.download.max_runtime_seconds

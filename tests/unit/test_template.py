@@ -12,6 +12,16 @@ from hypothesis import assume, given, settings
 from hypothesis.strategies import from_regex
 
 from sdflow.local.template import load_template
+from tests.unit.template_policies import (
+    ENDPOINT_PREFIX,
+    PIPELINE,
+    STACK,
+    all_states,
+    allows,
+    policy_statements,
+    resolve_sub,
+    template_resources,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"
@@ -58,34 +68,10 @@ def definition() -> dict[str, Any]:
     return json.loads(ASL.read_text())
 
 
-def _resources(template: dict[str, Any], kind: str) -> dict[str, Any]:
-    return {name: r for name, r in template["Resources"].items() if r["Type"] == kind}
-
-
-def _all_states(states: dict[str, Any]) -> dict[str, Any]:
-    found = dict(states)
-    for state in states.values():
-        if "ItemProcessor" in state:
-            found |= _all_states(state["ItemProcessor"]["States"])
-    return found
-
-
-def _statements(template: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    found = []
-    for name, resource in template["Resources"].items():
-        props = resource.get("Properties", {})
-        for policy in props.get("Policies", []) or []:
-            if isinstance(policy, dict) and "Statement" in policy:
-                found += [(name, s) for s in policy["Statement"]]
-            elif isinstance(policy, dict) and "PolicyDocument" in policy:
-                found += [(name, s) for s in policy["PolicyDocument"]["Statement"]]
-    return found
-
-
 def test_template_definition_substitutions_cover_every_placeholder(
     template: dict[str, Any], definition: dict[str, Any]
 ) -> None:
-    [machine] = _resources(template, "AWS::Serverless::StateMachine").values()
+    [machine] = template_resources(template, "AWS::Serverless::StateMachine").values()
     substitutions = set(machine["Properties"]["DefinitionSubstitutions"])
     placeholders = set(re.findall(r"\$\{(\w+)\}", ASL.read_text()))
     assert placeholders == substitutions
@@ -101,9 +87,16 @@ def test_template_definition_hard_codes_no_arn_and_avoids_sync_and_jsonata(defin
 
 
 def test_template_callback_tasks_time_out_and_carry_the_execution_identity(definition: dict[str, Any]) -> None:
-    states = _all_states(definition["States"])
+    states = all_states(definition["States"])
     callbacks = {n: s for n, s in states.items() if str(s.get("Resource", "")).endswith(".waitForTaskToken")}
-    assert set(callbacks) == {"Download shard", "Train model", "Evaluate model", "Wait for approval", "Deploy endpoint"}
+    assert set(callbacks) == {
+        "Download shard",
+        "Find duplicates",
+        "Train model",
+        "Evaluate model",
+        "Wait for approval",
+        "Deploy endpoint",
+    }
     for name, state in callbacks.items():
         assert "TimeoutSecondsPath" in state or "TimeoutSeconds" in state, name
         payload = state["Parameters"]["Payload"]
@@ -116,7 +109,7 @@ def test_template_callback_tasks_time_out_and_carry_the_execution_identity(defin
 def test_template_no_state_catches_so_a_failed_step_can_be_redriven(definition: dict[str, Any]) -> None:
     """A caught failure ends its state successfully, and redrive-execution re-runs only the
     unsuccessful states: notifications and cleanup come from the execution's status event."""
-    states = _all_states(definition["States"])
+    states = all_states(definition["States"])
     assert {name for name, state in states.items() if state.get("Catch")} == set()
     assert not [name for name, state in states.items() if state["Type"] == "Fail"]
     assert definition["States"]["Download shards"]["ToleratedFailurePercentagePath"] == (
@@ -129,6 +122,7 @@ def test_template_no_state_catches_so_a_failed_step_can_be_redriven(definition: 
     [
         "Validate run",
         "Download shard",
+        "Find duplicates",
         "Build dataset index",
         "Train model",
         "Evaluate model",
@@ -138,7 +132,7 @@ def test_template_no_state_catches_so_a_failed_step_can_be_redriven(definition: 
     ],
 )
 def test_template_every_lambda_task_retries_a_crashed_runtime(definition: dict[str, Any], state: str) -> None:
-    retried = {error for r in _all_states(definition["States"])[state]["Retry"] for error in r["ErrorEquals"]}
+    retried = {error for r in all_states(definition["States"])[state]["Retry"] for error in r["ErrorEquals"]}
     assert {"Runtime.ExitError", "Lambda.Unknown", "Lambda.ServiceException"} <= retried
 
 
@@ -185,9 +179,9 @@ def test_template_max_shards_fit_even_an_inline_map_result(template: dict[str, A
     assert len(inline_result.encode()) < 256 * 1024
 
 
-@pytest.mark.parametrize("state", ["Download shard", "Train model", "Deploy endpoint"])
+@pytest.mark.parametrize("state", ["Download shard", "Find duplicates", "Train model", "Deploy endpoint"])
 def test_template_quota_errors_retry_for_hours_apart_from_throttling(definition: dict[str, Any], state: str) -> None:
-    retriers = _all_states(definition["States"])[state]["Retry"]
+    retriers = all_states(definition["States"])[state]["Retry"]
     [quota] = [r for r in retriers if "SageMakerQuotaExceeded" in r["ErrorEquals"]]
     [throttle] = [r for r in retriers if "SageMakerThrottled" in r["ErrorEquals"]]
     assert quota["ErrorEquals"] == ["SageMakerQuotaExceeded"]
@@ -211,7 +205,7 @@ def test_template_retried_and_caught_error_names_exist(definition: dict[str, Any
 
     named = {
         error
-        for state in _all_states(definition["States"]).values()
+        for state in all_states(definition["States"]).values()
         for handler in state.get("Retry", []) + state.get("Catch", [])
         for error in handler["ErrorEquals"]
         if not error.startswith(("States.", "Lambda.", "Runtime."))
@@ -221,8 +215,8 @@ def test_template_retried_and_caught_error_names_exist(definition: dict[str, Any
 
 
 def test_template_functions_have_code_and_thin_handlers(template: dict[str, Any]) -> None:
-    functions = _resources(template, "AWS::Serverless::Function")
-    assert len(functions) == 12
+    functions = template_resources(template, "AWS::Serverless::Function")
+    assert len(functions) == 13
     for name, function in functions.items():
         code = ROOT / function["Properties"]["CodeUri"]
         handler = code / "app.py"
@@ -234,7 +228,7 @@ def test_template_functions_have_code_and_thin_handlers(template: dict[str, Any]
 
 
 def test_template_state_machine_logs_and_traces(template: dict[str, Any]) -> None:
-    [machine] = _resources(template, "AWS::Serverless::StateMachine").values()
+    [machine] = template_resources(template, "AWS::Serverless::StateMachine").values()
     props = machine["Properties"]
     assert props["Tracing"]["Enabled"] is True
     assert props["Logging"]["Level"] == "ALL"
@@ -259,9 +253,10 @@ def test_template_manifest_rule_matches_only_json_under_manifests(template: dict
 
 
 def test_template_pass_role_only_for_sagemaker_role_to_sagemaker(template: dict[str, Any]) -> None:
-    pass_role = [(n, s) for n, s in _statements(template) if "iam:PassRole" in json.dumps(s.get("Action"))]
+    pass_role = [(n, s) for n, s in policy_statements(template) if "iam:PassRole" in json.dumps(s.get("Action"))]
     assert {n for n, _ in pass_role} == {
         "StartDownloadFunction",
+        "FindDuplicatesFunction",
         "StartTrainingFunction",
         "StartEvaluationFunction",
         "DeployEndpointFunction",
@@ -271,59 +266,21 @@ def test_template_pass_role_only_for_sagemaker_role_to_sagemaker(template: dict[
         assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
 
 
-STACK = "sdflow"
-ENDPOINT_PREFIX = "team-a-"  # not the default: the tests below tell the stack's name from the prefix
-PIPELINE = f"arn:aws:states:us-east-1:123456789012:stateMachine:{STACK}-pipeline"
-
-
-def _resolve(value: Any) -> str:
-    """A Resource of the template as the stack `sdflow` in us-east-1 would have it."""
-    if isinstance(value, dict) and "Fn::Sub" in value:
-        text = value["Fn::Sub"]
-        for name, actual in {
-            "AWS::Partition": "aws",
-            "AWS::Region": "us-east-1",
-            "AWS::AccountId": "123456789012",
-            "AWS::StackName": STACK,
-            "DataBucket.Arn": "arn:aws:s3:::sdflow-data",
-            "EndpointNamePrefix": ENDPOINT_PREFIX,
-        }.items():
-            text = text.replace(f"${{{name}}}", actual)
-        assert "${" not in text, text
-        return str(text)
-    assert isinstance(value, str), value
-    return value
-
-
-def _allows(template: dict[str, Any], resource_name: str, action: str, arn: str) -> bool:
-    """IAM's matching for Allow statements without conditions: `*` spans any characters, `/` and `:` included."""
-    for name, statement in _statements(template):
-        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
-        resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
-        if name != resource_name or statement.get("Effect") != "Allow" or action not in actions:
-            continue
-        for pattern in map(_resolve, resources):
-            regex = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
-            if re.fullmatch(regex, arn):
-                return True
-    return False
-
-
 @pytest.mark.parametrize("function", ["JobEventsFunction", "ReconcilerFunction"])
 @pytest.mark.parametrize("action", ["states:SendTaskSuccess", "states:SendTaskFailure"])
 def test_template_task_tokens_of_map_children_can_be_answered(
     template: dict[str, Any], function: str, action: str
 ) -> None:
-    assert _allows(template, function, action, PIPELINE)
+    assert allows(template, function, action, PIPELINE)
     # A Distributed Map child runs as an execution of "<state machine>/<Map Run label>".
-    assert _allows(template, function, action, f"{PIPELINE}/Download-shards")
-    assert _allows(template, function, action, f"{PIPELINE}/3f1c2a9e-0000-4000-8000-000000000000")
+    assert allows(template, function, action, f"{PIPELINE}/Download-shards")
+    assert allows(template, function, action, f"{PIPELINE}/3f1c2a9e-0000-4000-8000-000000000000")
     for other in (f"{PIPELINE}-v2", f"{PIPELINE}2/Download-shards", PIPELINE.replace(STACK, "other")):
-        assert not _allows(template, function, action, other), other
+        assert not allows(template, function, action, other), other
 
 
 def test_template_only_token_resolvers_may_send_task_results(template: dict[str, Any]) -> None:
-    senders = {n for n, s in _statements(template) if "states:SendTask" in json.dumps(s.get("Action"))}
+    senders = {n for n, s in policy_statements(template) if "states:SendTask" in json.dumps(s.get("Action"))}
     # Wait for approval answers at once a package decided before its token was parked.
     assert senders == {"JobEventsFunction", "ReconcilerFunction", "AwaitApprovalFunction"}
 
@@ -331,13 +288,13 @@ def test_template_only_token_resolvers_may_send_task_results(template: dict[str,
 def test_template_state_machine_may_write_map_results_under_runs(template: dict[str, Any]) -> None:
     manifest = "arn:aws:s3:::sdflow-data/runs/run-1/download-results/4c3a/manifest.json"
     for action in ("s3:PutObject", "s3:GetObject", "s3:ListMultipartUploadParts", "s3:AbortMultipartUpload"):
-        assert _allows(template, "PipelineStateMachine", action, manifest), action
-    assert not _allows(template, "PipelineStateMachine", "s3:PutObject", "arn:aws:s3:::sdflow-data/manifests/x.json")
+        assert allows(template, "PipelineStateMachine", action, manifest), action
+    assert not allows(template, "PipelineStateMachine", "s3:PutObject", "arn:aws:s3:::sdflow-data/manifests/x.json")
 
 
 def test_template_validate_run_may_read_service_quotas(template: dict[str, Any]) -> None:
     for action in ("servicequotas:ListServiceQuotas", "servicequotas:ListAWSDefaultServiceQuotas"):
-        assert _allows(template, "ValidateRunFunction", action, "*"), action
+        assert allows(template, "ValidateRunFunction", action, "*"), action
 
 
 @pytest.mark.parametrize(
@@ -353,24 +310,24 @@ def test_template_starters_may_find_stop_and_check_their_jobs(
 ) -> None:
     job = f"arn:aws:sagemaker:us-east-1:123456789012:{resource_type}/sdf-x-0123456789-r0-a1"
     for action in (f"sagemaker:Describe{noun}", f"sagemaker:Stop{noun}", "sagemaker:ListTags"):
-        assert _allows(template, function, action, job), action
-        assert not _allows(template, function, action, job.replace("/sdf-", "/other-")), action
+        assert allows(template, function, action, job), action
+        assert not allows(template, function, action, job.replace("/sdf-", "/other-")), action
     # Earlier attempts are found by name (Describe), never by listing: no List*Jobs on "*".
-    assert not _allows(template, function, f"sagemaker:List{noun}s", "*")
+    assert not allows(template, function, f"sagemaker:List{noun}s", "*")
     execution = f"arn:aws:states:us-east-1:123456789012:execution:{STACK}-pipeline:run-1"
-    assert _allows(template, function, "states:DescribeExecution", execution)
-    assert not _allows(template, function, "states:DescribeExecution", execution.replace(STACK, "other"))
+    assert allows(template, function, "states:DescribeExecution", execution)
+    assert not allows(template, function, "states:DescribeExecution", execution.replace(STACK, "other"))
 
 
 def test_template_reconciler_may_stop_only_sdflow_jobs(template: dict[str, Any]) -> None:
     for resource_type, noun in (("processing-job", "ProcessingJob"), ("training-job", "TrainingJob")):
         job = f"arn:aws:sagemaker:us-east-1:123456789012:{resource_type}/sdf-dl-x-0123456789-00001-r0-a0"
-        assert _allows(template, "ReconcilerFunction", f"sagemaker:Stop{noun}", job)
-        assert not _allows(template, "ReconcilerFunction", f"sagemaker:Stop{noun}", job.replace("/sdf-", "/team-"))
+        assert allows(template, "ReconcilerFunction", f"sagemaker:Stop{noun}", job)
+        assert not allows(template, "ReconcilerFunction", f"sagemaker:Stop{noun}", job.replace("/sdf-", "/team-"))
 
 
 def test_template_no_mutating_action_on_star_resource(template: dict[str, Any]) -> None:
-    for name, statement in _statements(template):
+    for name, statement in policy_statements(template):
         if statement.get("Effect") != "Allow" or statement.get("Resource") != "*":
             continue
         actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
@@ -386,11 +343,11 @@ def test_template_notebook_role_passes_the_sdk_role_check_and_pipeline_role_does
     template: dict[str, Any],
 ) -> None:
     for action in SDK_TRAINING_ROLE_CHECK:
-        assert _allows(template, "NotebookExecutionRole", action, "*"), action
-    assert not _allows(template, "SageMakerExecutionRole", "ec2:CreateNetworkInterface", "*")
+        assert allows(template, "NotebookExecutionRole", action, "*"), action
+    assert not allows(template, "SageMakerExecutionRole", "ec2:CreateNetworkInterface", "*")
     bucket = "arn:aws:s3:::sdflow-data"
-    assert _allows(template, "NotebookExecutionRole", "s3:PutObject", f"{bucket}/notebooks/job/output/model.tar.gz")
-    assert not _allows(template, "NotebookExecutionRole", "s3:PutObject", f"{bucket}/runs/r/dataset/index.json")
+    assert allows(template, "NotebookExecutionRole", "s3:PutObject", f"{bucket}/notebooks/job/output/model.tar.gz")
+    assert not allows(template, "NotebookExecutionRole", "s3:PutObject", f"{bucket}/runs/r/dataset/index.json")
 
 
 # ------------------------------------------------------------------ external linters
@@ -418,8 +375,8 @@ def test_template_job_event_rules_match_the_names_sdflow_gives_jobs(template: di
 
 # ------------------------------------------------------------------ issue 8: log retention, endpoint prefix, redrive
 def test_template_every_function_logs_to_its_own_group_kept_log_retention_days(template: dict[str, Any]) -> None:
-    functions = _resources(template, "AWS::Serverless::Function")
-    groups = _resources(template, "AWS::Logs::LogGroup")
+    functions = template_resources(template, "AWS::Serverless::Function")
+    groups = template_resources(template, "AWS::Logs::LogGroup")
     used = []
     for name, function in functions.items():
         ref = function["Properties"].get("LoggingConfig", {}).get("LogGroup")
@@ -429,7 +386,7 @@ def test_template_every_function_logs_to_its_own_group_kept_log_retention_days(t
         # Named without the function's own name: the group must exist before the function, or
         # Lambda may create it first (first invocation) and the stack fails with "already exists".
         assert "Fn::Sub" in group["LogGroupName"], name
-        assert _resolve(group["LogGroupName"]).startswith(f"/aws/lambda/{STACK}-"), name
+        assert resolve_sub(group["LogGroupName"]).startswith(f"/aws/lambda/{STACK}-"), name
         assert "${" + name not in group["LogGroupName"]["Fn::Sub"], name
         used.append(ref["Ref"])
     assert len(set(used)) == len(functions), "each function has a group of its own"
@@ -471,14 +428,14 @@ DEPLOY_ACTIONS = {
 def test_template_deploy_role_may_touch_only_endpoints_under_the_prefix(template: dict[str, Any], kind: str) -> None:
     for action in DEPLOY_ACTIONS[kind]:
         ours = ENDPOINT_ARN.format(kind=kind, name=f"{ENDPOINT_PREFIX}cats-3f1c2a9e01-r0-a0")
-        assert _allows(template, "DeployEndpointFunction", action, ours), action
+        assert allows(template, "DeployEndpointFunction", action, ours), action
         for other in ("other-team-cats", "cats", f"x{ENDPOINT_PREFIX}cats"):
-            assert not _allows(template, "DeployEndpointFunction", action, ENDPOINT_ARN.format(kind=kind, name=other))
+            assert not allows(template, "DeployEndpointFunction", action, ENDPOINT_ARN.format(kind=kind, name=other))
 
 
 def test_template_every_endpoint_model_and_config_resource_is_under_the_prefix(template: dict[str, Any]) -> None:
     scoped = 0
-    for name, statement in _statements(template):
+    for name, statement in policy_statements(template):
         resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
         for resource in resources:
             text = json.dumps(resource)
@@ -487,9 +444,9 @@ def test_template_every_endpoint_model_and_config_resource_is_under_the_prefix(t
                     assert kind + "${EndpointNamePrefix}*" in text, f"{name}: {text}"
                     scoped += 1
     assert scoped >= 4  # the deploy role's three and job_events' DescribeEndpoint at least
-    assert _allows(template, "JobEventsFunction", "sagemaker:DescribeEndpoint", ENDPOINT_ARN.format(
+    assert allows(template, "JobEventsFunction", "sagemaker:DescribeEndpoint", ENDPOINT_ARN.format(
         kind="endpoint", name=f"{ENDPOINT_PREFIX}cats"))  # fmt: skip
-    assert not _allows(template, "JobEventsFunction", "sagemaker:DescribeEndpoint", ENDPOINT_ARN.format(
+    assert not allows(template, "JobEventsFunction", "sagemaker:DescribeEndpoint", ENDPOINT_ARN.format(
         kind="endpoint", name="cats"))  # fmt: skip
 
 
@@ -556,29 +513,29 @@ def test_template_state_machine_may_redrive_its_map_run_children(template: dict[
     # states:RedriveExecution on execution:<state machine>/<Map Run label>:<child id>.
     execution = PIPELINE.replace(":stateMachine:", ":execution:")
     child = f"{execution}/Download-shards:5e0d1c2b-0000-4000-8000-000000000000"
-    assert _allows(template, "PipelineStateMachine", "states:RedriveExecution", child)
+    assert allows(template, "PipelineStateMachine", "states:RedriveExecution", child)
     for other in (
         f"{execution}:run-1",  # the parent: redriven by the user, not by the state machine's role
         f"{execution}-v2/Download-shards:5e0d1c2b",
         child.replace(STACK, "other"),
     ):
-        assert not _allows(template, "PipelineStateMachine", "states:RedriveExecution", other), other
+        assert not allows(template, "PipelineStateMachine", "states:RedriveExecution", other), other
 
 
 def test_template_jobs_may_delete_only_checkpoints(template: dict[str, Any]) -> None:
     # The trainer prunes its old checkpoints in S3 (SageMaker's checkpoint sync only adds files).
     checkpoint = "arn:aws:s3:::sdflow-data/runs/run-1/checkpoints/sdf-x-r0-a1/checkpoint-00000500/unet/a.safetensors"
-    assert _allows(template, "SageMakerExecutionRole", "s3:DeleteObject", checkpoint)
+    assert allows(template, "SageMakerExecutionRole", "s3:DeleteObject", checkpoint)
     for other in (
         "arn:aws:s3:::sdflow-data/runs/run-1/dataset/shards/00000/00000.tar",
         "arn:aws:s3:::sdflow-data/runs/run-1/model/model.tar.gz",
         "arn:aws:s3:::sdflow-data/manifests/run.json",
     ):
-        assert not _allows(template, "SageMakerExecutionRole", "s3:DeleteObject", other), other
+        assert not allows(template, "SageMakerExecutionRole", "s3:DeleteObject", other), other
 
 
 @pytest.mark.parametrize("role", ["DeployEndpointFunction", "SageMakerExecutionRole"])
 def test_template_rollback_alarms_of_an_update_can_be_described(template: dict[str, Any], role: str) -> None:
     # UpdateEndpoint with AutoRollbackConfiguration: SageMaker reads the alarms (cloudwatch:DescribeAlarms).
     alarm = "arn:aws:cloudwatch:us-east-1:123456789012:alarm:sdflow-5xx"
-    assert _allows(template, role, "cloudwatch:DescribeAlarms", alarm)
+    assert allows(template, role, "cloudwatch:DescribeAlarms", alarm)

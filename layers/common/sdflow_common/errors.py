@@ -72,6 +72,11 @@ class EvaluationJobFailed(SdflowError):
     or wrote no usable evaluation.json."""
 
 
+class DedupJobFailed(SdflowError):
+    """The dedup processing job (Find duplicates: the duplicates across every shard) ended Failed or Stopped,
+    or could not be started."""
+
+
 class QualityGateFailed(SdflowError):
     """The trained model failed a check of the run's quality gate (`evaluation.gate`, or
     `evaluation.min_prompt_adherence`): it was registered as Rejected and not deployed; the endpoint

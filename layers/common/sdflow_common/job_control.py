@@ -111,8 +111,24 @@ def evaluation_jobs(sagemaker: Any) -> JobApi:
     return JobApi(sagemaker, "evaluation job", names.EVALUATION_PREFIX, "ProcessingJob")
 
 
+def dedup_jobs(sagemaker: Any) -> JobApi:
+    return JobApi(sagemaker, "dedup job", names.DEDUP_PREFIX, "ProcessingJob")
+
+
 def training_jobs(sagemaker: Any) -> JobApi:
     return JobApi(sagemaker, "training job", names.TRAINING_PREFIX, "TrainingJob")
+
+
+def for_kind(sagemaker: Any, kind: str) -> JobApi | None:
+    """The job API of a claim's kind (its label names the job in messages); None for what is no job (an
+    endpoint deployment, an approval)."""
+    factory = {
+        "download": processing_jobs,
+        "dedup": dedup_jobs,
+        "evaluation": evaluation_jobs,
+        "training": training_jobs,
+    }.get(kind)
+    return factory(sagemaker) if factory is not None else None
 
 
 def _running(api: JobApi, candidates: set[str]) -> list[str]:

@@ -1,6 +1,6 @@
 """Resolve waiting Step Functions tasks from SageMaker state-change events.
 
-EventBridge delivers "SageMaker Processing Job State Change" (downloads, evaluations), "SageMaker
+EventBridge delivers "SageMaker Processing Job State Change" (downloads, dedup, evaluations), "SageMaker
 Training Job State Change", "SageMaker Endpoint State Change" and "SageMaker Model Package State
 Change" (a person's approval) events; on a terminal status the task token stored under the
 resource's name (a package: its ARN) is answered with SendTaskSuccess (a compact summary) or
@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sdflow_common import aws, model_artifact, rollback, sagemaker_jobs
 from sdflow_common.errors import (
+    DedupJobFailed,
     DownloadJobFailed,
     EndpointDeployFailed,
     EvaluationJobFailed,
@@ -58,6 +59,7 @@ FAILURE_ERRORS: dict[Kind, type[SdflowError]] = {
     "download": DownloadJobFailed,
     "training": TrainingJobFailed,
     "evaluation": EvaluationJobFailed,
+    "dedup": DedupJobFailed,
     "endpoint": EndpointDeployFailed,
     "approval": ModelRejected,
 }
@@ -76,7 +78,7 @@ class _Detail(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
 
     kind: ClassVar[Kind]
-    # The claims this kind of event may answer: a processing job is a download or an evaluation.
+    # The claims this kind of event may answer: a processing job is a download, a dedup or an evaluation.
     kinds: ClassVar[frozenset[Kind]]
     # Each kind names these two differently; subclasses give the alias.
     resource_name: str
@@ -96,7 +98,7 @@ class _JobDetail(_Detail):
 
 class ProcessingJobDetail(_JobDetail):
     kind: ClassVar[Kind] = "download"
-    kinds: ClassVar[frozenset[Kind]] = frozenset({"download", "evaluation"})
+    kinds: ClassVar[frozenset[Kind]] = frozenset({"download", "dedup", "evaluation"})
 
     resource_name: str = Field(alias="ProcessingJobName")
     status: str = Field(alias="ProcessingJobStatus")
@@ -327,6 +329,9 @@ class TaskResolver:
                 # evaluation.json and adherence.png are there; Register model reads them.
                 uri = detail.output_uri("evaluation") or record.context.get("output_uri", "")
                 return {"job_name": detail.resource_name, "evaluation_uri": uri}
+            if record.kind == "dedup":
+                # The container wrote summary.json last; Build dataset index reads it ($.dedup).
+                return {"job_name": detail.resource_name, "summary_uri": record.context.get("summary_uri", "")}
             return {
                 "shard_id": record.context.get("shard_id", ""),
                 "status": "ok",

@@ -30,6 +30,7 @@ HASH_LENGTH = 10
 DOWNLOAD_PREFIX = "sdf-dl"
 TRAINING_PREFIX = "sdf-tr"
 EVALUATION_PREFIX = "sdf-ev"
+DEDUP_PREFIX = "sdf-dd"
 # Model package groups, one per run_name: `sdf-<run name slug>` (the IAM policies scope to sdf-*).
 MODEL_GROUP_PREFIX = "sdf"
 UNNAMED_RUN_GROUP = "unnamed"
@@ -170,6 +171,11 @@ def training_job_name(hash_: str, run_id: str, redrive: int, attempt: int) -> st
 def evaluation_job_name(hash_: str, run_id: str, redrive: int, attempt: int) -> str:
     """Evaluation processing job of a run: `sdf-ev-<run slug>-<run hash>-r<redrive>-a<attempt>`."""
     return _assemble(EVALUATION_PREFIX, run_id, hash_, _counters(redrive, attempt))
+
+
+def dedup_job_name(hash_: str, run_id: str, redrive: int, attempt: int) -> str:
+    """Dedup processing job of a run (Find duplicates): `sdf-dd-<run slug>-<run hash>-r<redrive>-a<attempt>`."""
+    return _assemble(DEDUP_PREFIX, run_id, hash_, _counters(redrive, attempt))
 
 
 def model_package_group_name(run_name: str | None) -> str:

@@ -38,6 +38,7 @@ _PROGRESS = (
     ("evaluation", "evaluation_uri", "Register model"),
     ("training", "job_name", "Evaluate model"),
     ("dataset", "index_uri", "Train model"),
+    ("dedup", "summary_uri", "Build dataset index"),
 )
 _AFTER_VALIDATION = "Download shards / Build dataset index"
 _VALIDATION = "Validate run"

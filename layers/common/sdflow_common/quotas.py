@@ -2,7 +2,7 @@
 
 A quota (ResourceLimitExceeded) is not a rate limit: it frees only when the jobs holding it end.
 So before any job starts, the download concurrency is capped at what the quota lets run at
-once, and a training job or endpoint larger than its quota is refused with the field to change,
+once, and a dedup job, training job or endpoint larger than its quota is refused with the field to change,
 instead of failing after hours of downloads.
 
 SageMaker names each instance quota "<instance type> for <use> usage" (processing job, training
@@ -24,6 +24,7 @@ from aws_lambda_powertools import Logger
 from botocore.exceptions import BotoCoreError, ClientError
 
 from sdflow_common import aws
+from sdflow_common.dedup_options import DEDUP_INSTANCE_COUNT
 from sdflow_common.errors import InvalidRunDocument
 from sdflow_common.run_document import RunDocument
 from sdflow_common.sagemaker_jobs import DOWNLOAD_INSTANCE_COUNT
@@ -60,7 +61,7 @@ def _needs(document: RunDocument) -> dict[str, tuple[str, int, str]]:
     """field → (quota name, instances one job or endpoint needs, what that field sets)."""
     training = document.training
     training_use = "spot training job" if training.use_spot else "training job"
-    return {
+    needs = {
         "download.instance_type": (
             quota_name(document.download.instance_type, "processing job"),
             DOWNLOAD_INSTANCE_COUNT,
@@ -77,6 +78,11 @@ def _needs(document: RunDocument) -> dict[str, tuple[str, int, str]]:
             "endpoint",
         ),
     }
+    if document.deduplication.enabled:
+        # After the downloads, so it never shares the processing quota with them: one instance is all it needs.
+        dedup_quota = quota_name(document.deduplication.instance_type, "processing job")
+        needs["deduplication.instance_type"] = (dedup_quota, DEDUP_INSTANCE_COUNT, "dedup job")
+    return needs
 
 
 def _too_small(needs: dict[str, tuple[str, int, str]], limits: dict[str, int]) -> list[dict[str, str]]:

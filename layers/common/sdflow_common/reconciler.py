@@ -13,7 +13,7 @@ For a due claim it describes the resource:
 - an endpoint still changing after its deadline cannot be stopped: its claim stays, and its
   state-change event (or a later pass) finds the dead token and rolls the deployment back;
 - anything else is left for a later pass.
-Claims other than downloads (a run's training, evaluation, endpoint and approval: a few per run)
+Claims other than downloads (a run's dedup, training, evaluation, endpoint and approval: a few per run)
 are described every period, whatever their deadline: a lost "Completed" event of a training job
 would otherwise hold the run until the deadline's lead, about a day for a default training job.
 Download claims (thousands in a big run) wait for their deadline's lead, as above.
@@ -78,15 +78,6 @@ class ReconcileReport:
             raise ReconcileIncomplete(f"{len(self.errors)} claim(s) could not be reconciled: {shown}")
 
 
-def _job_api(sagemaker: Any, record: TokenRecord) -> job_control.JobApi | None:
-    model = DETAIL_MODELS[record.kind]
-    if model is ProcessingJobDetail:
-        return job_control.processing_jobs(sagemaker)
-    if model is TrainingJobDetail:
-        return job_control.training_jobs(sagemaker)
-    return None
-
-
 def _describer(sagemaker: Any, record: TokenRecord) -> Callable[[], dict[str, Any]]:
     name = record.resource_name
     model = DETAIL_MODELS[record.kind]
@@ -115,7 +106,7 @@ def _stop_overdue(
         resolver.fail(record, FAILURE_ERRORS[record.kind], cause, detail.status)
         report.stopped += 1
         return
-    api = _job_api(sagemaker, record)
+    api = job_control.for_kind(sagemaker, record.kind)
     if api is None:
         # An endpoint change cannot be stopped; its settling event rolls it back (see the module docstring).
         logger.warning("endpoint deployment outlived its task", extra={"endpoint": record.resource_name})

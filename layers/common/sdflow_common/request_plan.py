@@ -3,9 +3,10 @@ against the API's constraints (sdflow_common.request_limits) before anything is 
 
 A run that SageMaker would refuse at Register model (a metadata value over 256 characters, a character a pattern
 refuses) must fail before its downloads and its GPU instances are paid for. So `planned_requests` builds, from
-`$.config` and the stack's Settings, the download job of the longest shard URI, the training job, the evaluation
-job, the model package group, the model package, the model, the endpoint config and both the CreateEndpoint and
-the UpdateEndpoint a deployment may send, each with what is unknown until then at its worst:
+`$.config` and the stack's Settings, the download job of the longest shard URI, the dedup job (when
+deduplication.enabled), the training job, the evaluation job, the model package group, the model package, the
+model, the endpoint config and both the CreateEndpoint and the UpdateEndpoint a deployment may send, each with
+what is unknown until then at its worst:
 - the names with the widest redrive and attempt counters a name is cut for (names._COUNTER_ROOM: r1000-a1000);
 - the model package with a score for every gate metric and a loss written as the longest number text
   (`-1.797…e308` as `%.4f`, over 300 characters), so the metadata's shaping and cutting are what is checked;
@@ -26,6 +27,7 @@ from typing import Any
 
 from sdflow_common import (
     dataset_manifest,
+    dedup_job,
     evaluation,
     job_starters,
     model_artifact,
@@ -194,6 +196,23 @@ def _download(worst: _Worst, shards: list[dict[str, Any]] | None) -> PlannedRequ
         *_argument_fields("appSpecification.containerArguments", arguments, flags),
     )
     return PlannedRequest("CreateProcessingJob", "download job", dict(request), fields, EXECUTION_FIELD)
+
+
+def _dedup(worst: _Worst) -> list[PlannedRequest]:
+    """Find duplicates' job, when the run has one (deduplication.enabled)."""
+    config, unknowns, stack = worst.config, worst.unknowns, worst.settings
+    if not config.run.deduplication.enabled:
+        return []
+    name = names.dedup_job_name(worst.run_hash, config.run_id, unknowns.redrive, unknowns.attempt)
+    request = dedup_job.dedup_job_request(
+        job_name=name,
+        config=config,
+        run_hash=worst.run_hash,
+        image_uri=stack.training_image_uri,
+        role_arn=stack.sagemaker_role_arn,
+    )
+    fields = (*dedup_job.DOCUMENT_FIELDS, ("appSpecification.imageUri", STACK_FIELD), ("roleArn", STACK_FIELD))
+    return [PlannedRequest("CreateProcessingJob", "dedup job", request, fields, EXECUTION_FIELD)]
 
 
 def _training_job_name(worst: _Worst) -> str:
@@ -418,6 +437,7 @@ def planned_requests(
     worst = _Worst(parsed, settings, names.run_hash(parsed.execution_arn, parsed.started_at), unknowns or Unknowns())
     return [
         _download(worst, shards),
+        *_dedup(worst),
         _training(worst),
         _evaluation(worst),
         *_registry(worst),

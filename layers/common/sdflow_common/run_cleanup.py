@@ -6,8 +6,8 @@ training job runs on until its MaxRuntime, an endpoint deployment still complete
 claims in the token table say what it started: a starter claims a job's name before it creates the
 job (sdflow_common.job_start), and a claim goes only when its job has ended (job_events, the
 reconciler) or was stopped. So, from one read of the run's claims:
-1. every claimed SageMaker job of the run is stopped: downloads, the training job, the evaluation
-   job (StopProcessingJob / StopTrainingJob by name), each only after its claim was deleted on the
+1. every claimed SageMaker job of the run is stopped: downloads, the dedup job, the training job, the
+   evaluation job (StopProcessingJob / StopTrainingJob by name), each only after its claim was deleted on the
    condition that it still holds the token read (a redrive that adopted the job holds it now:
    the job is the redrive's, and is left running). A job that ended already answers
    ValidationException ("The request was rejected because the training job is in status
@@ -135,11 +135,12 @@ def _cli_name(noun: str) -> str:
 # The job kinds a claim can name, in the order the notification lists them.
 JOB_APIS: dict[str, Callable[[Any], job_control.JobApi]] = {
     "download": job_control.processing_jobs,
+    "dedup": job_control.dedup_jobs,
     "training": job_control.training_jobs,
     "evaluation": job_control.evaluation_jobs,
 }
 # What one read of the claims lets the cleanup say of the run (CleanupReport.checked).
-CHECKED = ["download jobs", "evaluation jobs", "training jobs", "endpoint deployments"]
+CHECKED = ["download jobs", "dedup jobs", "evaluation jobs", "training jobs", "endpoint deployments"]
 
 
 def _is_job_of_run(record: TokenRecord, run_hash: str) -> bool:

@@ -18,6 +18,7 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from sdflow_common.dataset_filters import DatasetFilters
+from sdflow_common.dedup_options import DeduplicationOptions
 from sdflow_common.document_values import QUOTE_LIMIT as QUOTE_LIMIT
 from sdflow_common.document_values import S3_URI as S3_URI
 from sdflow_common.document_values import parse_s3_uri as parse_s3_uri
@@ -228,6 +229,7 @@ class RunDocument(_Strict):
         ),
     )
     download: DownloadOptions = Field(default_factory=DownloadOptions, description="The download jobs.")
+    deduplication: DeduplicationOptions = Field(default_factory=DeduplicationOptions, description="The dedup job.")
     training: TrainingOptions = Field(default_factory=TrainingOptions, description="The training job.")
     endpoint: EndpointOptions = Field(default_factory=EndpointOptions, description="The endpoint.")
     evaluation: EvaluationOptions = Field(

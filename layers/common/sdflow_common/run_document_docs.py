@@ -34,6 +34,7 @@ BLOCKS = (
     "dataset.filters",
     "dataset.filters.columns",
     "download",
+    "deduplication",
     "training",
     "training.lora",
     "endpoint",

@@ -88,6 +88,7 @@ DOWNLOAD_TASK_MARGIN_SECONDS = 900
 TRAINING_TASK_MARGIN_SECONDS = 1800
 DEPLOY_TASK_MARGIN_SECONDS = 900
 EVALUATION_TASK_MARGIN_SECONDS = 900
+DEDUP_TASK_MARGIN_SECONDS = 900
 # Blue/green: how long the old fleet stays up after traffic moved, ready for a rollback.
 BLUE_GREEN_TERMINATION_WAIT_SECONDS = 300
 # SageMaker's bounds for BlueGreenUpdatePolicy.MaximumExecutionTimeoutInSeconds.
@@ -555,6 +556,7 @@ def task_timeouts(run: RunDocument) -> dict[str, int]:
         "download": download_task_timeout_seconds(run.download),
         "training": training_task_timeout_seconds(run.training),
         "evaluation": evaluation_task_timeout_seconds(run.evaluation),
+        "dedup": run.deduplication.max_runtime_seconds + DEDUP_TASK_MARGIN_SECONDS,
         # Manual approval waits on a person, not a job: the document says how long.
         "approval": run.approval.timeout_seconds,
         "endpoint": deploy_task_timeout_seconds(run.endpoint),

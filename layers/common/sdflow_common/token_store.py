@@ -22,9 +22,9 @@ from sdflow_common import aws
 from sdflow_common.errors import EndpointBusy, TokenConflict
 from sdflow_common.settings import Settings
 
-# "evaluation" is a processing job too; "approval" waits on a model package (keyed by its ARN).
-Kind = Literal["download", "training", "evaluation", "endpoint", "approval"]
-KINDS: tuple[Kind, ...] = ("download", "training", "evaluation", "endpoint", "approval")
+# "evaluation" and "dedup" are processing jobs too; "approval" waits on a model package (keyed by its ARN).
+Kind = Literal["download", "training", "evaluation", "dedup", "endpoint", "approval"]
+KINDS: tuple[Kind, ...] = ("download", "training", "evaluation", "dedup", "endpoint", "approval")
 # How long a claim is kept after its task's deadline: room for the reconciler to stop a job that
 # outlived its task and for a late event to find its (dead) token, which it then cleans up.
 EXPIRY_SLACK_SECONDS = 86_400

@@ -1,14 +1,14 @@
 """A SageMaker stand-in whose jobs do no work: for benchmarks and tests of the orchestration.
 
-Everything around it stays real (the patched SageMaker API with its quotas and rate limits, the
-status events, job_events resolving each token); only the job's content is skipped. A download
-job writes the `_SUCCESS` marker build_index reads, an evaluation job the `evaluation.json` Register
-model reads (a perfect score, so any gate passes), a training job reports artifacts and a loss and
-leaves a few-pixel samples.png and loss.png and a training_summary.json where the real job's go (so a
-console shows a no-op run's outputs): `output/output.tar.gz`, or uncompressed (OutputDataConfig
-CompressionType NONE) under the model's `output/model/` prefix and `output/data/`; an
-endpoint goes InService. `job_seconds` holds each job that long on the local cloud's clock, so concurrency and
-quotas are exercised; `peak_running` records the most processing jobs ever running at once.
+Everything around it stays real (the patched SageMaker API with its quotas and rate limits, the status events,
+job_events resolving each token); only the job's content is skipped. A download job writes the `_SUCCESS` marker
+build_index reads, a dedup job a `summary.json` that found no duplicate, an evaluation job the `evaluation.json`
+Register model reads (a perfect score, so any gate passes), a training job reports artifacts and a loss and
+leaves a few-pixel samples.png and loss.png and a training_summary.json where the real job's go (so a console
+shows a no-op run's outputs): `output/output.tar.gz`, or uncompressed (OutputDataConfig CompressionType NONE)
+under the model's `output/model/` prefix and `output/data/`; an endpoint goes InService. `job_seconds` holds each
+job that long on the local cloud's clock, so concurrency and quotas are exercised; `peak_running` records the
+most processing jobs ever running at once.
 StopProcessingJob / StopTrainingJob end a held job at once as Stopped (no `_SUCCESS`, no
 artifacts); the fault `kill_job` ends it at once as Failed, as a killed container would."""
 
@@ -30,6 +30,7 @@ from sdflow.local.account import ACCOUNT_ID, REGION
 from sdflow.local.runtime import current_clock
 from sdflow.local.sagemaker.host import utc_now
 from sdflow.local.sagemaker.job_logs import JobLogs, metric_definitions, metric_values
+from sdflow_common.dedup_job import DEDUP_ENTRYPOINT, SUMMARY_FILE
 from sdflow_common.evaluation import EVALUATION_FILE, GRID_FILE
 from sdflow_common.run_document import parse_s3_uri
 
@@ -118,8 +119,11 @@ class NoOpSageMaker:
             if why is not None:
                 self._report_early_end("processing", name, why)
                 return
-            if request["AppSpecification"].get("ContainerEntrypoint") == ["evaluate"]:
+            entrypoint = request["AppSpecification"].get("ContainerEntrypoint")
+            if entrypoint == ["evaluate"]:
                 self._evaluation_output(request)
+            elif entrypoint == DEDUP_ENTRYPOINT:
+                self._dedup_output(request)
             else:
                 output = _argument(request["AppSpecification"].get("ContainerArguments") or [], "--output_uri")
                 bucket, key = parse_s3_uri(output)
@@ -138,6 +142,24 @@ class NoOpSageMaker:
         scores = {"prompt_adherence": 1.0, "base_prompt_adherence": 0.125, "prompts": 48, "grid": GRID_FILE}
         self._put(bucket, key.rstrip("/") + "/" + EVALUATION_FILE, json.dumps(scores).encode())
         self._put(bucket, key.rstrip("/") + "/" + GRID_FILE, _png("green"))
+
+    def _dedup_output(self, request: dict[str, Any]) -> None:
+        """summary.json (docs/contracts.md "The dedup job") of a pass that found no duplicate: no shard
+        has drops, so no dropped/ file either."""
+        arguments = request["AppSpecification"].get("ContainerArguments") or []
+        bucket, key = parse_s3_uri(_argument(arguments, "--output_uri"))
+        summary = {
+            "version": 1,
+            "partitions": int(_argument(arguments, "--partitions")),
+            "shards": {},
+            "url_duplicates": 0,
+            "image_duplicates": 0,
+            "hashed_samples": 0,
+            "unhashed_shards": [],
+            "duration_s": 0.0,
+            "peak_rss_mb": 0,
+        }
+        self._put(bucket, key.rstrip("/") + "/" + SUMMARY_FILE, json.dumps(summary).encode())
 
     def _put(self, bucket: str, key: str, body: bytes) -> None:
         """The job's output, written straight into the local S3 backend: a real job writes from its
@@ -274,8 +296,8 @@ def _png(colour: str) -> bytes:
 
 
 def _argument(arguments: list[str], flag: str) -> str:
-    """A flag's value in a download job's ContainerArguments: the container uploads its shards to
-    `--output_uri` itself (there is no ProcessingOutput), so that is where `_SUCCESS` goes."""
+    """A flag's value in a download or dedup job's ContainerArguments: the container uploads its files to
+    `--output_uri` itself (there is no ProcessingOutput), so that is where `_SUCCESS` and summary.json go."""
     try:
         return arguments[arguments.index(flag) + 1]
     except (ValueError, IndexError):

@@ -1,6 +1,6 @@
 """NoOpSageMaker's training job leaves its report files where the real one's go: output.tar.gz (the output data
 dir's archive), or uncompressed under the model's prefix; the files a console shows: samples.png, loss.png,
-training_summary.json."""
+training_summary.json; its dedup job an empty summary.json."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ import boto3
 from PIL import Image
 
 from sdflow.local.sagemaker.noop import NoOpSageMaker
+from sdflow_common.dedup_job import DedupTask, dedup_job_request
 from tests.constants import REGION
-from tests.unit.local.helpers import TRAINING_REQUEST, wait_for
+from tests.unit.helpers import load_event
+from tests.unit.local.helpers import ROLE, TRAINING_REQUEST, wait_for
 from tests.unit.local.recorders import Recorder
 
 
@@ -63,3 +65,40 @@ def test_noop_training_job_uncompressed_output_leaves_report_files_under_model_p
     assert keys == [f"data/{name}" for name in reports] + [f"model/{name}" for name in reports]
     summary = s3.get_object(Bucket="data", Key=f"{prefix}training_summary.json")["Body"].read()
     assert json.loads(summary) == {"final_loss": 0.1, "steps": 10, "noop": True}
+
+
+def test_noop_dedup_job_writes_a_summary_that_found_no_duplicate(aws: None) -> None:
+    """A no-op run's Find duplicates leaves what Build dataset index reads: summary.json in the contract's shape
+    (docs/contracts.md "The dedup job"), at --output_uri, with no shard dropping anything."""
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.create_bucket(Bucket="data")
+    config = DedupTask.model_validate(load_event("find_duplicates_task.json")).config.model_copy(
+        update={"bucket": "data"}
+    )
+    request = dedup_job_request(
+        job_name="sdf-dd-run-0123456789-r0-a0", config=config, run_hash="0123456789", image_uri="i", role_arn=ROLE
+    )
+    recorder = Recorder()
+    noop = NoOpSageMaker("http://127.0.0.1:9", recorder, direct_s3=True)
+    try:
+        noop.run_processing_job(request)
+        status, _fields = wait_for(lambda: recorder.final("sdf-dd-run-0123456789-r0-a0"), what="the no-op dedup job")
+    finally:
+        noop.shutdown()
+
+    assert status == "Completed"
+    prefix = f"runs/{config.run_id}/dataset/dedup/"
+    listed = [item["Key"] for item in s3.list_objects_v2(Bucket="data", Prefix=prefix)["Contents"]]
+    assert listed == [f"{prefix}summary.json"], "no shard has drops: no dropped/ file"
+    summary = json.loads(s3.get_object(Bucket="data", Key=f"{prefix}summary.json")["Body"].read())
+    assert summary == {
+        "version": 1,
+        "partitions": 64,
+        "shards": {},
+        "url_duplicates": 0,
+        "image_duplicates": 0,
+        "hashed_samples": 0,
+        "unhashed_shards": [],
+        "duration_s": 0.0,
+        "peak_rss_mb": 0,
+    }

@@ -26,9 +26,9 @@ from sdflow_image.training.data import DataStateError, ShardLoader, make_dataloa
 pytestmark = pytest.mark.image
 
 RESOLUTION = 64  # buckets_for(64, 8): 32x128 ... 64x64 ... 128x32
-# (width, height) of the stored images, cycling: 2:1, 1:2, square, 5:3.
-SIZES = [(64, 32), (32, 64), (48, 48), (80, 48)]
-BUCKET_OF = {(64, 32): (24, 48), (32, 64): (48, 24), (48, 48): (32, 32), (80, 48): (48, 80)}
+# (width, height) of the stored images, cycling: 2:1, 1:2, square, 5:1 (wider than the widest bucket, 4:1).
+SIZES = [(64, 32), (32, 64), (48, 48), (100, 20)]
+BUCKET_OF = {(64, 32): (48, 96), (32, 64): (96, 48), (48, 48): (64, 64), (100, 20): (32, 128)}
 
 
 def _args(root: Path, index: str, **overrides: Any) -> SimpleNamespace:
@@ -148,15 +148,15 @@ def test_bucketed_loader_batches_hold_one_bucket_each(aspect_dataset: tuple[Path
 def test_bucketed_loader_sdxl_conditioning_is_original_size_and_crop_corner(aspect_dataset: tuple[Path, str]) -> None:
     root, index = aspect_dataset
     iterator = iter(make_dataloader(_args(root, index), KeyTokenizer(), rank=0, world_size=1))
-    wide = next(b for b in iterator if tuple(b["pixel_values"].shape[-2:]) == (48, 80))
+    wide = next(b for b in iterator if tuple(b["pixel_values"].shape[-2:]) == (32, 128))
     iterator.close()  # type: ignore[attr-defined]
-    # 80x48 stored (web original 240x144) covering 48x80: exact fit, crop at (0, 0).
-    assert wide["original_size"].tolist() == [[144, 240]] * 3
-    assert wide["crop_top_left"].tolist() == [[0, 0]] * 3
+    # 100x20 stored (web original 300x60) covering 32 tall x 128 wide: scale 1.6 → 160x32, centered: left 16.
+    assert wide["original_size"].tolist() == [[60, 300]] * 3
+    assert wide["crop_top_left"].tolist() == [[0, 16]] * 3
     iterator = iter(make_dataloader(_args(root, index), KeyTokenizer(), rank=0, world_size=1))
-    tall = next(b for b in iterator if tuple(b["pixel_values"].shape[-2:]) == (48, 24))
+    tall = next(b for b in iterator if tuple(b["pixel_values"].shape[-2:]) == (96, 48))
     iterator.close()  # type: ignore[attr-defined]
-    # 32x64 stored covering 24 wide x 48 tall: scale 0.75 → 24x48, no crop; original 96x192 (w x h).
+    # 32x64 stored covering 48 wide x 96 tall: scale 1.5, an exact fit, so no crop; original 96 wide, 192 tall.
     assert tall["original_size"].tolist() == [[192, 96]] * 3
     assert tall["crop_top_left"].tolist() == [[0, 0]] * 3
 
@@ -170,15 +170,17 @@ def test_sdxl_time_ids_carry_bucket_target_size(family_base: Any, aspect_dataset
     root, index = aspect_dataset
     args = _args(root, index, center_crop=False)
     iterator = iter(make_dataloader(args, KeyTokenizer(), rank=0, world_size=1))
-    batch = next(b for b in iterator if tuple(b["pixel_values"].shape[-2:]) == (24, 48))
+    batch = next(b for b in iterator if tuple(b["pixel_values"].shape[-2:]) == (32, 128))
     iterator.close()  # type: ignore[attr-defined]
-    tokens = torch.zeros((3, 77), dtype=torch.long)
-    batch = {**batch, "input_ids": tokens, "input_ids_2": tokens}
+    ids = [torch.zeros((3, t.model_max_length), dtype=torch.long) for t in (parts.tokenizer, parts.tokenizer_2)]
+    batch = {**batch, "input_ids": ids[0], "input_ids_2": ids[1]}
     encoded = family.encode_batch(batch, parts, torch.device("cpu"), torch.Generator().manual_seed(0), 0.0)
     rows = encoded.extra["time_ids"].tolist()
     for row, size, corner in zip(rows, batch["original_size"].tolist(), batch["crop_top_left"].tolist(), strict=True):
-        assert row == [*size, *corner, 24, 48]
-    assert encoded.latents.shape[-2:] == (3, 6)  # 24x48 through the VAE's factor 8: non-square latents
+        assert row == [*size, *corner, 32, 128]
+    assert {tuple(c) for c in batch["crop_top_left"].tolist()} != {(0, 0)}  # random crops along the width
+    factor = 2 ** (len(parts.vae.config.block_out_channels) - 1)  # the tiny VAE's downsampling
+    assert encoded.latents.shape[-2:] == (32 // factor, 128 // factor)  # non-square latents
 
 
 # ------------------------------------------------------------------ resume

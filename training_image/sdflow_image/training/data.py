@@ -494,8 +494,9 @@ def make_dataloader(
         "interleave_shards": config.interleave_shards,
         "seed": config.seed,
         "shards": fingerprint(index.shards),
-        # A position with pending samples of some buckets means nothing with other buckets (or none).
-        **({"buckets": buckets_fingerprint(config.buckets)} if config.buckets else {}),
+        # A position with samples pending in some buckets means nothing with other buckets or none (a
+        # state saved before buckets existed has no such key: None, square batches, as it was).
+        "buckets": buckets_fingerprint(config.buckets) if config.buckets else None,
     }
     cursors, first = _check_state(state, identity) if state is not None else ({}, 0)
     source = source_for(args.dataset_dir)

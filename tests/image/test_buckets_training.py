@@ -16,8 +16,9 @@ from family_fixtures import FAMILY_HP, losses_of, train_in_process
 
 pytestmark = pytest.mark.image
 
-# (width, height): 2:1 and 1:2 (buckets 24x48 and 48x24 at resolution 32) and a square (32x32).
-SIZES = [(64, 32), (32, 64), (64, 32), (48, 48), (32, 64)]
+# (width, height): 2:1 and 1:2 (buckets 24x48 and 48x24 at resolution 32) and a square (32x32); in this
+# order, the checkpoint after step 2 has a sample waiting in another bucket (seed 0, 2 shards interleaved).
+SIZES = [(64, 32), (48, 48), (32, 64), (64, 32), (32, 64)]
 
 
 @pytest.mark.parametrize("family", ["sd", "sdxl"])

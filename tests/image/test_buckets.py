@@ -67,11 +67,12 @@ def _take(loader: ShardLoader, batches: int) -> list[tuple[list[str], list[float
 def test_sdxl_buckets_are_the_papers_forty_around_one_megapixel() -> None:
     assert len(SDXL_BUCKETS) == 40 == len(set(SDXL_BUCKETS))
     assert (SDXL_BUCKETS[0], SDXL_BUCKETS[20], SDXL_BUCKETS[-1]) == ((512, 2048), (1024, 1024), (2048, 512))
-    assert all(h % 64 == 0 and w % 64 == 0 and 512 <= min(h, w) and max(h, w) <= 2048 for h, w in SDXL_BUCKETS)
+    assert all(h % 64 == 0 and w % 64 == 0 and min(h, w) >= 512 and max(h, w) <= 2048 for h, w in SDXL_BUCKETS)
     assert all(0.9 <= h * w / 1024**2 <= 1.0 for h, w in SDXL_BUCKETS)  # at most the square's pixels
     # Portrait (height < width in the table's order) to landscape: aspect h/w rises along the list.
     ratios = [h / w for h, w in SDXL_BUCKETS]
-    assert ratios == sorted(ratios) and (ratios[0], ratios[-1]) == (0.25, 4.0)
+    assert ratios == sorted(ratios)
+    assert (ratios[0], ratios[-1]) == (0.25, 4.0)
 
 
 @pytest.mark.parametrize("multiple", [8, 16])
@@ -84,13 +85,14 @@ def test_buckets_for_smaller_resolution_scales_and_rounds_half_up_to_multiple() 
     # 512x2048 → 64x256; 512x1984 → 64x248 → rounds up to 64x256 and is kept once; 576x1792 → 72 → 80 x 224;
     # 960x1024 → 120 → 128 x 128, the square, first met at 960x1024's place.
     assert buckets[:3] == ((64, 256), (64, 240), (80, 224))
-    assert (64, 248) not in buckets and buckets.count((128, 128)) == 1
+    assert (64, 248) not in buckets
+    assert buckets.count((128, 128)) == 1
     assert all(h % 16 == 0 and w % 16 == 0 and max(h, w) / min(h, w) <= 4 for h, w in buckets)
     assert len(buckets) == len(set(buckets)) == 23
 
 
 def test_buckets_for_resolution_off_the_multiple_is_refused_naming_it() -> None:
-    with pytest.raises(BucketError, match="resolution=72 must be a positive multiple of .* 16"):
+    with pytest.raises(BucketError, match=r"resolution=72 must be a positive multiple of .* 16"):
         buckets_for(72, 16)
 
 
@@ -118,14 +120,16 @@ def test_resize_cover_crop_covers_bucket_and_reports_crop_corner() -> None:
     assert corner == (0, 16)  # (top, left): centered in 128 wide
     for seed in range(20):
         _, (top, left) = resize_cover_crop(image, (64, 96), center_crop=False, rng=random.Random(seed))
-        assert top == 0 and 0 <= left <= 32
+        assert top == 0
+        assert 0 <= left <= 32
 
 
 def test_resize_crop_square_is_cover_crop_of_square_bucket() -> None:
     image = Image.effect_noise((90, 60), 40).convert("RGB")
     square, corner = resize_crop(image, 32, center_crop=False, rng=random.Random(3))
     covered, corner2 = resize_cover_crop(image, (32, 32), center_crop=False, rng=random.Random(3))
-    assert corner == corner2 and square.tobytes() == covered.tobytes()
+    assert corner == corner2
+    assert square.tobytes() == covered.tobytes()
 
 
 # ------------------------------------------------------------------ batches of one bucket
@@ -218,3 +222,19 @@ def test_nearest_bucket_tie_in_log_aspect_goes_to_first_listed() -> None:
     # 2:1 is as far from 1:1 as from 4:1 on the log scale: the list's order decides, the same on every run.
     assert nearest_bucket(((64, 64), (32, 128)), 128, 64) == (64, 64)
     assert nearest_bucket(((32, 128), (64, 64)), 128, 64) == (32, 128)
+
+
+def test_training_job_buckets_past_sd3_position_grid_refused_naming_resolution(family_base: Any) -> None:
+    """The tiny SD 3 embeds positions for 32 patches of 1 latent pixel (4 image pixels) a side: 128 px. At
+    resolution 128 the 4:1 buckets are 256 px long: refused before anything loads; at 64 they fit."""
+    from sdflow_image.training import train
+
+    base = str(family_base("sd3"))
+    args = train.parse_args(["--resolution", "128", "--aspect_buckets", "true"], hyperparameters={})
+    args.model_family, args.pretrained_model_name_or_path = "sd3", base
+    with pytest.raises(train.HyperparameterError, match=r"longest bucket is 256 px.*resolution to at most 64"):
+        train.check_family(args)
+    args.resolution = 64
+    train.check_family(args)
+    args.resolution, args.aspect_buckets = 128, False
+    train.check_family(args)  # square 128 px crops fit the grid

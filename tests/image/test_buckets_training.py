@@ -40,10 +40,12 @@ def test_bucketed_training_trains_non_square_and_resumes_exactly(
     first = hp("first")
     _, stdout = train_in_process(first)
     losses = losses_of(stdout)
-    assert sorted(losses) == [1, 2, 3, 4] and all(math.isfinite(v) for v in losses.values())
+    assert sorted(losses) == [1, 2, 3, 4]
+    assert all(math.isfinite(v) for v in losses.values())
     [data_state] = Path(first["checkpoints_dir"]).glob("*/data_state_rank0.json")
     position = json.loads(data_state.read_text())
-    assert position["buckets"] and any(c["pending"] for c in position["cursors"].values())
+    assert position["buckets"]
+    assert any(c["pending"] for c in position["cursors"].values())
     second = hp("resumed")
     shutil.copytree(Path(first["checkpoints_dir"]), Path(second["checkpoints_dir"]))
     _, resumed_stdout = train_in_process(second)

@@ -36,9 +36,11 @@ def test_bucketed_new_family_trains_non_square_and_resumes_exactly(
 
     assert code == 0, out[-4000:]
     losses = runs.losses(out)
-    assert sorted(losses) == list(range(1, STEPS + 1)) and all(math.isfinite(v) for v in losses.values())
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    assert all(math.isfinite(v) for v in losses.values())
     [data_state] = (opt_ml / "checkpoints").glob("*2*/data_state_rank0.json")
     position = json.loads(data_state.read_text())
-    assert position["buckets"] and position["cursors"]["0"]["pending"]
+    assert position["buckets"]
+    assert position["cursors"]["0"]["pending"]
     resumed = runs.resumed_copy(tmp_path, opt_ml, hp, bases(family), dataset, 1)
     assert resumed == pytest.approx({3: losses[3], 4: losses[4]}, rel=1e-5)

@@ -258,9 +258,8 @@ class TrainingOptions(StrictOptions):
             "Train in aspect-ratio buckets instead of square crops: each image is resized to cover the bucket "
             "nearest its aspect ratio and cropped to it, and every batch holds one bucket. The buckets are SDXL's "
             "published 40 (SDXL paper, arXiv:2307.01952, appendix I: 512x2048 to 2048x512 around 1024² pixels), "
-            "scaled to `resolution`² pixels and rounded to the model's size multiple (`docs/training.md`). SDXL is "
-            "told each image's original size and crop corner. Needs `download.resize_mode` `keep_ratio`, which "
-            "stores each image with its shorter side `download.image_size`, enough for every bucket."
+            "scaled to `resolution`² pixels and rounded to the model's size multiple: see [Aspect-ratio buckets]"
+            "(#aspect-ratio-buckets). Needs `download.resize_mode` `keep_ratio`."
         ),
     )
     learning_rate: float = Field(default=1e-5, gt=0, le=1, description="AdamW learning rate.")

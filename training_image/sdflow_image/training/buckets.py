@@ -24,8 +24,10 @@ This module imports neither torch nor numpy: train.py's early checks may use it.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import random
+from pathlib import Path
 
 from PIL import Image
 
@@ -62,7 +64,7 @@ class BucketError(ValueError):
 
 def _round_to(value: float, multiple: int) -> int:
     # Half-up, not Python's round-half-to-even: the list must not depend on which neighbour is even.
-    return max(multiple, int(math.floor(value / multiple + 0.5)) * multiple)
+    return max(multiple, math.floor(value / multiple + 0.5) * multiple)
 
 
 def buckets_for(resolution: int, multiple: int) -> tuple[Bucket, ...]:
@@ -116,3 +118,27 @@ def resize_cover_crop(
         rng = rng or random.Random()
         left, top = rng.randint(0, width - target_w), rng.randint(0, height - target_h)
     return image.crop((left, top, left + target_w, top + target_h)), (top, left)
+
+
+def position_grid_refusal(base_dir: str | Path, resolution: int, buckets: tuple[Bucket, ...]) -> str | None:
+    """Why `buckets` cannot train a base model whose transformer embeds positions on a square grid
+    (SD 3's `pos_embed_max_size` patches a side: diffusers' PatchEmbed.cropped_pos_embed refuses a
+    longer latent), or None: the longest bucket fits, or the model has no such grid."""
+    base = Path(base_dir)
+    try:
+        transformer = json.loads((base / "transformer" / "config.json").read_text(encoding="utf-8"))
+        vae = json.loads((base / "vae" / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # a UNet model, or one check_base_model has already named as incomplete
+    grid = transformer.get("pos_embed_max_size") if isinstance(transformer, dict) else None
+    if not isinstance(grid, int) or not isinstance(vae, dict):
+        return None
+    pixels = grid * int(transformer.get("patch_size", 2)) * 2 ** (len(vae.get("block_out_channels", [0] * 4)) - 1)
+    longest = max(max(bucket) for bucket in buckets)
+    if longest <= pixels:
+        return None
+    return (
+        f"aspect_buckets=true at resolution={resolution}: the longest bucket is {longest} px, and this model's "
+        f"transformer embeds positions for at most {pixels} px a side (pos_embed_max_size={grid}); set resolution "
+        f"to at most {pixels // 2} (a bucket's long side is up to twice it) or aspect_buckets=false"
+    )

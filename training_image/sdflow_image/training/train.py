@@ -38,6 +38,7 @@ from typing import Any
 from sdflow_image import contract, families, flags, scenes
 from sdflow_image.backends import rules
 from sdflow_image.families.base import FAMILIES, METHODS, FamilyError, detect_family, resolve_family
+from sdflow_image.training.buckets import buckets_for, position_grid_refusal
 from sdflow_image.training.checkpoints import CheckpointError, list_checkpoints
 from sdflow_image.training.data_source import FLAGS as DATA_FLAGS
 from sdflow_image.training.data_source import DatasetIndexError, load_index
@@ -327,6 +328,11 @@ def check_family(args: argparse.Namespace) -> None:
             f"snr_gamma and noise_offset weight the DDPM noise-prediction loss; model_family={family} trains on "
             "rectified flow: set both to 0"
         )
+    if getattr(args, "aspect_buckets", False):
+        refusal = position_grid_refusal(args.pretrained_model_name_or_path, args.resolution,
+                                        buckets_for(args.resolution, multiple))  # fmt: skip
+        if refusal:
+            raise HyperparameterError(refusal)
     if family not in ("sd3", "sd35") and not args.sd3_t5:
         raise HyperparameterError(f"sd3_t5=false is for model_family=sd3 or sd35; this base model is {family}")
     if args.train_text_encoder_lora and not families.get(family).text_encoder_lora:

@@ -10,7 +10,8 @@ next sample from one of them chosen by a hash of (seed, reader, epoch, draw numb
 no shuffle buffer whose contents a checkpoint would have to hold. Each epoch the reader's shards are
 opened in a new seeded order. Random crops and flips are seeded per sample the same way. A reader's
 whole position is therefore a few integers (`Cursor`): the epoch, the next shard to open, and each
-open shard's byte offset of its next sample (reopened with a ranged GET). The shuffle is coarser than
+open shard's byte offset of its next sample (reopened with a ranged GET); with `aspect_buckets`, also
+the samples waiting in the other buckets (training/bucketed.py). The shuffle is coarser than
 a large buffer would give: samples of one shard stay in file order, interleaved with the other open
 shards'. img2dataset writes a shard in its parquet file's row order, which for LAION is not sorted
 by content; raise `interleave_shards` for more mixing (each open shard holds one S3 connection).

@@ -149,7 +149,13 @@ FLAGS: list[flags.Flag] = [
         "(zeros in its place, as the SD3 pipeline without T5), to save its memory",
     ),
     Flag("mixed_precision", flags.choice(MIXED_PRECISIONS), "no", "no | fp16 (CUDA) | bf16"),
-    Flag("resolution", flags.positive_int, 512, "training image size in pixels (square; multiple of 8)"),
+    Flag(
+        "resolution",
+        flags.positive_int,
+        512,
+        "training image size in pixels, multiple of 8 (the square's side; with aspect_buckets, each bucket has "
+        "about its square's area)",
+    ),
     Flag("train_batch_size", flags.positive_int, 4, "batch size per process"),
     Flag("gradient_accumulation_steps", flags.positive_int, 1, "micro-batches per optimizer step"),
     Flag("gradient_checkpointing", flags.boolean, False, "recompute UNet activations in backward to save memory"),

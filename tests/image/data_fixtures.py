@@ -111,3 +111,29 @@ def local_s3() -> Iterator[Any]:
 def upload_tree(client: Any, root: Path, bucket: str, prefix: str = "runs/") -> None:
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         client.upload_file(str(path), bucket, prefix + path.relative_to(root).as_posix())
+
+
+def write_aspect_shards(root: Path, shards: list[list[tuple[int, int]]], *, run: str = "run") -> str:
+    """Like `write_key_shards`, with each sample's stored (width, height) given: shard i holds one
+    image per size in `shards[i]`. Each json records an `original_width`/`original_height` three
+    times the stored size, as img2dataset records the web image it resized. Returns the index path."""
+    entries: list[dict[str, Any]] = []
+    for shard, sizes in enumerate(shards):
+        relative = f"{run}/dataset/shards/{shard:05d}/00000.tar"
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(root / relative, "w") as tar:
+            for i, (width, height) in enumerate(sizes):
+                key = f"s{shard:05d}{i:04d}"
+                pixels = np.random.default_rng(shard * 1000 + i).integers(0, 256, (height, width, 3), dtype=np.uint8)
+                buffer = io.BytesIO()
+                Image.fromarray(pixels).save(buffer, "JPEG")
+                meta = {"key": key, "original_width": 3 * width, "original_height": 3 * height}
+                _add(tar, f"{key}.jpg", buffer.getvalue())
+                _add(tar, f"{key}.txt", key.encode())
+                _add(tar, f"{key}.json", json.dumps(meta).encode())
+        entries.append({"shard_id": f"{shard:05d}", "tar_files": [relative], "samples": len(sizes)})
+    total = sum(len(sizes) for sizes in shards)
+    index = {"version": 1, "run_id": run, "total_samples": total, "shards": entries, "failed_shards": []}
+    index_path = f"{run}/dataset/index.json"
+    (root / index_path).write_text(json.dumps(index))
+    return index_path

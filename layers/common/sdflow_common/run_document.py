@@ -40,6 +40,7 @@ from sdflow_common.training_options import (
     PROCESSING_MAX_RUNTIME_LIMIT,
     FieldRefusal,
     TrainingOptions,
+    aspect_buckets_refusal,
 )
 from sdflow_common.training_options import HYPERPARAMETER_VALUE_LIMIT as HYPERPARAMETER_VALUE_LIMIT
 from sdflow_common.training_options import LoraOptions as LoraOptions
@@ -288,6 +289,9 @@ class RunDocument(_Strict):
                 f"upsampled to train. Set download.image_size to at least {resolution}, or training.resolution "
                 f"to at most {size}",
             )
+        refusal = aspect_buckets_refusal(self.training.aspect_buckets, self.download.resize_mode)
+        if refusal is not None:
+            raise refusal
         return self
 
 

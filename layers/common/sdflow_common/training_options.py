@@ -166,6 +166,21 @@ class LoraOptions(StrictOptions):
         }
 
 
+def aspect_buckets_refusal(aspect_buckets: bool, resize_mode: str) -> FieldRefusal | None:
+    """Buckets need the images' own aspect ratios: img2dataset's `keep_ratio` keeps them (its shorter side
+    becomes download.image_size, which is at least training.resolution, so each image covers its bucket); the
+    other modes store squares (center_crop, border) or leave sizes unbounded (no)."""
+    if not aspect_buckets or resize_mode == "keep_ratio":
+        return None
+    return FieldRefusal(
+        "training.aspect_buckets",
+        f"training.aspect_buckets needs each image's own aspect ratio, and download.resize_mode '{resize_mode}' "
+        + ("stores every image as a square" if resize_mode in ("center_crop", "border") else "keeps images at any size")
+        + ": set download.resize_mode to 'keep_ratio' (its shorter side becomes download.image_size), or "
+        "training.aspect_buckets to false",
+    )
+
+
 class TrainingOptions(StrictOptions):
     instance_type: str = Field(default="ml.g5.12xlarge", pattern=INSTANCE_TYPE, description="Training instance type.")
     instance_count: int = Field(
@@ -235,6 +250,16 @@ class TrainingOptions(StrictOptions):
             "host memory per sample (up to 16 GB per process). Needs the same pixels every epoch (the image's "
             "defaults: center crop, no flips). SD 1.x/2.x, SD 3.5, FLUX.2 and Qwen-Image (those on `accelerate`: "
             "`training/embedding_cache.py`)."
+        ),
+    )
+    aspect_buckets: bool = Field(
+        default=False,
+        description=(
+            "Train in aspect-ratio buckets instead of square crops: each image is resized to cover the bucket "
+            "nearest its aspect ratio and cropped to it, and every batch holds one bucket. The buckets are SDXL's "
+            "published 40 (SDXL paper, arXiv:2307.01952, appendix I: 512x2048 to 2048x512 around 1024² pixels), "
+            "scaled to `resolution`² pixels and rounded to the model's size multiple: see [Aspect-ratio buckets]"
+            "(#aspect-ratio-buckets). Needs `download.resize_mode` `keep_ratio`."
         ),
     )
     learning_rate: float = Field(default=1e-5, gt=0, le=1, description="AdamW learning rate.")
@@ -426,6 +451,7 @@ class TrainingOptions(StrictOptions):
             "gradient_accumulation_steps": self.gradient_accumulation_steps,
             "gradient_checkpointing": self.gradient_checkpointing,
             "cache_latents": self.cache_latents,
+            "aspect_buckets": self.aspect_buckets,
             "learning_rate": self.learning_rate,
             "max_train_steps": self.max_train_steps,
             "checkpointing_steps": self.checkpointing_steps,

@@ -19,6 +19,10 @@ from sdflow_image.builders import tiny_model
 
 TEXT_WIDTH = 32  # hidden size of each tiny CLIP text encoder (and its projection)
 T5_WIDTH = 64  # = SD3's joint_attention_dim: the CLIP pair (2 x 32) padded to T5's width
+# SD 3's positional embedding grid (in latent patches, square): the tiny model's own 32 px image is 8
+# latent pixels, and an aspect-ratio bucket's long side is up to twice the resolution's (4:1 buckets, 64 px
+# at resolution 32: training/buckets.py); four times leaves room to train the tiny model at 64 px too.
+POS_EMBED_MAX_SIZE = 4 * tiny_model.IMAGE_SIZE // tiny_model.VAE_SCALE
 
 
 def transformers_5() -> bool:
@@ -142,7 +146,7 @@ def build_tiny_sd3_components(seed: int = 0, with_t5: bool = True) -> dict[str, 
         joint_attention_dim=T5_WIDTH,
         pooled_projection_dim=2 * TEXT_WIDTH,  # both CLIP projections side by side
         out_channels=4,
-        pos_embed_max_size=tiny_model.IMAGE_SIZE // tiny_model.VAE_SCALE,
+        pos_embed_max_size=POS_EMBED_MAX_SIZE,
     )
     components: dict[str, Any] = {
         "transformer": transformer,

@@ -90,7 +90,7 @@ def build_sd35_components(seed: int = 0, with_t5: bool = True) -> dict[str, Any]
         joint_attention_dim=tiny_families.T5_WIDTH,
         pooled_projection_dim=2 * tiny_families.TEXT_WIDTH,
         out_channels=4,
-        pos_embed_max_size=tiny_model.IMAGE_SIZE // tiny_model.VAE_SCALE,
+        pos_embed_max_size=tiny_families.POS_EMBED_MAX_SIZE,
         qk_norm="rms_norm",
         dual_attention_layers=(0,),
     )

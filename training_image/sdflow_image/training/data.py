@@ -10,7 +10,8 @@ next sample from one of them chosen by a hash of (seed, reader, epoch, draw numb
 no shuffle buffer whose contents a checkpoint would have to hold. Each epoch the reader's shards are
 opened in a new seeded order. Random crops and flips are seeded per sample the same way. A reader's
 whole position is therefore a few integers (`Cursor`): the epoch, the next shard to open, and each
-open shard's byte offset of its next sample (reopened with a ranged GET). The shuffle is coarser than
+open shard's byte offset of its next sample (reopened with a ranged GET); with `aspect_buckets`, also
+the samples waiting in the other buckets (training/bucketed.py). The shuffle is coarser than
 a large buffer would give: samples of one shard stay in file order, interleaved with the other open
 shards'. img2dataset writes a shard in its parquet file's row order, which for LAION is not sorted
 by content; raise `interleave_shards` for more mixing (each open shard holds one S3 connection).
@@ -38,6 +39,8 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from sdflow_image.training.bucketed import PendingRef, PendingSamples, parse_pending
+from sdflow_image.training.buckets import Bucket, buckets_fingerprint, buckets_for, nearest_bucket, resize_cover_crop
 from sdflow_image.training.data_source import (
     FLAGS,
     KEYS_KEY,
@@ -124,6 +127,7 @@ class Cursor:
     next_shard: int = 0  # position in this epoch's shard order of the next shard to open
     open: list[list[int]] = field(default_factory=list)  # [order position, byte offset] per open shard
     draws: int = 0  # samples drawn this epoch (kept by this reader or not)
+    pending: list[list[Any]] = field(default_factory=list)  # samples waiting in their bucket (bucketed.py)
 
     @classmethod
     def from_json(cls, raw: Any) -> Cursor:
@@ -133,6 +137,7 @@ class Cursor:
                 next_shard=int(raw["next_shard"]),
                 open=[[int(p), int(o)] for p, o in raw["open"]],
                 draws=int(raw["draws"]),
+                pending=parse_pending(raw.get("pending", [])),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise DataStateError(
@@ -150,6 +155,7 @@ class InterleavedShards:
         self.cursor = cursor
         self.epoch_draws: int | None = None  # draws of the last epoch that ended, once one has
         self.last_shard = ""  # the shard the last drawn sample came from
+        self.last_offset = 0  # and the byte offset it starts at
         self._order = self._epoch_order(cursor.epoch)
         if any(p >= len(shards) for p, _ in cursor.open) or cursor.next_shard > len(shards):
             raise DataStateError(f"data position {asdict(cursor)} points past this reader's {len(shards)} shards")
@@ -184,11 +190,12 @@ class InterleavedShards:
                 self._order = self._epoch_order(cursor.epoch)
                 continue
             slot = _draw(self.seed, self.group, cursor.epoch, cursor.draws) % len(cursor.open)
+            offset = cursor.open[slot][1]
             sample = self._readers[slot].next_sample()
             if sample is None:
                 self._drop(slot)
                 continue
-            self.last_shard = self.shards[self._order[cursor.open[slot][0]]]
+            self.last_shard, self.last_offset = self.shards[self._order[cursor.open[slot][0]]], offset
             drawn = cursor.draws
             cursor.draws += 1
             if sample.next_offset is None:
@@ -219,19 +226,7 @@ def resize_crop(
 ) -> tuple[Image.Image, tuple[int, int]]:
     """`resize_center_crop`, and the crop's (top, left) corner in the resized image (SDXL's
     `crop_top_left` conditioning, as train_text_to_image_sdxl.py measures it)."""
-    image = image.convert("RGB")
-    width, height = image.size
-    scale = resolution / min(width, height)
-    new_size = (max(resolution, round(width * scale)), max(resolution, round(height * scale)))
-    if new_size != image.size:
-        image = image.resize(new_size, Image.Resampling.BILINEAR)
-    width, height = image.size
-    if center_crop:
-        left, top = (width - resolution) // 2, (height - resolution) // 2
-    else:
-        rng = rng or random.Random()
-        left, top = rng.randint(0, width - resolution), rng.randint(0, height - resolution)
-    return image.crop((left, top, left + resolution, top + resolution)), (top, left)
+    return resize_cover_crop(image, (resolution, resolution), center_crop, rng)
 
 
 def original_size(files: dict[str, bytes], image: Image.Image) -> tuple[int, int]:
@@ -289,6 +284,7 @@ class StreamConfig:
     seed: int
     center_crop: bool = True
     random_flip: bool = False
+    buckets: tuple[Bucket, ...] = ()  # aspect_buckets: the sizes a batch may have (buckets.py); () square
 
 
 class ShardStream(IterableDataset):
@@ -316,7 +312,9 @@ class ShardStream(IterableDataset):
         try:
             image: Image.Image = Image.open(io.BytesIO(image_bytes))
             size = original_size(sample.files, image)
-            image, corner = resize_crop(image, self.config.resolution, self.config.center_crop, rng)
+            resolution, buckets = self.config.resolution, self.config.buckets
+            target = nearest_bucket(buckets, image.width, image.height) if buckets else (resolution, resolution)
+            image, corner = resize_cover_crop(image, target, self.config.center_crop, rng)
         except (OSError, ValueError, Image.DecompressionBombError) as exc:
             # A web image that will not decode: skipped (and logged), as webdataset's warn_and_continue does.
             log.warning("sample %s: image does not decode (%s); skipped", sample.key, exc)
@@ -352,8 +350,12 @@ class ShardStream(IterableDataset):
     def _batches(
         self, walk: InterleavedShards, reader: int, modulo: int, slot: int, dropped: dict[str, frozenset[str]]
     ) -> Iterator[dict[str, Any]]:
-        items: list[dict[str, torch.Tensor]] = []
-        keys: list[str] = []
+        def make_item(sample: TarSample, epoch: int, number: int) -> dict[str, torch.Tensor] | None:
+            return self._transform(sample, random.Random(f"{self.config.seed}:{walk.group}:{epoch}:{number}:{slot}"))
+
+        # Samples wait per image size until one size fills a batch: one size unless aspect_buckets.
+        pending = PendingSamples(self.config.batch_size)
+        pending.restore(self.source, walk.cursor.pending, make_item)
         while True:
             drawn = walk.next()
             if drawn is None:
@@ -363,20 +365,19 @@ class ShardStream(IterableDataset):
             sample, epoch, number = drawn
             if number % modulo != slot or sample.key in dropped.get(walk.last_shard, ()):
                 continue  # another reader's draw, or a duplicate: still a draw, so a resume lands alike
-            rng = random.Random(f"{self.config.seed}:{walk.group}:{epoch}:{number}:{slot}")
-            item = self._transform(sample, rng)
+            item = make_item(sample, epoch, number)
             if item is None:
                 continue
-            items.append(item)
-            keys.append(f"{walk.last_shard}#{sample.key}")
-            if len(items) == self.config.batch_size:
-                position = {"reader": reader, "cursor": asdict(walk.cursor)}
+            ref = PendingRef(walk.last_shard, walk.last_offset, epoch, number)
+            full = pending.add(item, f"{walk.last_shard}#{sample.key}", ref)
+            if full is not None:
+                items, keys = full
+                position = {"reader": reader, "cursor": {**asdict(walk.cursor), "pending": pending.refs()}}
                 yield {
                     **{key: torch.stack([i[key] for i in items]) for key in items[0]},
                     POSITION_KEY: json.dumps(position),
                     KEYS_KEY: json.dumps(keys),
                 }
-                items, keys = [], []
 
 
 def ignore_stop_signals(_worker_id: int) -> None:
@@ -468,13 +469,15 @@ def make_dataloader(
     world_size: int,
     state: dict[str, Any] | None = None,
     tokenize: Callable[[str], dict[str, torch.Tensor]] | None = None,
+    resolution_multiple: int = 8,
 ) -> ShardLoader:
     """This rank's endless batches over the shards index.json lists, resumed at `state` when given.
     Captions go through `tokenize` (a family's several tokenizers: sdflow_image.families) when
-    given, else `tokenizer`.
+    given, else `tokenizer`. With `args.aspect_buckets` each batch is of one of the buckets of the
+    resolution and the family's `resolution_multiple` (buckets.buckets_for).
 
     Reads from `args`: dataset_dir, dataset_index, resolution, train_batch_size, dataloader_num_workers,
-    interleave_shards, seed, center_crop, random_flip."""
+    interleave_shards, seed, center_crop, random_flip, aspect_buckets."""
     index = load_index(args.dataset_dir, args.dataset_index)
     config = StreamConfig(
         resolution=args.resolution,
@@ -486,6 +489,7 @@ def make_dataloader(
         seed=args.seed,
         center_crop=args.center_crop,
         random_flip=args.random_flip,
+        buckets=buckets_for(args.resolution, resolution_multiple) if getattr(args, "aspect_buckets", False) else (),
     )
     identity = {
         "version": STATE_VERSION,
@@ -495,6 +499,9 @@ def make_dataloader(
         "interleave_shards": config.interleave_shards,
         "seed": config.seed,
         "shards": fingerprint(index.identity()),
+        # A position with samples pending in some buckets means nothing with other buckets or none (a
+        # state saved before buckets existed has no such key: None, square batches, as it was).
+        "buckets": buckets_fingerprint(config.buckets) if config.buckets else None,
     }
     cursors, first = _check_state(state, identity) if state is not None else ({}, 0)
     source = source_for(args.dataset_dir)

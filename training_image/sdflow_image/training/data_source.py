@@ -68,6 +68,13 @@ FLAGS = [
     ),
     flags.Flag("center_crop", flags.boolean, True, "center crop (true) or random crop (false) after resizing"),
     flags.Flag("random_flip", flags.boolean, False, "random horizontal flips"),
+    flags.Flag(
+        "aspect_buckets",
+        flags.boolean,
+        False,
+        "train in aspect-ratio buckets (SDXL's, scaled to the resolution's area: training/buckets.py), each batch "
+        "of one bucket; false: square crops of resolution",
+    ),
 ]
 
 

@@ -325,6 +325,7 @@ class Trainer:
             world_size=self.world_size,
             state=self.data_state,
             tokenize=self.family.caption_ids(self.parts),
+            resolution_multiple=self.family.resolution_multiple,
         )
         if self.rank == 0:
             index = self.loader.index

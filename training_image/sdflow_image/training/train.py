@@ -38,6 +38,7 @@ from typing import Any
 from sdflow_image import contract, families, flags, scenes
 from sdflow_image.backends import rules
 from sdflow_image.families.base import FAMILIES, METHODS, FamilyError, detect_family, resolve_family
+from sdflow_image.training.buckets import buckets_for, position_grid_refusal
 from sdflow_image.training.checkpoints import CheckpointError, list_checkpoints
 from sdflow_image.training.data_source import FLAGS as DATA_FLAGS
 from sdflow_image.training.data_source import DatasetIndexError, load_index
@@ -148,7 +149,13 @@ FLAGS: list[flags.Flag] = [
         "(zeros in its place, as the SD3 pipeline without T5), to save its memory",
     ),
     Flag("mixed_precision", flags.choice(MIXED_PRECISIONS), "no", "no | fp16 (CUDA) | bf16"),
-    Flag("resolution", flags.positive_int, 512, "training image size in pixels (square; multiple of 8)"),
+    Flag(
+        "resolution",
+        flags.positive_int,
+        512,
+        "training image size in pixels, multiple of 8 (the square's side; with aspect_buckets, each bucket has "
+        "about its square's area)",
+    ),
     Flag("train_batch_size", flags.positive_int, 4, "batch size per process"),
     Flag("gradient_accumulation_steps", flags.positive_int, 1, "micro-batches per optimizer step"),
     Flag("gradient_checkpointing", flags.boolean, False, "recompute UNet activations in backward to save memory"),
@@ -327,6 +334,11 @@ def check_family(args: argparse.Namespace) -> None:
             f"snr_gamma and noise_offset weight the DDPM noise-prediction loss; model_family={family} trains on "
             "rectified flow: set both to 0"
         )
+    if getattr(args, "aspect_buckets", False):
+        refusal = position_grid_refusal(args.pretrained_model_name_or_path, args.resolution,
+                                        buckets_for(args.resolution, multiple))  # fmt: skip
+        if refusal:
+            raise HyperparameterError(refusal)
     if family not in ("sd3", "sd35") and not args.sd3_t5:
         raise HyperparameterError(f"sd3_t5=false is for model_family=sd3 or sd35; this base model is {family}")
     if args.train_text_encoder_lora and not families.get(family).text_encoder_lora:

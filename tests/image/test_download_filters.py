@@ -324,9 +324,10 @@ def test_download_every_row_filtered_out_ends_with_empty_success(
     status = download.main(download.parse_args(job_args(parquet, uri, tmp_path / "work", "--filters", *values)))
 
     assert status == 0, (opt_ml / "output" / "failure").read_text()
-    assert set(download_s3.names(uri)) == {"_SUCCESS"}
+    # No tar; an empty hashes file, so the dedup job counts the shard hashed (0 samples), not unknown.
+    assert set(download_s3.names(uri)) == {"_SUCCESS", "hashes.parquet"}
     success = json.loads(download_s3.read(uri, "_SUCCESS"))
-    assert (success["rows_read"], success["rows_to_download"]) == (3, 0)
+    assert (success["rows_read"], success["rows_to_download"], success["hashed_samples"]) == (3, 0, 0)
     assert success["filter_drops"] == {"min_width": 2, "max_punsafe": 1}
     assert (success["samples"], success["failed"], success["tar_files"]) == (0, 0, [])
     assert sum(image_server.hits[row.url.removeprefix(image_server.base_url)] for row in rows) == 0

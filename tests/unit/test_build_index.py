@@ -8,97 +8,23 @@ from typing import Any
 import pytest
 
 from sdflow_common.build_index import FAILED_SHARDS_IN_SUMMARY, BuildIndexRequest, build_index
-from sdflow_common.curation import DedupSummaryMissing
 from sdflow_common.dataset_manifest import OutsideRunsFolder
 from sdflow_common.errors import NoUsableShards
-from sdflow_common.run_document import parse_run_document
-from sdflow_common.sagemaker_jobs import task_timeouts
-from sdflow_common.validate_run import RunConfig, ValidateRunRequest, shard_items, validate_run
+from sdflow_common.validate_run import ValidateRunRequest, validate_run
 from tests.constants import ACCOUNT, REGION
 from tests.helpers import load_function_module
 from tests.unit.helpers import DATA_BUCKET, AwsWorld, FakeLambdaContext
+from tests.unit.index_world import (
+    CONTRACT_SUMMARY_KEYS,
+    EARLIER_RUN,
+    RUN_ID,
+    finish_shard,
+    holdout_manifest_written,
+    index_of,
+    make_config,
+    manifest_of,
+)
 from tests.unit.parquet_files import parquet_bytes
-
-RUN_ID = "demo-0123456789abcdef"
-EARLIER_RUN = "demo-fedcba9876543210"
-CONTRACT_SUMMARY_KEYS = {
-    "index_uri", "manifest_uri", "total_samples", "shards_ok", "shards_empty", "shards_failed", "failed_shards",
-    "holdout_samples", "holdout_manifest_uri", "curation",
-}  # fmt: skip
-
-
-def make_config(world: AwsWorld, shard_count: int, tolerated: float = 10.0, holdout_rate: float = 0.0) -> RunConfig:
-    """A run whose shards.json lists `shard_count` shards (as validate_run writes it)."""
-    uris = [f"s3://{DATA_BUCKET}/datasets/part-{i:05d}.parquet" for i in range(shard_count)]
-    document = parse_run_document(
-        {
-            "dataset": {"prefix": f"s3://{DATA_BUCKET}/datasets/"},
-            "base_model_uri": f"s3://{DATA_BUCKET}/models/sd/",
-            "download": {"tolerated_failure_percent": tolerated, "image_size": 64},
-            "training": {"resolution": 64},
-        }
-    )
-    shard_list_key = f"runs/{RUN_ID}/shards.json"
-    world.put_json(shard_list_key, shard_items(uris, DATA_BUCKET, RUN_ID))
-    return RunConfig(
-        run_id=RUN_ID,
-        execution_arn=f"arn:aws:states:{REGION}:{ACCOUNT}:execution:sm:{RUN_ID}",
-        started_at="2025-06-02T09:15:43Z",
-        bucket=DATA_BUCKET,
-        shard_list_key=shard_list_key,
-        shard_count=shard_count,
-        dataset_prefix_uri=f"s3://{DATA_BUCKET}/runs/{RUN_ID}/dataset/",
-        timeouts=task_timeouts(document),
-        run=document,
-        holdout_rate=holdout_rate,
-    )
-
-
-def finish_shard(
-    world: AwsWorld,
-    shard_id: str,
-    samples: int = 10,
-    tars: int = 1,
-    with_id: bool = True,
-    run_id: str = RUN_ID,
-    held_out: dict[str, int] | None = None,
-    counts: dict[str, Any] | None = None,
-) -> None:
-    """A shard's _SUCCESS; `held_out` (holdout tar -> samples) adds the split's fields, as the
-    download job writes them since the held-out split (without it: a marker of an earlier version);
-    `counts` adds the filters' and hashes' fields (rows_read, filter_drops, ..., hashes_file)."""
-    success: dict[str, Any] = {
-        "samples": samples,
-        "failed": 2,
-        "tar_files": [f"{i:05d}.tar" for i in range(tars)],
-        "url_col": "URL",
-        "caption_col": "TEXT",
-        "image_size": 64,
-        "duration_s": 1.5,
-    }
-    if with_id:
-        success["shard_id"] = shard_id
-    if held_out is not None:
-        success |= {
-            "holdout_rate": 0.1,
-            "holdout_samples": sum(held_out.values()),
-            "holdout_tar_files": [name for name, count in held_out.items() if count],
-        }
-    world.put_json(f"runs/{run_id}/dataset/shards/{shard_id}/_SUCCESS", success | (counts or {}))
-
-
-def index_of(world: AwsWorld) -> dict[str, Any]:
-    return world.get_json(f"runs/{RUN_ID}/dataset/index.json")
-
-
-def manifest_of(world: AwsWorld) -> list[Any]:
-    manifest: list[Any] = world.get_json(f"runs/{RUN_ID}/dataset/manifest.json")
-    return manifest
-
-
-def holdout_manifest_written(world: AwsWorld) -> bool:
-    listing = world.s3.list_objects_v2(Bucket=DATA_BUCKET, Prefix=f"runs/{RUN_ID}/dataset/holdout.json")
-    return bool(listing.get("KeyCount"))
 
 
 def test_build_index_all_shards_ok_writes_contract_index(mocked_aws: AwsWorld) -> None:
@@ -413,149 +339,3 @@ def test_handler_indexes_what_validate_run_listed(mocked_aws: AwsWorld) -> None:
 
 
 # ---------------------------------------------------------------- what was kept and why (curation)
-
-DEDUP_URI = f"s3://{DATA_BUCKET}/runs/{RUN_ID}/dataset/dedup/summary.json"
-
-
-def filtered_counts(read: int, drops: dict[str, int], failed: int = 2) -> dict[str, Any]:
-    """The filters' and hashes' `_SUCCESS` fields of a shard downloaded since issue 33."""
-    to_download = read - sum(drops.values())
-    return {
-        "rows_read": read, "filter_drops": drops, "rows_to_download": to_download,
-        "failed_to_download": failed, "failed_to_resize": 0, "hashes_file": "hashes.parquet",
-        "hashed_samples": to_download - failed,
-    }  # fmt: skip
-
-
-def put_dedup_summary(world: AwsWorld, shards: dict[str, tuple[int, int]], unhashed: list[str] | None = None) -> None:
-    """The dedup job's summary.json: shard id -> (url duplicates, image duplicates)."""
-    entries = {
-        shard: {"url_duplicates": url, "image_duplicates": image,
-                "dropped_file": f"dropped/{shard}.json" if url + image else None}
-        for shard, (url, image) in shards.items()
-    }  # fmt: skip
-    world.put_json(
-        f"runs/{RUN_ID}/dataset/dedup/summary.json",
-        {
-            "version": 1, "partitions": 64, "shards": entries,
-            "url_duplicates": sum(u for u, _ in shards.values()),
-            "image_duplicates": sum(i for _, i in shards.values()),
-            "hashed_samples": 0, "unhashed_shards": unhashed or [], "duration_s": 1.0, "peak_rss_mb": 50,
-        },
-    )  # fmt: skip
-
-
-def request_with_dedup(config: RunConfig) -> BuildIndexRequest:
-    return BuildIndexRequest.model_validate(
-        {"config": config.model_dump(mode="json"), "dedup": {"summary_uri": DEDUP_URI, "job_name": "sdf-dd-x"}}
-    )
-
-
-def test_build_index_fresh_shards_with_dedup_count_every_stage(mocked_aws: AwsWorld) -> None:
-    config = make_config(mocked_aws, 2)
-    finish_shard(mocked_aws, "00000", samples=10, counts=filtered_counts(20, {"min_width": 5, "max_punsafe": 3}))
-    finish_shard(mocked_aws, "00001", samples=8, counts=filtered_counts(12, {"max_punsafe": 1, "min_width": 1}))
-    put_dedup_summary(mocked_aws, {"00000": (2, 1), "00001": (0, 0)})
-
-    summary = build_index(request_with_dedup(config))
-
-    index = index_of(mocked_aws)
-    first, second = index["shards"]
-    assert first["counts"] == {
-        "rows_read": 20, "filter_drops": {"min_width": 5, "max_punsafe": 3}, "rows_to_download": 12,
-        "failed_to_download": 2, "failed_to_resize": 0, "holdout": 0, "url_duplicates": 2, "image_duplicates": 1,
-        "kept": 7,
-    }  # fmt: skip
-    assert (first["samples"], second["samples"], index["total_samples"]) == (7, 8, 15)
-    assert first["dropped_file"] == f"{RUN_ID}/dataset/dedup/dropped/00000.json"
-    assert "dropped_file" not in second
-    # The filters in their order (§1 of the run document's filters), whatever order a marker wrote.
-    assert list(second["counts"]["filter_drops"]) == ["min_width", "max_punsafe"]
-    assert index["curation"] == {
-        "rows_read": 32, "filter_drops": {"min_width": 6, "max_punsafe": 4}, "rows_to_download": 22,
-        "failed_to_download": 4, "failed_to_resize": 0, "holdout": 0, "url_duplicates": 2, "image_duplicates": 1,
-        "kept": 15, "filters": {}, "deduplicated": True, "unhashed_shards": 0,
-    }  # fmt: skip
-    assert summary["total_samples"] == 15
-    assert summary["curation"] == {k: v for k, v in index["curation"].items() if k != "filters"}
-    assert f"{RUN_ID}/dataset/dedup/dropped/00000.json" in manifest_of(mocked_aws)
-    assert len(json.dumps(summary["curation"])) < 600  # $.dataset stays small
-
-
-def test_build_index_older_cache_without_counts_keeps_them_unknown(mocked_aws: AwsWorld) -> None:
-    """A reused shard downloaded before the filters and hashes: its counts are unknown, and so are the
-    totals that need them; its duplicates unknown (not hashed), never 0."""
-    config = make_config(mocked_aws, 2)
-    finish_shard(mocked_aws, "00000", samples=10, counts=filtered_counts(12, {"min_width": 0}))
-    finish_shard(mocked_aws, "00001", samples=6)  # no rows_read, no hashes_file
-    put_dedup_summary(mocked_aws, {"00000": (1, 0)}, unhashed=["00001"])
-
-    build_index(request_with_dedup(config))
-
-    index = index_of(mocked_aws)
-    old = index["shards"][1]["counts"]
-    assert (old["rows_read"], old["filter_drops"], old["url_duplicates"]) == (None, None, None)
-    assert old["kept"] == 6
-    totals = index["curation"]
-    assert (totals["rows_read"], totals["filter_drops"], totals["url_duplicates"]) == (None, None, None)
-    assert (totals["kept"], totals["unhashed_shards"], index["total_samples"]) == (15, 1, 15)
-
-
-def test_build_index_dedup_summary_missing_raises_naming_it(mocked_aws: AwsWorld) -> None:
-    config = make_config(mocked_aws, 1)
-    finish_shard(mocked_aws, "00000", samples=4, counts=filtered_counts(6, {}))
-
-    with pytest.raises(DedupSummaryMissing, match=r"completed without writing its summary .*dedup/summary\.json"):
-        build_index(request_with_dedup(config))
-
-
-def test_build_index_dedup_summary_not_json_raises(mocked_aws: AwsWorld) -> None:
-    config = make_config(mocked_aws, 1)
-    finish_shard(mocked_aws, "00000", samples=4)
-    mocked_aws.s3.put_object(Bucket=DATA_BUCKET, Key=f"runs/{RUN_ID}/dataset/dedup/summary.json", Body=b"[1]")
-
-    with pytest.raises(DedupSummaryMissing, match="is not a summary"):
-        build_index(request_with_dedup(config))
-
-
-def test_build_index_request_dedup_without_s3_uri_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"dedup\.summary_uri"):
-        BuildIndexRequest.model_validate({"config": {}, "dedup": {"summary_uri": "summary.json"}})
-
-
-def test_build_index_every_row_filtered_raise_naming_the_filters(mocked_aws: AwsWorld) -> None:
-    config = make_config(mocked_aws, 2)
-    finish_shard(
-        mocked_aws, "00000", samples=0, tars=0, counts=filtered_counts(10, {"min_width": 7, "max_punsafe": 3}, 0)
-    )
-    finish_shard(
-        mocked_aws, "00001", samples=0, tars=0, counts=filtered_counts(5, {"min_width": 5, "max_punsafe": 0}, 0)
-    )
-
-    with pytest.raises(NoUsableShards) as caught:
-        build_index(BuildIndexRequest(config=config))
-
-    message = str(caught.value)
-    assert (
-        "dataset.filters dropped every one of the 15 rows read (min_width dropped 12, max_punsafe dropped 3)" in message
-    )
-    assert "loosen or remove those filters in dataset.filters (min_width, max_punsafe)" in message
-    assert "reachable" not in message
-    assert index_of(mocked_aws)["curation"]["kept"] == 0  # the record of why is written before the refusal
-
-
-def test_build_index_every_sample_a_duplicate_raise_naming_dedup(mocked_aws: AwsWorld) -> None:
-    config = make_config(mocked_aws, 1)
-    finish_shard(mocked_aws, "00000", samples=3, counts=filtered_counts(5, {}))
-    put_dedup_summary(mocked_aws, {"00000": (1, 2)})
-
-    with pytest.raises(NoUsableShards, match="3 downloaded training samples were all duplicates"):
-        build_index(request_with_dedup(config))
-
-
-def test_build_index_some_filtered_rest_unreachable_raise_naming_urls_and_filters(mocked_aws: AwsWorld) -> None:
-    config = make_config(mocked_aws, 1)
-    finish_shard(mocked_aws, "00000", samples=0, tars=0, counts=filtered_counts(10, {"min_width": 4}, failed=6))
-
-    with pytest.raises(NoUsableShards, match=r"no image URL could be fetched \(dataset.filters dropped 4 rows first\)"):
-        build_index(BuildIndexRequest(config=config))

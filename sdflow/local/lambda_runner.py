@@ -50,10 +50,10 @@ DEFAULT_MAX_WORKERS_PER_FUNCTION = 2
 # Warm workers across all functions. Lambda recycles idle execution environments; here the
 # least recently used idle worker of another function is stopped when a new one would pass this,
 # which keeps a 10,000-shard run's memory flat (each worker holds ~80-100 MB). A run calls the
-# template's 12 functions in turn: below one warm worker each, the least recently used one is
+# template's 13 functions in turn: below one warm worker each, the least recently used one is
 # always the next needed, and every call starts cold (~1 s of CPU: a no-op run cold-started 10
 # of its 17 calls and took 14 s with 6; with 12 it took under 1 s once warm).
-DEFAULT_MAX_WORKERS_TOTAL = 12
+DEFAULT_MAX_WORKERS_TOTAL = 13
 # Lambda also recycles an environment that has been idle for a while (minutes; AWS does not say
 # how long). Here a worker idle for this long in real time is stopped at the next invocation of any
 # function: a long run's early functions (validation, the run's start) do not keep ~75 MB each

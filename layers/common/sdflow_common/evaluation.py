@@ -232,7 +232,7 @@ def start_evaluation(
             store=store or TokenStore.from_settings(settings),
             sfn=sfn or aws.client("stepfunctions"),
             task=task,
-            api=job_control.processing_jobs(sagemaker),
+            api=job_control.evaluation_jobs(sagemaker),
             name=name,
             request=request,
             context={"output_uri": output_uri(config.bucket, config.run_id, name), "run_id": config.run_id},

@@ -103,6 +103,20 @@ def test_build_index_older_cache_without_counts_keeps_them_unknown(mocked_aws: A
     assert (totals["kept"], totals["unhashed_shards"], index["total_samples"]) == (15, 1, 15)
 
 
+def test_build_index_shard_without_hashes_unlisted_by_summary_counts_unhashed(mocked_aws: AwsWorld) -> None:
+    """The run's count of shards without hashes is the count of shards whose duplicates are unknown, also for
+    one the summary does not list: the figure explains the unknown total, never "unknown: 0 shards"."""
+    config = make_config(mocked_aws, 2)
+    finish_shard(mocked_aws, "00000", samples=10, counts=filtered_counts(12, {"min_width": 0}))
+    finish_shard(mocked_aws, "00001", samples=6)  # no hashes_file, and the summary names it nowhere
+    put_dedup_summary(mocked_aws, {"00000": (1, 0)})
+
+    build_index(request_with_dedup(config))
+
+    totals = index_of(mocked_aws)["curation"]
+    assert (totals["url_duplicates"], totals["unhashed_shards"]) == (None, 1)
+
+
 def test_build_index_dedup_summary_missing_raises_naming_it(mocked_aws: AwsWorld) -> None:
     config = make_config(mocked_aws, 1)
     finish_shard(mocked_aws, "00000", samples=4, counts=filtered_counts(6, {}))

@@ -186,7 +186,11 @@ def build_index_document(
         | {
             "filters": curation.run_filters(config.run),
             "deduplicated": dedup is not None,
-            "unhashed_shards": len(dedup.get("unhashed_shards") or []) if dedup is not None else 0,
+            # Derived from the shards' own counts, so the figure and the unknown duplicates it explains agree
+            # (a shard without hashes that the summary does not list is unknown too).
+            "unhashed_shards": sum(entry["counts"]["url_duplicates"] is None for entry in entries)
+            if dedup is not None
+            else 0,
         },
     }
 
